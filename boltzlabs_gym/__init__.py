@@ -1,0 +1,69 @@
+"""boltzlabs_gym: Gymnasium vector environments over a pool of sandboxed, resident env processes.
+
+>>> from boltzlabs_gym import RLPool                      # doctest: +SKIP
+>>> with RLPool("./envs/counter", n=8) as pool:           # doctest: +SKIP
+...     obs = pool.reset(seed=0)
+...     obs, rewards, dones, infos = pool.step([1] * 8)
+
+Heavy parts (ZeroMQ, the vector env) load on first use, so the env side
+(``boltzlabs_gym.env``) stays cheap to import inside every sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RLPool": "boltzlabs_gym.pool",
+    "Timing": "boltzlabs_gym.timing",
+    "BoltzLabsVecEnv": "boltzlabs_gym.vector",
+    "make_vec": "boltzlabs_gym.make",
+    "Limits": "boltzlabs_gym.worker.sandbox.base",
+    "IsolationReport": "boltzlabs_gym.worker.sandbox.base",
+    "BoltzLabsError": "boltzlabs_gym.errors",
+    "EnvStartError": "boltzlabs_gym.errors",
+    "WorkerError": "boltzlabs_gym.errors",
+    "WorkerTimeout": "boltzlabs_gym.errors",
+    "PoolClosedError": "boltzlabs_gym.errors",
+    "AsyncStateError": "boltzlabs_gym.errors",
+    "ArchiveError": "boltzlabs_gym.errors",
+    "CapacityError": "boltzlabs_gym.errors",
+    "SandboxUnavailable": "boltzlabs_gym.errors",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'boltzlabs_gym' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
+
+
+def _register_gymnasium_envs() -> None:
+    """Register the example envs with Gymnasium (1.x loads no plugin entry points).
+
+    Skipped inside env processes (``BOLTZLABS_ENV_INDEX`` is set there): the env side
+    must stay cheap to import and may run without Gymnasium.
+    """
+    import os
+
+    if "BOLTZLABS_ENV_INDEX" in os.environ:
+        return
+    try:
+        from .make import register_envs
+    except ImportError:  # gymnasium missing: nothing to register with
+        return
+    register_envs()
+
+
+_register_gymnasium_envs()

@@ -1,0 +1,77 @@
+"""The library's exceptions.
+
+Each also subclasses the builtin a user would naturally catch::
+
+    BoltzLabsError
+     ├── EnvStartError (RuntimeError)       an env failed to start: index, stderr tail
+     ├── WorkerError (RuntimeError)         a worker died, refused or is unreachable: address
+     │    └── WorkerTimeout (TimeoutError)  no reply within the deadline
+     ├── PoolClosedError (RuntimeError)     the pool/vector env was used after close()
+     ├── AsyncStateError (RuntimeError)     step_wait without step_async, and the like
+     ├── ArchiveError (ValueError)          an env directory archive was refused
+     ├── CapacityError (RuntimeError)       workers have fewer free env slots than asked
+     └── SandboxUnavailable (RuntimeError)  the requested isolation cannot be had here
+"""
+
+from __future__ import annotations
+
+from .worker.sandbox.base import SandboxUnavailable as _SandboxUnavailable
+
+
+class BoltzLabsError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class EnvStartError(BoltzLabsError, RuntimeError):
+    """An env process failed to start or to answer its first reset."""
+
+    def __init__(self, message: str, index: int | None = None, stderr_tail: str = "", worker: str | None = None):
+        super().__init__(message)
+        self.index = index
+        self.stderr_tail = stderr_tail
+        self.worker = worker
+
+
+class WorkerError(BoltzLabsError, RuntimeError):
+    """A worker failed, refused a request or could not be reached."""
+
+    def __init__(self, message: str, worker: str | None = None):
+        super().__init__(message)
+        self.worker = worker
+
+
+class WorkerTimeout(WorkerError, TimeoutError):
+    """A worker did not answer within its deadline."""
+
+
+class PoolClosedError(BoltzLabsError, RuntimeError):
+    """The pool or vector env was used after ``close()``."""
+
+
+class AsyncStateError(BoltzLabsError, RuntimeError):
+    """An asynchronous call was made in the wrong state (e.g. ``step_wait`` without ``step_async``)."""
+
+
+class ArchiveError(BoltzLabsError, ValueError):
+    """An env directory or archive was refused (unsafe path, link escape, too big)."""
+
+
+class CapacityError(BoltzLabsError, RuntimeError):
+    """The workers cannot host as many envs as were asked for."""
+
+
+class SandboxUnavailable(BoltzLabsError, _SandboxUnavailable):
+    """The requested isolation cannot be had on this host."""
+
+
+__all__ = [
+    "BoltzLabsError",
+    "EnvStartError",
+    "WorkerError",
+    "WorkerTimeout",
+    "PoolClosedError",
+    "AsyncStateError",
+    "ArchiveError",
+    "CapacityError",
+    "SandboxUnavailable",
+]

@@ -1,0 +1,59 @@
+"""The ``process`` backend: no namespaces, only what a plain process can have.
+
+A new session and process group, rlimits, a scrubbed environment and a private
+working directory. This is *not* a sandbox: the host filesystem stays readable, the
+network reachable and a daemon that calls ``setsid`` escapes the group kill. The
+report says so, and ``isolation="strict"`` refuses it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .base import IsolationReport, Launched, LaunchSpec, apply_rlimits, child_exec, fork_child, kill_process_group
+
+
+class ProcessBackend:
+    name = "process"
+
+    def available(self) -> tuple[bool, str]:
+        return True, "always available"
+
+    def report(self) -> IsolationReport:
+        return IsolationReport(
+            backend=self.name,
+            properties={
+                "readonly_env_dir": False,
+                "private_workspace": True,
+                "no_network": False,
+                "pid_namespace": False,
+                "ipc_namespace": False,
+                "uts_namespace": False,
+                "hidden_host_files": False,
+                "scrubbed_environment": True,
+                "memory_limit": "RLIMIT_AS",
+                "process_limit": "RLIMIT_NPROC" if os.geteuid() != 0 else False,
+                "file_size_limit": "RLIMIT_FSIZE",
+                "open_files_limit": "RLIMIT_NOFILE",
+                "tree_kill": "process group",
+            },
+            notes=(
+                "not a sandbox: env code can read host files, reach the network and signal same-uid processes",
+            ),
+        )
+
+    def launch(self, spec: LaunchSpec) -> Launched:
+        start = time.perf_counter()
+
+        def body() -> None:
+            os.setsid()
+            apply_rlimits(spec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
+            child_exec(spec, spec.workspace)
+
+        pid = fork_child(body)
+        return Launched(
+            pid=pid,
+            kill_tree=lambda: kill_process_group(pid),
+            setup_ms=(time.perf_counter() - start) * 1e3,
+        )
