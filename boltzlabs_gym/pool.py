@@ -1,0 +1,617 @@
+"""RLPool: the trainer-side client of one or more workers.
+
+>>> from boltzlabs_gym import RLPool                              # doctest: +SKIP
+>>> with RLPool("./envs/counter", n=64) as pool:                  # doctest: +SKIP
+...     obs = pool.reset(seed=0)
+...     obs, rewards, dones, infos = pool.step([1] * 64)
+...     if dones.any():
+...         obs = pool.reset(where=dones)
+...     print(pool.timing, pool.envs_per_gb())
+
+One request per worker carries all of that worker's actions; replies are spliced
+back into index order. Without ``workers=`` the pool starts its own worker as a
+child process on an ``ipc://`` socket, the same code path a remote worker uses.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import numpy as np
+import zmq
+
+from .archive import pack_dir
+from .errors import (
+    AsyncStateError,
+    CapacityError,
+    EnvStartError,
+    PoolClosedError,
+    SandboxUnavailable,
+    WorkerError,
+    WorkerTimeout,
+)
+from .protocol import ERROR, OK, STRAGGLER, decode_header, encode_header, jsonable
+from .timing import Timing
+from .worker.sandbox.base import IsolationReport, Limits
+
+log = logging.getLogger("boltzlabs_gym.pool")
+
+MODES = ("default", "boltz")
+
+
+class _State(enum.Enum):
+    IDLE = "idle"
+    WAITING_STEP = "waiting for step_wait()"
+    WAITING_RESET = "waiting for a reset reply"
+
+
+@dataclass
+class EnvResult:
+    """One env's result in a batch: ``status`` is ``"ok"``, ``"straggler"`` or ``"error"``."""
+
+    index: int
+    status: str
+    reply: dict
+    payloads: list
+
+
+class _Link:
+    """One worker: its DEALER socket, the envs it hosts, its session."""
+
+    def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None):
+        self.address = address
+        self.start = start
+        self.count = count
+        self.process = process
+        self.session: str | None = None
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(address)
+        self.pending_seq = None
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def _split_counts(n: int, weights: Sequence[int]) -> list[int]:
+    total = sum(weights)
+    counts = [n * w // total for w in weights]
+    for i in range(n - sum(counts)):
+        counts[i % len(counts)] += 1
+    return counts
+
+
+class RLPool:
+    """A pool of ``n`` resident, sandboxed env processes behind one batched call.
+
+    Args:
+        env_dir: an env directory whose ``env.py`` calls :func:`boltzlabs_gym.env.serve`.
+        n: number of envs.
+        workers: worker addresses (``tcp://host:port``); default: start a local worker.
+        isolation: ``"auto"`` (best available, warns on fallback), ``"strict"`` (refuse to
+            run without a real sandbox), or a backend name (``"namespaces"``, ``"bwrap"``,
+            ``"process"``).
+        mode: ``"default"``: one fresh interpreter per env.
+        step_timeout: per-step deadline in seconds; an env that misses it is killed and
+            reported as a straggler (``info["boltzlabs_straggler"]``).
+        reset_timeout: deadline for resets and other calls.
+        start_timeout: deadline for an env's interpreter start plus first reset.
+        limits: per-env :class:`~boltzlabs_gym.Limits` (memory, processes, files, ...).
+        serialize_measurement: run one env step at a time per worker host (for rewards
+            that are timings); resets stay concurrent.
+        env_vars: extra environment variables for every env process.
+    """
+
+    def __init__(
+        self,
+        env_dir: str | os.PathLike,
+        n: int,
+        *,
+        workers: Sequence[str] | None = None,
+        isolation: str = "auto",
+        mode: str = "default",
+        step_timeout: float = 30.0,
+        reset_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        limits: Limits | None = None,
+        serialize_measurement: bool = False,
+        env_vars: dict[str, str] | None = None,
+    ):
+        if type(n) is not int or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "boltz":
+            raise NotImplementedError(
+                "mode='boltz' (envs forked from a warm template) is not available in this version; "
+                "use mode='default'"
+            )
+        for name, value in (("step_timeout", step_timeout), ("reset_timeout", reset_timeout), ("start_timeout", start_timeout)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.n = n
+        self.env_dir = os.fspath(env_dir)
+        self.mode = mode
+        self.step_timeout = float(step_timeout)
+        self.reset_timeout = float(reset_timeout)
+        self.start_timeout = float(start_timeout)
+        self.limits = limits or Limits()
+        self.timing = Timing()
+        self.isolation: IsolationReport | None = None
+        self.reset_infos: list[dict] = [{} for _ in range(n)]
+        self._closed = False
+        self._state = _State.IDLE
+        self._seq = itertools.count(1)
+        self._tmpdir: str | None = None
+        self._links: list[_Link] = []
+        self._pending: list | None = None
+        self._last_obs: list = [None] * n
+        self._ctx = zmq.Context()
+        self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links, [None])
+        try:
+            archive, digest = pack_dir(self.env_dir)
+            self._start_links(workers)
+            self._create_sessions(
+                archive,
+                digest,
+                {
+                    "isolation": isolation,
+                    "limits": self.limits.to_json(),
+                    "step_timeout": self.step_timeout,
+                    "reset_timeout": self.reset_timeout,
+                    "start_timeout": self.start_timeout,
+                    "serialize_measurement": bool(serialize_measurement),
+                    "env_vars": dict(env_vars or {}),
+                },
+            )
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ start-up
+    def _start_links(self, workers: Sequence[str] | None) -> None:
+        if workers:
+            counts = _split_counts(self.n, [1] * len(workers))
+            start = 0
+            for address, count in zip(workers, counts):
+                if count:
+                    self._links.append(_Link(self._ctx, address, start, count))
+                start += count
+            return
+        self._tmpdir = tempfile.mkdtemp(prefix="boltzlabs-pool-")
+        endpoint = f"ipc://{self._tmpdir}/worker.sock"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint, "--parent-pid", str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links, [process, self._tmpdir])
+        line = _read_line(process.stdout, timeout=30.0)
+        if not line.startswith("READY "):
+            process.kill()
+            raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
+        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process))
+
+    def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
+        for link in self._links:
+            have = self._call(link, {"op": "has_archive", "hash": digest}, timeout=30.0)
+            if not have.get("have"):
+                self._call(link, {"op": "upload", "hash": digest}, [archive], timeout=120.0)
+        seqs = []
+        for link in self._links:
+            header = dict(config, op="create", hash=digest, n=link.count, index_offset=link.start)
+            seqs.append(self._send(link, header))
+        # Every env may queue behind max_starting others: allow for the whole stagger.
+        timeout = self.start_timeout * (1 + self.n / 4) + 30.0
+        for link, seq in zip(self._links, seqs):
+            header, _ = self._recv(link, seq, timeout)
+            self._raise_for_error(link, header)
+            link.session = header["session"]
+            self.isolation = IsolationReport.from_json(header["isolation"])
+        log.info("pool of %d envs ready: %s", self.n, self.isolation)
+
+    # ------------------------------------------------------------------ transport
+    def _send(self, link: _Link, header: dict, frames: Sequence[bytes] = ()) -> int:
+        seq = next(self._seq)
+        header = dict(header, seq=seq)
+        if link.session is not None and "session" not in header:
+            header["session"] = link.session
+        link.sock.send_multipart([encode_header(header), *frames], copy=False)
+        return seq
+
+    def _recv(self, link: _Link, seq: int, timeout: float) -> tuple[dict, list]:
+        """Wait for the reply tagged ``seq``; stale replies of abandoned calls are dropped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerTimeout(f"worker {link.address} did not answer within {timeout:.1f} s", link.address)
+            if link.sock.poll(min(left, 0.25) * 1000, zmq.POLLIN):
+                frames = link.sock.recv_multipart(copy=False)
+                header = decode_header(frames[0].buffer)
+                if header.get("seq") != seq:
+                    continue  # a reply to a call that timed out earlier: drop it
+                return header, frames[1:]
+            self._check_worker_alive(link)
+
+    def _check_worker_alive(self, link: _Link) -> None:
+        if link.process is not None and link.process.poll() is not None:
+            raise WorkerError(
+                f"local worker {link.address} exited with code {link.process.returncode}", link.address
+            )
+
+    def _call(self, link: _Link, header: dict, frames: Sequence[bytes] = (), timeout: float = 30.0) -> dict:
+        header, _ = self._recv(link, self._send(link, header, frames), timeout)
+        self._raise_for_error(link, header)
+        return header
+
+    @staticmethod
+    def _raise_for_error(link: _Link, header: dict) -> None:
+        if header.get("ok"):
+            return
+        err = header.get("error") or {}
+        kind, message = err.get("kind"), err.get("message", "unknown error")
+        if kind == "env_start":
+            raise EnvStartError(message + _tail_text(err.get("stderr", "")), err.get("index"), err.get("stderr", ""), link.address)
+        if kind == "capacity":
+            raise CapacityError(f"worker {link.address}: {message}")
+        if kind == "sandbox":
+            raise SandboxUnavailable(message)
+        raise WorkerError(f"worker {link.address} refused the request ({kind}): {message}", link.address)
+
+    # ------------------------------------------------------------------ batched calls
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("this pool is closed; create a new RLPool")
+
+    def batch_async(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> None:
+        """Send one request per worker carrying ``items``: ``(index, op, payload_frames)``.
+
+        The low-level call that ``step``/``reset`` and the adapters are built on.
+        """
+        self._check_open()
+        if self._state is not _State.IDLE:
+            raise AsyncStateError(f"a call is already in flight ({self._state.value}); wait for it first")
+        per_link: list[list] = [[] for _ in self._links]
+        frames: list[list] = [[] for _ in self._links]
+        order = []
+        for index, op, payloads in items:
+            li = self._link_of(index)
+            link = self._links[li]
+            per_link[li].append([index - link.start, op, len(payloads)])
+            frames[li].extend(payloads)
+            order.append((li, len(per_link[li]) - 1))
+        t0 = time.perf_counter()
+        seqs = []
+        for li, link in enumerate(self._links):
+            if per_link[li]:
+                seqs.append((link, self._send(link, {"op": "batch", "items": per_link[li]}, frames[li])))
+        self._pending = (seqs, order, t0)
+        self._state = _State.WAITING_STEP
+
+    def batch_wait(self, timeout: float | None = None) -> list[EnvResult]:
+        """Collect the replies of :meth:`batch_async`, in the order of its items."""
+        self._check_open()
+        if self._state is _State.IDLE or self._pending is None:
+            raise AsyncStateError("batch_wait()/step_wait() called without a call in flight; call step_async() first")
+        seqs, order, t0 = self._pending
+        if timeout is None:
+            timeout = self.start_timeout + max(self.step_timeout, self.reset_timeout) + 30.0
+        per_link: dict[int, list[EnvResult]] = {}
+        per_worker_ms = {}
+        try:
+            deadline = time.monotonic() + timeout
+            for link, seq in seqs:
+                header, frames = self._recv(link, seq, max(0.0, deadline - time.monotonic()))
+                self._raise_for_error(link, header)
+                per_link[id(link)] = self._parse_results(link, header, frames)
+                per_worker_ms[link.address] = float(header.get("worker_ms", 0.0))
+        finally:
+            # Whatever happened, this call is over: a late reply will be dropped by its tag.
+            self._pending = None
+            self._state = _State.IDLE
+        results = [per_link[id(self._links[li])][pos] for li, pos in order]
+        self._record_timing(results, per_worker_ms, t0)
+        return results
+
+    def _parse_results(self, link: _Link, header: dict, frames: list) -> list[EnvResult]:
+        out = []
+        pos = 0
+        for entry in header.get("results", ()):
+            local, status, nframes = entry
+            reply_frame = frames[pos]
+            payloads = [f.buffer for f in frames[pos + 1 : pos + 1 + nframes]]
+            pos += 1 + nframes
+            try:
+                reply = json.loads(reply_frame.bytes)
+            except ValueError:
+                status, reply = ERROR, {"message": "reply frame is not JSON"}
+            if not isinstance(reply, dict):
+                status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object"}
+            out.append(EnvResult(link.start + local, status, reply, payloads))
+        return out
+
+    def _record_timing(self, results: list[EnvResult], per_worker_ms: dict, t0: float) -> None:
+        stragglers = tuple(r.index for r in results if r.status == STRAGGLER)
+        errors = tuple(r.index for r in results if r.status == ERROR)
+        t = self.timing
+        self.timing = Timing(
+            worker_ms=max(per_worker_ms.values(), default=0.0),
+            roundtrip_ms=(time.perf_counter() - t0) * 1e3,
+            per_worker_ms=per_worker_ms,
+            stragglers=stragglers,
+            errors=errors,
+            calls=t.calls + 1,
+            env_steps=t.env_steps + len(results),
+            total_stragglers=t.total_stragglers + len(stragglers),
+            total_errors=t.total_errors + len(errors),
+        )
+
+    def _link_of(self, index: int) -> int:
+        if type(index) is not int and not isinstance(index, np.integer):
+            raise TypeError(f"env index must be an int, got {type(index).__name__}")
+        if not 0 <= index < self.n:
+            raise IndexError(f"env index {index} out of range for a pool of {self.n}")
+        for li, link in enumerate(self._links):
+            if link.start <= index < link.start + link.count:
+                return li
+        raise IndexError(index)  # pragma: no cover
+
+    def call_envs(self, op: dict, indices: Sequence[int] | None = None, timeout: float | None = None) -> list[EnvResult]:
+        """Send the same op to several envs (e.g. ``{"op": "describe"}``) and wait."""
+        indices = range(self.n) if indices is None else indices
+        self.batch_async([(int(i), op, ()) for i in indices])
+        return self.batch_wait(timeout)
+
+    # ------------------------------------------------------------------ the JSON pool API
+    def step_async(self, actions: Sequence[Any]) -> None:
+        """Send one step to every env; collect with :meth:`step_wait`."""
+        self._check_open()
+        actions = self._validate_actions(actions)
+        self.batch_async([(i, {"op": "step", "action": a}, ()) for i, a in enumerate(actions)])
+
+    def step_wait(self, timeout: float | None = None):
+        """Return ``(obs, rewards, dones, infos)`` for the step sent by :meth:`step_async`.
+
+        ``obs`` and ``infos`` are lists in index order, ``rewards`` ``np.float32[n]``,
+        ``dones`` ``np.bool_[n]``. A straggler's or crashed env's slot holds obs
+        ``None``, reward 0, done True and ``info["boltzlabs_straggler"]`` or
+        ``info["boltzlabs_error"]``.
+        """
+        results = self.batch_wait(timeout)
+        obs = [None] * self.n
+        rewards = np.zeros(self.n, dtype=np.float32)
+        dones = np.ones(self.n, dtype=np.bool_)
+        infos: list[dict] = [{} for _ in range(self.n)]
+        for r in results:
+            o, rew, term, trunc, info = step_fields(r, self.step_timeout)
+            obs[r.index], rewards[r.index], dones[r.index], infos[r.index] = o, rew, term or trunc, info
+        self._last_obs = obs
+        return obs, rewards, dones, infos
+
+    def step(self, actions: Sequence[Any]):
+        """Step every env with its action; see :meth:`step_wait` for what comes back."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def reset(
+        self,
+        seed: int | Sequence[int | None] | None = None,
+        where: Sequence[bool] | np.ndarray | None = None,
+        hard: bool = False,
+        options: dict | None = None,
+    ) -> list:
+        """Reset the envs selected by ``where`` (all by default) and return all ``n`` observations.
+
+        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one seed
+        per env. ``hard=True`` kills each selected env's process tree, wipes its
+        workspace and starts it afresh (byte-identical start). Unselected envs keep
+        their last observation in their slot. Per-env reset infos land in
+        :attr:`reset_infos`.
+        """
+        self._check_open()
+        mask = self._validate_mask(where)
+        seeds = self._validate_seeds(seed)
+        op_name = "hard_reset" if hard else "reset"
+        items = []
+        for i in np.flatnonzero(mask):
+            op = {"op": op_name, "seed": seeds[i]}
+            if options:
+                op["options"] = jsonable(options)
+            items.append((int(i), op, ()))
+        if not items:
+            return list(self._last_obs)
+        self.batch_async(items)
+        results = self.batch_wait()
+        obs = list(self._last_obs)
+        for r in results:
+            o, info = reset_fields(r)
+            obs[r.index] = o
+            self.reset_infos[r.index] = info
+        self._last_obs = obs
+        return obs
+
+    # ------------------------------------------------------------------ validation
+    def _validate_actions(self, actions: Sequence[Any]) -> list:
+        if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
+            raise ValueError(f"actions must be a sequence of {self.n} actions, got {type(actions).__name__}")
+        if len(actions) != self.n:
+            raise ValueError(f"expected exactly {self.n} actions (one per env), got {len(actions)}")
+        out = []
+        for i, a in enumerate(actions):
+            try:
+                out.append(jsonable(a))
+            except TypeError as exc:
+                raise ValueError(f"action for env {i} is not JSON-serialisable: {exc}") from None
+        return out
+
+    def _validate_mask(self, where) -> np.ndarray:
+        if where is None:
+            return np.ones(self.n, dtype=bool)
+        mask = np.asarray(where)
+        if mask.shape != (self.n,) or mask.dtype != np.bool_:
+            raise ValueError(f"where must be a boolean mask of shape ({self.n},), got dtype {mask.dtype} shape {mask.shape}")
+        return mask
+
+    def _validate_seeds(self, seed) -> list:
+        if seed is None:
+            return [None] * self.n
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            return [int(seed) + i for i in range(self.n)]
+        if isinstance(seed, (list, tuple, np.ndarray)):
+            if len(seed) != self.n:
+                raise ValueError(f"expected {self.n} seeds (one per env), got {len(seed)}")
+            out = []
+            for i, s in enumerate(seed):
+                if s is not None and not (isinstance(s, (int, np.integer)) and not isinstance(s, bool)):
+                    raise ValueError(f"seed for env {i} must be an int or None, got {s!r}")
+                out.append(None if s is None else int(s))
+            return out
+        raise ValueError(f"seed must be an int, a list of {self.n} ints, or None; got {type(seed).__name__}")
+
+    # ------------------------------------------------------------------ introspection
+    def memory(self) -> list[int]:
+        """PSS in bytes of each env's whole process tree, in index order."""
+        self._check_open()
+        out = [0] * self.n
+        for link in self._links:
+            header = self._call(link, {"op": "memory"}, timeout=60.0)
+            for local, pss in enumerate(header["pss"]):
+                out[link.start + local] = int(pss)
+        return out
+
+    def envs_per_gb(self) -> float:
+        """How many envs fit in one GiB, from their PSS (shared pages split honestly)."""
+        total = sum(self.memory())
+        return self.n / (total / 2**30) if total else float("inf")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def workers(self) -> list[str]:
+        return [link.address for link in self._links]
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Stop every env and (for a local pool) the worker; idempotent and bounded."""
+        if self._closed:
+            return
+        self._closed = True
+        for link in self._links:
+            if link.session is not None and link.process is None:
+                try:
+                    self._call(link, {"op": "close"}, timeout=5.0)
+                except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
+                    pass
+        self._finalizer()
+
+    @staticmethod
+    def _finalize(ctx: zmq.Context, links: list, local: list) -> None:
+        for link in links:
+            link.close()
+        process = local[0]
+        if process is not None:
+            _stop_process(process)
+        if len(local) > 1 and local[1]:
+            shutil.rmtree(local[1], ignore_errors=True)
+        ctx.term()
+
+    def __enter__(self) -> "RLPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._links)} worker(s)"
+        return f"RLPool({self.env_dir!r}, n={self.n}, {state})"
+
+
+def step_fields(r: EnvResult, step_timeout: float):
+    """(obs, reward, terminated, truncated, info) of one env's step result."""
+    if r.status == OK:
+        reply = r.reply
+        if "error" in reply and "obs" not in reply:
+            return None, 0.0, True, False, {"boltzlabs_error": {"reason": f"env refused the step: {reply['error']}", "stderr": ""}}
+        info = reply.get("info")
+        info = dict(info) if isinstance(info, dict) else {}
+        try:
+            reward = float(reply.get("reward", 0.0))
+        except (TypeError, ValueError):
+            return None, 0.0, True, False, {"boltzlabs_error": {"reason": f"reward {reply.get('reward')!r} is not a number", "stderr": ""}}
+        terminated = bool(reply.get("terminated", reply.get("done", False)))
+        truncated = bool(reply.get("truncated", False))
+        return reply.get("obs"), reward, terminated, truncated, info
+    return None, 0.0, r.status == ERROR, r.status == STRAGGLER, failure_info(r, step_timeout)
+
+
+def reset_fields(r: EnvResult):
+    """(obs, info) of one env's reset result."""
+    if r.status == OK:
+        if "error" in r.reply and "obs" not in r.reply:
+            return None, {"boltzlabs_error": {"reason": f"env refused the reset: {r.reply['error']}", "stderr": ""}}
+        info = r.reply.get("info")
+        return r.reply.get("obs"), dict(info) if isinstance(info, dict) else {}
+    return None, failure_info(r, None)
+
+
+def failure_info(r: EnvResult, step_timeout: float | None) -> dict:
+    reason = str(r.reply.get("message", "unknown failure"))
+    stderr = str(r.reply.get("stderr", ""))
+    if r.status == STRAGGLER:
+        return {"boltzlabs_straggler": {"reason": reason, "deadline_s": step_timeout}}
+    return {"boltzlabs_error": {"reason": reason, "stderr": stderr}}
+
+
+def _tail_text(stderr: str) -> str:
+    return f"\n--- stderr tail ---\n{stderr.rstrip()}" if stderr.strip() else " (no stderr output)"
+
+
+def _read_line(stream, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    fd = stream.fileno()
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode("utf-8", "replace").strip()
+
+
+def _stop_process(process: subprocess.Popen, grace: float = 5.0) -> None:
+    if process.poll() is None:
+        try:
+            process.send_signal(signal.SIGTERM)
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5.0)
+        except ProcessLookupError:
+            pass
+    if process.stdout is not None:
+        process.stdout.close()

@@ -1,0 +1,95 @@
+"""The trainer <-> worker wire format (ZeroMQ multipart) and the limits of both hops.
+
+A request is ``[header, *frames]``; a reply is ``[header, *frames]``. The header is a
+small JSON object; frames are raw bytes (an uploaded archive, array payloads). Over a
+ROUTER socket the worker additionally sees the client's identity frame first.
+
+Request header::
+
+    {"v": 1, "op": "batch", "seq": 17, "session": "s3",
+     "items": [[local_index, {"op": "step", "action": 1}, n_frames], ...]}
+
+Reply header for ``batch``::
+
+    {"v": 1, "seq": 17, "ok": true, "worker_ms": 0.8,
+     "results": [[local_index, status, n_frames], ...]}
+
+followed, per result and in order, by one frame holding the env's reply (a JSON
+object, forwarded as the env wrote it, or an error object written by the worker)
+and then that env's binary payloads. ``status`` is set by the worker, never by the
+env: ``"ok"``, ``"straggler"`` or ``"error"``.
+
+Errors: ``{"v": 1, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+#: Statuses of one env's result, set by the worker.
+OK, STRAGGLER, ERROR = "ok", "straggler", "error"
+
+#: Largest request/reply header, in bytes.
+MAX_HEADER_BYTES = 64 << 20
+#: Largest JSON reply line an env may write (a longer one kills the env).
+MAX_ENV_LINE_BYTES = 16 << 20
+#: Largest total of binary payloads one env reply may announce.
+MAX_ENV_PAYLOAD_BYTES = 256 << 20
+
+#: Ops the worker understands.
+WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status")
+#: Per-env ops the worker handles itself rather than forwarding to the env.
+WORKER_ENV_OPS = ("hard_reset",)
+
+
+class ProtocolError(ValueError):
+    """A malformed message on the trainer <-> worker hop."""
+
+
+def encode_header(header: dict) -> bytes:
+    header.setdefault("v", PROTOCOL_VERSION)
+    return json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
+
+
+def decode_header(frame: bytes | memoryview) -> dict:
+    """Parse and minimally validate a header frame."""
+    if len(frame) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = json.loads(bytes(frame))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a JSON object, got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} not supported (this side speaks {PROTOCOL_VERSION})")
+    return header
+
+
+def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
+    return {"seq": seq, "ok": False, "error": {"kind": kind, "message": message, **extra}}
+
+
+def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
+    """The line the worker writes to an env's stdin (payloads follow it)."""
+    if payloads:
+        op = dict(op, _bin=[len(p) for p in payloads])
+    return json.dumps(op, separators=(",", ":"), allow_nan=True).encode() + b"\n"
+
+
+def jsonable(value: Any) -> Any:
+    """Turn numpy scalars and arrays (and tuples) into plain JSON values for JSON-protocol envs."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")

@@ -1,0 +1,33 @@
+"""``pool.timing``: where the time of the last call went, and running counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Timing of the pool's last batched call, plus totals since creation.
+
+    ``worker_ms`` is the time the batch took on the slowest worker (fan-out to the
+    envs and back); ``roundtrip_ms`` is the trainer's wall clock around the whole
+    call. Their difference is the transport's share, never hidden inside either.
+
+    >>> t = Timing(worker_ms=1.0, roundtrip_ms=1.4)
+    >>> round(t.transport_ms, 3)
+    0.4
+    """
+
+    worker_ms: float = 0.0
+    roundtrip_ms: float = 0.0
+    per_worker_ms: dict = field(default_factory=dict)
+    stragglers: tuple = ()
+    errors: tuple = ()
+    calls: int = 0
+    env_steps: int = 0
+    total_stragglers: int = 0
+    total_errors: int = 0
+
+    @property
+    def transport_ms(self) -> float:
+        return max(0.0, self.roundtrip_ms - self.worker_ms)

@@ -1,0 +1,35 @@
+"""``python -m boltzlabs_gym.worker``: run a worker (the local pool starts one this way)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from .server import Worker, set_parent_death_signal, set_subreaper
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m boltzlabs_gym.worker")
+    parser.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock")
+    parser.add_argument("--capacity", type=int, default=4096)
+    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process dies")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--log-level", default="WARNING")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
+    if args.parent_pid is not None:
+        set_parent_death_signal(signal.SIGTERM)
+    set_subreaper()
+    worker = Worker(args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid)
+    worker.install_signal_handlers()
+    # The pool waits for this line before connecting.
+    sys.stdout.write("READY " + " ".join(worker.endpoints) + "\n")
+    sys.stdout.flush()
+    worker.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""One resident env process as the worker sees it: pipes, buffers, the reply parser.
+
+Everything read from an env is untrusted: a reply must be one JSON object line,
+at most :data:`~boltzlabs_gym.protocol.MAX_ENV_LINE_BYTES` long, followed by the
+binary payloads it announces (bounded too). Anything else is an :class:`EnvFault`,
+and the worker kills and respawns the env.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES
+from .sandbox import Launched, LaunchSpec
+
+#: How much of an env's stderr the worker keeps for error reports.
+STDERR_TAIL_BYTES = 8192
+_READ_CHUNK = 1 << 16
+
+
+class EnvFault(Exception):
+    """The env broke the protocol or died; ``reason`` says how, for the user."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Call:
+    """One operation for one env, and where its result goes.
+
+    ``on_done(status, reply_bytes, payloads)`` is called exactly once.
+    """
+
+    op: dict
+    payloads: list = field(default_factory=list)
+    timeout: float | None = None
+    on_done: Callable[[str, bytes, list], None] = lambda status, reply, payloads: None
+    kind: str = "other"  # "start", "step", "reset", "hard_reset", "other"
+    token: int = 0
+
+
+class EnvProcess:
+    """The worker's handle on one env: spawn, send, parse replies, kill.
+
+    States: ``new`` -> ``starting`` (spawned, first reset in flight) -> ``idle`` <->
+    ``busy``; ``dead`` after a kill until respawned; ``closed`` at the end.
+    """
+
+    def __init__(self, index: int, global_index: int, workspace: str):
+        self.index = index
+        self.global_index = global_index
+        self.workspace = workspace
+        self.state = "new"
+        self.launched: Launched | None = None
+        self.stdin_w = self.stdout_r = self.stderr_r = -1
+        self.current: Call | None = None
+        self.queue: collections.deque[Call] = collections.deque()
+        self.sent_at = 0.0
+        self._rbuf = bytearray()
+        self._scan_from = 0
+        self._line: bytes | None = None
+        self._need: list[int] = []
+        self._wbuf = b""
+        self._stderr = bytearray()
+        self.restarts = 0
+        self.starting = False
+        self.session = None
+        self.pending_start = None
+
+    # ------------------------------------------------------------------ process life
+    def spawn(self, backend, make_spec: Callable[..., LaunchSpec]) -> None:
+        """Start the process through the isolation backend; parent keeps its pipe ends."""
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            spec = make_spec(self, in_r, out_w, err_w)
+            self.launched = backend.launch(spec)
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        for fd in (in_w, out_r, err_r):
+            os.set_blocking(fd, False)
+        self.stdin_w, self.stdout_r, self.stderr_r = in_w, out_r, err_r
+        self._rbuf.clear()
+        self._scan_from = 0
+        self._line = None
+        self._need = []
+        self._wbuf = b""
+        self._stderr.clear()
+        self.state = "starting"
+
+    @property
+    def pid(self) -> int | None:
+        return self.launched.pid if self.launched else None
+
+    def kill(self) -> int | None:
+        """Kill the whole tree and close our pipe ends; return the pid left to reap."""
+        pid = None
+        if self.launched is not None:
+            self.launched.kill()
+            pid = self.launched.pid
+        self.drain_stderr()
+        for fd in (self.stdin_w, self.stdout_r, self.stderr_r):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.stdin_w = self.stdout_r = self.stderr_r = -1
+        return pid
+
+    def cleanup(self) -> None:
+        if self.launched is not None:
+            try:
+                self.launched.cleanup()
+            finally:
+                self.launched = None
+
+    # ------------------------------------------------------------------ writing
+    def write(self, data: bytes) -> bool:
+        """Write (part of) a request; True when everything went out."""
+        self._wbuf += data
+        return self.flush()
+
+    def flush(self) -> bool:
+        while self._wbuf:
+            try:
+                n = os.write(self.stdin_w, self._wbuf)
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                if exc.errno in (errno.EPIPE, errno.EBADF):
+                    raise EnvFault("the env closed its stdin (it has probably exited)") from None
+                raise
+            self._wbuf = self._wbuf[n:]
+        return True
+
+    @property
+    def write_pending(self) -> bool:
+        return bool(self._wbuf)
+
+    # ------------------------------------------------------------------ reading
+    def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
+        """Read what is available; return every complete reply. Raises EnvFault."""
+        replies = []
+        while True:
+            try:
+                chunk = os.read(self.stdout_r, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self._parse(replies)
+                raise EnvFault("the env closed its stdout (exited or crashed)")
+            self._rbuf += chunk
+            self._parse(replies)
+            if len(chunk) < _READ_CHUNK:
+                break
+        return replies
+
+    def _parse(self, out: list) -> None:
+        while True:
+            if self._line is None:
+                nl = self._rbuf.find(b"\n", self._scan_from)
+                if nl < 0:
+                    if len(self._rbuf) > MAX_ENV_LINE_BYTES:
+                        raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                    self._scan_from = len(self._rbuf)
+                    return
+                if nl > MAX_ENV_LINE_BYTES:
+                    raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                line = bytes(self._rbuf[: nl + 1])
+                del self._rbuf[: nl + 1]
+                self._scan_from = 0
+                self._need = _announced_payloads(line)
+                self._line = line
+            total = sum(self._need)
+            if len(self._rbuf) < total:
+                return
+            payloads = []
+            pos = 0
+            for n in self._need:
+                payloads.append(bytes(self._rbuf[pos : pos + n]))
+                pos += n
+            del self._rbuf[:total]
+            out.append((self._line, payloads))
+            self._line = None
+            self._need = []
+
+    def drain_stderr(self) -> None:
+        """Keep the last :data:`STDERR_TAIL_BYTES` of stderr; never block."""
+        if self.stderr_r < 0:
+            return
+        while True:
+            try:
+                chunk = os.read(self.stderr_r, _READ_CHUNK)
+            except (BlockingIOError, OSError):
+                return
+            if not chunk:
+                return
+            self._stderr += chunk
+            if len(self._stderr) > STDERR_TAIL_BYTES:
+                del self._stderr[: len(self._stderr) - STDERR_TAIL_BYTES]
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        return bytes(self._stderr[-limit:]).decode("utf-8", "replace")
+
+
+def _announced_payloads(line: bytes) -> list[int]:
+    """Validate a reply line; return the byte lengths of the payloads it announces."""
+    try:
+        msg = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        preview = line[:80].decode("utf-8", "replace").rstrip("\n")
+        raise EnvFault(f"malformed reply: not a JSON line (starts with {preview!r})") from None
+    if not isinstance(msg, dict):
+        raise EnvFault(f"malformed reply: expected a JSON object, got {type(msg).__name__}")
+    lengths = msg.get("_bin")
+    if lengths is None:
+        return []
+    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths):
+        raise EnvFault(f"malformed reply: bad _bin announcement {str(lengths)[:80]}")
+    if sum(lengths) > MAX_ENV_PAYLOAD_BYTES:
+        raise EnvFault(f"reply announces {sum(lengths)} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+    return lengths
+
+
+def describe_exit(status: int | None) -> str:
+    """Human words for a wait status."""
+    if status is None:
+        return "still running"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by signal {sig} ({name})"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def json_error(message: str, **extra: Any) -> bytes:
+    return json.dumps({"message": message, **extra}, separators=(",", ":")).encode()

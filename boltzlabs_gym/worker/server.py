@@ -1,0 +1,855 @@
+"""The worker: a ZeroMQ ROUTER loop that fans batched requests out to resident envs.
+
+One thread, one event loop (epoll over every env pipe plus the ROUTER socket's
+notification fd). A ``batch`` request from a client becomes one :class:`Call` per
+env; the reply goes back when every call has a result: the env's own reply, or a
+straggler/error result the worker wrote after killing the env. Per-env deadlines
+live in a heap, so a wedged env costs its slot the deadline and nothing more.
+
+The worker never dies from one bad env, request or client: every handler is
+wrapped, and everything that comes from an env or a client is validated.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from ..archive import ArchiveLimits, archive_hash, unpack_archive
+from ..errors import ArchiveError
+from ..protocol import (
+    ERROR,
+    OK,
+    STRAGGLER,
+    ProtocolError,
+    decode_header,
+    encode_header,
+    env_request_line,
+    error_reply,
+)
+from . import memory
+from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
+from .sandbox import LaunchSpec, Limits, SandboxUnavailable, select_backend
+from .sandbox.base import SANDBOX_RUNTIME
+
+log = logging.getLogger("boltzlabs_gym.worker")
+
+#: How many envs may be starting (interpreter boot + first reset) at once per worker.
+DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
+
+#: Run the env directory's env.py as __main__ with the env dir importable.
+ENV_BOOTSTRAP = (
+    "import os,runpy,sys\n"
+    "d=os.environ['BOLTZLABS_ENV_DIR']\n"
+    "sys.path.insert(0,d)\n"
+    "sys.argv=[os.path.join(d,'env.py')]\n"
+    "runpy.run_path(sys.argv[0],run_name='__main__')\n"
+)
+
+
+def _runtime_packages() -> dict[str, str]:
+    """The library's own packages, which every env imports its helper from."""
+    import boltzlabs
+    import boltzlabs_gym
+
+    return {
+        "boltzlabs_gym": os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)),
+        "boltzlabs": os.path.dirname(os.path.abspath(boltzlabs.__file__)),
+    }
+
+
+@dataclass
+class SessionConfig:
+    n: int
+    isolation: str = "auto"
+    limits: Limits = field(default_factory=Limits)
+    step_timeout: float = 30.0
+    reset_timeout: float = 60.0
+    start_timeout: float = 60.0
+    serialize_measurement: bool = False
+    index_offset: int = 0
+    env_vars: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_header(cls, h: dict) -> "SessionConfig":
+        n = h.get("n")
+        if type(n) is not int or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        env_vars = h.get("env_vars") or {}
+        if not isinstance(env_vars, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env_vars.items()
+        ):
+            raise ValueError("env_vars must map identifier names to strings")
+        timeouts = {}
+        for key in ("step_timeout", "reset_timeout", "start_timeout"):
+            value = h.get(key, getattr(cls, key))
+            if not isinstance(value, (int, float)) or not 0 < value <= 86400:
+                raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
+            timeouts[key] = float(value)
+        return cls(
+            n=n,
+            isolation=str(h.get("isolation", "auto")),
+            limits=Limits.from_json(h.get("limits")),
+            serialize_measurement=bool(h.get("serialize_measurement", False)),
+            index_offset=int(h.get("index_offset", 0)),
+            env_vars=env_vars,
+            **timeouts,
+        )
+
+
+class Batch:
+    """Collects one result per item of a client request; replies when complete."""
+
+    def __init__(self, worker: "Worker", client: bytes, seq, size: int):
+        self.worker = worker
+        self.client = client
+        self.seq = seq
+        self.results: list = [None] * size
+        self.remaining = size
+        self.t0 = time.perf_counter()
+
+    def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
+        if self.results[pos] is not None:
+            return
+        self.results[pos] = (index, status, reply, payloads)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.worker.send_batch_reply(self)
+
+
+class Session:
+    """One client's pool of envs on this worker."""
+
+    def __init__(self, sid: str, client: bytes, env_dir: str, root: str, cfg: SessionConfig, backend):
+        self.sid = sid
+        self.client = client
+        self.env_dir = env_dir
+        self.root = root
+        self.cfg = cfg
+        self.backend = backend
+        self.envs = [
+            EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)
+        ]
+        for env in self.envs:
+            env.session = self
+        self.started = 0
+        self.create_seq = None
+        self.closed = False
+        self.last_seen = time.monotonic()
+
+
+class Worker:
+    """The ROUTER server. ``Worker(["ipc:///tmp/w.sock"]).serve_forever()``."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        capacity: int = 4096,
+        workdir: str | None = None,
+        parent_pid: int | None = None,
+        max_starting: int = DEFAULT_MAX_STARTING,
+        archive_limits: ArchiveLimits = ArchiveLimits(),
+    ):
+        self.capacity = capacity
+        self.parent_pid = parent_pid
+        self.max_starting = max_starting
+        self.archive_limits = archive_limits
+        self.root = tempfile.mkdtemp(prefix="boltzlabs-worker-", dir=workdir)
+        self.archives: dict[str, str] = {}
+        self.sessions: dict[str, Session] = {}
+        self._sid_counter = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self._deadlines: list = []
+        self._fd_owner: dict[int, tuple[EnvProcess, str]] = {}
+        self._to_reap: set[int] = set()
+        self._start_queue: collections.deque = collections.deque()
+        self._starting = 0
+        self._gate_busy = False
+        self._gate_waiters: collections.deque = collections.deque()
+        self._running = True
+        self._wake_r = -1
+        self.runtime = _runtime_packages()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.endpoints = []
+        for ep in endpoints:
+            self.sock.bind(ep)
+            self.endpoints.append(self.sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+        self.epoll = select.epoll()
+        self._zmq_fd = self.sock.getsockopt(zmq.FD)
+        self.epoll.register(self._zmq_fd, select.EPOLLIN)
+
+    # ================================================================== main loop
+    def serve_forever(self) -> None:
+        try:
+            while self._running:
+                self._drain_socket()
+                timeout = self._next_timeout()
+                try:
+                    events = self.epoll.poll(timeout)
+                except InterruptedError:
+                    continue
+                for fd, ev in events:
+                    if fd == self._zmq_fd:
+                        continue
+                    if fd == self._wake_r:
+                        _drain_fd(fd)
+                        continue
+                    owner = self._fd_owner.get(fd)
+                    if owner is not None:
+                        self._on_env_event(owner[0], owner[1], ev)
+                self._expire_deadlines()
+                self._reap()
+                self._check_parent()
+        finally:
+            self.shutdown()
+
+    def stop(self, *_args) -> None:
+        self._running = False
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the loop at once (a wake-up pipe interrupts the poll)."""
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_r = r
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self.epoll.register(r, select.EPOLLIN)
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def _next_timeout(self) -> float:
+        timeout = 1.0
+        if self._deadlines:
+            timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
+        if self._to_reap:
+            timeout = min(timeout, 0.05)
+        return timeout
+
+    def _check_parent(self) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("parent process %s is gone; shutting down", self.parent_pid)
+            self._running = False
+
+    def _drain_socket(self) -> None:
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue  # nothing to answer: not even a header
+            client, header_frame, payloads = frames[0], frames[1], frames[2:]
+            self._handle_request(client, header_frame, payloads)
+
+    # ================================================================== requests
+    def _handle_request(self, client: bytes, header_frame: bytes, payloads: list) -> None:
+        seq = None
+        try:
+            header = decode_header(header_frame)
+            seq = header.get("seq")
+            op = header.get("op")
+            handler = self._HANDLERS.get(op)
+            if handler is None:
+                raise ProtocolError(f"unknown op {op!r}")
+            reply = handler(self, client, header, payloads)
+        except ProtocolError as exc:
+            reply = error_reply(seq, "protocol", str(exc))
+        except (ValueError, TypeError, KeyError) as exc:
+            reply = error_reply(seq, "bad_request", f"{type(exc).__name__}: {exc}")
+        except ArchiveError as exc:
+            reply = error_reply(seq, "archive", str(exc))
+        except SandboxUnavailable as exc:
+            reply = error_reply(seq, "sandbox", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one bad request must not kill the worker
+            log.exception("error handling a request")
+            reply = error_reply(seq, "internal", f"{type(exc).__name__}: {exc}")
+        if reply is not None:
+            reply.setdefault("seq", seq)
+            self._send(client, reply)
+
+    def _send(self, client: bytes, header: dict, frames: list = ()) -> None:
+        try:
+            self.sock.send_multipart([client, encode_header(header), *frames], copy=False)
+        except zmq.ZMQError as exc:
+            log.warning("could not reply to a client: %s", exc)
+
+    def _session_for(self, client: bytes, header: dict) -> Session:
+        sid = header.get("session")
+        session = self.sessions.get(sid) if isinstance(sid, str) else None
+        if session is None or session.client != client or session.closed:
+            raise ValueError(f"no open session {sid!r} for this client")
+        session.last_seen = time.monotonic()
+        return session
+
+    def _op_ping(self, client, header, payloads):
+        return {"ok": True, "pid": os.getpid(), "endpoints": self.endpoints}
+
+    def _op_has_archive(self, client, header, payloads):
+        digest = header.get("hash")
+        return {"ok": True, "have": isinstance(digest, str) and digest in self.archives}
+
+    def _op_upload(self, client, header, payloads):
+        digest = header.get("hash")
+        if not isinstance(digest, str) or len(payloads) != 1:
+            raise ValueError("upload needs a 'hash' and exactly one archive frame")
+        if digest not in self.archives:
+            data = payloads[0]
+            if archive_hash(data) != digest:
+                raise ArchiveError("archive content does not match its announced hash")
+            dest = os.path.join(self.root, "archives", digest)
+            tmp = dest + ".partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                unpack_archive(data, tmp, limits=self.archive_limits)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            os.rename(tmp, dest)
+            _make_tree_readable(dest)
+            self.archives[digest] = dest
+        return {"ok": True}
+
+    def _op_create(self, client, header, payloads):
+        digest = header.get("hash")
+        if digest not in self.archives:
+            raise ValueError(f"archive {digest!r} was not uploaded to this worker")
+        cfg = SessionConfig.from_header(header)
+        in_use = sum(len(s.envs) for s in self.sessions.values())
+        if in_use + cfg.n > self.capacity:
+            return error_reply(
+                header.get("seq"),
+                "capacity",
+                f"worker has {self.capacity - in_use} free env slots of {self.capacity}; asked for {cfg.n}",
+                free=self.capacity - in_use,
+            )
+        backend = select_backend(cfg.isolation)
+        sid = f"s{next(self._sid_counter)}"
+        root = os.path.join(self.root, "sessions", sid)
+        os.makedirs(os.path.join(root, "ws"))
+        session = Session(sid, client, self.archives[digest], root, cfg, backend)
+        session.create_seq = header.get("seq")
+        self.sessions[sid] = session
+        for env in session.envs:
+            os.makedirs(env.workspace)
+            self._queue_start(session, env, None)
+        return None  # the reply goes out when every env answered its first reset
+
+    def _op_batch(self, client, header, payloads):
+        session = self._session_for(client, header)
+        items = header.get("items")
+        if not isinstance(items, list) or not items:
+            raise ValueError("batch needs a non-empty 'items' list")
+        calls = []
+        used = 0
+        seen = set()
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 3):
+                raise ValueError(f"batch item must be [index, op, n_frames], got {str(item)[:80]}")
+            index, op, nframes = item
+            if type(index) is not int or not 0 <= index < len(session.envs):
+                raise ValueError(f"env index {index!r} out of range 0..{len(session.envs) - 1}")
+            if index in seen:
+                raise ValueError(f"env index {index} appears twice in one batch")
+            seen.add(index)
+            if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+                raise ValueError(f"env {index}: op must be an object with an 'op' string")
+            if type(nframes) is not int or nframes < 0 or used + nframes > len(payloads):
+                raise ValueError(f"env {index}: frame count {nframes!r} does not match the frames sent")
+            calls.append((index, op, payloads[used : used + nframes]))
+            used += nframes
+        if used != len(payloads):
+            raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
+        batch = Batch(self, client, header.get("seq"), len(calls))
+        for pos, (index, op, frames) in enumerate(calls):
+            self._submit(session, session.envs[index], op, frames, batch, pos)
+        return None
+
+    def _op_memory(self, client, header, payloads):
+        session = self._session_for(client, header)
+        pss = [memory.tree_pss(env.pid) if env.pid else 0 for env in session.envs]
+        return {"ok": True, "pss": pss, "worker_pss": memory.tree_pss(os.getpid(), children=False)}
+
+    def _op_close(self, client, header, payloads):
+        sid = header.get("session")
+        session = self.sessions.get(sid) if isinstance(sid, str) else None
+        if session is not None and session.client == client:
+            self._close_session(session)
+        return {"ok": True}
+
+    def _op_status(self, client, header, payloads):
+        sessions = []
+        for s in self.sessions.values():
+            sessions.append({"session": s.sid, "envs": len(s.envs), "isolation": s.backend.report().to_json()})
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "capacity": self.capacity,
+            "in_use": sum(len(s.envs) for s in self.sessions.values()),
+            "sessions": sessions,
+        }
+
+    _HANDLERS = {
+        "ping": _op_ping,
+        "has_archive": _op_has_archive,
+        "upload": _op_upload,
+        "create": _op_create,
+        "batch": _op_batch,
+        "memory": _op_memory,
+        "close": _op_close,
+        "status": _op_status,
+    }
+
+    # ================================================================== env scheduling
+    def _submit(self, session: Session, env: EnvProcess, op: dict, frames: list, batch: Batch, pos: int) -> None:
+        name = op["op"]
+        cfg = session.cfg
+        timeout = cfg.step_timeout if name == "step" else cfg.reset_timeout
+        kind = name if name in ("step", "reset", "hard_reset") else "other"
+
+        def on_done(status: str, reply: bytes, payloads: list, _i=env.index) -> None:
+            batch.done(pos, _i, status, reply, payloads)
+
+        call = Call(op=op, payloads=list(frames), timeout=timeout, on_done=on_done, kind=kind)
+        env.queue.append(call)
+        if env.state == "dead":
+            self._queue_start(session, env, None)
+        self._pump(session, env)
+
+    def _pump(self, session: Session, env: EnvProcess) -> None:
+        """Send the env its next queued call if it is free to take one."""
+        if env.state != "idle" or not env.queue or session.closed:
+            return
+        call = env.queue[0]
+        if call.kind == "hard_reset":
+            env.queue.popleft()
+            self._kill_env(session, env)
+            self._wipe(env.workspace)
+            reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
+            self._queue_start(session, env, call, reset_op)
+            return
+        if call.kind == "step" and session.cfg.serialize_measurement:
+            if self._gate_busy:
+                if not any(e is env for _, e in self._gate_waiters):
+                    self._gate_waiters.append((session, env))
+                return
+            self._gate_busy = True
+            call.op = dict(call.op)
+            call.gated = True
+        env.queue.popleft()
+        self._send_call(session, env, call)
+
+    def _send_call(self, session: Session, env: EnvProcess, call: Call) -> None:
+        call.token = next(self._tokens)
+        env.current = call
+        env.state = "busy"
+        env.sent_at = time.perf_counter()
+        if call.timeout is not None:
+            heapq.heappush(self._deadlines, (time.monotonic() + call.timeout, call.token, session.sid, env.index))
+        try:
+            done = env.write(b"".join([env_request_line(call.op, call.payloads), *call.payloads]))
+        except EnvFault as exc:
+            self._fault(session, env, exc.reason)
+            return
+        if not done:
+            self.epoll.register(env.stdin_w, select.EPOLLOUT)
+            self._fd_owner[env.stdin_w] = (env, "in")
+
+    def _release_gate(self, call: Call) -> None:
+        if not getattr(call, "gated", False):
+            return
+        call.gated = False
+        self._gate_busy = False
+        while self._gate_waiters and not self._gate_busy:
+            session, env = self._gate_waiters.popleft()
+            self._pump(session, env)
+
+    # ================================================================== env events
+    def _on_env_event(self, env: EnvProcess, kind: str, ev: int) -> None:
+        session = self._session_of(env)
+        if session is None:
+            return
+        try:
+            if kind == "err":
+                env.drain_stderr()
+                if ev & (select.EPOLLHUP | select.EPOLLERR) and not ev & select.EPOLLIN:
+                    self._unregister(env.stderr_r)
+            elif kind == "in":
+                if env.flush():
+                    self._unregister(env.stdin_w)
+            else:
+                for reply, payloads in env.read_replies():
+                    self._on_reply(session, env, reply, payloads)
+        except EnvFault as exc:
+            self._fault(session, env, exc.reason)
+
+    def _on_reply(self, session: Session, env: EnvProcess, reply: bytes, payloads: list) -> None:
+        call = env.current
+        if call is None:
+            raise EnvFault("the env wrote output nobody asked for")
+        env.current = None
+        env.state = "idle"
+        self._release_gate(call)
+        if call.kind == "start":
+            self._start_finished(session, env, call, reply, payloads)
+        else:
+            call.on_done(OK, reply, payloads)
+        self._pump(session, env)
+
+    def _fault(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None:
+        """Kill a misbehaving env, report its current call, respawn it in the background."""
+        call = env.current
+        env.current = None
+        pid = self._kill_env(session, env)
+        status = self._reap_now(pid)
+        if status is not None and not straggler and "closed its stdout" in reason:
+            reason = f"the env {describe_exit(status)}"
+        detail = json_error(
+            reason,
+            index=env.global_index,
+            stderr=env.stderr_tail(),
+            straggler=straggler,
+        )
+        if call is not None:
+            self._release_gate(call)
+            if call.kind == "start":
+                self._start_failed(session, env, call, reason)
+                return
+            call.on_done(STRAGGLER if straggler else ERROR, detail, [])
+        if not session.closed:
+            self._wipe(env.workspace)
+            self._queue_start(session, env, None)
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, token, sid, index = heapq.heappop(self._deadlines)
+            session = self.sessions.get(sid)
+            if session is None:
+                continue
+            env = session.envs[index]
+            if env.current is not None and env.current.token == token:
+                waited = time.perf_counter() - env.sent_at
+                what = "its first reset" if env.current.kind == "start" else f"'{env.current.op.get('op')}'"
+                self._fault(
+                    session,
+                    env,
+                    f"missed the {env.current.timeout:g} s deadline for {what} (waited {waited:.2f} s); killed",
+                    straggler=env.current.kind == "step",
+                )
+
+    # ================================================================== starting envs
+    def _queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
+        """Spawn ``env`` when a start slot is free; ``call`` gets the first reset's result."""
+        env.state = "queued"
+        env.pending_start = (call, reset_op or {"op": "reset", "seed": None})
+        self._start_queue.append((session, env))
+        self._start_more()
+
+    def _start_more(self) -> None:
+        while self._start_queue and self._starting < self.max_starting:
+            session, env = self._start_queue.popleft()
+            if session.closed or env.state != "queued":
+                continue
+            self._spawn(session, env)
+
+    def _spawn(self, session: Session, env: EnvProcess) -> None:
+        user_call, reset_op = env.pending_start
+        start_call = Call(op=reset_op, timeout=session.cfg.start_timeout, kind="start")
+        start_call.user_call = user_call
+        try:
+            env.spawn(session.backend, lambda e, i, o, r: self._launch_spec(session, e, i, o, r))
+        except Exception as exc:  # noqa: BLE001 - a failed launch is that env's failure
+            env.state = "dead"
+            self._start_failed(session, env, start_call, f"could not launch: {type(exc).__name__}: {exc}")
+            return
+        self._starting += 1
+        env.starting = True
+        self._register_env(env)
+        env.restarts += 1
+        self._send_call(session, env, start_call)
+
+    def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
+        python_bin = os.path.dirname(sys.executable)
+        return LaunchSpec(
+            argv=[sys.executable, "-B", "-s", "-c", ENV_BOOTSTRAP],
+            env_dir=session.env_dir,
+            workspace=env.workspace,
+            stdin_fd=stdin_fd,
+            stdout_fd=stdout_fd,
+            stderr_fd=stderr_fd,
+            env={
+                "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "BOLTZLABS_ENV_INDEX": str(env.global_index),
+                # Host paths; a namespace backend replaces them with /env, /workspace, /opt/boltzlabs.
+                "BOLTZLABS_ENV_DIR": session.env_dir,
+                "BOLTZLABS_WORKSPACE": env.workspace,
+                "HOME": env.workspace,
+                "PYTHONPATH": os.path.dirname(self.runtime["boltzlabs_gym"]),
+                **session.cfg.env_vars,
+            },
+            limits=session.cfg.limits,
+            ro_binds={},
+            index=env.global_index,
+            **({"runtime": self.runtime} if "runtime" in LaunchSpec.__dataclass_fields__ else {}),
+        )
+
+    def _start_finished(self, session: Session, env: EnvProcess, call: Call, reply: bytes, payloads: list) -> None:
+        env.starting = False
+        self._starting -= 1
+        self._start_more()
+        user_call = call.user_call
+        if user_call is not None:
+            user_call.on_done(OK, reply, payloads)
+        if session.create_seq is not None:
+            session.started += 1
+            if session.started == len(session.envs):
+                seq, session.create_seq = session.create_seq, None
+                self._send(
+                    session.client,
+                    {
+                        "seq": seq,
+                        "ok": True,
+                        "session": session.sid,
+                        "n": len(session.envs),
+                        "isolation": session.backend.report().to_json(),
+                    },
+                )
+
+    def _start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
+        self._start_more()
+        env.state = "dead"
+        tail = env.stderr_tail()
+        if session.create_seq is not None:
+            # A pool is all or nothing: tear the whole session down and say which env failed.
+            seq, session.create_seq = session.create_seq, None
+            self._close_session(session)
+            self._send(
+                session.client,
+                error_reply(
+                    seq,
+                    "env_start",
+                    f"env {env.global_index} failed to start: {reason}",
+                    index=env.global_index,
+                    stderr=tail,
+                ),
+            )
+            return
+        detail = json_error(f"env failed to restart: {reason}", index=env.global_index, stderr=tail)
+        if call.user_call is not None:
+            call.user_call.on_done(ERROR, detail, [])
+        while env.queue:
+            env.queue.popleft().on_done(ERROR, detail, [])
+
+    # ================================================================== process plumbing
+    def _register_env(self, env: EnvProcess) -> None:
+        self.epoll.register(env.stdout_r, select.EPOLLIN)
+        self.epoll.register(env.stderr_r, select.EPOLLIN)
+        self._fd_owner[env.stdout_r] = (env, "out")
+        self._fd_owner[env.stderr_r] = (env, "err")
+
+    def _unregister(self, fd: int) -> None:
+        if self._fd_owner.pop(fd, None) is not None:
+            try:
+                self.epoll.unregister(fd)
+            except (OSError, ValueError):
+                pass
+
+    def _kill_env(self, session: Session, env: EnvProcess) -> int | None:
+        for fd in (env.stdin_w, env.stdout_r, env.stderr_r):
+            if fd >= 0:
+                self._unregister(fd)
+        if env.starting:
+            env.starting = False
+            self._starting -= 1
+        pid = env.kill()
+        if pid:
+            self._to_reap.add(pid)
+        env.state = "dead"
+        env.current = None
+        self._cleanup_launch(env)
+        return pid
+
+    def _cleanup_launch(self, env: EnvProcess) -> None:
+        try:
+            env.cleanup()
+        except Exception:  # noqa: BLE001
+            log.exception("cleanup of env %s failed", env.global_index)
+
+    def _reap_now(self, pid: int | None) -> int | None:
+        if not pid:
+            return None
+        for _ in range(20):
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                self._to_reap.discard(pid)
+                return None
+            if got:
+                self._to_reap.discard(pid)
+                return status
+            time.sleep(0.001)
+        return None
+
+    def _reap(self) -> None:
+        for pid in list(self._to_reap):
+            try:
+                got, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got = pid
+            if got:
+                self._to_reap.discard(pid)
+        # Orphans re-parented to us (we are a subreaper): reap whatever is left.
+        while True:
+            try:
+                got, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not got:
+                break
+            self._to_reap.discard(got)
+
+    def _wipe(self, path: str) -> None:
+        try:
+            from .sandbox.base import wipe_workspace
+        except ImportError:
+            wipe_workspace = _wipe_tree
+        try:
+            wipe_workspace(path)
+        except Exception:  # noqa: BLE001
+            log.exception("could not wipe workspace %s", path)
+
+    @staticmethod
+    def _session_of(env: EnvProcess) -> Session | None:
+        session = getattr(env, "session", None)
+        return None if session is None or session.closed else session
+
+    def send_batch_reply(self, batch: Batch) -> None:
+        results = []
+        frames = []
+        for index, status, reply, payloads in batch.results:
+            results.append([index, status, len(payloads)])
+            frames.append(reply)
+            frames.extend(payloads)
+        worker_ms = (time.perf_counter() - batch.t0) * 1e3
+        self._send(batch.client, {"seq": batch.seq, "ok": True, "worker_ms": worker_ms, "results": results}, frames)
+
+    # ================================================================== shutdown
+    def _close_session(self, session: Session) -> None:
+        session.closed = True
+        for env in session.envs:
+            pid = self._kill_env(session, env)
+            self._reap_now(pid)
+            env.state = "closed"
+            for call in env.queue:
+                call.on_done(ERROR, json_error("session closed"), [])
+            env.queue.clear()
+        shutil.rmtree(session.root, ignore_errors=True)
+        if os.path.exists(session.root):
+            _wipe_tree(session.root)
+        self.sessions.pop(session.sid, None)
+
+    def shutdown(self) -> None:
+        for session in list(self.sessions.values()):
+            try:
+                self._close_session(session)
+            except Exception:  # noqa: BLE001
+                log.exception("closing session %s", session.sid)
+        self._reap()
+        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.epoll.close()
+        except OSError:
+            pass
+        self.sock.close(linger=0)
+        self.ctx.term()
+        for ep in self.endpoints:
+            if ep.startswith("ipc://"):
+                try:
+                    os.unlink(ep[len("ipc://") :])
+                except OSError:
+                    pass
+
+
+def _drain_fd(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+
+
+def _make_tree_readable(path: str) -> None:
+    """Unpacked archives are shared read-only by every env (which may run as another uid)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                os.chmod(full, os.stat(full).st_mode | 0o444)
+    os.chmod(path, 0o755)
+
+
+def _wipe_tree(path: str) -> None:
+    """Empty ``path``, whatever permissions its contents were given."""
+
+    def fix(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        except OSError:
+            pass
+        func(p)
+
+    if not os.path.isdir(path):
+        os.makedirs(path, exist_ok=True)
+        return
+    os.chmod(path, 0o700)
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            os.chmod(full, 0o700)
+            shutil.rmtree(full, onerror=fix)
+        else:
+            os.unlink(full)
+
+
+def set_subreaper() -> None:
+    """Adopt orphaned env processes so none is left unreaped (Linux only)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001
+        pass
