@@ -171,13 +171,14 @@ def test_hostile_json_refused(data, match):
 
 
 def test_element_budget_is_total_across_leaves():
-    leaf = _box(shape=[1 << 20])
-    data = {"type": "Tuple", "spaces": [leaf] * 100}  # 100 Mi elements in total
+    from boltzlabs_gym.spaces import MAX_ELEMENTS
+
     with pytest.raises(ValueError, match="too many elements"):
-        space_from_json(data)
-    space_from_json({"type": "Tuple", "spaces": [leaf] * 3}, max_elements=4 << 20)
-    with pytest.raises(ValueError, match="too many elements"):
-        space_from_json({"type": "Tuple", "spaces": [leaf] * 5}, max_elements=4 << 20)
+        space_from_json(_box(shape=[MAX_ELEMENTS + 1]))
+    leaf = _box(shape=[1 << 16])
+    space_from_json({"type": "Tuple", "spaces": [leaf] * 4}, max_elements=4 << 16)
+    with pytest.raises(ValueError, match=r"space\[4\]: space has too many elements"):
+        space_from_json({"type": "Tuple", "spaces": [leaf] * 100}, max_elements=4 << 16)
 
 
 def test_node_and_depth_limits():
