@@ -219,19 +219,19 @@ def _call_step(step: Callable, reset: Callable, msg: dict) -> dict:
     return out
 
 
-def _dumps_safely(reply: dict) -> dict:
-    """Make sure the reply is JSON-serialisable; say what was not, instead of dying."""
+def _encode_reply(reply: dict) -> bytes:
+    """Encode a reply line once; a reply that is not JSON becomes a terminal error transition."""
     try:
-        json.dumps(reply, allow_nan=True)
-        return reply
+        return json.dumps(reply, separators=(",", ":"), allow_nan=True).encode() + b"\n"
     except (TypeError, ValueError) as exc:
-        return {
+        failed = {
             "obs": None,
             "reward": 0.0,
             "terminated": True,
             "truncated": False,
             "info": {"boltzlabs_exception": {"where": "encode", "traceback": f"reply is not JSON-serialisable: {exc}"}},
         }
+        return json.dumps(failed, separators=(",", ":")).encode() + b"\n"
 
 
 def serve(
@@ -285,4 +285,5 @@ def serve(
             return
         else:
             reply = {"error": f"unknown op {op!r}"}
-        write_message(proto_out, _dumps_safely(reply))
+        proto_out.write(_encode_reply(reply))
+        proto_out.flush()
