@@ -1,0 +1,447 @@
+"""Values of a space <-> (JSON skeleton, raw byte payloads), so arrays never go through JSON.
+
+:func:`encode` turns a value of a Gymnasium space into a JSON-able skeleton plus a
+list of raw payloads; :func:`decode` turns them back. The skeleton, by space:
+
+* Box, MultiBinary, MultiDiscrete: ``{"__nd__": [k, dtype, shape]}``, where ``k``
+  indexes the payload list, ``dtype`` is the numpy dtype string (``"<f4"``) and
+  ``shape`` a list of ints; payload ``k`` holds the C-order bytes of the array.
+* Discrete: a JSON int. Text: a JSON string.
+* Dict: a JSON object (the space's keys, in its order). Tuple: a JSON list.
+* :class:`~boltzlabs_gym.spaces.JsonSpace`: the value itself; on encode, numpy
+  scalars and arrays inside it are converted to plain JSON (arrays to nested lists).
+
+:func:`decode` runs on the trainer with data from an *untrusted* sandbox and
+validates strictly: the dtype must equal the space's dtype, the shape must equal
+the space's shape, the payload length must equal ``prod(shape) * itemsize``, the
+payload index must be in range, object/structured dtypes are refused, Discrete
+values must be ints within range, Text values strings, Dict keys exactly the
+space's. Anything else raises :class:`CodecError` (a :class:`ValueError`) saying
+what was wrong and where.
+
+Arrays are decoded with ``np.frombuffer``: zero-copy, and therefore **read-only**
+views on the payload (``copy=True`` gives writable copies). The batched vector
+path uses :func:`decode_into`, which writes one env's value straight into a
+preallocated batch (:func:`empty_batch`): one copy, from the payload to the batch.
+
+Infos (schemaless dicts) use :func:`encode_info` / :func:`decode_info`: JSON
+values pass through; numpy arrays of bool/int/uint/float dtype become ``__nd__``
+payload references; numpy scalars become ``{"__np__": [dtype, value]}`` inline
+(decoded back to numpy scalars of the same dtype); tuples become lists; a dict that would look like a
+marker is escaped; any other object is replaced by its ``repr()`` (truncated).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Sequence
+
+import numpy as np
+from gymnasium import spaces as gs
+
+from .spaces import JsonSpace
+
+__all__ = [
+    "CodecError",
+    "encode",
+    "decode",
+    "decode_into",
+    "empty_batch",
+    "freeze_batch",
+    "encode_info",
+    "decode_info",
+    "to_json_safe",
+    "ND",
+]
+
+#: The marker key of an array leaf.
+ND = "__nd__"
+#: The marker key of a numpy scalar in an info: ``{"__np__": [dtype, value]}``.
+NP = "__np__"
+#: The marker key of an escaped user dict in an info (a dict that looked like a marker).
+_ESC = "__esc__"
+_MARKERS = (ND, NP, _ESC)
+#: Deepest nesting decode_info / to_json_safe follow.
+MAX_INFO_DEPTH = 64
+#: Longest repr() kept for a non-JSON object in an info.
+MAX_REPR_CHARS = 1000
+
+_DTYPE_RE = re.compile(r"^[<>|=]?[biuf][1248]$")
+_ARRAY_SPACES = (gs.Box, gs.MultiBinary, gs.MultiDiscrete)
+
+
+class CodecError(ValueError):
+    """A value or payload that does not match its space (or the wire format)."""
+
+
+Payloads = Sequence[Any]  # bytes-like objects: bytes, bytearray, memoryview, zmq frames' buffers
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _array_payload(arr: np.ndarray, zero_copy: bool) -> Any:
+    if zero_copy:
+        return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.tobytes()
+
+
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
+def _encode_array(arr: np.ndarray, payloads: list, zero_copy: bool) -> dict:
+    k = len(payloads)
+    payloads.append(_array_payload(arr, zero_copy))
+    return {ND: [k, arr.dtype.str, list(arr.shape)]}
+
+
+def encode(space: gs.Space, value: Any, payloads: list | None = None, *, zero_copy: bool = False) -> tuple[Any, list]:
+    """Encode ``value`` (an element of ``space``) as ``(skeleton, payloads)``.
+
+    Array leaves are cast to the space's dtype (as Gymnasium's own vectorizers do
+    when they stack observations) and must have the space's shape. Pass an existing
+    ``payloads`` list to append to it (several values in one message share one
+    list); the same list is returned. With ``zero_copy=True`` array payloads are
+    ``memoryview`` s on the (contiguous) array instead of ``bytes`` copies: only
+    safe when the message is written before the array can change.
+
+    Raises :class:`CodecError` when the value does not fit the space.
+    """
+    if payloads is None:
+        payloads = []
+    return _encode(space, value, payloads, zero_copy, "value"), payloads
+
+
+def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: str) -> Any:
+    if isinstance(space, _ARRAY_SPACES):
+        try:
+            arr = _contiguous(np.asarray(value, dtype=space.dtype))
+        except (TypeError, ValueError) as exc:
+            raise CodecError(f"{path}: cannot convert to a {space.dtype} array: {exc}") from None
+        if arr.shape != space.shape:
+            raise CodecError(f"{path}: shape {arr.shape} does not match the space's {space.shape}")
+        return _encode_array(arr, payloads, zero_copy)
+    if isinstance(space, gs.Discrete):
+        if isinstance(value, np.ndarray) and value.shape == ():
+            value = value.item()
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise CodecError(f"{path}: Discrete value must be an integer, got {type(value).__name__}")
+        return int(value)
+    if isinstance(space, gs.Text):
+        if not isinstance(value, str):
+            raise CodecError(f"{path}: Text value must be a str, got {type(value).__name__}")
+        return value
+    if isinstance(space, gs.Dict):
+        try:
+            return {key: _encode(sub, value[key], payloads, zero_copy, f"{path}[{key!r}]")
+                    for key, sub in space.spaces.items()}
+        except (KeyError, TypeError, IndexError) as exc:
+            raise CodecError(f"{path}: Dict value lacks key {exc}") from None
+    if isinstance(space, gs.Tuple):
+        if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
+            raise CodecError(f"{path}: Tuple value must be a tuple of length {len(space.spaces)}")
+        return [_encode(sub, v, payloads, zero_copy, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, value))]
+    if isinstance(space, JsonSpace):
+        return to_json_safe(value)
+    raise CodecError(f"{path}: cannot encode values of space type {type(space).__name__}")
+
+
+def to_json_safe(value: Any, _depth: int = 0) -> Any:
+    """A plain-JSON copy of ``value``: numpy scalars to Python scalars, arrays and
+    tuples to lists, dict keys to strings; other objects to their ``repr()``."""
+    if isinstance(value, np.generic):
+        return value.item() if value.dtype.kind in "biuf" else _repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if _depth > MAX_INFO_DEPTH:
+        return _repr(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.dtype.kind in "biuf" else _repr(value)
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): to_json_safe(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_safe(v, _depth + 1) for v in value]
+    return _repr(value)
+
+
+def _repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not break the reply
+        text = f"<unrepresentable {type(value).__name__}: {exc!r}>"
+    return text[:MAX_REPR_CHARS]
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _payload_len(p: Any) -> int:
+    return p.nbytes if isinstance(p, memoryview) else len(p)
+
+
+def _parse_nd(obj: Any, payloads: Payloads, path: str) -> tuple[int, np.dtype, tuple[int, ...]]:
+    """Validate an ``{"__nd__": [k, dtype, shape]}`` leaf; return its parts."""
+    if not isinstance(obj, dict) or len(obj) != 1 or ND not in obj:
+        raise CodecError(f"{path}: expected an array leaf {{'{ND}': [index, dtype, shape]}}, got {type(obj).__name__}")
+    ref = obj[ND]
+    if not isinstance(ref, list) or len(ref) != 3:
+        raise CodecError(f"{path}: array leaf must be [index, dtype, shape]")
+    k, dtype_str, shape = ref
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(payloads):
+        raise CodecError(f"{path}: payload index {k!r} out of range (message has {len(payloads)} payloads)")
+    if not isinstance(dtype_str, str) or not _DTYPE_RE.match(dtype_str):
+        raise CodecError(f"{path}: dtype {dtype_str!r} refused (only bool/int/uint/float dtypes)")
+    dtype = np.dtype(dtype_str)
+    if not isinstance(shape, list) or len(shape) > 32 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise CodecError(f"{path}: shape {shape!r} is not a list of non-negative ints")
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    got = _payload_len(payloads[k])
+    if got != n:
+        raise CodecError(f"{path}: payload {k} has {got} bytes, shape {shape} of {dtype_str} needs {n}")
+    return k, dtype, tuple(shape)
+
+
+def _check_array(space: gs.Space, obj: Any, payloads: Payloads, path: str) -> tuple[int, tuple[int, ...]]:
+    k, dtype, shape = _parse_nd(obj, payloads, path)
+    if dtype != space.dtype:
+        raise CodecError(f"{path}: dtype {dtype.str} does not match the space's {space.dtype.str}")
+    if shape != space.shape:
+        raise CodecError(f"{path}: shape {shape} does not match the space's {space.shape}")
+    return k, shape
+
+
+def _decode_discrete(space: gs.Discrete, obj: Any, path: str):
+    if not isinstance(obj, int) or isinstance(obj, bool):
+        raise CodecError(f"{path}: Discrete value must be an int, got {type(obj).__name__}")
+    start = int(space.start)
+    if not start <= obj < start + int(space.n):
+        raise CodecError(f"{path}: Discrete value {obj} out of range [{start}, {start + int(space.n)})")
+    return space.dtype.type(obj)
+
+
+def _decode_lenient_array(space: gs.Space, obj: Any, path: str) -> np.ndarray:
+    """Plain JSON numbers/lists for an array space (trusted senders only)."""
+    try:
+        arr = np.array(obj, dtype=space.dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise CodecError(f"{path}: cannot convert to a {space.dtype} array: {exc}") from None
+    if arr.shape != space.shape:
+        raise CodecError(f"{path}: shape {arr.shape} does not match the space's {space.shape}")
+    return arr
+
+
+def decode(space: gs.Space, obj: Any, payloads: Payloads = (), *, copy: bool = False, lenient: bool = False) -> Any:
+    """Decode a skeleton and its payloads (from :func:`encode`) back to a value of ``space``.
+
+    Validates strictly (see the module docs) and raises :class:`CodecError`. Arrays
+    are zero-copy read-only ``np.frombuffer`` views on the payloads unless
+    ``copy=True``. Discrete values come back as numpy scalars of the space's dtype,
+    Tuple values as tuples, Dict values as dicts in the space's key order, JSON-space
+    values as they are. ``lenient=True`` (for data from a trusted sender, e.g. actions
+    arriving at an env) also accepts plain JSON numbers/lists for array spaces.
+    """
+    return _decode(space, obj, payloads, copy, lenient, "value")
+
+
+def _decode(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, lenient: bool, path: str) -> Any:
+    if isinstance(space, _ARRAY_SPACES):
+        if lenient and not isinstance(obj, dict):
+            return _decode_lenient_array(space, obj, path)
+        k, shape = _check_array(space, obj, payloads, path)
+        arr = np.frombuffer(payloads[k], dtype=space.dtype).reshape(shape)
+        return arr.copy() if copy else arr
+    if isinstance(space, gs.Discrete):
+        return _decode_discrete(space, obj, path)
+    if isinstance(space, gs.Text):
+        if not isinstance(obj, str):
+            raise CodecError(f"{path}: Text value must be a string, got {type(obj).__name__}")
+        return obj
+    if isinstance(space, gs.Dict):
+        if not isinstance(obj, dict):
+            raise CodecError(f"{path}: Dict value must be a JSON object, got {type(obj).__name__}")
+        if len(obj) != len(space.spaces) or any(key not in obj for key in space.spaces):
+            raise CodecError(f"{path}: Dict keys {sorted(obj)[:20]} do not match the space's {list(space.spaces)}")
+        return {key: _decode(sub, obj[key], payloads, copy, lenient, f"{path}[{key!r}]") for key, sub in space.spaces.items()}
+    if isinstance(space, gs.Tuple):
+        if not isinstance(obj, list) or len(obj) != len(space.spaces):
+            raise CodecError(f"{path}: Tuple value must be a list of length {len(space.spaces)}")
+        return tuple(_decode(sub, v, payloads, copy, lenient, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, obj)))
+    if isinstance(space, JsonSpace):
+        return obj
+    raise CodecError(f"{path}: cannot decode values of space type {type(space).__name__}")
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def empty_batch(space: gs.Space, n: int) -> Any:
+    """A preallocated batch for ``n`` values of ``space``, for :func:`decode_into`.
+
+    Like ``gymnasium.vector.utils.create_empty_array(space, n)`` (zeros), except
+    that leaves Gymnasium batches as tuples (Text, JsonSpace) are *lists*, so they
+    can be filled in place; :func:`freeze_batch` turns them into tuples.
+    """
+    if isinstance(space, _ARRAY_SPACES) or isinstance(space, gs.Discrete):
+        return np.zeros((n,) + space.shape, dtype=space.dtype)
+    if isinstance(space, gs.Dict):
+        return {key: empty_batch(sub, n) for key, sub in space.spaces.items()}
+    if isinstance(space, gs.Tuple):
+        return tuple(empty_batch(sub, n) for sub in space.spaces)
+    if isinstance(space, gs.Text):
+        return [space.characters[0] * space.min_length if space.characters else ""] * n
+    if isinstance(space, JsonSpace):
+        return [None] * n
+    raise CodecError(f"cannot batch values of space type {type(space).__name__}")
+
+
+def freeze_batch(space: gs.Space, batch: Any) -> Any:
+    """Turn the list leaves of an :func:`empty_batch` structure into tuples, as Gymnasium
+    batches them (arrays are shared, not copied)."""
+    if isinstance(space, gs.Dict):
+        return {key: freeze_batch(sub, batch[key]) for key, sub in space.spaces.items()}
+    if isinstance(space, gs.Tuple):
+        return tuple(freeze_batch(sub, b) for sub, b in zip(space.spaces, batch))
+    if isinstance(batch, list):
+        return tuple(batch)
+    return batch
+
+
+def decode_into(space: gs.Space, obj: Any, payloads: Payloads, out: Any, i: int) -> None:
+    """Decode one value (validated like :func:`decode`) straight into slot ``i`` of a batch.
+
+    ``out`` is an :func:`empty_batch` structure (or ``create_empty_array``'s, as long as
+    the space has no Text/JsonSpace leaves, which Gymnasium batches as immutable
+    tuples). Array leaves are copied once, from the payload into ``out[...][i]``.
+    Raises :class:`CodecError`; on error, slots of other leaves of this value may
+    already have been written.
+    """
+    _decode_into(space, obj, payloads, out, i, "value")
+
+
+def _decode_into(space: gs.Space, obj: Any, payloads: Payloads, out: Any, i: int, path: str) -> None:
+    if isinstance(space, _ARRAY_SPACES):
+        k, shape = _check_array(space, obj, payloads, path)
+        out[i] = np.frombuffer(payloads[k], dtype=space.dtype).reshape(shape)
+    elif isinstance(space, gs.Discrete):
+        out[i] = _decode_discrete(space, obj, path)
+    elif isinstance(space, gs.Dict):
+        if not isinstance(obj, dict):
+            raise CodecError(f"{path}: Dict value must be a JSON object, got {type(obj).__name__}")
+        if len(obj) != len(space.spaces) or any(key not in obj for key in space.spaces):
+            raise CodecError(f"{path}: Dict keys {sorted(obj)[:20]} do not match the space's {list(space.spaces)}")
+        for key, sub in space.spaces.items():
+            _decode_into(sub, obj[key], payloads, out[key], i, f"{path}[{key!r}]")
+    elif isinstance(space, gs.Tuple):
+        if not isinstance(obj, list) or len(obj) != len(space.spaces):
+            raise CodecError(f"{path}: Tuple value must be a list of length {len(space.spaces)}")
+        for j, (sub, v) in enumerate(zip(space.spaces, obj)):
+            _decode_into(sub, v, payloads, out[j], i, f"{path}[{j}]")
+    elif isinstance(space, (gs.Text, JsonSpace)):
+        if isinstance(out, tuple):
+            raise TypeError(f"{path}: batch leaf for {type(space).__name__} is a tuple; build the batch with empty_batch()")
+        out[i] = _decode(space, obj, payloads, False, False, path)
+    else:
+        raise CodecError(f"{path}: cannot decode values of space type {type(space).__name__}")
+
+
+# --------------------------------------------------------------------------- infos
+
+
+def _decode_np_scalar(ref: Any, path: str) -> np.generic:
+    if not isinstance(ref, list) or len(ref) != 2:
+        raise CodecError(f"{path}: numpy scalar must be [dtype, value]")
+    dtype_str, v = ref
+    if not isinstance(dtype_str, str) or not _DTYPE_RE.match(dtype_str):
+        raise CodecError(f"{path}: dtype {dtype_str!r} refused (only bool/int/uint/float dtypes)")
+    dtype = np.dtype(dtype_str)
+    kind = dtype.kind
+    if kind == "b":
+        ok = isinstance(v, bool)
+    elif kind in "iu":
+        ok = isinstance(v, int) and not isinstance(v, bool) and np.iinfo(dtype).min <= v <= np.iinfo(dtype).max
+    else:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not ok:
+        raise CodecError(f"{path}: value {v!r} is not a valid {dtype.name}")
+    return dtype.newbyteorder("=").type(v)
+
+
+def encode_info(value: Any, payloads: list | None = None, *, zero_copy: bool = False) -> tuple[Any, list]:
+    """Encode a schemaless value (an info dict, a ``call`` result) as ``(skeleton, payloads)``.
+
+    JSON values pass through (NaN/inf floats included; the line protocol allows
+    them). Numpy arrays of bool/int/uint/float dtype become ``__nd__`` payload
+    references, numpy scalars of those dtypes ``{"__np__": [dtype, value]}``
+    inline (no payload); tuples become lists; dict
+    keys become strings; a user dict whose only key is a marker (``"__nd__"`` /
+    ``"__np__"``/``"__esc__"``) is escaped as ``{"__esc__": dict}``; anything else (objects,
+    complex or string arrays) becomes its ``repr()`` string, truncated to
+    :data:`MAX_REPR_CHARS`. Appends to ``payloads`` when given.
+    """
+    if payloads is None:
+        payloads = []
+    return _encode_info(value, payloads, zero_copy, 0), payloads
+
+
+def _encode_info(value: Any, payloads: list, zero_copy: bool, depth: int) -> Any:
+    if isinstance(value, np.generic):  # before the Python scalars: np.float64 is a float
+        if value.dtype.kind in "biuf":
+            return {NP: [value.dtype.str, value.item()]}
+        return _repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth > MAX_INFO_DEPTH:
+        return _repr(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "biuf":
+            return _encode_array(_contiguous(value), payloads, zero_copy)
+        return _repr(value)
+    if isinstance(value, dict):
+        out = {k if isinstance(k, str) else str(k): _encode_info(v, payloads, zero_copy, depth + 1) for k, v in value.items()}
+        if len(out) == 1 and next(iter(out)) in _MARKERS:
+            return {_ESC: out}
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_encode_info(v, payloads, zero_copy, depth + 1) for v in value]
+    return _repr(value)
+
+
+def decode_info(obj: Any, payloads: Payloads = (), *, copy: bool = False) -> Any:
+    """Decode :func:`encode_info` output (untrusted): ``__nd__`` leaves become arrays,
+    ``__np__`` leaves numpy scalars, escaped dicts are unwrapped, the rest is JSON.
+
+    Validates every array reference (index, dtype, payload length) and the nesting
+    depth; raises :class:`CodecError`. Arrays are read-only views unless ``copy=True``.
+    """
+    return _decode_info(obj, payloads, copy, 0, "info")
+
+
+def _decode_info(obj: Any, payloads: Payloads, copy: bool, depth: int, path: str) -> Any:
+    if depth > MAX_INFO_DEPTH:
+        raise CodecError(f"{path}: nested deeper than {MAX_INFO_DEPTH}")
+    if isinstance(obj, dict):
+        if len(obj) == 1:
+            if ND in obj:
+                k, dtype, shape = _parse_nd(obj, payloads, path)
+                arr = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
+                return arr.copy() if copy else arr
+            if NP in obj:
+                return _decode_np_scalar(obj[NP], path)
+            if _ESC in obj:
+                inner = obj[_ESC]
+                if not isinstance(inner, dict):
+                    raise CodecError(f"{path}: escaped value must be an object")
+                return {k: _decode_info(v, payloads, copy, depth + 1, f"{path}[{k!r}]") for k, v in inner.items()}
+        return {k: _decode_info(v, payloads, copy, depth + 1, f"{path}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode_info(v, payloads, copy, depth + 1, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CodecError(f"{path}: not a JSON value: {type(obj).__name__}")
