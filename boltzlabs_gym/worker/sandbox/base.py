@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import stat
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -39,9 +40,24 @@ class Limits:
     pids: int | None = 128
     open_files: int | None = 1024
     file_size_bytes: int | None = 256 << 20
-    #: CPU seconds the env may burn in one step beyond the wall deadline (RLIMIT_CPU backstop).
+    #: CPU seconds the env may burn in one step beyond the wall deadline. The wall deadline is the
+    #: worker's; backends only use this to size the RLIMIT_CPU backstop (see ``cpu_seconds_total``).
     cpu_seconds_per_step: float | None = 10.0
+    #: size of each private tmpfs inside a namespace sandbox (/tmp and /dev/shm); charged to the
+    #: env's memory cgroup where there is one.
     tmpfs_bytes: int = 64 << 20
+    #: RLIMIT_CPU (soft = hard, so SIGKILL at the limit) for every process of the env, counted
+    #: over the process's whole life, not per step. ``None``: ``max(3600, 360 * cpu_seconds_per_step)``
+    #: seconds, a generous backstop behind the worker's per-step wall deadline. The worker can
+    #: tighten it per step with :func:`extend_cpu_backstop`.
+    cpu_seconds_total: float | None = None
+
+    def cpu_backstop_seconds(self) -> int | None:
+        if self.cpu_seconds_total is not None:
+            return max(1, int(self.cpu_seconds_total))
+        if self.cpu_seconds_per_step is None:
+            return None
+        return int(max(3600.0, 360.0 * self.cpu_seconds_per_step))
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -93,51 +109,184 @@ class LaunchSpec:
     stderr_fd: int
     env: dict[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
-    #: host directory -> path inside the sandbox, mounted read-only (the runtime).
+    #: host directory -> path inside the sandbox, mounted read-only (extra runtime paths).
     ro_binds: dict[str, str] = field(default_factory=dict)
     index: int = 0
+    #: package name -> host package dir, e.g. ``{"boltzlabs_gym": ".../boltzlabs_gym"}``. Inside a
+    #: sandbox each is mounted read-only at ``/opt/boltzlabs/<name>`` and ``PYTHONPATH=/opt/boltzlabs``;
+    #: the process backend puts the packages' parent dirs on ``PYTHONPATH``.
+    runtime: dict[str, str] = field(default_factory=dict)
+    #: when the worker runs as root: the unprivileged uid (and gid) this env runs as; ``None`` picks
+    #: ``ENV_UID_BASE + index``. Ignored when not root.
+    uid: int | None = None
 
 
 @dataclass
 class Launched:
-    """A running env process tree. ``pid`` is the worker's direct child."""
+    """A running env process tree. ``pid`` is the worker's direct child.
+
+    * ``kill_tree()`` sends SIGKILL to the whole tree (idempotent, never blocks for long); the
+      worker still ``waitpid``s ``pid``.
+    * ``cleanup()`` releases the rest (the env's cgroup) once the tree is dead; call it after
+      ``kill_tree()`` (it kills again and waits, bounded, for the group to empty). Idempotent.
+    * ``setup_error``: set when the sandbox could not be built; the child has then already exited
+      with status 127 and wrote the same text on its stderr pipe.
+    * ``oom_killed()``: whether the kernel's memory-limit OOM killer hit this env (cgroup only).
+    """
 
     pid: int
     kill_tree: "callable"
-    #: extra pids the worker must reap (e.g. a pid-namespace init that is not its child).
     cleanup: "callable" = lambda: None
     setup_ms: float = 0.0
+    setup_error: str | None = None
+    oom_killed: "callable" = lambda: False
+    #: paths as the env sees them: {"env_dir": ..., "workspace": ...}
+    paths: dict = field(default_factory=dict)
 
     def kill(self) -> None:
         self.kill_tree()
 
 
+#: first uid handed to envs when the worker runs as root (uid = ENV_UID_BASE + index).
+ENV_UID_BASE = 960000
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def env_uid(spec: "LaunchSpec") -> int:
+    return spec.uid if spec.uid is not None else ENV_UID_BASE + (spec.index % 1_000_000)
+
+
+def child_environment(spec: "LaunchSpec", *, env_dir: str, workspace: str, pythonpath: str,
+                      tmpdir: str | None = None) -> dict[str, str]:
+    """The env's environment: the worker's scrubbed ``spec.env`` plus what every backend sets itself.
+
+    ``BOLTZLABS_ENV_DIR``, ``BOLTZLABS_WORKSPACE`` and ``PYTHONPATH`` always win over ``spec.env``;
+    ``PATH``, ``HOME``, ``TMPDIR`` and ``LANG`` get defaults when the worker passed none.
+    """
+    env = {"PATH": _DEFAULT_PATH, "HOME": workspace, "LANG": "C.UTF-8"}
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
+    env.update({str(k): str(v) for k, v in spec.env.items()})
+    if env.get("HOME") == spec.workspace:
+        env["HOME"] = workspace  # the worker's host path -> the path the env sees
+    env["BOLTZLABS_ENV_DIR"] = env_dir
+    env["BOLTZLABS_WORKSPACE"] = workspace
+    env["PYTHONPATH"] = pythonpath
+    return env
+
+
 def apply_rlimits(limits: Limits, *, memory_via_rlimit: bool, pids_via_rlimit: bool) -> None:
-    """Set the rlimits of the calling (child) process."""
+    """Set the rlimits of the calling (child) process: FSIZE, NOFILE, CORE=0, CPU backstop, and
+    AS / NPROC when no cgroup carries the memory / process limit."""
 
     def cap(res: int, value: int | None) -> None:
         if value is not None:
+            value = int(value)
+            _, hard = resource.getrlimit(res)
+            if hard != resource.RLIM_INFINITY and value > hard:
+                value = hard  # never try to raise a hard limit the worker itself lives under
             resource.setrlimit(res, (value, value))
 
     if limits.file_size_bytes is not None:
         cap(resource.RLIMIT_FSIZE, int(limits.file_size_bytes))
     cap(resource.RLIMIT_NOFILE, limits.open_files)
     cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_CPU, limits.cpu_backstop_seconds())
     if memory_via_rlimit and limits.memory_bytes is not None:
         cap(resource.RLIMIT_AS, int(limits.memory_bytes))
     if pids_via_rlimit and limits.pids is not None:
         cap(resource.RLIMIT_NPROC, limits.pids)
 
 
-def child_exec(spec: LaunchSpec, workdir: str) -> None:
+def extend_cpu_backstop(pid: int, seconds: float) -> bool:
+    """Set RLIMIT_CPU of env process ``pid`` to its CPU time so far plus ``seconds`` (soft = hard).
+
+    For a per-step backstop: call before sending a step. Only the env's main process is covered
+    (its children keep the total backstop). Needs the same uid or root; returns False when the
+    process is gone or the limit cannot be set.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        limit = int(used + seconds) + 1
+        _, hard = resource.prlimit(pid, resource.RLIMIT_CPU)
+        if hard != resource.RLIM_INFINITY and limit > hard and os.geteuid() != 0:
+            limit = hard
+        resource.prlimit(pid, resource.RLIMIT_CPU, (limit, limit))
+        return True
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def child_exec(spec: LaunchSpec, workdir: str, env: dict[str, str] | None = None) -> None:
     """Last steps in the child: wire fds 0/1/2, close the rest, exec. Never returns."""
-    os.dup2(spec.stdin_fd, 0)
-    os.dup2(spec.stdout_fd, 1)
-    os.dup2(spec.stderr_fd, 2)
+    wire_std_fds(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd)
     os.closerange(3, _max_fd())
     os.chdir(workdir)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    os.execve(spec.argv[0], spec.argv, spec.env)
+    os.execve(spec.argv[0], spec.argv, spec.env if env is None else env)
+
+
+def wire_std_fds(stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
+    """Make the three pipe ends fds 0, 1, 2 (safe when some of them already are 0..2)."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (stdin_fd, stdout_fd, stderr_fd)]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)  # dup2 clears CLOEXEC on the target
+    for fd in high:
+        os.close(fd)
+
+
+def wipe_workspace(path: str, owner: tuple[int, int] | None = None) -> None:
+    """Empty ``path`` of everything an env left there, and leave it an empty ``0700`` directory.
+
+    Read-only files and directories the env made unreadable or unwritable to itself are chmod-ed
+    as needed; symlinks are removed, never followed; depth is not limited by Python's recursion.
+    ``owner`` (uid, gid), when given and running as root, is applied to the emptied directory;
+    otherwise its ownership is kept. Call it only when no process of the env is alive.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top_st = os.lstat(path)
+    if not stat.S_ISDIR(top_st.st_mode):
+        raise NotADirectoryError(path)
+    os.chmod(path, 0o700)
+    dfd = os.open(path, flags)
+    names: list[str] = []  # path from the top down to dfd; only one fd is open at a time
+    try:
+        while True:
+            sub = None
+            with os.scandir(dfd) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    if is_dir:
+                        sub = entry.name
+                        break
+                    try:
+                        os.unlink(entry.name, dir_fd=dfd)
+                    except FileNotFoundError:
+                        pass
+            if sub is not None:
+                os.chmod(sub, 0o700, dir_fd=dfd)  # an lstat-checked real directory
+                child = os.open(sub, flags, dir_fd=dfd)
+                os.close(dfd)
+                dfd = child
+                names.append(sub)
+                continue
+            if not names:
+                break
+            parent = os.open("..", flags, dir_fd=dfd)
+            os.close(dfd)
+            dfd = parent
+            os.rmdir(names.pop(), dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    if owner is not None and os.geteuid() == 0:
+        os.chown(path, owner[0], owner[1])
 
 
 def _max_fd() -> int:

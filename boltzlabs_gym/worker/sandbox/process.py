@@ -11,7 +11,26 @@ from __future__ import annotations
 import os
 import time
 
-from .base import IsolationReport, Launched, LaunchSpec, apply_rlimits, child_exec, fork_child, kill_process_group
+from .base import (
+    IsolationReport,
+    Launched,
+    LaunchSpec,
+    apply_rlimits,
+    child_environment,
+    child_exec,
+    fork_child,
+    kill_process_group,
+)
+
+
+def runtime_pythonpath(runtime: dict[str, str]) -> str:
+    """``PYTHONPATH`` for the process backend: the parent dirs of the runtime packages, in order."""
+    seen: list[str] = []
+    for pkg_dir in runtime.values():
+        parent = os.path.dirname(os.path.abspath(pkg_dir))
+        if parent not in seen:
+            seen.append(parent)
+    return os.pathsep.join(seen)
 
 
 class ProcessBackend:
@@ -36,6 +55,9 @@ class ProcessBackend:
                 "process_limit": "RLIMIT_NPROC" if os.geteuid() != 0 else False,
                 "file_size_limit": "RLIMIT_FSIZE",
                 "open_files_limit": "RLIMIT_NOFILE",
+                "cpu_limit": "RLIMIT_CPU (total backstop)",
+                "seccomp": False,
+                "dedicated_uid": False,
                 "tree_kill": "process group",
             },
             notes=(
@@ -45,15 +67,22 @@ class ProcessBackend:
 
     def launch(self, spec: LaunchSpec) -> Launched:
         start = time.perf_counter()
+        env = child_environment(
+            spec,
+            env_dir=spec.env_dir,
+            workspace=spec.workspace,
+            pythonpath=runtime_pythonpath(spec.runtime),
+        )
 
         def body() -> None:
             os.setsid()
             apply_rlimits(spec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
-            child_exec(spec, spec.workspace)
+            child_exec(spec, spec.workspace, env)
 
         pid = fork_child(body)
         return Launched(
             pid=pid,
             kill_tree=lambda: kill_process_group(pid),
             setup_ms=(time.perf_counter() - start) * 1e3,
+            paths={"env_dir": spec.env_dir, "workspace": spec.workspace},
         )

@@ -1,0 +1,210 @@
+"""Thin ctypes wrappers for the Linux calls the sandbox needs (Python 3.11 has no ``os.unshare``).
+
+Only syscalls and constants; no policy. Every wrapper raises :class:`OSError` with the
+errno and the call that failed. Syscall numbers are known for x86_64 and aarch64; on other
+architectures :data:`SUPPORTED` is false and the namespace backend reports itself
+unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+MACHINE = platform.machine()
+
+_SYSCALLS = {
+    "x86_64": {"pivot_root": 155, "unshare": 272, "setns": 308, "capset": 126, "mount_setattr": 442,
+               "pidfd_open": 434, "seccomp": 317},
+    "aarch64": {"pivot_root": 41, "unshare": 97, "setns": 268, "capset": 91, "mount_setattr": 442,
+                "pidfd_open": 434, "seccomp": 277},
+}
+SUPPORTED = MACHINE in _SYSCALLS
+_NR = _SYSCALLS.get(MACHINE, {})
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+MNT_DETACH = 2
+
+ST_NOSUID, ST_NODEV, ST_NOEXEC = 2, 4, 8
+ST_NOATIME, ST_NODIRATIME, ST_RELATIME = 1024, 2048, 4096
+
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
+
+
+def _err(what: str) -> OSError:
+    e = ctypes.get_errno()
+    return OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _b(s: str | None) -> bytes | None:
+    return None if s is None else os.fsencode(s)
+
+
+def unshare(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        raise _err(f"unshare({flags:#x})")
+
+
+def setns(fd: int, nstype: int) -> None:
+    if _libc.setns(fd, nstype) != 0:
+        raise _err(f"setns({fd}, {nstype:#x})")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    if _libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)) != 0:
+        raise _err(f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x})")
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    if _libc.umount2(_b(target), flags) != 0:
+        raise _err(f"umount2({target!r})")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    if _libc.syscall(_NR["pivot_root"], _b(new_root), _b(put_old)) != 0:
+        raise _err("pivot_root")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    if _libc.sethostname(raw, len(raw)) != 0:
+        raise _err("sethostname")
+
+
+def prctl(option: int, a2: int = 0, a3: int = 0, a4: int = 0, a5: int = 0) -> int:
+    rc = _libc.prctl(option, a2, a3, a4, a5)
+    if rc < 0:
+        raise _err(f"prctl({option})")
+    return rc
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def mount_setattr_recursive_ro(path: str) -> bool:
+    """Make ``path`` and every mount below it read-only, nosuid, nodev (Linux >= 5.12).
+
+    Returns False when the call is not available (ENOSYS/EINVAL); raises on other errors.
+    """
+    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
+    rc = _libc.syscall(_NR["mount_setattr"], AT_FDCWD, _b(path), AT_RECURSIVE, ctypes.byref(attr),
+                       ctypes.sizeof(attr))
+    if rc == 0:
+        return True
+    e = ctypes.get_errno()
+    if e in (38, 22):  # ENOSYS, EINVAL
+        return False
+    raise OSError(e, f"mount_setattr({path!r}): {os.strerror(e)}")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def capset_none() -> None:
+    """Clear the effective, permitted and inheritable capability sets of the calling thread."""
+    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    if _libc.syscall(_NR["capset"], ctypes.byref(hdr), data) != 0:
+        raise _err("capset")
+
+
+def seccomp_set_filter(prog: bytes, n_instructions: int) -> None:
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _Fprog(n_instructions, ctypes.cast(buf, ctypes.c_void_p))
+    # SECCOMP_SET_MODE_FILTER = 1, flags SECCOMP_FILTER_FLAG_TSYNC = 1
+    if _libc.syscall(_NR["seccomp"], 1, 1, ctypes.byref(fprog)) != 0:
+        raise _err("seccomp(SET_MODE_FILTER)")
+
+
+def pidfd_open(pid: int) -> int:
+    fd = _libc.syscall(_NR["pidfd_open"], pid, 0)
+    if fd < 0:
+        raise _err(f"pidfd_open({pid})")
+    return int(fd)
+
+
+def locked_mount_flags(path: str) -> int:
+    """Per-mount flags a bind remount must repeat (inside a user namespace they are locked)."""
+    f = os.statvfs(path).f_flag
+    flags = 0
+    if f & ST_NOSUID:
+        flags |= MS_NOSUID
+    if f & ST_NODEV:
+        flags |= MS_NODEV
+    if f & ST_NOEXEC:
+        flags |= MS_NOEXEC
+    if f & ST_NOATIME:
+        flags |= MS_NOATIME
+    elif f & ST_RELATIME:
+        flags |= MS_RELATIME
+    else:
+        flags |= MS_STRICTATIME
+    if f & ST_NODIRATIME:
+        flags |= MS_NODIRATIME
+    return flags
+
+
+def cap_last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except OSError:
+        return 40
+
+
+def num_threads() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return -1

@@ -1,0 +1,243 @@
+"""One cgroup per env for the memory and process limits (root only).
+
+cgroup v2 with the memory and pids controllers (``memory.max``, ``pids.max``,
+``memory.oom.group``, ``cgroup.kill``) is used where available; otherwise the v1
+``memory`` and ``pids`` hierarchies. Per-env groups nest under the worker's own cgroup
+in each hierarchy, so any outer limit stays in force.
+
+The child joins its group itself (it writes ``0`` to ``cgroup.procs`` right after the
+fork, before it can fork again), so no process of the env is ever outside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+import time
+
+_CG = "/sys/fs/cgroup"
+_counter = itertools.count()
+_probe: tuple[str | None, str] | None = None
+
+
+def _own_paths() -> dict[str, str]:
+    own: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrls, path = line.rstrip("\n").split(":", 2)
+            if ctrls == "":
+                own["<v2>"] = path
+            for c in ctrls.split(","):
+                if c:
+                    own[c] = path
+    return own
+
+
+def _v2_root() -> str | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            try:
+                fstype = parts[parts.index("-") + 1]
+            except (ValueError, IndexError):
+                continue
+            if fstype == "cgroup2":
+                return parts[4]
+    return None
+
+
+def _write(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def probe() -> tuple[str | None, str]:
+    """Return ``(kind, detail)``: kind is ``"v2"``, ``"v1"`` or ``None`` (with the reason). Cached."""
+    global _probe
+    if _probe is not None:
+        return _probe
+    _probe = _do_probe()
+    return _probe
+
+
+def _do_probe() -> tuple[str | None, str]:
+    if os.geteuid() != 0:
+        return None, "not root (per-env cgroups need write access to the hierarchy)"
+    try:
+        own = _own_paths()
+    except OSError as exc:
+        return None, f"cannot read /proc/self/cgroup: {exc}"
+    reasons = []
+    v2 = _v2_root()
+    if v2 is not None:
+        parent = v2 + (own.get("<v2>", "/") if own.get("<v2>", "/") != "/" else "")
+        try:
+            with open(f"{parent}/cgroup.controllers") as f:
+                ctrls = set(f.read().split())
+        except OSError as exc:
+            ctrls = set()
+            reasons.append(f"v2: {exc}")
+        if {"memory", "pids"} <= ctrls:
+            try:
+                test = _make_v2_parent(parent)
+                return "v2", test
+            except OSError as exc:
+                reasons.append(f"v2 at {parent}: {exc}")
+        else:
+            reasons.append(f"v2 at {v2} has no memory+pids controllers")
+    mem = os.path.join(_CG, "memory") + (own.get("memory", "/") if own.get("memory", "/") != "/" else "")
+    pids = os.path.join(_CG, "pids") + (own.get("pids", "/") if own.get("pids", "/") != "/" else "")
+    if os.path.isfile(f"{mem}/memory.limit_in_bytes") and os.path.isfile(f"{pids}/cgroup.procs"):
+        name = f"boltzlabs-probe-{os.getpid()}"
+        made = []
+        try:
+            for base in (mem, pids):
+                os.mkdir(f"{base}/{name}")
+                made.append(f"{base}/{name}")
+            return "v1", f"{mem} + {pids}"
+        except OSError as exc:
+            reasons.append(f"v1: {exc}")
+        finally:
+            for p in made:
+                try:
+                    os.rmdir(p)
+                except OSError:
+                    pass
+    else:
+        reasons.append("no v1 memory+pids hierarchies")
+    return None, "; ".join(reasons)
+
+
+def _make_v2_parent(parent: str) -> str:
+    """A process may not sit in a v2 group whose controllers are enabled for children (no internal
+    processes rule), so per-env groups live under a sibling-free leaf ``boltzlabs`` of our group only
+    when our own group can delegate; we simply enable the controllers in our group's subtree_control."""
+    with open(f"{parent}/cgroup.subtree_control") as f:
+        have = set(f.read().split())
+    need = [c for c in ("memory", "pids") if c not in have]
+    if need:
+        _write(f"{parent}/cgroup.subtree_control", " ".join("+" + c for c in need))
+    return parent
+
+
+class EnvCgroup:
+    """The cgroup(s) of one env. Create in the parent, :meth:`join` in the child, :meth:`remove` at the end."""
+
+    def __init__(self, kind: str, memory_bytes: int | None, pids: int | None, tag: str = "env"):
+        self.kind = kind
+        name = f"boltzlabs-{os.getpid()}-{tag}-{next(_counter)}"
+        own = _own_paths()
+        self.paths: list[str] = []
+        try:
+            if kind == "v2":
+                parent = _v2_root() + (own.get("<v2>", "/") if own.get("<v2>", "/") != "/" else "")
+                p = f"{parent}/{name}"
+                os.mkdir(p)
+                self.paths = [p]
+                _write(f"{p}/memory.max", memory_bytes if memory_bytes else "max")
+                for fname, val in (("memory.swap.max", 0), ("memory.oom.group", 1)):
+                    try:
+                        _write(f"{p}/{fname}", val)
+                    except OSError:
+                        pass
+                _write(f"{p}/pids.max", pids if pids else "max")
+            else:
+                mem = os.path.join(_CG, "memory") + (own.get("memory", "/") if own.get("memory", "/") != "/" else "")
+                pid = os.path.join(_CG, "pids") + (own.get("pids", "/") if own.get("pids", "/") != "/" else "")
+                pm, pp = f"{mem}/{name}", f"{pid}/{name}"
+                os.mkdir(pm)
+                self.paths.append(pm)
+                os.mkdir(pp)
+                self.paths.append(pp)
+                if memory_bytes:
+                    _write(f"{pm}/memory.limit_in_bytes", int(memory_bytes))
+                    try:  # no swap either (only where swap accounting is on)
+                        _write(f"{pm}/memory.memsw.limit_in_bytes", int(memory_bytes))
+                    except OSError:
+                        pass
+                try:
+                    _write(f"{pm}/memory.swappiness", 0)
+                except OSError:
+                    pass
+                if pids:
+                    _write(f"{pp}/pids.max", int(pids))
+        except BaseException:
+            self.remove()
+            raise
+        # the child writes into these after fork; open nothing here (fds would leak into other children)
+        self.procs_files = [f"{p}/cgroup.procs" for p in self.paths]
+
+    def join(self) -> None:
+        """Move the calling process into the group (call in the child, as root, before anything else)."""
+        for path in self.procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def pids(self) -> list[int]:
+        out: list[int] = []
+        for path in self.procs_files:
+            try:
+                with open(path) as f:
+                    out.extend(int(x) for x in f.read().split())
+            except OSError:
+                pass
+        return sorted(set(out))
+
+    def kill(self) -> None:
+        """SIGKILL everything in the group (cgroup.kill on v2; a bounded kill loop on v1)."""
+        if not self.paths:
+            return
+        if self.kind == "v2" and os.path.exists(f"{self.paths[0]}/cgroup.kill"):
+            try:
+                _write(f"{self.paths[0]}/cgroup.kill", 1)
+                return
+            except OSError:
+                pass
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                return
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed something in this group."""
+        try:
+            if self.kind == "v2":
+                with open(f"{self.paths[0]}/memory.events") as f:
+                    return any(l.split()[0] == "oom_kill" and int(l.split()[1]) > 0 for l in f)
+            with open(f"{self.paths[0]}/memory.oom_control") as f:
+                return any(l.startswith("oom_kill ") and int(l.split()[1]) > 0 for l in f)
+        except (OSError, IndexError, ValueError):
+            return False
+
+    def remove(self, timeout: float = 2.0) -> None:
+        """Kill what is left and remove the group(s). Idempotent."""
+        if not self.paths:
+            return
+        self.kill()
+        deadline = time.monotonic() + timeout
+        left = []
+        for p in reversed(self.paths):
+            while True:
+                try:
+                    os.rmdir(p)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        left.append(p)
+                        break
+                    self.kill()
+                    time.sleep(0.005)
+        self.paths = left
