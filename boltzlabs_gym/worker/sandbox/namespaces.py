@@ -1,0 +1,719 @@
+"""The ``namespaces`` backend: a sandbox the library builds itself with Linux namespaces (ctypes).
+
+Per env: its own mount, PID, network, IPC and UTS namespaces; a fresh tmpfs root holding
+read-only ``/usr`` (+ the ``bin``/``lib`` links), the Python prefix(es) at their host paths,
+the runtime packages at ``/opt/boltzlabs/<name>``, the env dir read-only at ``/env``, the
+workspace writable at ``/workspace``, size-limited tmpfs ``/tmp`` and ``/dev/shm``, a
+minimal ``/dev``, a few ``/etc`` files and its own ``/proc``; ``pivot_root`` into it
+(``MS_MOVE`` + ``chroot`` where ``pivot_root`` is refused); no capabilities,
+``no_new_privs``, a seccomp deny-list; limits by cgroup (root) or rlimits.
+
+Two modes, probed once per process:
+
+``root`` (euid 0 with CAP_SYS_ADMIN)
+    No user namespace. The worker's launcher thread does ``unshare(CLONE_NEWPID)``, forks and
+    restores its PID namespace with ``setns``, so the worker's direct child *is* PID 1 of the
+    env's namespace: killing it makes the kernel kill the whole tree, and ``waitpid`` on it
+    gives the env's own exit status. The mounts are made as real root (so a Python under
+    ``/root``, mode 700, is reachable), then the child joins its cgroup, drops the capability
+    bounding set and switches to an unprivileged uid of its own (``ENV_UID_BASE + index``;
+    the workspace is chowned to it).
+``userns`` (unprivileged, user namespaces allowed)
+    The child ("keeper", the worker's direct child) does ``unshare(CLONE_NEWUSER|...)``, maps
+    its own uid and forks PID 1 of the new namespace, then waits for it and exits with its
+    status. Capabilities are dropped; memory and processes are bounded by RLIMIT_AS and
+    RLIMIT_NPROC (no cgroup delegation).
+
+Every fork is done by one long-lived launcher thread owned by this module, because
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked a process exits; a launch from a
+short-lived worker thread would otherwise kill its env when that thread ends.
+
+For a template process that forks envs (``mode="boltz"``), :func:`spawn` takes a ``body``
+callable instead of an argv: everything up to the exec runs in the forked child, and
+``body()`` then runs inside the finished sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import signal
+import stat
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import _linux as L
+from . import cgroups, seccomp
+from .base import (
+    SANDBOX_ENV_DIR,
+    SANDBOX_RUNTIME,
+    SANDBOX_WORKSPACE,
+    ENV_UID_BASE,
+    IsolationReport,
+    Launched,
+    LaunchSpec,
+    Limits,
+    _max_fd,
+    apply_rlimits,
+    child_environment,
+    env_uid,
+    wire_std_fds,
+)
+
+_NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+HOSTNAME = "boltzlabs"
+_ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+_DEV_NODES = ("null", "zero", "full", "random", "urandom")
+_SETUP_TIMEOUT_S = 30.0
+
+
+# --------------------------------------------------------------------------------------------- launcher thread
+class _LauncherThread:
+    """Runs every fork on one long-lived daemon thread (PDEATHSIG follows the forking thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._thread = None
+        self._q = queue.SimpleQueue()
+
+    def _run(self) -> None:
+        while True:
+            fn, done, box = self._q.get()
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                box["error"] = exc
+            done.set()
+
+    def call(self, fn: Callable):
+        if threading.current_thread() is self._thread:
+            return fn()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="boltzlabs-sandbox-launcher", daemon=True)
+                self._thread.start()
+        done, box = threading.Event(), {}
+        self._q.put((fn, done, box))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+
+LAUNCHER = _LauncherThread()
+
+
+# --------------------------------------------------------------------------------------------- the plan
+@dataclass
+class SandboxPlan:
+    """Everything the child needs, computed in the parent (the child only makes syscalls)."""
+
+    mode: str  # "root" | "userns"
+    newroot: str
+    #: (host source, path inside, read-only)
+    binds: list[tuple[str, str, bool]]
+    files: dict[str, str]
+    symlinks: dict[str, str]
+    uid: int  # uid inside (root: the env uid; userns: our own uid mapped onto itself)
+    gid: int
+    outer_uid: int
+    outer_gid: int
+    limits: Limits
+    env: dict[str, str]
+    argv: list[str]
+    fds: tuple[int, int, int]
+    cgroup: cgroups.EnvCgroup | None = None
+    seccomp_prog: tuple[bytes, int] | None = None
+    cap_last: int = 40
+    sched: tuple[int, int] | None = None
+    worker_pid: int = 0
+    extra_mkdirs: list[str] = field(default_factory=list)
+
+
+def _python_paths(argv0: str | None) -> list[str]:
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.base_prefix, sys.prefix}
+    exe = os.path.realpath(sys.executable)
+    paths.add(os.path.dirname(os.path.dirname(exe)))
+    if argv0 and os.path.isabs(argv0):
+        real = os.path.realpath(argv0)
+        paths.add(os.path.dirname(os.path.dirname(real)))
+        paths.add(os.path.dirname(os.path.dirname(argv0)))
+    keep = []
+    for p in sorted(paths, key=len):
+        if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
+            continue
+        if any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
+            continue
+        keep.append(p)
+    return keep
+
+
+def _ensure_newroot() -> str:
+    """An empty host directory the private tmpfs root is mounted on (only inside each env's mount ns)."""
+    path = os.path.join(tempfile.gettempdir(), f".boltzlabs-sandbox-root-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise RuntimeError(f"{path} is not a directory owned by uid {os.geteuid()} (someone squatted it?)")
+    return path
+
+
+# --------------------------------------------------------------------------------------------- child side
+def _mkdirs(path: str) -> None:
+    os.makedirs(path, mode=0o755, exist_ok=True)
+
+
+def _make_ro(path: str) -> None:
+    if L.mount_setattr_recursive_ro(path):
+        return
+    targets = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4]
+            if mp == path or mp.startswith(path.rstrip("/") + "/"):
+                targets.append(mp)
+    for mp in targets:
+        L.mount(None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV
+                | L.locked_mount_flags(mp))
+
+
+def _bind(src: str, dst: str, ro: bool) -> None:
+    if os.path.isdir(src):
+        _mkdirs(dst)
+    else:
+        _mkdirs(os.path.dirname(dst))
+        if not os.path.lexists(dst):
+            os.close(os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644))
+    L.mount(src, dst, None, L.MS_BIND | L.MS_REC)
+    if ro:
+        _make_ro(dst)
+    else:
+        L.mount(None, dst, None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags(dst))
+
+
+def _build_root(plan: SandboxPlan) -> None:
+    """In PID 1 of the new PID namespace, after unshare(NEWNS): build the root and pivot into it."""
+    R = plan.newroot
+    tmpfs_size = int(plan.limits.tmpfs_bytes)
+    L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)  # no propagation to or from the host
+    L.mount("tmpfs", R, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "size=4m,mode=755")
+    for d in ("usr", "etc", "proc", "dev", "tmp", "env", "workspace", ".old", *plan.extra_mkdirs):
+        _mkdirs(R + "/" + d.lstrip("/"))
+    for name, target in plan.symlinks.items():
+        os.symlink(target, R + name)
+    for src, dst, ro in plan.binds:
+        _bind(src, R + dst, ro)
+    L.mount("tmpfs", f"{R}/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
+    for path, content in plan.files.items():
+        with open(R + path, "w") as f:
+            f.write(content)
+    # /dev: a small tmpfs with bind-mounted host nodes (mknod is impossible in a user namespace)
+    dev = f"{R}/dev"
+    L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "size=64k,mode=755")
+    for node in _DEV_NODES:
+        if not os.path.exists(f"/dev/{node}"):
+            continue
+        os.close(os.open(f"{dev}/{node}", os.O_WRONLY | os.O_CREAT, 0o666))
+        L.mount(f"/dev/{node}", f"{dev}/{node}", None, L.MS_BIND)
+        L.mount(None, f"{dev}/{node}", None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NOEXEC
+                | L.locked_mount_flags(f"{dev}/{node}"))
+    os.mkdir(f"{dev}/shm", 0o1777)
+    L.mount("tmpfs", f"{dev}/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={tmpfs_size},mode=1777")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{dev}/{name}")
+    # /proc must be mounted by a process inside the new PID namespace and, in a user namespace,
+    # while a fully visible /proc is still mounted here (the kernel's mount_too_revealing rule).
+    L.mount("proc", f"{R}/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+    os.chdir(R)
+    try:
+        L.pivot_root(".", ".old")
+        L.umount2("/.old", L.MNT_DETACH)
+        os.rmdir("/.old")
+    except PermissionError:
+        # pivot_root refused (e.g. Docker's seccomp profile): switch_root-style fallback. The old
+        # root stays underneath, reachable only by a chroot escape, which needs CAP_SYS_CHROOT
+        # (dropped below) and the chroot syscall (denied by the seccomp filter).
+        os.rmdir(f"{R}/.old")
+        L.mount(R, "/", None, L.MS_MOVE)
+        os.chroot(".")
+    os.chdir("/")
+    # the root tmpfs itself read-only (not recursive: /workspace, /tmp, /dev/shm stay writable)
+    L.mount(None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV
+            | L.locked_mount_flags("/"))
+
+
+def _drop_privileges(plan: SandboxPlan) -> None:
+    for cap in range(plan.cap_last + 1):
+        try:
+            L.prctl(L.PR_CAPBSET_DROP, cap)
+        except OSError:
+            pass
+    try:
+        L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError:
+        pass
+    if plan.mode == "root":
+        os.setgroups([])
+        os.setresgid(plan.gid, plan.gid, plan.gid)
+        os.setresuid(plan.uid, plan.uid, plan.uid)  # clears the permitted and effective sets
+    L.capset_none()
+    L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+    L.prctl(L.PR_SET_DUMPABLE, 1)  # the uid change made us non-dumpable: /proc/self/* would be root's
+
+
+def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: int | None = None) -> None:
+    """Run in PID 1 of a fresh PID namespace (a freshly forked child): build the sandbox around it.
+
+    Afterwards the process is in its new root with cwd ``/workspace``, no capabilities, its
+    limits and seccomp filter in force and PDEATHSIG armed. ``status_fd`` (root mode: the pipe the
+    launcher reads) gets one byte to prove the launcher is still alive after PDEATHSIG was armed;
+    ``lifeline_fd`` (userns mode: read end of a pipe the keeper holds) serves the same purpose.
+    """
+    if plan.sched is not None:
+        try:
+            os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
+        except OSError:
+            pass
+    if plan.cgroup is not None:
+        plan.cgroup.join()
+    flags = _NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0)
+    if plan.mode == "root":
+        L.unshare(flags)  # userns mode: the keeper already unshared everything
+    L.sethostname(HOSTNAME)
+    _build_root(plan)
+    _drop_privileges(plan)
+    L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # after the uid change, which clears it
+    if status_fd is not None:
+        try:
+            os.write(status_fd, b".")
+        except BrokenPipeError:
+            os._exit(125)  # the launcher died before PDEATHSIG was armed
+    if lifeline_fd is not None:
+        ready, _, _ = select.select([lifeline_fd], [], [], 0)
+        if ready:
+            os._exit(125)  # the keeper is gone
+        os.close(lifeline_fd)
+    have_cg = plan.cgroup is not None
+    apply_rlimits(plan.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
+    os.chdir(SANDBOX_WORKSPACE)
+    if plan.seccomp_prog is not None:
+        seccomp.install(plan.seccomp_prog)
+
+
+def _exec(plan: SandboxPlan, status_fd: int | None) -> None:
+    wire_std_fds(*plan.fds)
+    top = _max_fd()
+    if status_fd is not None and status_fd > 2:
+        os.closerange(3, status_fd)
+        os.closerange(status_fd + 1, top)  # status_fd is CLOEXEC: EOF for the launcher at exec
+    else:
+        os.closerange(3, top)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    os.execve(plan.argv[0], plan.argv, plan.env)
+
+
+def _report_failure(status_fd: int | None, stderr_fd: int, exc: BaseException) -> None:
+    msg = f"boltzlabs sandbox setup failed: {type(exc).__name__}: {exc}"
+    for fd in (status_fd, stderr_fd):
+        if fd is None:
+            continue
+        try:
+            os.write(fd, (("!" if fd == status_fd else "") + msg + "\n").encode())
+        except OSError:
+            pass
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | None) -> None:
+    """The worker's direct child, already PID 1 of its own PID namespace (root mode)."""
+    try:
+        _close_fds_except({status_w, *plan.fds})
+        status_w = _high_fd(status_w)
+        enter_sandbox(plan, status_fd=status_w)
+        if body is None:
+            _exec(plan, status_w)
+        os.close(status_w)
+        body()
+        os._exit(0)
+    except BaseException as exc:  # noqa: BLE001 - never return into the worker
+        _report_failure(status_w, plan.fds[2], exc)
+    os._exit(127)
+
+
+def _child_userns(plan: SandboxPlan, status_w: int, body: Callable[[], None] | None) -> None:
+    """The worker's direct child in userns mode: unshare, map ids, fork PID 1, wait for it."""
+    try:
+        _close_fds_except({status_w, *plan.fds})
+        status_w = _high_fd(status_w)
+        L.unshare(L.CLONE_NEWUSER | L.CLONE_NEWPID | _NS_FLAGS)
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{plan.uid} {plan.outer_uid} 1\n")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{plan.gid} {plan.outer_gid} 1\n")
+        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # the keeper dies with the launcher thread
+        if os.getppid() != plan.worker_pid:
+            os._exit(125)
+        life_r, life_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(life_w)
+                enter_sandbox(plan, lifeline_fd=life_r)
+                if body is None:
+                    _exec(plan, status_w)
+                os.close(status_w)
+                body()
+                os._exit(0)
+            except BaseException as exc:  # noqa: BLE001
+                _report_failure(status_w, plan.fds[2], exc)
+            os._exit(127)
+        os.close(life_r)
+        os.close(status_w)
+        for fd in plan.fds:
+            os.close(fd)
+        try:  # only a tiny python loop from here on: become a cheap keeper
+            L.capset_none()
+        except OSError:
+            pass
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except ChildProcessError:
+                os._exit(127)
+            except InterruptedError:
+                continue
+        if os.WIFSIGNALED(status):
+            os._exit(128 + os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    except BaseException as exc:  # noqa: BLE001
+        _report_failure(status_w, plan.fds[2], exc)
+    os._exit(127)
+
+
+def _high_fd(fd: int) -> int:
+    """Move ``fd`` above 2 (it must survive the dup2s onto 0..2); keeps CLOEXEC."""
+    if fd > 2:
+        return fd
+    import fcntl
+
+    new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return new
+
+
+# --------------------------------------------------------------------------------------------- parent side
+_own_pidns_fd: int | None = None
+
+
+def spawn(plan: SandboxPlan, body: Callable[[], None] | None = None) -> tuple[int, float, str | None]:
+    """Fork the env per ``plan``; return ``(pid, setup_ms, error)``. Call on the launcher thread.
+
+    ``body=None`` execs ``plan.argv``; otherwise ``body()`` runs inside the finished sandbox
+    (template/fork mode). Waits until the child has exec'd (or ``body`` is about to run) or failed.
+    """
+    start = time.perf_counter()
+    status_r, status_w = os.pipe()
+    try:
+        if plan.mode == "root":
+            global _own_pidns_fd
+            if _own_pidns_fd is None:
+                _own_pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            L.unshare(L.CLONE_NEWPID)  # this thread's next child is PID 1 of a new namespace
+            try:
+                pid = os.fork()
+            except BaseException:
+                L.setns(_own_pidns_fd, L.CLONE_NEWPID)
+                raise
+            if pid == 0:
+                _child_root(plan, status_w, body)  # never returns
+            L.setns(_own_pidns_fd, L.CLONE_NEWPID)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _child_userns(plan, status_w, body)  # never returns
+    except BaseException:
+        os.close(status_r)
+        os.close(status_w)
+        raise
+    os.close(status_w)
+    data = b""
+    deadline = time.monotonic() + _SETUP_TIMEOUT_S
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                data += b"!sandbox setup did not finish in time"
+                os.kill(pid, signal.SIGKILL)
+                break
+            ready, _, _ = select.select([status_r], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(status_r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(status_r)
+    error = None
+    if b"!" in data:
+        error = data.split(b"!", 1)[1].decode("utf-8", "replace").strip() or "sandbox setup failed"
+    return pid, (time.perf_counter() - start) * 1e3, error
+
+
+# --------------------------------------------------------------------------------------------- the backend
+class NamespaceBackend:
+    name = "namespaces"
+
+    def __init__(self, use_seccomp: bool = True) -> None:
+        self.use_seccomp = use_seccomp
+        self._probe: tuple[str | None, str] | None = None
+        self._probe_lock = threading.Lock()
+        self._static: dict | None = None
+
+    # ---------------------------------------------------------------- probing
+    def available(self) -> tuple[bool, str]:
+        mode, why = self.mode()
+        return (mode is not None), why
+
+    def mode(self) -> tuple[str | None, str]:
+        """``("root" | "userns", detail)`` or ``(None, reason)``; probed once, by a real sandboxed launch."""
+        with self._probe_lock:
+            if self._probe is None:
+                self._probe = self._do_probe()
+            return self._probe
+
+    def _do_probe(self) -> tuple[str | None, str]:
+        if not sys.platform.startswith("linux"):
+            return None, "not Linux"
+        if not L.SUPPORTED:
+            return None, f"no syscall table for {L.MACHINE}"
+        reasons = []
+        candidates = (["root"] if os.geteuid() == 0 else []) + ["userns"]
+        for mode in candidates:
+            ok, why = self._try_mode(mode)
+            if ok:
+                return mode, why
+            reasons.append(f"{mode}: {why}")
+        return None, "; ".join(reasons)
+
+    def _try_mode(self, mode: str) -> tuple[bool, str]:
+        tmp = tempfile.mkdtemp(prefix="boltzlabs-probe-")
+        env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
+        os.mkdir(env_dir)
+        os.mkdir(ws)
+        os.chmod(tmp, 0o755)
+        os.chmod(env_dir, 0o755)
+        r, w = os.pipe()
+        try:
+            spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
+                              workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
+                              limits=Limits(memory_bytes=None), uid=ENV_UID_BASE - 1)
+            launched = self._launch(spec, mode, use_cgroup=False)
+            os.close(w)
+            w = -1
+            _, status = os.waitpid(launched.pid, 0)
+            out = b""
+            while True:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                out += chunk
+            code = os.waitstatus_to_exitcode(status)
+            if launched.setup_error or code != 0:
+                return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
+                               or f"probe exited with {code}")
+            return True, f"probe sandbox started in {launched.setup_ms:.1f} ms"
+        except OSError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ---------------------------------------------------------------- report
+    def report(self) -> IsolationReport:
+        mode, why = self.mode()
+        if mode is None:
+            return IsolationReport(self.name, {"available": False}, (why,))
+        cg, cg_why = cgroups.probe() if mode == "root" else (None, "no cgroup delegation without root")
+        sec = self.use_seccomp and seccomp.supported()
+        props = {
+            "mode": mode,
+            "readonly_env_dir": True,
+            "private_workspace": True,
+            "no_network": True,
+            "pid_namespace": True,
+            "ipc_namespace": True,
+            "uts_namespace": True,
+            "hidden_host_files": True,
+            "scrubbed_environment": True,
+            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
+            "process_limit": f"cgroup {cg}" if cg else "RLIMIT_NPROC",
+            "file_size_limit": "RLIMIT_FSIZE",
+            "open_files_limit": "RLIMIT_NOFILE",
+            "cpu_limit": "RLIMIT_CPU (total backstop)",
+            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
+            "no_capabilities": True,
+            "dedicated_uid": mode == "root",
+            "tree_kill": "pid namespace" + (" + cgroup" if cg else ""),
+        }
+        notes = [why]
+        if mode == "userns":
+            notes.append("runs as the worker's own uid (mapped); limits by rlimits only")
+        if not cg and mode == "root":
+            notes.append(f"no per-env cgroup: {cg_why}")
+        if not sec:
+            notes.append("seccomp filter off" + ("" if self.use_seccomp else " (disabled)") +
+                         ("" if seccomp.supported() else f" (no filter for {L.MACHINE})"))
+        return IsolationReport(self.name, props, tuple(notes))
+
+    # ---------------------------------------------------------------- launch
+    def _static_parts(self) -> dict:
+        if self._static is None:
+            symlinks, root_binds = {}, []
+            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+                p = "/" + name
+                if os.path.islink(p):
+                    symlinks[p] = os.readlink(p)
+                elif os.path.isdir(p):
+                    root_binds.append((p, p, True))
+            etc = []
+            for name in _ETC_BINDS:
+                p = "/etc/" + name
+                if os.path.exists(p):
+                    etc.append((os.path.realpath(p), p, True))
+            self._static = {
+                "symlinks": symlinks,
+                "root_binds": [("/usr", "/usr", True)] + root_binds,
+                "etc_binds": etc,
+                "newroot": _ensure_newroot(),
+                "seccomp": seccomp.build_filter() if self.use_seccomp else None,
+                "cap_last": L.cap_last_cap(),
+            }
+        return self._static
+
+    def plan(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> SandboxPlan:
+        st = self._static_parts()
+        if mode == "root":
+            uid = gid = env_uid(spec)
+        else:
+            uid, gid = os.getuid(), os.getgid()
+        argv0 = spec.argv[0] if spec.argv else None
+        binds = list(st["root_binds"])
+        binds += [(p, p, True) for p in _python_paths(argv0)]
+        for name, pkg_dir in spec.runtime.items():
+            binds.append((os.path.realpath(pkg_dir), f"{SANDBOX_RUNTIME}/{name}", True))
+        for host, inside in spec.ro_binds.items():
+            binds.append((os.path.realpath(host), inside, True))
+        binds += st["etc_binds"]
+        binds.append((os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR, True))
+        binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
+        files = {
+            "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
+                           f"env:x:{uid}:{gid}:boltzlabs env:{SANDBOX_WORKSPACE}:/usr/sbin/nologin\n",
+            "/etc/group": f"root:x:0:\nenv:x:{gid}:\n",
+            "/etc/hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost\n",
+            "/etc/hostname": HOSTNAME + "\n",
+        }
+        env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
+                                pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+        cg = None
+        if mode == "root" and use_cgroup and cgroups.probe()[0] is not None:
+            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids,
+                                   tag=str(spec.index))
+        try:
+            policy = os.sched_getscheduler(0)
+            sched = (policy, os.sched_getparam(0).sched_priority)
+        except (AttributeError, OSError):
+            sched = None
+        return SandboxPlan(
+            mode=mode, newroot=st["newroot"], binds=binds, files=files, symlinks=st["symlinks"], uid=uid, gid=gid,
+            outer_uid=os.getuid(), outer_gid=os.getgid(), limits=spec.limits, env=env, argv=list(spec.argv),
+            fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd), cgroup=cg, seccomp_prog=st["seccomp"],
+            cap_last=st["cap_last"], sched=sched, worker_pid=os.getpid(),
+            extra_mkdirs=[SANDBOX_RUNTIME],
+        )
+
+    def launch(self, spec: LaunchSpec) -> Launched:
+        mode, why = self.mode()
+        if mode is None:
+            from .base import SandboxUnavailable
+
+            raise SandboxUnavailable(f"isolation='namespaces' is not available on this host: {why}")
+        return self._launch(spec, mode)
+
+    def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
+        start = time.perf_counter()
+        plan = self.plan(spec, mode, use_cgroup=use_cgroup)
+        if mode == "root":
+            os.chown(spec.workspace, plan.uid, plan.gid)
+            os.chmod(spec.workspace, 0o700)
+        try:
+            pid, _, error = LAUNCHER.call(lambda: spawn(plan))
+        except BaseException:
+            if plan.cgroup is not None:
+                plan.cgroup.remove()
+            raise
+        cg = plan.cgroup
+
+        def kill_tree() -> None:
+            try:
+                os.kill(pid, signal.SIGKILL)  # PID 1 of the namespace (root) or the keeper (userns)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if cg is not None:
+                for p in cg.pids():
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+        def cleanup() -> None:
+            if cg is not None:
+                cg.remove()
+
+        return Launched(
+            pid=pid,
+            kill_tree=kill_tree,
+            cleanup=cleanup,
+            setup_ms=(time.perf_counter() - start) * 1e3,
+            setup_error=error,
+            oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
+            paths={"env_dir": SANDBOX_ENV_DIR, "workspace": SANDBOX_WORKSPACE},
+        )
+
+
+__all__ = ["NamespaceBackend", "SandboxPlan", "enter_sandbox", "spawn", "LAUNCHER"]
