@@ -33,7 +33,6 @@ marker is escaped; any other object is replaced by its ``repr()`` (truncated).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Sequence
 
