@@ -1,0 +1,347 @@
+"""Serve a ``gymnasium.Env`` inside its sandbox, over the env line protocol.
+
+This is :func:`boltzlabs_gym.env.serve`'s protocol (one JSON request line in, one
+JSON reply line out, raw binary payloads announced by ``"_bin"``) for a real
+Gymnasium env: spaces are described as JSON (:mod:`boltzlabs_gym.spaces`) and
+values cross as skeletons plus raw payloads (:mod:`boltzlabs_gym.codec`), so
+arrays never go through JSON lists.
+
+Requests and replies (``enc(x)`` is :func:`boltzlabs_gym.codec.encode` against the
+env's space; ``info(x)`` is :func:`boltzlabs_gym.codec.encode_info`; both may
+reference the reply's payloads)::
+
+    {"op": "describe"}
+        -> {"server": "gym", "observation_space": <space json>, "action_space": <space json>,
+            "metadata": <json>, "render_mode": str|null, "spec_id": str|null,
+            "max_episode_steps": int|null}
+    {"op": "reset", "seed": int|null, "options": {...}|null}
+        -> {"obs": enc(obs), "info": info(info)}
+    {"op": "step", "action": enc(action), "autoreset": bool}
+        -> {"obs": enc(obs), "reward": float, "terminated": bool, "truncated": bool,
+            "info": info(info)}
+           and, when "autoreset" is true and the step ended the episode, the env is
+           reset (seed null) in the same request and the reply also carries
+           "reset_obs": enc(obs), "reset_info": info(info)
+           ("obs"/"info" stay the final step's, as in boltzlabs_gym.env.serve).
+    {"op": "call", "name": str, "args": [...], "kwargs": {...}}
+        -> {"value": info(result)}  (calls the attribute if callable, else returns it,
+           like Gymnasium's VectorEnv.call; args/kwargs may hold __nd__ arrays)
+    {"op": "get_attr", "name": str}           -> {"value": info(attribute)}  (never called)
+    {"op": "set_attr", "name": str, "value": info(value)}  -> {}
+    {"op": "render"}                          -> {"frame": info(env.render())}
+                                                 (an rgb_array frame is a uint8 __nd__ array)
+    {"op": "close"}                           -> {} and the process exits
+
+Observations/actions of a space with no JSON form (Graph, Sequence, OneOf, custom)
+are described as ``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
+
+Failures: an exception in ``reset``/``step`` (or in decoding the action, or
+encoding the result) does not kill the server: the reply is a terminal transition
+(``obs`` null, reward 0, ``terminated`` true) with ``info["boltzlabs_exception"] =
+{"where": "reset"|"step"|"action"|"encode", "traceback": ...}``. An exception in
+``call``/``get_attr``/``set_attr``/``render`` answers ``{"error": traceback}``.
+A request line that is not a JSON object is answered with ``{"error": ...}`` and
+the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
+over-long line) is answered and the server exits (the worker respawns it).
+
+Factories: the worker starts Gymnasium envs from an env directory written by
+:func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
+env factories, and an ``env.py`` calling :func:`serve_factories`). The pickle comes
+from the trusted trainer and is only ever unpickled here, inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from typing import Any, BinaryIO, Callable, Sequence
+
+from gymnasium import spaces as gs
+
+from . import env as _envmod
+from .codec import decode, decode_info, encode, encode_info, to_json_safe
+from .env import ProtocolError, _error_transition, _protect_channel, read_message, write_message
+from .spaces import JsonSpace, space_to_json
+
+__all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
+
+#: The pickle of env factories in a factory env directory.
+FACTORIES_FILE = "factories.pkl"
+#: The ``env.py`` of a factory env directory.
+ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factories()\n"
+#: Pickle protocol for ``factories.pkl`` (fixed, so the same factories give the same bytes).
+PICKLE_PROTOCOL = 5
+_MAX_TRACEBACK_CHARS = 8000
+# ProtocolErrors after which the line stream is still in sync (the whole line was read).
+_RECOVERABLE = ("line is not JSON", "expected a JSON object")
+
+
+def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
+    """The space used on the wire and its JSON: itself, or JsonSpace when it has no JSON form."""
+    try:
+        return space, space_to_json(space)
+    except ValueError:
+        return JsonSpace(), {"type": "Json"}
+
+
+def _traceback() -> str:
+    tb = traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
+    sys.stderr.write(tb)
+    sys.stderr.flush()
+    return tb
+
+
+class GymServer:
+    """The request handlers for one env; :meth:`handle` maps a request to ``(reply, payloads)``."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.obs_space, self.obs_space_json = _space_or_json(env.observation_space)
+        self.action_space, self.action_space_json = _space_or_json(env.action_space)
+
+    # -- ops -------------------------------------------------------------------------
+
+    def describe(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        env = self.env
+        spec = getattr(env, "spec", None)
+        return {
+            "server": "gym",
+            "observation_space": self.obs_space_json,
+            "action_space": self.action_space_json,
+            "metadata": to_json_safe(dict(getattr(env, "metadata", None) or {})),
+            "render_mode": to_json_safe(getattr(env, "render_mode", None)),
+            "spec_id": getattr(spec, "id", None),
+            "max_episode_steps": getattr(spec, "max_episode_steps", None),
+        }, []
+
+    def _reset(self, seed: Any, options: Any, out: list) -> tuple[Any, Any]:
+        """Reset and encode, appending payloads to ``out``; (obs, info) or an error transition's."""
+        start = len(out)
+        try:
+            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+                raise TypeError(f"reset seed must be an int or null, got {type(seed).__name__}")
+            if options is not None and not isinstance(options, dict):
+                raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
+            obs, info = self.env.reset(seed=seed, options=options)
+        except Exception:
+            return None, _error_transition("reset")["info"]
+        try:
+            obs_j, _ = encode(self.obs_space, obs, out, zero_copy=True)
+            info_j, _ = encode_info(info, out, zero_copy=True)
+        except Exception:
+            del out[start:]
+            return None, _error_transition("encode")["info"]
+        return obs_j, info_j
+
+    def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        out: list = []
+        obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
+        return {"obs": obs, "info": info}, out
+
+    def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        try:
+            action = decode(self.action_space, msg.get("action"), payloads, copy=True, lenient=True)
+        except Exception:
+            reply, out = _error_transition("action"), []
+        else:
+            try:
+                obs, reward, terminated, truncated, info = self.env.step(action)
+                reply = {"obs": None, "reward": float(reward), "terminated": bool(terminated),
+                         "truncated": bool(truncated), "info": None}
+            except Exception:
+                reply, out = _error_transition("step"), []
+            else:
+                done = reply["terminated"] or reply["truncated"]
+                # The reset below may overwrite the env's obs buffer: copy payloads then.
+                zero_copy = not (done and msg.get("autoreset"))
+                out = []
+                try:
+                    reply["obs"], _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
+                    reply["info"], _ = encode_info(info, out, zero_copy=zero_copy)
+                except Exception:
+                    reply, out = _error_transition("encode"), []
+        if msg.get("autoreset") and (reply["terminated"] or reply["truncated"]):
+            reply["reset_obs"], reply["reset_info"] = self._reset(None, None, out)
+        return reply, out
+
+    def _attr(self, name: Any) -> Any:
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be a string, got {type(name).__name__}")
+        env = self.env
+        if hasattr(env, "get_wrapper_attr"):
+            return env.get_wrapper_attr(name)
+        return getattr(env, name)
+
+    def call(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        attr = self._attr(msg.get("name"))
+        args = decode_info(msg.get("args") or [], payloads, copy=True)
+        kwargs = decode_info(msg.get("kwargs") or {}, payloads, copy=True)
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise TypeError("call args must be a list and kwargs an object")
+        value = attr(*args, **kwargs) if callable(attr) else attr
+        value_j, out = encode_info(value)
+        return {"value": value_j}, out
+
+    def get_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        value_j, out = encode_info(self._attr(msg.get("name")))
+        return {"value": value_j}, out
+
+    def set_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        name = msg.get("name")
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be a string, got {type(name).__name__}")
+        value = decode_info(msg.get("value"), payloads, copy=True)
+        env = self.env
+        if hasattr(env, "set_wrapper_attr"):
+            env.set_wrapper_attr(name, value)
+        else:
+            setattr(env, name, value)
+        return {}, []
+
+    def render(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        frame = self.env.render()
+        frame_j, out = encode_info(frame, zero_copy=True)
+        return {"frame": frame_j}, out
+
+    def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | None:
+        """Answer one request; ``None`` for ``close`` (after closing the env)."""
+        op = msg.get("op")
+        if op == "step":
+            return self.step(msg, payloads)
+        if op == "reset":
+            return self.reset(msg, payloads)
+        if op == "close":
+            try:
+                self.env.close()
+            except Exception:
+                _traceback()
+            return None
+        handler = _OTHER_OPS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"error": f"unknown op {op!r}"}, []
+        try:
+            return handler(self, msg, payloads)
+        except Exception:
+            return {"error": _traceback()}, []
+
+
+_OTHER_OPS = {
+    "describe": GymServer.describe,
+    "call": GymServer.call,
+    "get_attr": GymServer.get_attr,
+    "set_attr": GymServer.set_attr,
+    "render": GymServer.render,
+}
+
+
+def _write(stream: BinaryIO, reply: dict, payloads: list) -> None:
+    try:
+        write_message(stream, reply, payloads)
+    except (TypeError, ValueError) as exc:  # nothing was written: the line is built first
+        tb = f"reply is not JSON-serialisable: {exc}"
+        sys.stderr.write(tb + "\n")
+        if "obs" in reply:
+            fallback = {"obs": None, "reward": 0.0, "terminated": True, "truncated": False,
+                        "info": {"boltzlabs_exception": {"where": "encode", "traceback": tb}}}
+        else:
+            fallback = {"error": tb}
+        write_message(stream, fallback)
+
+
+def _serve_loop(server: GymServer, proto_in: BinaryIO, proto_out: BinaryIO) -> None:
+    while True:
+        try:
+            got = read_message(proto_in)
+        except ProtocolError as exc:
+            write_message(proto_out, {"error": f"bad request: {exc}"})
+            if str(exc).startswith(_RECOVERABLE):
+                continue
+            # A torn stream cannot be resynchronised: the worker will respawn us.
+            return
+        if got is None:
+            try:
+                server.env.close()
+            except Exception:
+                _traceback()
+            return
+        msg, payloads = got
+        result = server.handle(msg, payloads)
+        if result is None:
+            write_message(proto_out, {})
+            return
+        _write(proto_out, *result)
+
+
+def serve_env(env_factory: Callable[[], Any]) -> None:
+    """Build ``env_factory()`` and serve it on stdin/stdout until ``close`` or end of input.
+
+    The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
+    output from building the env never corrupts replies. An exception while building
+    the env propagates (its traceback goes to stderr, the process exits non-zero).
+    """
+    proto_in, proto_out = _protect_channel()
+    _serve_loop(GymServer(env_factory()), proto_in, proto_out)
+
+
+def serve_factories(env_dir: str | None = None, index: int | None = None) -> None:
+    """Serve the env built by the factory for this env's index, from ``factories.pkl``.
+
+    ``env_dir`` defaults to ``$BOLTZLABS_ENV_DIR`` (else :data:`boltzlabs_gym.env.ENV_DIR`),
+    ``index`` to ``$BOLTZLABS_ENV_INDEX`` (``-1`` when run by hand, meaning 0); the
+    factory used is ``factories[index % len(factories)]``. Unpickling happens here,
+    inside the sandbox, after the channel is protected.
+    """
+    proto_in, proto_out = _protect_channel()
+    if env_dir is None:
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR)
+    if index is None:
+        index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
+    with open(os.path.join(env_dir, FACTORIES_FILE), "rb") as f:
+        factories = pickle.load(f)
+    if callable(factories):
+        factories = [factories]
+    if not isinstance(factories, (list, tuple)) or not factories:
+        raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
+    factory = factories[max(index, 0) % len(factories)]
+    _serve_loop(GymServer(factory()), proto_in, proto_out)
+
+
+def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] | Sequence[Callable[[], Any]]) -> str:
+    """Write an env directory that serves Gymnasium envs built by ``factories``.
+
+    ``factories`` is one zero-arg callable or a list of them (env ``i`` of a pool uses
+    ``factories[i % len(factories)]``). Writes ``factories.pkl`` (cloudpickle, fixed
+    protocol) and an ``env.py`` that calls :func:`serve_factories`; creates ``path``
+    if needed and returns it. Same factories, same bytes, as far as cloudpickle is
+    deterministic (it is for module-level functions and ``functools.partial`` of
+    them; lambdas and closures can vary between interpreter runs).
+    """
+    import cloudpickle
+
+    if callable(factories):
+        factories = [factories]
+    factories = list(factories)
+    if not factories or not all(callable(f) for f in factories):
+        raise TypeError("factories must be a callable or a non-empty list of callables")
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    data = cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+    for name, content in ((FACTORIES_FILE, data), ("env.py", ENV_PY.encode())):
+        target = os.path.join(path, name)
+        tmp = target + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    return path
+
+
+def main() -> None:
+    """Entry point for ``python -m boltzlabs_gym.gym_server``: :func:`serve_factories`."""
+    serve_factories()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""The Gymnasium env server, run as a real subprocess from a factory env directory."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces as gs
+
+from boltzlabs_gym.codec import decode, decode_info, encode, encode_info, to_json_safe
+from boltzlabs_gym.env import read_message, write_message
+from boltzlabs_gym.gym_server import ENV_PY, FACTORIES_FILE, write_factory_env_dir
+from boltzlabs_gym.spaces import space_from_json
+
+pytestmark = pytest.mark.timeout(60)
+
+# The test envs below live in this (non-importable) test module: pickle them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class DictTupleEnv(gym.Env):
+    """Dict/Tuple observations, a Tuple action, numpy infos, rgb frames, and failure switches."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 7}
+
+    def __init__(self, render_mode=None):
+        print("hello from __init__: must not reach the protocol channel")
+        self.observation_space = gs.Dict(
+            [
+                ("pos", gs.Box(-np.inf, np.inf, (3,), np.float32)),
+                ("grid", gs.Box(0, 255, (4, 4), np.uint8)),
+                ("mode", gs.Discrete(3)),
+                ("pair", gs.Tuple([gs.MultiBinary(4), gs.MultiDiscrete([3, 5])])),
+                ("name", gs.Text(2, charset="ab")),
+            ]
+        )
+        self.action_space = gs.Tuple([gs.Discrete(3), gs.Box(-1, 1, (2,), np.float32)])
+        self.render_mode = render_mode
+        self.explode = False
+        self.bad_obs = False
+        self.counter = 0
+        self.t = 0
+
+    def _obs(self):
+        rng = self.np_random
+        return {
+            "pos": rng.standard_normal(3).astype(np.float32),
+            "grid": rng.integers(0, 256, (4, 4), dtype=np.uint8),
+            "mode": np.int64(self.t % 3),
+            "pair": (rng.integers(0, 2, 4).astype(np.int8), np.array([self.t % 3, self.t % 5])),
+            "name": "ab"[: 1 + self.t % 2],
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if options and options.get("boom"):
+            raise RuntimeError("reset boom")
+        self.t = 0
+        return self._obs(), {"start": np.float32(0.5), "options": options}
+
+    def step(self, action):
+        print("stepping", action)
+        if self.explode:
+            raise ValueError("kaboom")
+        kind, vec = action
+        self.t += 1
+        self.counter += 1
+        obs = self._obs()
+        if self.bad_obs:
+            obs["pos"] = np.zeros(7)
+        reward = float(kind) + float(vec.sum())
+        info = {"t": np.int32(self.t), "vec": vec * 2, "nested": {"k": (1, 2)}}
+        return obs, reward, self.t >= 4, False, info
+
+    def render(self):
+        frame = np.zeros((6, 8, 3), np.uint8)
+        frame[..., 0] = self.t
+        return frame
+
+    def scale(self, x, factor=2):
+        return np.asarray(x) * factor
+
+
+class BufferEnv(gym.Env):
+    """Reuses one observation buffer in place; its action space has no JSON form (Sequence)."""
+
+    observation_space = gs.Box(-10, 10, (3,), np.float32)
+    action_space = gs.Sequence(gs.Discrete(2))
+
+    def __init__(self):
+        self.buf = np.zeros(3, np.float32)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.buf[:] = -1.0
+        return self.buf, {}
+
+    def step(self, action):
+        self.t += 1
+        self.buf[:] = self.t
+        return self.buf, float(sum(action)), self.t >= 2, False, {"action": action}
+
+
+def make_dict_env():
+    return gym.wrappers.RecordEpisodeStatistics(DictTupleEnv(render_mode="rgb_array"))
+
+
+make_cartpole = functools.partial(gym.make, "CartPole-v1")
+
+
+class Server:
+    """A gym server subprocess started from a factory env dir, as the worker starts it."""
+
+    def __init__(self, tmp_path, factories, index):
+        self.dir = write_factory_env_dir(tmp_path / "envdir", factories)
+        self.stderr = open(tmp_path / "stderr.txt", "w+b")
+        env = dict(os.environ, BOLTZLABS_ENV_DIR=str(self.dir), BOLTZLABS_ENV_INDEX=str(index),
+                   BOLTZLABS_WORKSPACE=str(tmp_path))
+        self.proc = subprocess.Popen([sys.executable, "env.py"], cwd=self.dir, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
+        desc = self.rpc({"op": "describe"})[0]
+        self.desc = desc
+        self.obs_space = space_from_json(desc["observation_space"])
+        self.action_space = space_from_json(desc["action_space"])
+
+    def rpc(self, msg, payloads=()):
+        write_message(self.proc.stdin, msg, payloads)
+        got = read_message(self.proc.stdout)
+        assert got is not None, self.stderr_text()
+        return got
+
+    def raw(self, data: bytes):
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+        return read_message(self.proc.stdout)
+
+    def step(self, action, **extra):
+        obj, payloads = encode(self.action_space, action)
+        return self.rpc({"op": "step", "action": obj, **extra}, payloads)
+
+    def stderr_text(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def cartpole(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("cartpole"), [make_cartpole], -1)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def dict_env(tmp_path_factory):
+    # Two factories; env index 3 picks factories[3 % 2], the Dict/Tuple env.
+    server = Server(tmp_path_factory.mktemp("dict"), [make_cartpole, make_dict_env], 3)
+    yield server
+    server.stop()
+
+
+def _assert_obs_equal(space, a, b):
+    if isinstance(space, gs.Dict):
+        assert list(a) == list(b) == list(space.spaces)
+        for key, sub in space.spaces.items():
+            _assert_obs_equal(sub, a[key], b[key])
+    elif isinstance(space, gs.Tuple):
+        for sub, x, y in zip(space.spaces, a, b, strict=True):
+            _assert_obs_equal(sub, x, y)
+    elif isinstance(space, gs.Text):
+        assert a == b
+    else:
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype == space.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+def _plain(x):
+    """Comparable JSON form of an info; drops the wall-clock episode time."""
+    x = to_json_safe(x)
+    if isinstance(x, dict) and isinstance(x.get("episode"), dict):
+        x["episode"].pop("t", None)
+    return x
+
+
+# --------------------------------------------------------------------------- CartPole
+
+
+def test_factory_env_dir_files(tmp_path):
+    d = write_factory_env_dir(tmp_path / "a", [make_cartpole, make_dict_env])
+    assert sorted(os.listdir(d)) == ["env.py", FACTORIES_FILE]
+    with open(os.path.join(d, "env.py")) as f:
+        assert f.read() == ENV_PY
+    d2 = write_factory_env_dir(tmp_path / "b", [make_cartpole, make_dict_env])
+    with open(os.path.join(d, FACTORIES_FILE), "rb") as f1, open(os.path.join(d2, FACTORIES_FILE), "rb") as f2:
+        assert f1.read() == f2.read()
+    with pytest.raises(TypeError):
+        write_factory_env_dir(tmp_path / "c", [])
+
+
+def test_cartpole_describe(cartpole):
+    desc = cartpole.desc
+    assert desc["server"] == "gym"
+    assert desc["spec_id"] == "CartPole-v1" and desc["max_episode_steps"] == 500
+    assert desc["render_mode"] is None
+    assert desc["metadata"]["render_fps"] == 50
+    local = make_cartpole()
+    assert cartpole.obs_space == local.observation_space
+    assert cartpole.action_space == local.action_space
+
+
+def test_cartpole_matches_local_env_step_by_step_with_autoreset(cartpole):
+    local = make_cartpole()
+    reply, payloads = cartpole.rpc({"op": "reset", "seed": 42})
+    obs, _ = local.reset(seed=42)
+    _assert_obs_equal(cartpole.obs_space, decode(cartpole.obs_space, reply["obs"], payloads), obs)
+    assert decode_info(reply["info"], payloads) == {}
+    rng = np.random.default_rng(0)
+    episodes = 0
+    for _ in range(120):
+        action = int(rng.integers(2)) if rng.random() < 0.3 else 1
+        reply, payloads = cartpole.step(action, autoreset=True)
+        obs, reward, terminated, truncated, info = local.step(action)
+        _assert_obs_equal(cartpole.obs_space, decode(cartpole.obs_space, reply["obs"], payloads), obs)
+        assert (reply["reward"], reply["terminated"], reply["truncated"]) == (reward, terminated, truncated)
+        assert decode_info(reply["info"], payloads) == info
+        if terminated or truncated:
+            episodes += 1
+            obs, info = local.reset()  # autoreset: the same RNG stream, no new seed
+            _assert_obs_equal(cartpole.obs_space, decode(cartpole.obs_space, reply["reset_obs"], payloads), obs)
+            assert decode_info(reply["reset_info"], payloads) == info
+        else:
+            assert "reset_obs" not in reply and "reset_info" not in reply
+    assert episodes >= 2
+
+
+def test_cartpole_np_random_seed_and_plain_json_action(cartpole):
+    cartpole.rpc({"op": "reset", "seed": 7})
+    reply, _ = cartpole.rpc({"op": "call", "name": "np_random_seed"})
+    assert reply == {"value": 7}
+    reply, payloads = cartpole.rpc({"op": "step", "action": 0})  # a plain JSON int action
+    assert reply["reward"] == 1.0
+
+
+def test_torn_stream_answered_then_exit(cartpole):
+    # Announces 100 payload bytes, sends 10 and closes: the server answers and exits.
+    cartpole.proc.stdin.write(b'{"op":"step","action":1,"_bin":[100]}\n' + bytes(10))
+    cartpole.proc.stdin.close()
+    got = read_message(cartpole.proc.stdout)
+    assert got is not None and "truncated" in got[0]["error"]
+    assert cartpole.proc.wait(timeout=10) == 0
+
+
+def test_reused_obs_buffer_and_space_without_json_form(tmp_path):
+    server = Server(tmp_path, [BufferEnv], 0)
+    try:
+        assert server.desc["action_space"] == {"type": "Json"}
+        server.rpc({"op": "reset", "seed": 0})
+        reply, payloads = server.rpc({"op": "step", "action": [1, 0, 1], "autoreset": True})
+        assert reply["reward"] == 2.0 and decode_info(reply["info"], payloads) == {"action": [1, 0, 1]}
+        reply, payloads = server.rpc({"op": "step", "action": [1], "autoreset": True})
+        assert reply["terminated"]
+        # The reset rewrote the env's buffer; the final obs must not have changed with it.
+        np.testing.assert_array_equal(decode(server.obs_space, reply["obs"], payloads), [2, 2, 2])
+        np.testing.assert_array_equal(decode(server.obs_space, reply["reset_obs"], payloads), [-1, -1, -1])
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------- Dict/Tuple env
+
+
+def test_dict_env_describe(dict_env):
+    desc = dict_env.desc
+    local = make_dict_env()
+    assert dict_env.obs_space == local.observation_space
+    assert list(dict_env.obs_space.spaces) == ["pos", "grid", "mode", "pair", "name"]
+    assert dict_env.action_space == local.action_space
+    assert desc["render_mode"] == "rgb_array" and desc["spec_id"] is None
+    assert desc["metadata"] == {"render_modes": ["rgb_array"], "render_fps": 7}
+
+
+def test_dict_env_matches_local_env(dict_env):
+    space = dict_env.obs_space
+    local = make_dict_env()
+    reply, payloads = dict_env.rpc({"op": "reset", "seed": 11, "options": {"note": "x"}})
+    obs, info = local.reset(seed=11, options={"note": "x"})
+    _assert_obs_equal(space, decode(space, reply["obs"], payloads), obs)
+    remote_info = decode_info(reply["info"], payloads)
+    assert type(remote_info["start"]) is np.float32 and _plain(remote_info) == _plain(info)
+    dict_env.action_space.seed(5)
+    for i in range(9):
+        action = dict_env.action_space.sample()
+        reply, payloads = dict_env.step(action, autoreset=True)
+        obs, reward, terminated, truncated, info = local.step(action)
+        _assert_obs_equal(space, decode(space, reply["obs"], payloads), obs)
+        assert (reply["reward"], reply["terminated"], reply["truncated"]) == (reward, terminated, truncated)
+        remote_info = decode_info(reply["info"], payloads)
+        assert type(remote_info["t"]) is np.int32 and remote_info["vec"].dtype == np.float32
+        assert _plain(remote_info) == _plain(info)
+        if terminated:
+            assert "episode" in remote_info  # RecordEpisodeStatistics' stats crossed too
+            obs, info = local.reset()
+            _assert_obs_equal(space, decode(space, reply["reset_obs"], payloads), obs)
+            assert _plain(decode_info(reply["reset_info"], payloads)) == _plain(info)
+    assert i == 8
+
+
+def test_dict_env_decode_into_batch(dict_env):
+    from boltzlabs_gym.codec import decode_into, empty_batch
+
+    space = dict_env.obs_space
+    batch = empty_batch(space, 2)
+    reply, payloads = dict_env.rpc({"op": "reset", "seed": 3})
+    decode_into(space, reply["obs"], payloads, batch, 1)
+    single = decode(space, reply["obs"], payloads)
+    np.testing.assert_array_equal(batch["grid"][1], single["grid"])
+    assert batch["name"][1] == single["name"]
+
+
+def test_dict_env_render_call_get_set_attr(dict_env):
+    dict_env.rpc({"op": "reset", "seed": 0})
+    dict_env.step((1, np.zeros(2, np.float32)))
+    reply, payloads = dict_env.rpc({"op": "render"})
+    assert reply["frame"]["__nd__"][1:] == ["|u1", [6, 8, 3]]
+    frame = decode_info(reply["frame"], payloads)
+    assert frame.dtype == np.uint8 and frame.shape == (6, 8, 3) and (frame[..., 0] == 1).all()
+
+    args, p = encode_info([np.arange(3)])
+    kwargs, p = encode_info({"factor": 3}, p)
+    reply, payloads = dict_env.rpc({"op": "call", "name": "scale", "args": args, "kwargs": kwargs}, p)
+    np.testing.assert_array_equal(decode_info(reply["value"], payloads), [0, 3, 6])
+    reply, _ = dict_env.rpc({"op": "call", "name": "render_mode"})  # not callable: its value
+    assert reply == {"value": "rgb_array"}
+    reply, _ = dict_env.rpc({"op": "get_attr", "name": "scale"})  # get_attr never calls
+    assert "bound method" in reply["value"]
+    assert dict_env.rpc({"op": "set_attr", "name": "counter", "value": 100})[0] == {}
+    assert dict_env.rpc({"op": "get_attr", "name": "counter"})[0] == {"value": 100}
+    dict_env.step((0, np.zeros(2, np.float32)))
+    assert dict_env.rpc({"op": "get_attr", "name": "counter"})[0] == {"value": 101}
+
+    reply, _ = dict_env.rpc({"op": "get_attr", "name": "no_such_attribute"})
+    assert "AttributeError" in reply["error"]
+    reply, _ = dict_env.rpc({"op": "call", "name": "scale", "args": [], "kwargs": {"bogus": 1}})
+    assert "TypeError" in reply["error"]
+    reply, _ = dict_env.rpc({"op": "get_attr", "name": 5})
+    assert "error" in reply
+
+
+def test_dict_env_exceptions_become_terminal_transitions(dict_env):
+    dict_env.rpc({"op": "reset", "seed": 0})
+    action = (1, np.zeros(2, np.float32))
+
+    dict_env.rpc({"op": "set_attr", "name": "explode", "value": True})
+    reply, payloads = dict_env.step(action)
+    assert reply["obs"] is None and reply["terminated"] is True and reply["reward"] == 0.0
+    exc = reply["info"]["boltzlabs_exception"]
+    assert exc["where"] == "step" and "kaboom" in exc["traceback"]
+    # With autoreset the failed episode is reset in the same reply.
+    reply, payloads = dict_env.step(action, autoreset=True)
+    assert reply["info"]["boltzlabs_exception"]["where"] == "step"
+    assert decode(dict_env.obs_space, reply["reset_obs"], payloads)["grid"].shape == (4, 4)
+    dict_env.rpc({"op": "set_attr", "name": "explode", "value": False})
+    reply, payloads = dict_env.step(action)  # still serving
+    assert reply["reward"] == 1.0 and "boltzlabs_exception" not in decode_info(reply["info"], payloads)
+
+    dict_env.rpc({"op": "set_attr", "name": "bad_obs", "value": True})
+    reply, _ = dict_env.step(action)
+    assert reply["info"]["boltzlabs_exception"]["where"] == "encode"
+    assert "shape" in reply["info"]["boltzlabs_exception"]["traceback"]
+    dict_env.rpc({"op": "set_attr", "name": "bad_obs", "value": False})
+
+    reply, _ = dict_env.rpc({"op": "step", "action": [7, {"__nd__": [0, "<f4", [2]]}]}, [bytes(8)])
+    assert reply["info"]["boltzlabs_exception"]["where"] == "action"
+    assert "out of range" in reply["info"]["boltzlabs_exception"]["traceback"]
+
+    reply, _ = dict_env.rpc({"op": "reset", "seed": 1, "options": {"boom": True}})
+    assert reply["obs"] is None and reply["info"]["boltzlabs_exception"]["where"] == "reset"
+    assert "reset boom" in reply["info"]["boltzlabs_exception"]["traceback"]
+    reply, _ = dict_env.rpc({"op": "reset", "seed": "one"})
+    assert reply["info"]["boltzlabs_exception"]["where"] == "reset"
+
+    reply, payloads = dict_env.rpc({"op": "reset", "seed": 1})
+    assert decode(dict_env.obs_space, reply["obs"], payloads)["pos"].dtype == np.float32
+    assert "kaboom" in dict_env.stderr_text()  # tracebacks and print()s went to stderr
+    assert "hello from __init__" in dict_env.stderr_text()
+
+
+def test_dict_env_malformed_requests(dict_env):
+    assert "bad request" in dict_env.raw(b"this is not json\n")[0]["error"]
+    assert "bad request" in dict_env.raw(b"[1, 2]\n")[0]["error"]
+    assert "unknown op" in dict_env.rpc({"op": "fly"})[0]["error"]
+    assert "unknown op" in dict_env.rpc({"no_op": 1})[0]["error"]
+    reply, _ = dict_env.rpc({"op": "describe"})  # still in sync and serving
+    assert reply["observation_space"]["type"] == "Dict"
+
+
+def test_dict_env_close(dict_env):
+    assert dict_env.rpc({"op": "close"})[0] == {}
+    assert dict_env.proc.wait(timeout=10) == 0
