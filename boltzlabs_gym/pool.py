@@ -195,7 +195,10 @@ class RLPool:
         self._tmpdir = tempfile.mkdtemp(prefix="boltzlabs-pool-")
         endpoint = f"ipc://{self._tmpdir}/worker.sock"
         process = subprocess.Popen(
-            [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint, "--parent-pid", str(os.getpid())],
+            [
+                sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
+                "--parent-pid", str(os.getpid()), "--remove-on-exit", self._tmpdir,
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             start_new_session=True,

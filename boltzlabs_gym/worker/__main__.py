@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
 
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=int, default=4096)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process dies")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -27,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     # The pool waits for this line before connecting.
     sys.stdout.write("READY " + " ".join(worker.endpoints) + "\n")
     sys.stdout.flush()
-    worker.serve_forever()
+    try:
+        worker.serve_forever()
+    finally:
+        if args.remove_on_exit:
+            shutil.rmtree(args.remove_on_exit, ignore_errors=True)
     return 0
 
 

@@ -1,0 +1,53 @@
+"""Shared fixtures: env directories, the isolation to test with, leak checks."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+import time
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ENVS = os.path.join(HERE, "envs")
+COUNTER = os.path.join(ROOT, "envs", "counter")
+CODE_ENV = os.path.join(ROOT, "envs", "code_env")
+FAULTY = os.path.join(ENVS, "faulty")
+
+#: The isolation every pool test runs with; CI (root) gets the namespace sandbox via "auto".
+ISOLATION = os.environ.get("BOLTZLABS_TEST_ISOLATION", "auto")
+
+
+def _descendants() -> set[int]:
+    try:
+        return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    except psutil.Error:
+        return set()
+
+
+def _our_temp_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "boltzlabs-*")))
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves processes or boltzlabs temp dirs behind."""
+    before_procs, before_dirs = _descendants(), _our_temp_dirs()
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        leaked = _descendants() - before_procs
+        dirs = _our_temp_dirs() - before_dirs
+        if not leaked and not dirs:
+            return
+        time.sleep(0.1)
+    details = []
+    for pid in leaked:
+        try:
+            details.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    assert not leaked and not dirs, f"leaked processes {details} and temp dirs {sorted(dirs)}"

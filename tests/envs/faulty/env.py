@@ -1,0 +1,72 @@
+"""A fault-injection env: the action says how to misbehave.
+
+Actions: an int (a plain counter step, reward = action) or a dict:
+  {"sleep": s}           sleep s seconds, then step normally
+  {"hang": true}         never answer
+  {"crash": true}        raise SystemExit-free crash: os.abort()
+  {"exit": code}         os._exit(code)
+  {"garbage": true}      write a non-JSON line to the real stdout fd
+  {"huge_mib": m}        reply with a line of m MiB
+  {"raise": "msg"}       raise an exception inside step
+  {"print": "text"}      print() to stdout (must not corrupt the channel)
+  {"daemon": s}          leave a background process sleeping s seconds
+  {"write": "name"}      write a file in the workspace, obs lists the workspace
+Reset options {"raise": true} raise inside reset.
+"""
+
+import json
+import os
+import sys
+import time
+
+from boltzlabs_gym.env import ENV_INDEX, WORKSPACE, serve
+
+state = {"t": 0, "seed": None}
+_REAL_STDOUT = os.dup(1)  # before serve() takes the channel: lets the env corrupt it on purpose
+
+
+def reset(seed, options=None):
+    if options and options.get("raise"):
+        raise RuntimeError("reset exploded on purpose")
+    state["t"] = 0
+    state["seed"] = seed
+    return {"t": 0, "seed": seed, "index": ENV_INDEX, "workspace": sorted(os.listdir(WORKSPACE))}
+
+
+def step(action):
+    state["t"] += 1
+    obs = {"t": state["t"], "index": ENV_INDEX}
+    if isinstance(action, dict):
+        if "sleep" in action:
+            time.sleep(action["sleep"])
+        if action.get("hang"):
+            while True:
+                time.sleep(1)
+        if action.get("crash"):
+            os.abort()
+        if "exit" in action:
+            os._exit(action["exit"])
+        if action.get("garbage"):
+            os.write(_REAL_STDOUT, b"this is not json\n")
+            time.sleep(5)
+        if "huge_mib" in action:
+            os.write(_REAL_STDOUT, b'{"obs":"' + b"x" * (action["huge_mib"] << 20) + b'"}\n')
+            time.sleep(5)
+        if "raise" in action:
+            raise ValueError(action["raise"])
+        if "print" in action:
+            print(action["print"])
+            print(action["print"], file=sys.stderr)
+        if "daemon" in action:
+            import subprocess
+
+            subprocess.Popen(["sleep", str(action["daemon"])], start_new_session=True)
+        if "write" in action:
+            with open(os.path.join(WORKSPACE, action["write"]), "w") as f:
+                f.write("data")
+            obs["workspace"] = sorted(os.listdir(WORKSPACE))
+        return obs, 1.0, False, {"t": state["t"]}
+    return obs, float(action), state["t"] >= 10, {"t": state["t"]}
+
+
+serve(reset=reset, step=step)

@@ -1,0 +1,314 @@
+"""The pool engine end to end: real worker, real env processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from boltzlabs_gym import EnvStartError, PoolClosedError, RLPool
+from boltzlabs_gym.errors import AsyncStateError
+
+from conftest import CODE_ENV, COUNTER, ENVS, FAULTY, ISOLATION
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+
+def test_counter_quickstart_loop():
+    with RLPool(COUNTER, n=8, isolation=ISOLATION) as pool:
+        obs = pool.reset(seed=0)
+        assert obs == [{"t": 0}] * 8
+        finished = 0
+        for t in range(150):
+            obs, rewards, dones, infos = pool.step([1] * 8)
+            assert rewards.dtype == np.float32 and rewards.shape == (8,)
+            assert dones.dtype == np.bool_ and dones.shape == (8,)
+            assert np.all(rewards == 1.0)
+            if dones.any():
+                finished += int(dones.sum())
+                assert all(o["t"] == 100 for o in obs)
+                obs = pool.reset(where=dones)
+                assert obs == [{"t": 0}] * 8
+        assert finished == 8
+        assert obs[0]["t"] == 50
+        timing = pool.timing
+        assert timing.worker_ms > 0 and timing.roundtrip_ms >= timing.worker_ms
+        assert timing.stragglers == () and timing.total_stragglers == 0
+        pss = pool.memory()
+        assert len(pss) == 8 and all(p > 0 for p in pss)
+        assert 1 < pool.envs_per_gb() < 10_000
+
+
+def test_order_preserved_under_random_delays():
+    rng = np.random.default_rng(0)
+    n = 16
+    with RLPool(FAULTY, n=n, isolation=ISOLATION) as pool:
+        pool.reset(seed=100)
+        for _ in range(3):
+            delays = rng.uniform(0, 0.05, size=n)
+            obs, rewards, dones, infos = pool.step([{"sleep": float(d)} for d in delays])
+            assert [o["index"] for o in obs] == list(range(n))
+            assert [i["t"] for i in infos] == [infos[0]["t"]] * n
+
+
+def test_seeds_and_partial_reset_splice():
+    n = 6
+    with RLPool(FAULTY, n=n, isolation=ISOLATION) as pool:
+        obs = pool.reset(seed=10)
+        assert [o["seed"] for o in obs] == [10 + i for i in range(n)]
+        obs = pool.reset(seed=[5, None, 7, 8, 9, 1])
+        assert [o["seed"] for o in obs] == [5, None, 7, 8, 9, 1]
+        for _ in range(3):
+            pool.step([0] * n)
+        mask = np.array([True, False, True, False, False, True])
+        obs = pool.reset(seed=50, where=mask)
+        assert [o["t"] for o in obs] == [0, None, 0, None, None, 0] or [o.get("t") for o in obs]
+        # unselected envs keep the last observation they returned
+        obs2, *_ = pool.step([0] * n)
+        assert [o["t"] for o in obs2] == [1, 4, 1, 4, 4, 1]
+        assert [obs[i]["seed"] for i in (0, 2, 5)] == [50, 52, 55]
+
+
+def test_hard_reset_is_byte_identical_and_wipes_workspace():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+        first = pool.reset(seed=3)
+        obs, *_ = pool.step([{"write": "junk.txt"}, {"write": "other.txt"}])
+        assert obs[0]["workspace"] == ["junk.txt"]
+        soft = pool.reset(seed=3)
+        assert soft[0]["workspace"] == ["junk.txt"]  # soft reset keeps the process and its files
+        hard = pool.reset(seed=3, hard=True)
+        assert hard == first
+        assert hard[0]["workspace"] == [] and hard[1]["workspace"] == []
+
+
+def test_straggler_killed_within_deadline_others_correct():
+    n = 64
+    with RLPool(FAULTY, n=n, isolation=ISOLATION, step_timeout=1.0) as pool:
+        pool.reset(seed=0)
+        actions = [1] * n
+        actions[13] = {"hang": True}
+        t0 = time.monotonic()
+        obs, rewards, dones, infos = pool.step(actions)
+        elapsed = time.monotonic() - t0
+        assert elapsed < 1.0 + 1.5, elapsed
+        assert obs[13] is None and rewards[13] == 0 and dones[13]
+        assert "boltzlabs_straggler" in infos[13] and "deadline" in infos[13]["boltzlabs_straggler"]["reason"]
+        assert pool.timing.stragglers == (13,)
+        for i in range(n):
+            if i != 13:
+                assert obs[i] == {"t": 1, "index": i} and rewards[i] == 1.0 and not dones[i]
+                assert "boltzlabs_straggler" not in infos[i]
+        # respawned: the next reset finds it ready and it steps normally again
+        obs = pool.reset(seed=0, where=np.arange(n) == 13)
+        assert obs[13]["t"] == 0
+        obs, rewards, dones, infos = pool.step([1] * n)
+        assert obs[13] == {"t": 1, "index": 13} and pool.timing.stragglers == ()
+        assert pool.timing.total_stragglers == 1
+
+
+@pytest.mark.parametrize(
+    "action, expect",
+    [
+        ({"crash": True}, "signal"),
+        ({"exit": 7}, "status 7"),
+        ({"garbage": True}, "not a JSON line"),
+        ({"huge_mib": 100}, "longer than"),
+    ],
+    ids=["abort", "os_exit", "garbage_line", "100MiB_line"],
+)
+def test_env_failures_are_reported_and_respawned(action, expect):
+    n = 4
+    with RLPool(FAULTY, n=n, isolation=ISOLATION, step_timeout=10.0) as pool:
+        pool.reset(seed=0)
+        obs, rewards, dones, infos = pool.step([1, action, 1, 1])
+        err = infos[1].get("boltzlabs_error")
+        assert err is not None, infos[1]
+        assert expect in err["reason"] or expect in err.get("stderr", ""), err
+        assert obs[1] is None and rewards[1] == 0 and dones[1]
+        assert [o["t"] for i, o in enumerate(obs) if i != 1] == [1, 1, 1]
+        assert all("boltzlabs_error" not in infos[i] for i in (0, 2, 3))
+        assert pool.timing.errors == (1,)
+        obs = pool.reset(seed=0)
+        assert obs[1]["t"] == 0
+        obs, *_ = pool.step([1] * n)
+        assert obs[1] == {"t": 1, "index": 1}
+
+
+def test_exception_in_step_and_reset_is_a_terminal_transition():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        obs, rewards, dones, infos = pool.step([{"raise": "boom"}, 1])
+        exc = infos[0]["boltzlabs_exception"]
+        assert exc["where"] == "step" and "ValueError: boom" in exc["traceback"]
+        assert dones[0] and rewards[0] == 0 and not dones[1]
+        obs = pool.reset(seed=0, options={"raise": True})
+        assert obs == [None, None]
+        assert "reset exploded on purpose" in pool.reset_infos[0]["boltzlabs_exception"]["traceback"]
+        obs = pool.reset(seed=0)  # the same processes keep serving
+        assert obs[0]["t"] == 0
+
+
+def test_print_in_user_code_does_not_corrupt_the_channel():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+        pool.reset()
+        obs, rewards, *_ = pool.step([{"print": '{"obs": "fake"}'}, 1])
+        assert obs[0] == {"t": 1, "index": 0} and rewards.tolist() == [1.0, 1.0]
+        assert pool.timing.errors == ()
+
+
+def test_wrong_actions_raise_before_sending():
+    with RLPool(COUNTER, n=4, isolation=ISOLATION) as pool:
+        pool.reset()
+        with pytest.raises(ValueError, match="exactly 4 actions"):
+            pool.step([1, 1, 1])
+        with pytest.raises(ValueError, match="env 2 is not JSON"):
+            pool.step([1, 1, object(), 1])
+        with pytest.raises(ValueError, match="boolean mask"):
+            pool.reset(where=[1, 0, 1, 0])
+        with pytest.raises(ValueError, match="4 seeds"):
+            pool.reset(seed=[1, 2])
+        obs, *_ = pool.step([1] * 4)  # nothing half-sent: the pool still works
+        assert obs == [{"t": 1}] * 4
+
+
+def test_async_step_state_machine():
+    with RLPool(COUNTER, n=2, isolation=ISOLATION) as pool:
+        pool.reset()
+        with pytest.raises(AsyncStateError):
+            pool.step_wait()
+        pool.step_async([1, 1])
+        with pytest.raises(AsyncStateError):
+            pool.step_async([1, 1])
+        obs, *_ = pool.step_wait()
+        assert obs == [{"t": 1}] * 2
+
+
+def test_failed_start_names_env_and_leaves_nothing():
+    with pytest.raises(EnvStartError) as info:
+        RLPool(os.path.join(ENVS, "bad_start"), n=4, isolation=ISOLATION)
+    assert info.value.index == 2
+    assert "cannot load the simulator for env 2" in info.value.stderr_tail
+    assert "env 2" in str(info.value)
+
+
+def test_start_deadline():
+    t0 = time.monotonic()
+    with pytest.raises(EnvStartError, match="deadline"):
+        RLPool(os.path.join(ENVS, "slow_start"), n=2, isolation=ISOLATION, start_timeout=1.0)
+    assert time.monotonic() - t0 < 10
+
+
+def test_hosted_service_import_name_works():
+    with RLPool(os.path.join(ENVS, "hello"), n=2, isolation=ISOLATION) as pool:
+        assert pool.reset(seed=1) == [{"hello": 1}, {"hello": 2}]
+        obs, rewards, dones, infos = pool.step(["a", "b"])
+        assert obs == [{"echo": "a"}, {"echo": "b"}] and infos[0] == {"via": "boltzlabs"}
+
+
+def test_code_env_grades_programs():
+    good = (
+        "def add(a, b):\n    return a + b\n"
+        "def fizzbuzz(n):\n"
+        "    return 'FizzBuzz' if n % 15 == 0 else 'Fizz' if n % 3 == 0 else 'Buzz' if n % 5 == 0 else str(n)\n"
+    )
+    bad = "def add(a, b):\n    return a - b\ndef fizzbuzz(n):\n    return str(n)\n"
+    with RLPool(CODE_ENV, n=4, isolation=ISOLATION) as pool:
+        obs = pool.reset()
+        assert "fizzbuzz" in obs[0]["task"]
+        obs, rewards, dones, infos = pool.step([good, bad, "def add(:", good])
+        assert rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+        assert dones.all() and [i["passed"] for i in infos] == [True, False, False, True]
+
+
+def test_serialize_measurement_runs_steps_one_at_a_time():
+    n = 4
+    with RLPool(FAULTY, n=n, isolation=ISOLATION, serialize_measurement=True) as pool:
+        pool.reset()
+        t0 = time.monotonic()
+        pool.step([{"sleep": 0.2}] * n)
+        serial = time.monotonic() - t0
+        assert serial >= 0.2 * n * 0.95
+        t0 = time.monotonic()
+        pool.reset()  # resets stay concurrent
+        assert time.monotonic() - t0 < 0.2 * n
+    with RLPool(FAULTY, n=n, isolation=ISOLATION) as pool:
+        pool.reset()
+        t0 = time.monotonic()
+        pool.step([{"sleep": 0.2}] * n)
+        assert time.monotonic() - t0 < 0.2 * n * 0.75
+
+
+def test_close_is_idempotent_and_closed_pool_refuses():
+    pool = RLPool(COUNTER, n=2, isolation=ISOLATION)
+    worker = psutil.Process(pool._links[0].process.pid)
+    envs = worker.children(recursive=True)
+    assert len(envs) >= 2
+    pool.close()
+    pool.close()
+    assert pool.closed
+    with pytest.raises(PoolClosedError):
+        pool.step([1, 1])
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in envs)
+
+
+def test_background_process_of_an_env_dies_with_it():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+        pool.reset()
+        marker = f"{60 + os.getpid() % 1000 / 1000:.3f}"  # unique: other runs' daemons must not count
+        pool.step([{"daemon": marker}, 1])
+        worker = psutil.Process(pool._links[0].process.pid)
+        sleepers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
+        assert sleepers
+        pool.reset(hard=True)
+        time.sleep(0.3)
+        alive = [p for p in sleepers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if pool.isolation.properties.get("pid_namespace") or pool.isolation.properties.get("tree_kill") == "cgroup":
+            assert not alive
+        else:
+            pytest.skip(f"{pool.isolation.backend} cannot kill a setsid daemon (no pid namespace or cgroup)")
+        assert worker.is_running()
+
+
+def _run_trainer_and_kill(tmp_path, sig):
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys, time
+            from boltzlabs_gym import RLPool
+            pool = RLPool({COUNTER!r}, n=4, isolation={ISOLATION!r})
+            pool.reset()
+            print("READY", pool._links[0].process.pid, flush=True)
+            while True:
+                pool.step([1] * 4)
+                pool.reset()
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "READY", line
+    worker = psutil.Process(int(line[1]))
+    tree = [worker] + worker.children(recursive=True)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    proc.wait(30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
+            return
+        time.sleep(0.1)
+    raise AssertionError("worker or env processes outlived the killed trainer")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
+def test_killed_trainer_leaves_no_processes(tmp_path, sig):
+    _run_trainer_and_kill(tmp_path, sig)
