@@ -104,6 +104,7 @@ class GymServer:
     # -- ops -------------------------------------------------------------------------
 
     def describe(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Spaces (JSON), metadata, render mode, spec id and time limit of the env."""
         env = self.env
         spec = getattr(env, "spec", None)
         return {
@@ -136,11 +137,13 @@ class GymServer:
         return obs_j, info_j
 
     def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """``env.reset(seed=, options=)``; an exception gives ``obs`` null and ``boltzlabs_exception``."""
         out: list = []
         obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
         return {"obs": obs, "info": info}, out
 
     def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Decode the action, ``env.step`` it, encode the transition; autoreset adds ``reset_obs``/``reset_info``."""
         try:
             action = decode(self.action_space, msg.get("action"), payloads, copy=True, lenient=True)
         except Exception:
@@ -175,6 +178,7 @@ class GymServer:
         return getattr(env, name)
 
     def call(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Call the named (wrapper) attribute with args/kwargs, or return it when not callable."""
         attr = self._attr(msg.get("name"))
         args = decode_info(msg.get("args") or [], payloads, copy=True)
         kwargs = decode_info(msg.get("kwargs") or {}, payloads, copy=True)
@@ -185,10 +189,12 @@ class GymServer:
         return {"value": value_j}, out
 
     def get_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """The named (wrapper) attribute, never called."""
         value_j, out = encode_info(self._attr(msg.get("name")))
         return {"value": value_j}, out
 
     def set_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Set the named attribute (``set_wrapper_attr``) to the decoded value."""
         name = msg.get("name")
         if not isinstance(name, str):
             raise TypeError(f"attribute name must be a string, got {type(name).__name__}")
@@ -201,6 +207,7 @@ class GymServer:
         return {}, []
 
     def render(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """``env.render()``: an array frame crosses as an ``__nd__`` payload."""
         frame = self.env.render()
         frame_j, out = encode_info(frame, zero_copy=True)
         return {"frame": frame_j}, out
