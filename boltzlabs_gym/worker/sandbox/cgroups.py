@@ -188,6 +188,14 @@ class EnvCgroup:
                 pass
         return sorted(set(out))
 
+    def signal_all(self) -> None:
+        """One pass of SIGKILL over the group's processes (never waits)."""
+        for p in self.pids():
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         """SIGKILL everything in the group (cgroup.kill on v2; a bounded kill loop on v1)."""
         if not self.paths:

@@ -330,7 +330,7 @@ def _exec(plan: SandboxPlan, status_fd: int | None) -> None:
 def _report_failure(status_fd: int | None, stderr_fd: int, exc: BaseException) -> None:
     msg = f"boltzlabs sandbox setup failed: {type(exc).__name__}: {exc}"
     for fd in (status_fd, stderr_fd):
-        if fd is None:
+        if fd is None or fd < 0:
             continue
         try:
             os.write(fd, (("!" if fd == status_fd else "") + msg + "\n").encode())
@@ -398,7 +398,8 @@ def _child_userns(plan: SandboxPlan, status_w: int, body: Callable[[], None] | N
             os._exit(127)
         os.close(life_r)
         os.close(status_w)
-        for fd in plan.fds:
+        status_w = -1
+        for fd in set(plan.fds):
             os.close(fd)
         try:  # only a tiny python loop from here on: become a cheap keeper
             L.capset_none()
@@ -695,11 +696,7 @@ class NamespaceBackend:
             except (ProcessLookupError, PermissionError):
                 pass
             if cg is not None:
-                for p in cg.pids():
-                    try:
-                        os.kill(p, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                cg.signal_all()
 
         def cleanup() -> None:
             if cg is not None:

@@ -1,0 +1,323 @@
+"""The ``bwrap`` backend: the same layout as ``namespaces``, built by bubblewrap when it is on PATH.
+
+bubblewrap is "a toolkit, not a security policy": what it protects depends on the arguments,
+so they are spelled out here. Run as root, bwrap keeps full capabilities and host uid 0 inside
+unless told otherwise, so as root the launcher child joins the env's cgroup, opens every bind
+source (``O_PATH``, as root, so a Python under ``/root`` stays reachable), switches to the env's
+own unprivileged uid and only then execs bwrap, which binds those fds (``--ro-bind-fd``) inside
+an unprivileged user namespace. Where unprivileged user namespaces are refused, root falls back
+to bwrap as root with ``--unshare-user --uid/--gid <env uid> --cap-drop ALL`` (then the env is
+host uid 0 without capabilities, and the report says so).
+
+The seccomp deny-list of the ``namespaces`` backend is handed to bwrap (``--seccomp FD``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from . import _linux as L
+from . import cgroups, seccomp
+from .base import (
+    ENV_UID_BASE,
+    SANDBOX_ENV_DIR,
+    SANDBOX_RUNTIME,
+    SANDBOX_WORKSPACE,
+    IsolationReport,
+    Launched,
+    LaunchSpec,
+    Limits,
+    SandboxUnavailable,
+    _max_fd,
+    apply_rlimits,
+    child_environment,
+    env_uid,
+    wire_std_fds,
+)
+from .namespaces import HOSTNAME, LAUNCHER, _python_paths
+
+_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+
+
+class BwrapBackend:
+    name = "bwrap"
+
+    def __init__(self, use_seccomp: bool = True) -> None:
+        self.use_seccomp = use_seccomp
+        self._probe: tuple[str | None, str] | None = None
+        self._lock = threading.Lock()
+        self._prog = None
+
+    # ---------------------------------------------------------------- probing
+    def available(self) -> tuple[bool, str]:
+        mode, why = self.mode()
+        return mode is not None, why
+
+    def mode(self) -> tuple[str | None, str]:
+        """``"drop"`` (bwrap runs as the env's own unprivileged uid), ``"root"`` (bwrap as root, caps
+        dropped, host uid 0 mapped), ``"user"`` (not root) or ``(None, reason)``. Probed once."""
+        with self._lock:
+            if self._probe is None:
+                self._probe = self._do_probe()
+            return self._probe
+
+    def _do_probe(self) -> tuple[str | None, str]:
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            return None, "bwrap is not on PATH (apt-get install bubblewrap)"
+        modes = ["drop", "root"] if os.geteuid() == 0 else ["user"]
+        reasons = []
+        for mode in modes:
+            ok, why = self._try(mode)
+            if ok:
+                return mode, "; ".join(reasons + [why])
+            reasons.append(f"{mode} failed: {why}")
+        return None, "; ".join(reasons)
+
+    def _try(self, mode: str) -> tuple[bool, str]:
+        tmp = tempfile.mkdtemp(prefix="boltzlabs-bwprobe-")
+        os.chmod(tmp, 0o755)
+        env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
+        os.mkdir(env_dir, 0o755)
+        os.mkdir(ws)
+        r, w = os.pipe()
+        try:
+            spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
+                              workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
+                              limits=Limits(memory_bytes=None), uid=ENV_UID_BASE - 1)
+            launched = self._launch(spec, mode, use_cgroup=False)
+            os.close(w)
+            w = -1
+            out = b""
+            while True:
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                out += chunk
+            _, status = os.waitpid(launched.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            if launched.setup_error or code != 0:
+                return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
+                               or f"probe exited with {code}")
+            return True, f"bwrap probe ran (launch {launched.setup_ms:.1f} ms until bwrap exec)"
+        except OSError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # ---------------------------------------------------------------- report
+    def report(self) -> IsolationReport:
+        mode, why = self.mode()
+        if mode is None:
+            return IsolationReport(self.name, {"available": False}, (why,))
+        cg = cgroups.probe()[0] if os.geteuid() == 0 else None
+        sec = self.use_seccomp and seccomp.supported()
+        props = {
+            "mode": mode,
+            "readonly_env_dir": True,
+            "private_workspace": True,
+            "no_network": True,
+            "pid_namespace": True,
+            "ipc_namespace": True,
+            "uts_namespace": True,
+            "hidden_host_files": True,
+            "scrubbed_environment": True,
+            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
+            "process_limit": f"cgroup {cg}" if cg else ("RLIMIT_NPROC" if mode != "root" else False),
+            "file_size_limit": "RLIMIT_FSIZE",
+            "open_files_limit": "RLIMIT_NOFILE",
+            "cpu_limit": "RLIMIT_CPU (total backstop)",
+            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
+            "no_capabilities": True,
+            "dedicated_uid": mode == "drop",
+            "tree_kill": "bwrap --die-with-parent + pid namespace" + (" + cgroup" if cg else ""),
+        }
+        notes = [why]
+        if mode == "root":
+            notes.append("bwrap could not run as the env's own uid (see above; e.g. the Python lives under a mode-700"
+                         " /root): bwrap runs as root and the env is host uid 0 mapped to the env uid, with no"
+                         " capabilities")
+        if mode == "user":
+            notes.append("runs as the worker's own uid; limits by rlimits only")
+        return IsolationReport(self.name, props, tuple(notes))
+
+    # ---------------------------------------------------------------- launch
+    def launch(self, spec: LaunchSpec) -> Launched:
+        mode, why = self.mode()
+        if mode is None:
+            raise SandboxUnavailable(f"isolation='bwrap' is not available on this host: {why}")
+        return self._launch(spec, mode)
+
+    def _seccomp_prog(self):
+        if self._prog is None and self.use_seccomp:
+            self._prog = seccomp.build_filter() or False
+        return self._prog or None
+
+    def _layout(self, spec: LaunchSpec) -> list[tuple[str, str, str]]:
+        """(kind, host source, path inside): kind is "ro" or "rw"."""
+        binds = [("ro", "/usr", "/usr")]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            p = "/" + name
+            if not os.path.islink(p) and os.path.isdir(p):
+                binds.append(("ro", p, p))
+        for p in _python_paths(spec.argv[0] if spec.argv else None):
+            binds.append(("ro", p, p))
+        for name, pkg in spec.runtime.items():
+            binds.append(("ro", os.path.realpath(pkg), f"{SANDBOX_RUNTIME}/{name}"))
+        for host, inside in spec.ro_binds.items():
+            binds.append(("ro", os.path.realpath(host), inside))
+        for name in _ETC:
+            p = "/etc/" + name
+            if os.path.exists(p):
+                binds.append(("ro", os.path.realpath(p), p))
+        binds.append(("ro", os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR))
+        binds.append(("rw", os.path.realpath(spec.workspace), SANDBOX_WORKSPACE))
+        return binds
+
+    def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
+        start = time.perf_counter()
+        root = os.geteuid() == 0
+        uid = env_uid(spec) if root else os.getuid()
+        layout = self._layout(spec)
+        env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
+                                pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+        cg = None
+        if root and use_cgroup and cgroups.probe()[0] is not None:
+            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
+        if mode == "drop":
+            os.chown(spec.workspace, uid, uid)
+            os.chmod(spec.workspace, 0o700)
+        prog = self._seccomp_prog()
+        tmpfs = str(int(spec.limits.tmpfs_bytes))
+        bwrap = self.bwrap
+        cap_last = L.cap_last_cap()
+        try:
+            policy = os.sched_getscheduler(0)
+            sched = (policy, os.sched_getparam(0).sched_priority)
+        except (AttributeError, OSError):
+            sched = None
+        worker_pid = os.getpid()
+
+        def child(status_w: int) -> None:
+            if sched is not None:
+                try:
+                    os.sched_setscheduler(0, sched[0], os.sched_param(sched[1]))
+                except OSError:
+                    pass
+            if cg is not None:
+                cg.join()
+            args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME]
+            if mode == "root":
+                args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL"]
+            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+                if os.path.islink("/" + name):
+                    args += ["--symlink", os.readlink("/" + name), "/" + name]
+            keep = []
+            for kind, src, dst in layout:
+                if mode == "drop":
+                    fd = os.open(src, os.O_PATH | os.O_CLOEXEC)
+                    os.set_inheritable(fd, True)
+                    keep.append(fd)
+                    args += ["--ro-bind-fd" if kind == "ro" else "--bind-fd", str(fd), dst]
+                else:
+                    args += ["--ro-bind" if kind == "ro" else "--bind", src, dst]
+            args += ["--proc", "/proc", "--dev", "/dev",
+                     "--perms", "1777", "--size", tmpfs, "--tmpfs", "/tmp",
+                     "--perms", "1777", "--size", tmpfs, "--tmpfs", "/dev/shm",
+                     "--remount-ro", "/", "--chdir", SANDBOX_WORKSPACE]
+            if prog is not None:
+                r, w = os.pipe()
+                os.write(w, prog[0])
+                os.close(w)
+                os.set_inheritable(r, True)
+                keep.append(r)
+                args += ["--seccomp", str(r)]
+            args += ["--"] + list(spec.argv)
+            if mode == "drop":
+                for cap in range(cap_last + 1):
+                    try:
+                        L.prctl(L.PR_CAPBSET_DROP, cap)
+                    except OSError:
+                        pass
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+            L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != worker_pid:
+                os._exit(125)
+            have_cg = cg is not None
+            apply_rlimits(spec.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
+            wire_std_fds(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd)
+            skip = sorted(set(keep) | {status_w})
+            lo = 3
+            for fd in skip:
+                os.closerange(lo, fd)
+                lo = fd + 1
+            os.closerange(lo, _max_fd())
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execve(bwrap, args, env)
+
+        def fork() -> tuple[int, str | None]:
+            status_r, status_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    child(status_w)
+                except BaseException as exc:  # noqa: BLE001 - never return into the worker
+                    msg = f"boltzlabs bwrap setup failed: {type(exc).__name__}: {exc}\n"
+                    for fd, text in ((status_w, "!" + msg), (spec.stderr_fd, msg)):
+                        try:
+                            os.write(fd, text.encode())
+                        except OSError:
+                            pass
+                os._exit(127)
+            os.close(status_w)
+            data = b""
+            try:
+                while True:
+                    chunk = os.read(status_r, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            finally:
+                os.close(status_r)
+            err = data.split(b"!", 1)[1].decode("utf-8", "replace").strip() if b"!" in data else None
+            return pid, err
+
+        try:
+            pid, error = LAUNCHER.call(fork)
+        except BaseException:
+            if cg is not None:
+                cg.remove()
+            raise
+
+        def kill_tree() -> None:
+            try:
+                os.kill(pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the namespace down with it
+            except (ProcessLookupError, PermissionError):
+                pass
+            if cg is not None:
+                cg.signal_all()
+
+        def cleanup() -> None:
+            if cg is not None:
+                cg.remove()
+
+        return Launched(
+            pid=pid,
+            kill_tree=kill_tree,
+            cleanup=cleanup,
+            setup_ms=(time.perf_counter() - start) * 1e3,
+            setup_error=error,
+            oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
+            paths={"env_dir": SANDBOX_ENV_DIR, "workspace": SANDBOX_WORKSPACE},
+        )
