@@ -1,0 +1,459 @@
+"""BoltzLabsVecEnv: a Gymnasium ``VectorEnv`` whose envs live in sandboxed, resident processes.
+
+Built like Gymnasium's own vectorizers, so code written for them switches by the
+class name alone::
+
+    >>> import gymnasium as gym                                          # doctest: +SKIP
+    >>> from boltzlabs_gym import BoltzLabsVecEnv                        # doctest: +SKIP
+    >>> envs = BoltzLabsVecEnv([lambda: gym.make("CartPole-v1")] * 8)    # doctest: +SKIP
+    >>> obs, infos = envs.reset(seed=42)                                 # doctest: +SKIP
+    >>> obs, rewards, terms, truncs, infos = envs.step(envs.action_space.sample())  # doctest: +SKIP
+
+Every ``step`` is one batched request: in ``NEXT_STEP`` mode the envs that finished
+on the previous step are reset inside that same request. ``SAME_STEP`` envs reset
+themselves in-process and return the final and the new observation in one reply.
+An env that misses ``step_timeout`` or crashes comes back truncated, with a zero
+observation and ``infos["boltzlabs_straggler"]`` / ``infos["boltzlabs_error"]``; it is
+respawned and reset on the next step without an extra round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from copy import deepcopy
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from . import codec
+from .errors import AsyncStateError, PoolClosedError
+from .pool import OK, STRAGGLER, EnvResult, RLPool
+from .spaces import JsonSpace, space_from_json
+
+__all__ = ["BoltzLabsVecEnv"]
+
+
+def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
+    if isinstance(mode, AutoresetMode):
+        return mode
+    try:
+        return AutoresetMode(mode)
+    except ValueError:
+        raise ValueError(
+            f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {mode!r}"
+        ) from None
+
+
+class BoltzLabsVecEnv(VectorEnv):
+    """A Gymnasium vector env over an :class:`~boltzlabs_gym.RLPool` of sandboxed envs.
+
+    Args:
+        env_fns: env factories, one per env, as for ``SyncVectorEnv``; each is
+            cloudpickled into its own sandbox and called there.
+        autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
+        copy: return copies of the observation batch (as Gymnasium's vectorizers do).
+        pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
+            ``step_timeout``, ``workers``, ``limits``, ...).
+
+    Use :meth:`from_env_dir` for an env directory, or
+    :func:`boltzlabs_gym.make_vec` for a Gymnasium id.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]] | None = None,
+        *,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        pool: RLPool | None = None,
+        **pool_kwargs: Any,
+    ):
+        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.copy = copy
+        self.closed = False
+        self._pool: RLPool | None = None
+        if pool is None:
+            if env_fns is None or len(env_fns) == 0:
+                raise ValueError("BoltzLabsVecEnv needs a non-empty list of env factories (or pool=...)")
+            for i, fn in enumerate(env_fns):
+                if not callable(fn):
+                    raise TypeError(f"env_fns[{i}] must be a callable returning a gymnasium.Env, got {type(fn).__name__}")
+            pool = _pool_from_factories(list(env_fns), pool_kwargs)
+        elif env_fns is not None or pool_kwargs:
+            raise ValueError("pass either env_fns (with pool options) or an existing pool=, not both")
+        self._pool = pool
+        try:
+            self._setup_from_pool()
+        except BaseException:
+            pool.close()
+            raise
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_env_dir(
+        cls,
+        env_dir: str | os.PathLike,
+        num_envs: int,
+        *,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        **pool_kwargs: Any,
+    ) -> "BoltzLabsVecEnv":
+        """A vector env over an env directory (``env.py`` calling ``serve``)."""
+        pool = RLPool(env_dir, num_envs, **pool_kwargs)
+        return cls(pool=pool, autoreset_mode=autoreset_mode, copy=copy)
+
+    def _setup_from_pool(self) -> None:
+        pool = self._pool
+        self.num_envs = pool.n
+        described = pool.call_envs({"op": "describe"}, indices=[0])[0]
+        if described.status != OK or "error" in described.reply:
+            raise RuntimeError(f"env 0 could not describe itself: {described.reply}")
+        d = described.reply
+        self._gym_server = d.get("server") == "gym"
+        self.single_observation_space = space_from_json(d.get("observation_space"))
+        self.single_action_space = space_from_json(d.get("action_space"))
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        env_meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
+        self.metadata = dict(env_meta)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.metadata.setdefault("render_modes", [])
+        self.render_mode = d.get("render_mode")
+        self._max_episode_steps = d.get("max_episode_steps")
+        self._zero_obs = next(iter(iterate(self.single_observation_space, create_empty_array(self.single_observation_space, 1, np.zeros))))
+        self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
+        self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
+        self._rewards = np.zeros(self.num_envs, dtype=np.float64)
+        self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
+        self._pending_reset_ops: np.ndarray | None = None
+
+    @property
+    def pool(self) -> RLPool:
+        """The underlying :class:`~boltzlabs_gym.RLPool` (timing, memory, isolation)."""
+        if self._pool is None:
+            raise PoolClosedError("this vector env is closed")
+        return self._pool
+
+    @property
+    def isolation(self):
+        return self.pool.isolation
+
+    # ------------------------------------------------------------------ decoding
+    def _decode_obs(self, obj: Any, payloads: list) -> Any:
+        return codec.decode(self.single_observation_space, obj, payloads, copy=True, lenient=not self._gym_server)
+
+    def _decode_info(self, obj: Any, payloads: list) -> dict:
+        info = codec.decode_info(obj, payloads, copy=True) if obj is not None else {}
+        return info if isinstance(info, dict) else {"info": info}
+
+    def _encode_action(self, i: int, action: Any) -> tuple[Any, list]:
+        if self._gym_server:
+            return codec.encode(self.single_action_space, action)
+        return codec.to_json_safe(action), []
+
+    def _failure_info(self, r: EnvResult) -> dict:
+        if r.status == STRAGGLER:
+            return {"boltzlabs_straggler": True}
+        reason = str(r.reply.get("message", "env failed"))
+        tail = str(r.reply.get("stderr", "")).rstrip()
+        return {"boltzlabs_error": reason + (f"\n--- stderr tail ---\n{tail}" if tail else "")}
+
+    def _reset_result(self, r: EnvResult) -> tuple[Any, dict]:
+        """(obs, info) of a reset; a failed env gives a zero obs and the failure in its info."""
+        if r.status != OK:
+            return deepcopy(self._zero_obs), self._failure_info(r)
+        if "error" in r.reply and "obs" not in r.reply:
+            return deepcopy(self._zero_obs), {"boltzlabs_error": f"env refused the reset: {r.reply['error']}"}
+        info = self._decode_info(r.reply.get("info"), r.payloads)
+        obs = r.reply.get("obs")
+        if obs is None:
+            return deepcopy(self._zero_obs), info
+        try:
+            return self._decode_obs(obs, r.payloads), info
+        except codec.CodecError as exc:
+            return deepcopy(self._zero_obs), dict(info, boltzlabs_error=f"env {r.index} sent a bad observation: {exc}")
+
+    def _step_result(self, r: EnvResult):
+        """(obs, reward, terminated, truncated, info, reset_obs|None, reset_info|None)."""
+        if r.status != OK:
+            # A straggler or crash ends the episode by truncation: nothing the MDP did.
+            return deepcopy(self._zero_obs), 0.0, False, True, self._failure_info(r), None, None
+        reply = r.reply
+        if "error" in reply and "obs" not in reply:
+            return deepcopy(self._zero_obs), 0.0, False, True, {"boltzlabs_error": f"env refused the step: {reply['error']}"}, None, None
+        info = self._decode_info(reply.get("info"), r.payloads)
+        try:
+            reward = float(reply.get("reward", 0.0))
+            terminated = bool(reply.get("terminated", reply.get("done", False)))
+            truncated = bool(reply.get("truncated", False))
+            obs = reply.get("obs")
+            obs = deepcopy(self._zero_obs) if obs is None else self._decode_obs(obs, r.payloads)
+        except (TypeError, ValueError) as exc:
+            return deepcopy(self._zero_obs), 0.0, False, True, dict(info, boltzlabs_error=f"env {r.index} sent a bad step reply: {exc}"), None, None
+        reset_obs = reset_info = None
+        if "reset_obs" in reply or "reset_info" in reply:
+            reset_info = self._decode_info(reply.get("reset_info"), r.payloads)
+            try:
+                ro = reply.get("reset_obs")
+                reset_obs = deepcopy(self._zero_obs) if ro is None else self._decode_obs(ro, r.payloads)
+            except codec.CodecError as exc:
+                reset_obs = deepcopy(self._zero_obs)
+                reset_info = dict(reset_info, boltzlabs_error=f"env {r.index} sent a bad reset observation: {exc}")
+        return obs, reward, terminated, truncated, info, reset_obs, reset_info
+
+    def _batched_obs(self):
+        self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
+        return deepcopy(self._observations) if self.copy else self._observations
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        """Reset all envs, or those in ``options["reset_mask"]``; returns ``(obs, infos)``.
+
+        ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
+        ``options`` is passed to each env's reset and is never modified.
+        """
+        self._check_open()
+        n = self.num_envs
+        if seed is None:
+            seeds = [None] * n
+        elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            seeds = [int(seed) + i for i in range(n)]
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+        else:
+            seeds = list(seed)
+            if len(seeds) != n:
+                raise ValueError(f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}.")
+        env_options = dict(options) if options else None  # never mutate the caller's dict
+        mask = None
+        if env_options is not None and "reset_mask" in env_options:
+            mask = _validate_reset_mask(env_options.pop("reset_mask"), n)
+        indices = range(n) if mask is None else np.flatnonzero(mask)
+        op_options = codec.to_json_safe(env_options) if env_options else None
+        items = []
+        for i in indices:
+            op = {"op": "reset", "seed": seeds[i]}
+            if op_options:
+                op["options"] = op_options
+            items.append((int(i), op, ()))
+        results = self._run(items)
+        if mask is None:
+            self._terminations[:] = False
+            self._truncations[:] = False
+            self._autoreset_envs[:] = False
+        else:
+            self._terminations[mask] = False
+            self._truncations[mask] = False
+            self._autoreset_envs[mask] = False
+        infos: dict = {}
+        for r in results:
+            self._env_obs[r.index], env_info = self._reset_result(r)
+            infos = self._add_info(infos, env_info, r.index)
+            if r.status != OK:
+                self._autoreset_envs[r.index] = self.autoreset_mode != AutoresetMode.DISABLED
+        return self._batched_obs(), infos
+
+    # ------------------------------------------------------------------ step
+    def step(self, actions: Any):
+        """Step every env (finished ones are reset in the same request in NEXT_STEP mode)."""
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: Any) -> None:
+        """Send the batched step; collect it with :meth:`step_wait`."""
+        self._check_open()
+        per_env = self._split_actions(actions)
+        items = []
+        reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
+        mode = self.autoreset_mode
+        for i, action in enumerate(per_env):
+            if self._autoreset_envs[i] and mode != AutoresetMode.DISABLED:
+                items.append((i, {"op": "reset", "seed": None}, ()))
+                reset_ops[i] = True
+                continue
+            if self._autoreset_envs[i] and mode == AutoresetMode.DISABLED:
+                raise ValueError(
+                    f"env {i} finished its episode and autoreset is DISABLED: reset it first with "
+                    "reset(options={'reset_mask': mask})"
+                )
+            try:
+                obj, payloads = self._encode_action(i, action)
+            except (codec.CodecError, TypeError, ValueError) as exc:
+                raise ValueError(f"action for env {i} does not fit the action space {self.single_action_space}: {exc}") from None
+            op = {"op": "step", "action": obj}
+            if mode == AutoresetMode.SAME_STEP:
+                op["autoreset"] = True
+            items.append((i, op, payloads))
+        self.pool.batch_async(items)
+        self._pending_reset_ops = reset_ops
+
+    def step_wait(self, timeout: float | None = None):
+        """Return ``(obs, rewards, terminations, truncations, infos)`` of :meth:`step_async`'s step."""
+        self._check_open()
+        if self._pending_reset_ops is None:
+            raise AsyncStateError("step_wait() called without step_async()")
+        reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
+        results = self.pool.batch_wait(timeout)
+        infos: dict = {}
+        same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
+        failed = np.zeros(self.num_envs, dtype=np.bool_)
+        for r in results:
+            i = r.index
+            failed[i] = r.status != OK
+            if reset_ops[i]:
+                self._env_obs[i], env_info = self._reset_result(r)
+                self._rewards[i] = 0.0
+                self._terminations[i] = False
+                self._truncations[i] = r.status != OK
+                infos = self._add_info(infos, env_info, i)
+                continue
+            obs, reward, term, trunc, env_info, reset_obs, reset_info = self._step_result(r)
+            self._env_obs[i], self._rewards[i], self._terminations[i], self._truncations[i] = obs, reward, term, trunc
+            if same_step and (term or trunc):
+                infos = self._add_info(infos, {"final_obs": obs, "final_info": env_info}, i)
+                if reset_obs is not None:
+                    self._env_obs[i], env_info = reset_obs, reset_info
+                else:
+                    # The env died with the step: it is respawned; its reset happens next step.
+                    env_info = {k: v for k, v in env_info.items() if k.startswith("boltzlabs_")}
+            infos = self._add_info(infos, env_info, i)
+        done = np.logical_or(self._terminations, self._truncations)
+        if same_step:
+            # Only envs that could not reset in-process (they crashed) still need one.
+            self._autoreset_envs = np.logical_and(done, failed)
+        else:
+            self._autoreset_envs = done
+        return (
+            self._batched_obs(),
+            np.copy(self._rewards),
+            np.copy(self._terminations),
+            np.copy(self._truncations),
+            infos,
+        )
+
+    def _split_actions(self, actions: Any) -> list:
+        if isinstance(self.single_action_space, JsonSpace):
+            if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
+                raise ValueError(f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
+            per_env = list(actions)
+        else:
+            try:
+                per_env = list(iterate(self.action_space, actions))
+            except Exception as exc:  # noqa: BLE001 - say which shape was expected
+                raise ValueError(f"actions do not fit the batched action space {self.action_space}: {exc}") from None
+        if len(per_env) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
+        return per_env
+
+    def _run(self, items: list) -> list[EnvResult]:
+        if self._pending_reset_ops is not None:
+            raise AsyncStateError("a step is in flight: call step_wait() first")
+        self.pool.batch_async(items)
+        return self.pool.batch_wait()
+
+    # ------------------------------------------------------------------ attributes
+    def _call_all(self, op: dict, what: str) -> tuple:
+        results = self._run([(i, op, ()) for i in range(self.num_envs)])
+        values = []
+        for r in results:
+            if r.status != OK:
+                raise RuntimeError(f"env {r.index}: {what} failed: {self._failure_info(r)}")
+            if "error" in r.reply:
+                raise RuntimeError(f"env {r.index}: {what} failed inside the env:\n{r.reply['error']}")
+            values.append(codec.decode_info(r.reply.get("value", r.reply.get("frame")), r.payloads, copy=True))
+        return tuple(values)
+
+    def _require_gym_server(self, what: str) -> None:
+        if not self._gym_server:
+            raise NotImplementedError(f"{what} needs a Gymnasium env; env directories served by serve() do not support it")
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
+        """Call ``name(*args, **kwargs)`` on every env (or read it, if not callable)."""
+        self._check_open()
+        self._require_gym_server("call")
+        args_obj, payloads = codec.encode_info(list(args))
+        kwargs_obj, payloads = codec.encode_info(dict(kwargs), payloads)
+        if payloads:
+            raise ValueError("array arguments to call() are not supported; pass lists")
+        return self._call_all({"op": "call", "name": name, "args": args_obj, "kwargs": kwargs_obj}, f"call({name!r})")
+
+    def get_attr(self, name: str) -> tuple:
+        """The attribute ``name`` of every env (callables are called, as in Gymnasium)."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Set ``name`` on every env: one value for all, or a list/tuple with one per env."""
+        self._check_open()
+        self._require_gym_server("set_attr")
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"values must have length num_envs={self.num_envs}, got {len(values)}")
+        items = []
+        for i, v in enumerate(values):
+            obj, payloads = codec.encode_info(v)
+            if payloads:
+                raise ValueError(f"set_attr value for env {i}: arrays are not supported; pass a list")
+            items.append((i, {"op": "set_attr", "name": name, "value": obj}, ()))
+        for r in self._run(items):
+            if r.status != OK or "error" in r.reply:
+                raise RuntimeError(f"env {r.index}: set_attr({name!r}) failed: {r.reply}")
+
+    def render(self) -> tuple | None:
+        """One frame per env (``render_mode="rgb_array"``), as a tuple."""
+        self._check_open()
+        self._require_gym_server("render")
+        if self.render_mode is None:
+            return None
+        return self._call_all({"op": "render"}, "render")
+
+    # ------------------------------------------------------------------ closing
+    def _check_open(self) -> None:
+        if self.closed or self._pool is None:
+            raise PoolClosedError("this vector env is closed")
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"BoltzLabsVecEnv(num_envs={getattr(self, 'num_envs', '?')}, autoreset_mode={self.autoreset_mode.value})"
+
+
+def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
+    if not isinstance(mask, np.ndarray):
+        raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+    if mask.shape != (n,):
+        raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
+    if not mask.any():
+        raise ValueError(f"`options['reset_mask']` must contain at least one True value, got reset_mask={mask}")
+    return mask
+
+
+def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
+    """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
+    from .gym_server import write_factory_env_dir
+
+    tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
+    try:
+        write_factory_env_dir(tmp, env_fns)
+        return RLPool(tmp, len(env_fns), **pool_kwargs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
