@@ -127,7 +127,7 @@ class BoltzLabsVecEnv(VectorEnv):
         self.metadata.setdefault("render_modes", [])
         self.render_mode = d.get("render_mode")
         self._max_episode_steps = d.get("max_episode_steps")
-        self._zero_obs = next(iter(iterate(self.single_observation_space, create_empty_array(self.single_observation_space, 1, np.zeros))))
+        self._zero_obs = _zero_observation(self.single_observation_space)
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
         self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
@@ -433,6 +433,13 @@ class BoltzLabsVecEnv(VectorEnv):
 
     def __repr__(self) -> str:
         return f"BoltzLabsVecEnv(num_envs={getattr(self, 'num_envs', '?')}, autoreset_mode={self.autoreset_mode.value})"
+
+
+def _zero_observation(space: gym.Space) -> Any:
+    """The observation a failed env's slot holds: zeros of the space (None for JSON values)."""
+    if isinstance(space, JsonSpace):
+        return None
+    return next(iter(iterate(space, create_empty_array(space, 1, np.zeros))))
 
 
 def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:

@@ -1,0 +1,125 @@
+"""``make_vec``: build a :class:`BoltzLabsVecEnv` the way ``gymnasium.make_vec`` builds its own.
+
+>>> import boltzlabs_gym                                                    # doctest: +SKIP
+>>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=16)               # a Gymnasium id
+>>> envs = boltzlabs_gym.make_vec(lambda: MyEnv(level=3), num_envs=16)      # a factory
+>>> envs = boltzlabs_gym.make_vec("./envs/code_env", num_envs=16)           # an env directory
+
+The package also registers its example envs with Gymnasium, so
+``gym.make_vec("boltzlabs_gym:BoltzLabsCartPole-v0", num_envs=8,
+vectorization_mode="vector_entry_point")`` builds a ``BoltzLabsVecEnv``
+(ids: ``BoltzLabsCartPole-v0``, ``BoltzLabsPendulum-v0``, ``BoltzLabsMountainCar-v0``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+from .vector import BoltzLabsVecEnv
+
+__all__ = ["make_vec", "register_envs", "vector_entry_point"]
+
+#: Options that belong to the pool rather than to the envs.
+POOL_OPTIONS = (
+    "workers",
+    "isolation",
+    "mode",
+    "step_timeout",
+    "reset_timeout",
+    "start_timeout",
+    "limits",
+    "serialize_measurement",
+    "env_vars",
+)
+
+
+def _split_pool_options(kwargs: dict) -> tuple[dict, dict]:
+    pool = {k: kwargs.pop(k) for k in POOL_OPTIONS if k in kwargs}
+    return pool, kwargs
+
+
+def _make_one(env_id: str | Callable, env_kwargs: dict, wrappers: Sequence[Callable] | None) -> gym.Env:
+    """Runs inside the sandbox: build one env and apply the user's wrappers."""
+    env = env_id(**env_kwargs) if callable(env_id) else gym.make(env_id, **env_kwargs)
+    for wrapper in wrappers or ():
+        env = wrapper(env)
+    return env
+
+
+def make_vec(
+    env_id: str | os.PathLike | Callable[..., gym.Env],
+    num_envs: int = 1,
+    *,
+    vector_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
+    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    **kwargs: Any,
+) -> BoltzLabsVecEnv:
+    """Create a sandboxed vector env from a Gymnasium id, an env factory or an env directory.
+
+    Args:
+        env_id: a registered Gymnasium id (``"CartPole-v1"``), a callable returning an
+            env (cloudpickled into every sandbox), or the path of an env directory.
+        num_envs: number of envs.
+        vector_kwargs: extra arguments for :class:`BoltzLabsVecEnv` (``copy``, pool options).
+        wrappers: Gymnasium wrappers applied to each env *inside* its sandbox.
+        autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
+        **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
+            ``limits``, ...) and, for ids and factories, the env's own kwargs.
+    """
+    if type(num_envs) is not int or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    pool_options, env_kwargs = _split_pool_options(dict(kwargs))
+    vector_kwargs = dict(vector_kwargs or {})
+    vector_pool, vector_kwargs = _split_pool_options(vector_kwargs)
+    pool_options.update(vector_pool)
+    if isinstance(env_id, (str, os.PathLike)) and os.path.isdir(os.fspath(env_id)):
+        if wrappers or env_kwargs:
+            raise ValueError(
+                f"an env directory takes no env kwargs or wrappers (got {sorted(env_kwargs)}"
+                f"{' and wrappers' if wrappers else ''}); configure the env in its env.py"
+            )
+        return BoltzLabsVecEnv.from_env_dir(env_id, num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options)
+    if isinstance(env_id, str):
+        gym.spec(env_id)  # fail here, with Gymnasium's message, not inside every sandbox
+    elif not callable(env_id):
+        raise TypeError(f"env_id must be a Gymnasium id, an env directory or a callable, got {type(env_id).__name__}")
+    factory = functools.partial(_make_one, env_id, env_kwargs, list(wrappers or ()))
+    return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options)
+
+
+def vector_entry_point(env_id: str, num_envs: int = 1, max_episode_steps: int | None = None, **kwargs: Any) -> BoltzLabsVecEnv:
+    """What ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` calls for our ids."""
+    pool_options, env_kwargs = _split_pool_options(kwargs)
+    autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if max_episode_steps is not None:
+        env_kwargs["max_episode_steps"] = max_episode_steps
+    factory = functools.partial(_make_one, env_id, env_kwargs, [])
+    return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **pool_options)
+
+
+#: Example envs: (Gymnasium id of ours, the env it runs, its own kwargs).
+#: Users write ``gym.make_vec("boltzlabs_gym:BoltzLabsCartPole-v0", num_envs=8,
+#: vectorization_mode="vector_entry_point")``; the prefix makes Gymnasium import us.
+_REGISTERED = {
+    "BoltzLabsCartPole-v0": "CartPole-v1",
+    "BoltzLabsPendulum-v0": "Pendulum-v1",
+    "BoltzLabsMountainCar-v0": "MountainCar-v0",
+}
+
+
+def register_envs() -> None:
+    """Register the example envs with a ``vector_entry_point`` (idempotent)."""
+    for our_id, inner_id in _REGISTERED.items():
+        if our_id in gym.registry:
+            continue
+        gym.register(
+            id=our_id,
+            entry_point=None,
+            vector_entry_point=functools.partial(vector_entry_point, inner_id),
+        )
