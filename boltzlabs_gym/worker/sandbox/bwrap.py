@@ -221,6 +221,8 @@ class BwrapBackend:
             for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
                 if os.path.islink("/" + name):
                     args += ["--symlink", os.readlink("/" + name), "/" + name]
+            # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it
+            args += ["--perms", "1777", "--size", tmpfs, "--tmpfs", "/tmp"]
             keep = []
             for kind, src, dst in layout:
                 if mode == "drop":
@@ -231,7 +233,6 @@ class BwrapBackend:
                 else:
                     args += ["--ro-bind" if kind == "ro" else "--bind", src, dst]
             args += ["--proc", "/proc", "--dev", "/dev",
-                     "--perms", "1777", "--size", tmpfs, "--tmpfs", "/tmp",
                      "--perms", "1777", "--size", tmpfs, "--tmpfs", "/dev/shm",
                      "--remount-ro", "/", "--chdir", SANDBOX_WORKSPACE]
             if prog is not None:

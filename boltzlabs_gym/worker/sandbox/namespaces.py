@@ -215,9 +215,10 @@ def _build_root(plan: SandboxPlan) -> None:
         _mkdirs(R + "/" + d.lstrip("/"))
     for name, target in plan.symlinks.items():
         os.symlink(target, R + name)
+    # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it
+    L.mount("tmpfs", f"{R}/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
     for src, dst, ro in plan.binds:
         _bind(src, R + dst, ro)
-    L.mount("tmpfs", f"{R}/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
     for path, content in plan.files.items():
         with open(R + path, "w") as f:
             f.write(content)
