@@ -334,7 +334,7 @@ def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] 
         raise TypeError("factories must be a callable or a non-empty list of callables")
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
-    data = cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+    data = _dumps_with_user_modules_by_value(cloudpickle, factories)
     for name, content in ((FACTORIES_FILE, data), ("env.py", ENV_PY.encode())):
         target = os.path.join(path, name)
         tmp = target + ".tmp"
@@ -343,6 +343,50 @@ def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] 
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     return path
+
+
+def _installed_roots() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(r + os.sep for r in roots)
+
+
+def _user_modules() -> list:
+    """Modules of the user's own code: not stdlib, not installed packages, not ours.
+
+    The sandbox has the trainer's interpreter and site-packages, but not the user's
+    scripts, test modules or source trees, so code from those must travel by value.
+    """
+    roots = _installed_roots()
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name == "__main__" or name.split(".")[0] in ("boltzlabs_gym", "boltzlabs"):
+            continue
+        if os.path.realpath(file).startswith(roots):
+            continue
+        found.append(module)
+    return found
+
+
+def _dumps_with_user_modules_by_value(cloudpickle, factories: list) -> bytes:
+    registered = []
+    for module in _user_modules():
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            registered.append(module)
+        except (ValueError, TypeError):
+            pass
+    try:
+        return cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+    finally:
+        for module in registered:
+            try:
+                cloudpickle.unregister_pickle_by_value(module)
+            except (ValueError, TypeError):
+                pass
 
 
 def main() -> None:

@@ -439,7 +439,7 @@ def _zero_observation(space: gym.Space) -> Any:
     """The observation a failed env's slot holds: zeros of the space (None for JSON values)."""
     if isinstance(space, JsonSpace):
         return None
-    return next(iter(iterate(space, create_empty_array(space, 1, np.zeros))))
+    return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
 
 
 def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
