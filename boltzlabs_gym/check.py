@@ -1,0 +1,104 @@
+"""``boltzlabs-gym check``: run an env directory in the sandbox and explain what is wrong.
+
+For env authors: starts one env, asks it to describe itself, resets it and steps
+it a few times, and checks every reply against the protocol in
+:mod:`boltzlabs_gym.env`. Each problem is printed with what to change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+from .errors import BoltzLabsError, EnvStartError
+from .pool import OK, RLPool
+
+
+def _problems_in_reset(reply: dict) -> list[str]:
+    out = []
+    if "error" in reply and "obs" not in reply:
+        out.append(f"reset answered with an error: {reply['error']}")
+    if "obs" not in reply:
+        out.append("reset reply has no 'obs' key: return the first observation from reset()")
+    if "info" in reply and not isinstance(reply["info"], dict):
+        out.append(f"reset info must be a JSON object, got {type(reply['info']).__name__}")
+    exc = (reply.get("info") or {}).get("boltzlabs_exception") if isinstance(reply.get("info"), dict) else None
+    if exc:
+        out.append(f"reset() raised:\n{exc.get('traceback', '')}")
+    return out
+
+
+def _problems_in_step(reply: dict) -> list[str]:
+    out = []
+    if "error" in reply and "obs" not in reply:
+        return [f"step answered with an error: {reply['error']}"]
+    for key in ("obs", "reward"):
+        if key not in reply:
+            out.append(f"step reply has no {key!r} key")
+    if "reward" in reply and (isinstance(reply["reward"], bool) or not isinstance(reply["reward"], (int, float))):
+        out.append(f"reward must be a number, got {reply['reward']!r}")
+    if not any(k in reply for k in ("terminated", "done")):
+        out.append("step reply has neither 'terminated' nor 'done'")
+    info = reply.get("info", {})
+    if not isinstance(info, dict):
+        out.append(f"step info must be a JSON object, got {type(info).__name__}")
+    elif info.get("boltzlabs_exception"):
+        out.append(f"step() raised:\n{info['boltzlabs_exception'].get('traceback', '')}")
+    return out
+
+
+def check_env_dir(
+    env_dir: str,
+    *,
+    steps: int = 5,
+    isolation: str = "auto",
+    actions: list[str] | None = None,
+    out: Callable[[str], Any] = print,
+) -> list[str]:
+    """Run ``env_dir`` through describe, reset and ``steps`` steps; return the problems found."""
+    problems: list[str] = []
+    if not os.path.isfile(os.path.join(env_dir, "env.py")):
+        problems.append(f"{env_dir} has no env.py: the worker runs env.py, which must call serve(reset=..., step=...)")
+        out(problems[-1])
+        return problems
+    parsed = [json.loads(a) for a in actions] if actions else [0]
+    try:
+        pool = RLPool(env_dir, 1, isolation=isolation, start_timeout=60, step_timeout=30, reset_timeout=30)
+    except EnvStartError as exc:
+        problems.append(f"the env did not start or did not answer its first reset: {exc}")
+        out(problems[-1])
+        return problems
+    except BoltzLabsError as exc:
+        problems.append(str(exc))
+        out(problems[-1])
+        return problems
+    with pool:
+        out(f"started 1 env: {pool.isolation}")
+        described = pool.call_envs({"op": "describe"})[0]
+        if described.status == OK and "error" not in described.reply:
+            out(f"describe: observation_space={described.reply.get('observation_space')} action_space={described.reply.get('action_space')}")
+        pool.reset(seed=0)
+        problems += _problems_in_reset(_last_reply(pool, "reset", {"op": "reset", "seed": 0}))
+        for t in range(steps):
+            action = parsed[t % len(parsed)]
+            r = pool.call_envs({"op": "step", "action": action})[0]
+            if r.status != OK:
+                problems.append(f"step {t}: the env {r.status}: {r.reply.get('message')}\n{r.reply.get('stderr', '')}")
+                break
+            found = _problems_in_step(r.reply)
+            problems += [f"step {t}: {p}" for p in found]
+            if r.reply.get("terminated") or r.reply.get("truncated") or r.reply.get("done"):
+                out(f"step {t}: episode ended (reward {r.reply.get('reward')})")
+                break
+    for p in problems:
+        out(f"PROBLEM: {p}")
+    out("no problems found" if not problems else f"{len(problems)} problem(s) found")
+    return problems
+
+
+def _last_reply(pool: RLPool, what: str, op: dict) -> dict:
+    r = pool.call_envs(op)[0]
+    if r.status != OK:
+        return {"error": f"{what}: {r.reply.get('message')}"}
+    return r.reply

@@ -1,0 +1,106 @@
+"""The ``boltzlabs-gym`` command.
+
+    boltzlabs-gym worker --bind ipc:///tmp/w.sock     run a worker (loopback/ipc only in this version)
+    boltzlabs-gym check ./my_env                      run an env dir through reset and steps, explain problems
+    boltzlabs-gym status ipc:///tmp/w.sock            sessions, envs and isolation of a running worker
+    boltzlabs-gym isolation                           which sandbox this host gives, and why
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    for ep in args.bind:
+        if ep.startswith("tcp://") and not any(h in ep for h in ("127.0.0.1", "localhost", "[::1]")):
+            print(
+                f"refusing to bind {ep}: workers reachable from other hosts need authentication "
+                "(ZeroMQ CURVE), which this version does not have yet; bind ipc:// or tcp://127.0.0.1",
+                file=sys.stderr,
+            )
+            return 2
+    from .worker.__main__ import main as worker_main
+
+    argv = [a for ep in args.bind for a in ("--bind", ep)] + ["--capacity", str(args.capacity), "--log-level", args.log_level]
+    return worker_main(argv)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import zmq
+
+    from .protocol import decode_header, encode_header
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(args.address)
+        sock.send_multipart([encode_header({"op": "status", "seq": 1})])
+        if not sock.poll(args.timeout * 1000):
+            print(f"no answer from {args.address} within {args.timeout} s", file=sys.stderr)
+            return 1
+        header = decode_header(sock.recv_multipart()[0])
+    finally:
+        sock.close(0)
+        ctx.term()
+    print(json.dumps(header, indent=2))
+    return 0 if header.get("ok") else 1
+
+
+def _cmd_isolation(args: argparse.Namespace) -> int:
+    from .worker.sandbox import _backends
+
+    for name, backend in _backends().items():
+        ok, why = backend.available()
+        print(f"{name:11s} {'available' if ok else 'unavailable'}: {why}")
+        if ok:
+            print(f"            {backend.report()}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_env_dir
+
+    problems = check_env_dir(args.env_dir, steps=args.steps, isolation=args.isolation, actions=args.action)
+    return 1 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("worker", help="run a worker")
+    p.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555")
+    p.add_argument("--capacity", type=int, default=512, help="most envs this worker hosts at once")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_cmd_worker)
+
+    p = sub.add_parser("status", help="show a running worker's sessions and isolation")
+    p.add_argument("address")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("isolation", help="which isolation backends this host offers")
+    p.set_defaults(func=_cmd_isolation)
+
+    p = sub.add_parser("check", help="run an env directory through reset and a few steps and explain problems")
+    p.add_argument("env_dir")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--isolation", default="auto")
+    p.add_argument("--action", action="append", default=None, help="JSON action to send (repeatable); default 0")
+    p.set_defaults(func=_cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
