@@ -193,8 +193,9 @@ class BwrapBackend:
         cg = None
         if root and use_cgroup and cgroups.probe()[0] is not None:
             cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
-        if mode == "drop":
-            os.chown(spec.workspace, uid, uid)
+        if mode in ("drop", "root"):  # in "root" mode the env is host uid 0 (mapped), without capabilities
+            owner = uid if mode == "drop" else 0
+            os.chown(spec.workspace, owner, owner)
             os.chmod(spec.workspace, 0o700)
         prog = self._seccomp_prog()
         tmpfs = str(int(spec.limits.tmpfs_bytes))
