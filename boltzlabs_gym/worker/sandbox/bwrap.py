@@ -45,6 +45,10 @@ from .namespaces import HOSTNAME, LAUNCHER, _python_paths
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
 
 
+_PROBES: dict = {}
+_PROBE_LOCK = threading.Lock()
+
+
 class BwrapBackend:
     name = "bwrap"
 
@@ -53,6 +57,7 @@ class BwrapBackend:
         self._probe: tuple[str | None, str] | None = None
         self._lock = threading.Lock()
         self._prog = None
+        self.bwrap = shutil.which("bwrap")
 
     # ---------------------------------------------------------------- probing
     def available(self) -> tuple[bool, str]:
@@ -62,13 +67,14 @@ class BwrapBackend:
     def mode(self) -> tuple[str | None, str]:
         """``"drop"`` (bwrap runs as the env's own unprivileged uid), ``"root"`` (bwrap as root, caps
         dropped, host uid 0 mapped), ``"user"`` (not root) or ``(None, reason)``. Probed once."""
-        with self._lock:
+        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
             if self._probe is None:
-                self._probe = self._do_probe()
+                self._probe = _PROBES.get(self.use_seccomp)
+            if self._probe is None:
+                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
             return self._probe
 
     def _do_probe(self) -> tuple[str | None, str]:
-        self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             return None, "bwrap is not on PATH (apt-get install bubblewrap)"
         modes = ["drop", "root"] if os.geteuid() == 0 else ["user"]

@@ -493,6 +493,10 @@ def spawn(plan: SandboxPlan, body: Callable[[], None] | None = None) -> tuple[in
 
 
 # --------------------------------------------------------------------------------------------- the backend
+_PROBES: dict = {}
+_PROBE_LOCK = threading.Lock()
+
+
 class NamespaceBackend:
     name = "namespaces"
 
@@ -509,9 +513,11 @@ class NamespaceBackend:
 
     def mode(self) -> tuple[str | None, str]:
         """``("root" | "userns", detail)`` or ``(None, reason)``; probed once, by a real sandboxed launch."""
-        with self._probe_lock:
+        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
             if self._probe is None:
-                self._probe = self._do_probe()
+                self._probe = _PROBES.get(self.use_seccomp)
+            if self._probe is None:
+                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
             return self._probe
 
     def _do_probe(self) -> tuple[str | None, str]:
