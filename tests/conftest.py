@@ -17,6 +17,19 @@ COUNTER = os.path.join(ROOT, "envs", "counter")
 CODE_ENV = os.path.join(ROOT, "envs", "code_env")
 FAULTY = os.path.join(ENVS, "faulty")
 
+# Every pool, worker and temp file of this test run lives under one private TMPDIR, so
+# the leak check sees only what this run made (not other processes on the machine).
+_RUN_TMP = tempfile.mkdtemp(prefix="bltests-")
+os.environ["TMPDIR"] = _RUN_TMP
+tempfile.tempdir = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import shutil
+
+    shutil.rmtree(_RUN_TMP, ignore_errors=True)
+
+
 #: The isolation every pool test runs with; CI (root) gets the namespace sandbox via "auto".
 ISOLATION = os.environ.get("BOLTZLABS_TEST_ISOLATION", "auto")
 
@@ -29,7 +42,7 @@ def _descendants() -> set[int]:
 
 
 def _our_temp_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "boltzlabs-*")))
+    return set(glob.glob(os.path.join(_RUN_TMP, "boltzlabs-*")))
 
 
 @pytest.fixture
