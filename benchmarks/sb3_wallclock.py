@@ -1,0 +1,73 @@
+"""Wall-clock of SB3 PPO on CartPole-v1: BoltzLabsSB3VecEnv vs SubprocVecEnv vs DummyVecEnv.
+
+Same PPO (rl-zoo CartPole hyperparameters), same seeds, same step budget, one process,
+one torch thread, run one after the other::
+
+    python benchmarks/sb3_wallclock.py --timesteps 50000 --n-envs 8 --seed 0
+
+Prints a table: wall seconds, env-steps/s, ratio to DummyVecEnv, final mean return.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import gymnasium as gym
+import numpy as np
+import torch
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+from boltzlabs_gym.sb3 import make_sb3_vec_env
+
+
+def build(kind: str, n: int, seed: int, isolation: str):
+    if kind == "boltzlabs":
+        return make_sb3_vec_env("CartPole-v1", n_envs=n, seed=seed, isolation=isolation)
+    cls = {"subproc": SubprocVecEnv, "dummy": DummyVecEnv}[kind]
+    return make_vec_env("CartPole-v1", n_envs=n, seed=seed, vec_env_cls=cls)
+
+
+def run(kind: str, args) -> dict:
+    t_build = time.perf_counter()
+    env = build(kind, args.n_envs, args.seed, args.isolation)
+    build_s = time.perf_counter() - t_build
+    try:
+        model = PPO(
+            "MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+            ent_coef=0.0, learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
+            seed=args.seed, device="cpu", verbose=0,
+        )
+        t0 = time.perf_counter()
+        model.learn(args.timesteps)
+        wall = time.perf_counter() - t0
+        ret = float(np.mean([e["r"] for e in model.ep_info_buffer][-20:]))
+    finally:
+        env.close()
+    return {"kind": kind, "build_s": build_s, "wall_s": wall, "sps": args.timesteps / wall, "ret": ret}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--timesteps", type=int, default=50_000)
+    p.add_argument("--n-envs", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--isolation", default="auto")
+    p.add_argument("--kinds", default="boltzlabs,subproc,dummy")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"cpus={os.cpu_count()} loadavg_before={os.getloadavg()[0]:.1f} gymnasium={gym.__version__}")
+    rows = [run(k, args) for k in args.kinds.split(",")]
+    base = next((r["wall_s"] for r in rows if r["kind"] == "dummy"), rows[0]["wall_s"])
+    print(f"loadavg_after={os.getloadavg()[0]:.1f}")
+    print(f"PPO CartPole-v1, {args.timesteps} steps, {args.n_envs} envs, seed {args.seed}")
+    print(f"{'vec env':12s} {'build s':>8s} {'learn s':>8s} {'steps/s':>8s} {'x Dummy':>8s} {'ret20':>6s}")
+    for r in rows:
+        print(f"{r['kind']:12s} {r['build_s']:8.2f} {r['wall_s']:8.1f} {r['sps']:8.0f} {r['wall_s'] / base:8.2f} {r['ret']:6.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The examples run as scripts, the way a user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ISOLATION, ROOT
+
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _run(script, *args, timeout):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(EXAMPLES, script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _mean_return(out: str) -> float:
+    m = re.findall(r"^mean_return_last20=([0-9.]+|nan)$", out, re.M)
+    assert m, out
+    return float(m[-1])
+
+
+def test_code_rl_contains_hostile_programs(no_leaks):
+    out = _run("code_rl.py", "--rounds", "2", "--isolation", ISOLATION, timeout=120)
+    assert "CONTAINED=True" in out
+    assert "host sentinel intact: True" in out and "env dir intact: True" in out
+    assert re.search(r"bytes received on 127\.0\.0\.1:\d+: 0$", out, re.M)
+    assert re.search(r"right/plain\s+1\.00", out)
+    assert re.search(r"wrong/order\s+0\.00", out)
+    assert "envs/GiB:" in out and "isolation=" in out and "Timing(" in out
+    if "NOT running the hostile candidates" not in out:  # isolation none refuses to run them
+        for name in ("hostile/rmtree", "hostile/forever", "hostile/socket"):
+            assert re.search(rf"{name}\s+0\.00", out), name
+        assert "timed out" in out
+        assert "HOSTILE deleted" not in out and "HOSTILE wrote" not in out and "HOSTILE connected" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cleanrl_ppo_learns_cartpole(no_leaks):
+    out = _run(
+        "cleanrl_ppo.py", "--total-timesteps", "60000", "--seed", "1", "--isolation", ISOLATION, timeout=580
+    )
+    assert _mean_return(out) >= 195
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sb3_example_learns_cartpole(no_leaks):
+    out = _run("sb3_ppo_cartpole.py", "--timesteps", "50000", "--seed", "0", "--isolation", ISOLATION, timeout=580)
+    assert _mean_return(out) >= 195
+    assert "stragglers=0 errors=0" in out
