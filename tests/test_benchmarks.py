@@ -1,0 +1,95 @@
+"""The benchmark suite end to end, at smoke size: outputs exist and hold sane numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "benchmarks", "run.py")
+
+
+def _pos(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, RUN, "--suite", "smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc
+
+
+@pytest.mark.timeout(300)
+def test_outputs_exist(smoke):
+    out, proc = smoke
+    for name in ("latest.json", "latest.md", "throughput_vs_n.png", "envs_per_gib_vs_n.png"):
+        path = out / name
+        assert path.exists() and path.stat().st_size > 0, name
+    for png in ("throughput_vs_n.png", "envs_per_gib_vs_n.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "steps/s" in proc.stderr  # progress went to stderr
+
+
+@pytest.mark.timeout(300)
+def test_json_figures_are_sane(smoke):
+    out, _ = smoke
+    result = json.loads((out / "latest.json").read_text())
+    m = result["machine"]
+    assert m["cpu_count"] >= 1 and m["mem_total_bytes"] > 0 and m["python"] and m["date"]
+    assert m["versions"]["gymnasium"]
+    assert len(result["loadavg_start"]) == 3 and len(result["loadavg_end"]) == 3
+
+    ok = [r for r in result["runs"] if r["status"] == "ok"]
+    ran = {r["impl"] for r in ok}
+    # Gymnasium, SB3 and ours (unsandboxed backend at least) must all have run.
+    for name in ("gym.SyncVectorEnv", "gym.AsyncVectorEnv(shm)", "sb3.SubprocVecEnv", "sb3.DummyVecEnv",
+                 "boltzlabs[process]"):
+        assert name in ran, (name, [(r["impl"], r.get("reason")) for r in result["runs"] if r["status"] != "ok"])
+    assert {r["workload"] for r in ok} >= {"cartpole", "large_obs", "counter", "code"}
+    for r in ok:
+        for key in ("steps_per_s", "latency_ms_median", "latency_ms_p99"):
+            assert _pos(r[key]), (r["impl"], r["workload"], key, r[key])
+        assert r["latency_ms_p99"] >= r["latency_ms_median"]
+        assert r["startup_s_median"] >= 0
+        if r["envs_per_gib"] is not None:
+            assert _pos(r["envs_per_gib"]) and _pos(r["pss_per_env_bytes"])
+        if r["ours"]:
+            assert _pos(r["roundtrip_ms_median"]) and _pos(r["worker_ms_median"])
+            assert _pos(r["envs_per_gib"])
+    for r in result["runs"]:
+        if r["status"] != "ok":
+            assert r["reason"], r  # every skip says why
+    skipped = {s["impl"]: s["reason"] for s in result["skipped"]}
+    assert "boltz" in skipped.get("boltzlabs[namespaces,boltz]", "")
+
+    assert result["floor"] and all(_pos(r["steps_per_s"]) for r in result["floor"])
+    for r in result["hard_reset"]:
+        if r["impl"] == "boltzlabs[process]":
+            assert r["status"] == "ok" and _pos(r["hard_reset_ms_median"])
+    strag = {r["impl"]: r for r in result["straggler"]}
+    assert strag["gym.AsyncVectorEnv(shm)"]["outcome"] == "hangs"
+    ours = strag["boltzlabs[process]"]
+    assert ours["outcome"] == "recovers"
+    # Straggler-bound: the step costs about the deadline, not forever.
+    assert ours["step_timeout_s"] * 1e3 * 0.9 <= ours["straggler_step_ms"] <= ours["step_timeout_s"] * 1e3 * 4
+
+
+@pytest.mark.timeout(300)
+def test_markdown_tables(smoke):
+    out, _ = smoke
+    md = (out / "latest.md").read_text()
+    result = json.loads((out / "latest.json").read_text())
+    for wl in ("cartpole", "large_obs", "counter", "code"):
+        assert f"## {wl}" in md
+    for r in result["runs"]:
+        if r["status"] == "ok":
+            assert r["impl"] in md
+    assert "fan-out floor" in md and "/ AsyncVectorEnv" in md and "load average" in md
