@@ -38,8 +38,10 @@ import psutil  # noqa: E402
 
 import bench_envs  # noqa: E402
 
-# At module level on purpose, as in a typical training script: SubprocVecEnv's forkserver
-# preloads __main__, so its workers inherit torch/SB3 instead of importing them one by one.
+# SB3's SubprocVecEnv uses the forkserver start method; without a preload every worker
+# re-imports torch (~150 MiB PSS, seconds of CPU each). Preload what its workers import,
+# as a tuned training script would, so start-up and memory are not SB3 at its worst.
+mp.set_forkserver_preload(["stable_baselines3.common.vec_env", "gymnasium", "numpy", "bench_envs"])
 import stable_baselines3.common.vec_env  # noqa: E402,F401
 
 # Workers (sandboxes, forkserver children) cannot import this directory: ship by value.
@@ -58,8 +60,8 @@ SUITES = {
     "quick": dict(sizes=[8, 64], steps={8: 300, 64: 60}, warmup=10, reps=3, code_sizes=[8], code_steps=2, code_reps=2,
                   floor_steps=500, straggler_n=8, hard_reset_n=8, hard_reset_reps=8, keep_alive_max_n=64,
                   straggler_bound_s=2.0, step_timeout_s=0.5),
-    "full": dict(sizes=[8, 64, 256], steps={8: 1000, 64: 200, 256: 50, 1024: 15}, warmup=10, reps=3,
-                 code_sizes=[8, 64], code_steps=3, code_reps=2, floor_steps=2000, straggler_n=64, hard_reset_n=64,
+    "full": dict(sizes=[8, 64, 256], steps={8: 1000, 64: 200, 256: 60, 1024: 15}, warmup=10, reps=3, reps_large=1,
+                 code_sizes=[8, 64], code_steps=2, code_reps=2, floor_steps=2000, straggler_n=64, hard_reset_n=64,
                  hard_reset_reps=20, keep_alive_max_n=64, straggler_bound_s=3.0, step_timeout_s=0.5),
 }
 
@@ -509,6 +511,10 @@ def run_matrix(workload: str, impl_classes, n: int, actions: np.ndarray, cfg: di
                 except Exception as exc:
                     recs[cls].d["memory_note"] = f"memory failed: {exc}"
     runnable = list(live) if keep_alive else list(impl_classes)
+    if not keep_alive:
+        reps = cfg.get("reps_large", reps)
+        for rec in recs.values():
+            rec.d["reps"] = reps
     for rep in range(reps):
         order = runnable if rep % 2 == 0 else runnable[::-1]
         for cls in order:
