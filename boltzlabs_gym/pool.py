@@ -105,7 +105,9 @@ class RLPool:
         isolation: ``"auto"`` (best available, warns on fallback), ``"strict"`` (refuse to
             run without a real sandbox), or a backend name (``"namespaces"``, ``"bwrap"``,
             ``"process"``).
-        mode: ``"default"``: one fresh interpreter per env.
+        mode: ``"default"``: one fresh interpreter per env; ``"boltz"``: every env is
+            forked from a warm template process that imported the env once (denser
+            pools, faster hard resets). No fallback between the two.
         step_timeout: per-step deadline in seconds; an env that misses it is killed and
             reported as a straggler (``info["boltzlabs_straggler"]``).
         reset_timeout: deadline for resets and other calls.
@@ -135,11 +137,6 @@ class RLPool:
             raise ValueError(f"n must be a positive int, got {n!r}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if mode == "boltz":
-            raise NotImplementedError(
-                "mode='boltz' (envs forked from a warm template) is not available in this version; "
-                "use mode='default'"
-            )
         for name, value in (("step_timeout", step_timeout), ("reset_timeout", reset_timeout), ("start_timeout", start_timeout)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -170,6 +167,7 @@ class RLPool:
                 digest,
                 {
                     "isolation": isolation,
+                    "mode": mode,
                     "limits": self.limits.to_json(),
                     "step_timeout": self.step_timeout,
                     "reset_timeout": self.reset_timeout,

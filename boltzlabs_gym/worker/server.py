@@ -75,6 +75,7 @@ def _runtime_packages() -> dict[str, str]:
 class SessionConfig:
     n: int
     isolation: str = "auto"
+    mode: str = "default"
     limits: Limits = field(default_factory=Limits)
     step_timeout: float = 30.0
     reset_timeout: float = 60.0
@@ -99,8 +100,12 @@ class SessionConfig:
             if not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
             timeouts[key] = float(value)
+        mode = h.get("mode", "default")
+        if mode not in ("default", "boltz"):
+            raise ValueError(f"mode must be 'default' or 'boltz', got {mode!r}")
         return cls(
             n=n,
+            mode=mode,
             isolation=str(h.get("isolation", "auto")),
             limits=Limits.from_json(h.get("limits")),
             serialize_measurement=bool(h.get("serialize_measurement", False)),
@@ -341,6 +346,12 @@ class Worker:
         sid = f"s{next(self._sid_counter)}"
         root = os.path.join(self.root, "sessions", sid)
         os.makedirs(os.path.join(root, "ws"))
+        if cfg.mode == "boltz":
+            # Envs are forked from a warm template that imported the env once; the
+            # template launcher has the same launch()/report() shape as a backend.
+            from .template import TemplateLauncher
+
+            backend = TemplateLauncher(backend, env_dir=self.archives[digest], root=root, runtime=self.runtime)
         session = Session(sid, client, self.archives[digest], root, cfg, backend)
         session.create_seq = header.get("seq")
         self.sessions[sid] = session
@@ -764,6 +775,12 @@ class Worker:
             for call in env.queue:
                 call.on_done(ERROR, json_error("session closed"), [])
             env.queue.clear()
+        close_launcher = getattr(session.backend, "close", None)
+        if close_launcher is not None:
+            try:
+                close_launcher()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the env launcher of session %s", session.sid)
         shutil.rmtree(session.root, ignore_errors=True)
         if os.path.exists(session.root):
             _wipe_tree(session.root)
