@@ -21,6 +21,8 @@ def _run(script, *args, timeout):
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        # Two cores shared with the env processes: a second torch thread only thrashes.
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
