@@ -1,8 +1,9 @@
 """The ``boltzlabs-gym`` command.
 
-    boltzlabs-gym worker --bind ipc:///tmp/w.sock     run a worker (loopback/ipc only in this version)
+    boltzlabs-gym keygen ./keys                       CURVE key pairs for a worker and a client
+    boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys   run a worker
     boltzlabs-gym check ./my_env                      run an env dir through reset and steps, explain problems
-    boltzlabs-gym status ipc:///tmp/w.sock            sessions, envs and isolation of a running worker
+    boltzlabs-gym status tcp://host:5555 --keys ./keys   sessions, envs, PSS, envs/GiB, isolation
     boltzlabs-gym isolation                           which sandbox this host gives, and why
 """
 
@@ -16,18 +17,28 @@ __all__ = ["main"]
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    for ep in args.bind:
-        if ep.startswith("tcp://") and not any(h in ep for h in ("127.0.0.1", "localhost", "[::1]")):
-            print(
-                f"refusing to bind {ep}: workers reachable from other hosts need authentication "
-                "(ZeroMQ CURVE), which this version does not have yet; bind ipc:// or tcp://127.0.0.1",
-                file=sys.stderr,
-            )
-            return 2
     from .worker.__main__ import main as worker_main
 
     argv = [a for ep in args.bind for a in ("--bind", ep)] + ["--capacity", str(args.capacity), "--log-level", args.log_level]
+    if args.keys:
+        argv += ["--keys", args.keys]
+    if args.insecure:
+        argv.append("--insecure")
     return worker_main(argv)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from .keys import KeyFileError, generate_keys
+
+    try:
+        written = generate_keys(args.directory)
+    except KeyFileError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name:14s} {path}")
+    print("copy worker.key_secret and client.key to each worker host; keep client.key_secret and worker.key with the trainer")
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -39,6 +50,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        if args.keys:
+            from .keys import load_client_keys
+
+            keys = load_client_keys(args.keys)
+            sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = keys.secret, keys.public, keys.server_public
         sock.connect(args.address)
         sock.send_multipart([encode_header({"op": "status", "seq": 1})])
         if not sock.poll(args.timeout * 1000):
@@ -78,10 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555")
     p.add_argument("--capacity", type=int, default=512, help="most envs this worker hosts at once")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
+    p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
     p.set_defaults(func=_cmd_worker)
+
+    p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")
+    p.add_argument("directory")
+    p.set_defaults(func=_cmd_keygen)
 
     p = sub.add_parser("status", help="show a running worker's sessions and isolation")
     p.add_argument("address")
+    p.add_argument("--keys", default=None, help="CURVE key directory, for an authenticated worker")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_cmd_status)
 

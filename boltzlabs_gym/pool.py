@@ -72,19 +72,63 @@ class EnvResult:
 class _Link:
     """One worker: its DEALER socket, the envs it hosts, its session."""
 
-    def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None):
+    def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None, keys=None):
         self.address = address
         self.start = start
         self.count = count
         self.process = process
         self.session: str | None = None
+        self.token: str | None = None
+        self.uploaded = False
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.monitor = None
+        if keys is not None:
+            self.sock.curve_secretkey = keys.secret
+            self.sock.curve_publickey = keys.public
+            self.sock.curve_serverkey = keys.server_public
+            # A rejected key is silent on the data socket: watch the handshake events.
+            self.monitor = self.sock.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            )
         self.sock.connect(address)
-        self.pending_seq = None
+        self.last_heard = time.monotonic()
+        self.last_ping = 0.0
+
+    def handshake_failure(self) -> str | None:
+        """A message naming the handshake failure seen since the last look, if any."""
+        if self.monitor is None:
+            return None
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return "the worker rejected this client's key (is client.key in the worker's --keys directory?)"
+            if event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                return "the CURVE handshake failed (wrong worker.key, or the worker runs without --keys?)"
+        return None
 
     def close(self) -> None:
+        if self.monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.monitor.close(linger=0)
         self.sock.close(linger=0)
+
+
+def _cap_counts(counts: list[int], caps: Sequence[int]) -> list[int]:
+    """Move envs from workers over their free capacity to workers with room left."""
+    counts = list(counts)
+    extra = sum(max(0, c - cap) for c, cap in zip(counts, caps))
+    counts = [min(c, cap) for c, cap in zip(counts, caps)]
+    for i, cap in enumerate(caps):
+        take = min(extra, cap - counts[i])
+        counts[i] += take
+        extra -= take
+    return counts
 
 
 def _split_counts(n: int, weights: Sequence[int]) -> list[int]:
@@ -102,6 +146,12 @@ class RLPool:
         env_dir: an env directory whose ``env.py`` calls :func:`boltzlabs_gym.env.serve`.
         n: number of envs.
         workers: worker addresses (``tcp://host:port``); default: start a local worker.
+            Envs are split across workers by their free capacity, or by ``split``.
+        keys: CURVE key directory (``boltzlabs-gym keygen``) for authenticated workers.
+        split: explicit number of envs per worker (same order as ``workers``).
+        heartbeat_timeout: seconds of silence after which a worker counts as dead or
+            unreachable (the pool pings it every ``heartbeat_interval`` while waiting).
+        lease: seconds a remote worker keeps this pool's envs without hearing from it.
         isolation: ``"auto"`` (best available, warns on fallback), ``"strict"`` (refuse to
             run without a real sandbox), or a backend name (``"namespaces"``, ``"bwrap"``,
             ``"process"``).
@@ -132,6 +182,11 @@ class RLPool:
         limits: Limits | None = None,
         serialize_measurement: bool = False,
         env_vars: dict[str, str] | None = None,
+        keys: str | os.PathLike | None = None,
+        split: Sequence[int] | None = None,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        lease: float = 600.0,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -140,7 +195,18 @@ class RLPool:
         for name, value in (("step_timeout", step_timeout), ("reset_timeout", reset_timeout), ("start_timeout", start_timeout)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
+            raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
+        if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
+            raise ValueError(f"split must give one count per worker and sum to n={n}, got {split!r}")
         self.n = n
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self._keys = None
+        if keys is not None:
+            from .keys import load_client_keys
+
+            self._keys = load_client_keys(os.fspath(keys))
         self.env_dir = os.fspath(env_dir)
         self.mode = mode
         self.step_timeout = float(step_timeout)
@@ -161,7 +227,7 @@ class RLPool:
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links, [None])
         try:
             archive, digest = pack_dir(self.env_dir)
-            self._start_links(workers)
+            self._start_links(workers, split)
             self._create_sessions(
                 archive,
                 digest,
@@ -174,6 +240,8 @@ class RLPool:
                     "start_timeout": self.start_timeout,
                     "serialize_measurement": bool(serialize_measurement),
                     "env_vars": dict(env_vars or {}),
+                    # A local worker dies with this process; only remote ones need a lease.
+                    "lease_s": float(lease) if workers else 86400.0,
                 },
             )
         except BaseException:
@@ -181,13 +249,32 @@ class RLPool:
             raise
 
     # ------------------------------------------------------------------ start-up
-    def _start_links(self, workers: Sequence[str] | None) -> None:
+    def _start_links(self, workers: Sequence[str] | None, split: Sequence[int] | None) -> None:
         if workers:
-            counts = _split_counts(self.n, [1] * len(workers))
+            probes = [_Link(self._ctx, address, 0, 0, keys=self._keys) for address in workers]
+            self._links.extend(probes)  # closed by the finalizer whatever happens next
+            free = [int(self._call(link, {"op": "status"}, timeout=self.heartbeat_timeout)["free"]) for link in probes]
+            if split is None:
+                if sum(free) < self.n:
+                    raise CapacityError(
+                        f"asked for {self.n} envs but the workers have {sum(free)} free slots: "
+                        + ", ".join(f"{w} {f}" for w, f in zip(workers, free))
+                    )
+                counts = _split_counts(self.n, free) if sum(free) else [0] * len(free)
+                counts = _cap_counts(counts, free)
+            else:
+                counts = list(split)
+                short = [f"{w} has {f} free, asked {c}" for w, f, c in zip(workers, free, counts) if c > f]
+                if short:
+                    raise CapacityError("not enough free env slots: " + "; ".join(short))
             start = 0
-            for address, count in zip(workers, counts):
+            self._links.clear()
+            for link, count in zip(probes, counts):
                 if count:
-                    self._links.append(_Link(self._ctx, address, start, count))
+                    link.start, link.count = start, count
+                    self._links.append(link)
+                else:
+                    link.close()
                 start += count
             return
         self._tmpdir = tempfile.mkdtemp(prefix="boltzlabs-pool-")
@@ -207,24 +294,33 @@ class RLPool:
         if not line.startswith("READY "):
             process.kill()
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
-        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process))
+        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, keys=self._keys))
 
     def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
         for link in self._links:
             have = self._call(link, {"op": "has_archive", "hash": digest}, timeout=30.0)
             if not have.get("have"):
                 self._call(link, {"op": "upload", "hash": digest}, [archive], timeout=120.0)
+                link.uploaded = True
         seqs = []
         for link in self._links:
             header = dict(config, op="create", hash=digest, n=link.count, index_offset=link.start)
             seqs.append(self._send(link, header))
         # Every env may queue behind max_starting others: allow for the whole stagger.
         timeout = self.start_timeout * (1 + self.n / 4) + 30.0
+        failure = None
         for link, seq in zip(self._links, seqs):
-            header, _ = self._recv(link, seq, timeout)
-            self._raise_for_error(link, header)
+            try:
+                header, _ = self._recv(link, seq, timeout)
+                self._raise_for_error(link, header)
+            except BaseException as exc:  # keep collecting: started sessions must be closed
+                failure = failure or exc
+                continue
             link.session = header["session"]
+            link.token = header["token"]
             self.isolation = IsolationReport.from_json(header["isolation"])
+        if failure is not None:
+            raise failure
         log.info("pool of %d envs ready: %s", self.n, self.isolation)
 
     # ------------------------------------------------------------------ transport
@@ -233,22 +329,47 @@ class RLPool:
         header = dict(header, seq=seq)
         if link.session is not None and "session" not in header:
             header["session"] = link.session
+            header["token"] = link.token
         link.sock.send_multipart([encode_header(header), *frames], copy=False)
         return seq
 
     def _recv(self, link: _Link, seq: int, timeout: float) -> tuple[dict, list]:
-        """Wait for the reply tagged ``seq``; stale replies of abandoned calls are dropped."""
+        """Wait for the reply tagged ``seq``, pinging the worker while waiting.
+
+        Stale replies of abandoned calls are dropped. A worker that answers nothing,
+        not even a ping, for ``heartbeat_timeout`` seconds is declared dead or
+        unreachable: a clear error naming it, never a hang.
+        """
         deadline = time.monotonic() + timeout
+        link.last_heard = time.monotonic()
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 raise WorkerTimeout(f"worker {link.address} did not answer within {timeout:.1f} s", link.address)
-            if link.sock.poll(min(left, 0.25) * 1000, zmq.POLLIN):
+            if now - link.last_heard > self.heartbeat_timeout:
+                hint = link.handshake_failure() or "it died, hangs, or the network is down"
+                raise WorkerError(
+                    f"worker {link.address} is unreachable: nothing heard for {now - link.last_heard:.1f} s "
+                    f"(heartbeat timeout {self.heartbeat_timeout:g} s): {hint}",
+                    link.address,
+                )
+            if now - max(link.last_ping, link.last_heard) >= self.heartbeat_interval:
+                ping = {"op": "ping", "seq": -1}
+                if link.session is not None:
+                    ping.update(session=link.session, token=link.token)
+                link.sock.send_multipart([encode_header(ping)])
+                link.last_ping = now
+            if link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN):
                 frames = link.sock.recv_multipart(copy=False)
+                link.last_heard = time.monotonic()
                 header = decode_header(frames[0].buffer)
                 if header.get("seq") != seq:
-                    continue  # a reply to a call that timed out earlier: drop it
+                    continue  # a heartbeat, or a reply to a call that timed out earlier
                 return header, frames[1:]
+            failure = link.handshake_failure()
+            if failure:
+                raise WorkerError(f"worker {link.address}: {failure}", link.address)
             self._check_worker_alive(link)
 
     def _check_worker_alive(self, link: _Link) -> None:
@@ -274,6 +395,8 @@ class RLPool:
             raise CapacityError(f"worker {link.address}: {message}")
         if kind == "sandbox":
             raise SandboxUnavailable(message)
+        if kind == "expired":
+            raise WorkerError(f"worker {link.address}: {message}; create a new pool", link.address)
         raise WorkerError(f"worker {link.address} refused the request ({kind}): {message}", link.address)
 
     # ------------------------------------------------------------------ batched calls
@@ -508,7 +631,13 @@ class RLPool:
 
     @property
     def workers(self) -> list[str]:
+        """The worker addresses, in the order their envs appear in the batch."""
         return [link.address for link in self._links]
+
+    @property
+    def uploads(self) -> dict[str, bool]:
+        """Per worker: whether this pool had to upload the env archive (False: cached by hash)."""
+        return {link.address: link.uploaded for link in self._links}
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

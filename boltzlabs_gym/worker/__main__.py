@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", type=int, default=4096)
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process dies")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--keys", default=None, help="CURVE key directory (boltzlabs-gym keygen DIR)")
+    parser.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without keys")
     parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
@@ -24,7 +26,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         set_parent_death_signal(signal.SIGTERM)
     set_subreaper()
-    worker = Worker(args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid)
+    keys = None
+    if args.keys:
+        from ..keys import KeyFileError, load_worker_keys
+
+        try:
+            keys = load_worker_keys(args.keys)
+        except KeyFileError as exc:
+            print(f"boltzlabs worker: {exc}", file=sys.stderr)
+            return 2
+    try:
+        worker = Worker(
+            args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid,
+            keys=keys, insecure=args.insecure,
+        )
+    except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
+        print(f"boltzlabs worker: {exc}", file=sys.stderr)
+        return 2
+    if args.insecure and keys is None:
+        logging.getLogger("boltzlabs_gym.worker").warning(
+            "running WITHOUT authentication on %s: anyone who can reach it can run code here", args.bind
+        )
     worker.install_signal_handlers()
     # The pool waits for this line before connecting.
     sys.stdout.write("READY " + " ".join(worker.endpoints) + "\n")

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import secrets
 import shutil
 import signal
 import sys
@@ -83,6 +84,8 @@ class SessionConfig:
     serialize_measurement: bool = False
     index_offset: int = 0
     env_vars: dict = field(default_factory=dict)
+    #: Seconds without any request from the client before its envs are reclaimed.
+    lease_s: float = 600.0
 
     @classmethod
     def from_header(cls, h: dict) -> "SessionConfig":
@@ -95,7 +98,7 @@ class SessionConfig:
         ):
             raise ValueError("env_vars must map identifier names to strings")
         timeouts = {}
-        for key in ("step_timeout", "reset_timeout", "start_timeout"):
+        for key in ("step_timeout", "reset_timeout", "start_timeout", "lease_s"):
             value = h.get(key, getattr(cls, key))
             if not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
@@ -113,6 +116,20 @@ class SessionConfig:
             env_vars=env_vars,
             **timeouts,
         )
+
+
+class SessionExpired(Exception):
+    """A request named a session the worker reclaimed when its lease ran out."""
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """ipc://, inproc:// and tcp on a loopback address are reachable from this host only."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if endpoint.startswith("tcp://"):
+        host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    return False
 
 
 class Batch:
@@ -154,6 +171,8 @@ class Session:
         self.create_seq = None
         self.closed = False
         self.last_seen = time.monotonic()
+        self.owner_key: str | None = None
+        self.token = secrets.token_hex(16)
 
 
 class Worker:
@@ -168,7 +187,15 @@ class Worker:
         parent_pid: int | None = None,
         max_starting: int = DEFAULT_MAX_STARTING,
         archive_limits: ArchiveLimits = ArchiveLimits(),
+        keys=None,
+        insecure: bool = False,
     ):
+        for ep in endpoints:
+            if keys is None and not insecure and not is_local_endpoint(ep):
+                raise ValueError(
+                    f"refusing to bind {ep} without authentication: pass keys (boltzlabs-gym keygen DIR; "
+                    "worker --keys DIR) or, on a trusted network only, --insecure"
+                )
         self.capacity = capacity
         self.parent_pid = parent_pid
         self.max_starting = max_starting
@@ -188,10 +215,15 @@ class Worker:
         self._running = True
         self._wake_r = -1
         self.runtime = _runtime_packages()
+        self._expired: dict[str, float] = {}
+        self.keys = keys
         self.ctx = zmq.Context()
+        self._authenticator = None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if keys is not None:
+            self._start_authenticator(keys)
         self.endpoints = []
         for ep in endpoints:
             self.sock.bind(ep)
@@ -199,6 +231,23 @@ class Worker:
         self.epoll = select.epoll()
         self._zmq_fd = self.sock.getsockopt(zmq.FD)
         self.epoll.register(self._zmq_fd, select.EPOLLIN)
+
+    def _start_authenticator(self, keys) -> None:
+        """CURVE with a ZAP allow-list, set up before binding (without ZAP any key gets in)."""
+        from zmq.auth.thread import ThreadAuthenticator
+
+        allowed = set(keys.allowed_clients)
+
+        class _AllowList:
+            def callback(self, domain, key):  # called by the ZAP thread
+                return key in allowed
+
+        self._authenticator = ThreadAuthenticator(self.ctx, log=log)
+        self._authenticator.start()
+        self._authenticator.configure_curve_callback(domain="*", credentials_provider=_AllowList())
+        self.sock.curve_secretkey = keys.secret
+        self.sock.curve_publickey = keys.public
+        self.sock.curve_server = True
 
     # ================================================================== main loop
     def serve_forever(self) -> None:
@@ -222,6 +271,7 @@ class Worker:
                 self._expire_deadlines()
                 self._reap()
                 self._check_parent()
+                self._expire_leases()
         finally:
             self.shutdown()
 
@@ -253,13 +303,31 @@ class Worker:
     def _drain_socket(self) -> None:
         while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(frames) < 2:
                 continue  # nothing to answer: not even a header
-            client, header_frame, payloads = frames[0], frames[1], frames[2:]
-            self._handle_request(client, header_frame, payloads)
+            user = None
+            if self.keys is not None:
+                try:
+                    user = frames[1].get("User-Id")
+                except (zmq.ZMQError, AttributeError):
+                    user = None
+            self._current_user = user
+            client = frames[0].bytes
+            self._handle_request(client, frames[1].bytes, [f.bytes for f in frames[2:]])
+
+    def _expire_leases(self) -> None:
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if session.create_seq is None and now - session.last_seen > session.cfg.lease_s:
+                log.warning(
+                    "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
+                    session.sid, now - session.last_seen, session.cfg.lease_s, len(session.envs),
+                )
+                self._expired[session.sid] = session.cfg.lease_s
+                self._close_session(session)
 
     # ================================================================== requests
     def _handle_request(self, client: bytes, header_frame: bytes, payloads: list) -> None:
@@ -280,6 +348,8 @@ class Worker:
             reply = error_reply(seq, "archive", str(exc))
         except SandboxUnavailable as exc:
             reply = error_reply(seq, "sandbox", str(exc))
+        except SessionExpired as exc:
+            reply = error_reply(seq, "expired", str(exc))
         except Exception as exc:  # noqa: BLE001 - one bad request must not kill the worker
             log.exception("error handling a request")
             reply = error_reply(seq, "internal", f"{type(exc).__name__}: {exc}")
@@ -296,12 +366,27 @@ class Worker:
     def _session_for(self, client: bytes, header: dict) -> Session:
         sid = header.get("session")
         session = self.sessions.get(sid) if isinstance(sid, str) else None
-        if session is None or session.client != client or session.closed:
+        if (
+            session is None
+            or session.closed
+            or not secrets.compare_digest(str(header.get("token", "")), session.token)
+            or session.owner_key != getattr(self, "_current_user", None)
+        ):
+            if isinstance(sid, str) and sid in self._expired:
+                raise SessionExpired(
+                    f"session {sid} was reclaimed after {self._expired[sid]:.0f} s without a request (its lease)"
+                )
             raise ValueError(f"no open session {sid!r} for this client")
         session.last_seen = time.monotonic()
+        session.client = client
         return session
 
     def _op_ping(self, client, header, payloads):
+        if header.get("session") is not None:
+            try:
+                self._session_for(client, header)  # a heartbeat renews the session's lease
+            except (ValueError, SessionExpired):
+                pass
         return {"ok": True, "pid": os.getpid(), "endpoints": self.endpoints}
 
     def _op_has_archive(self, client, header, payloads):
@@ -353,6 +438,7 @@ class Worker:
 
             backend = TemplateLauncher(backend, env_dir=self.archives[digest], root=root, runtime=self.runtime)
         session = Session(sid, client, self.archives[digest], root, cfg, backend)
+        session.owner_key = getattr(self, "_current_user", None)
         session.create_seq = header.get("seq")
         self.sessions[sid] = session
         for env in session.envs:
@@ -405,12 +491,30 @@ class Worker:
     def _op_status(self, client, header, payloads):
         sessions = []
         for s in self.sessions.values():
-            sessions.append({"session": s.sid, "envs": len(s.envs), "isolation": s.backend.report().to_json()})
+            pss = sum(memory.tree_pss(env.pid) for env in s.envs if env.pid)
+            template_pss = getattr(s.backend, "pss", lambda: 0)()
+            sessions.append(
+                {
+                    "session": s.sid,
+                    "envs": len(s.envs),
+                    "mode": s.cfg.mode,
+                    "pss_bytes": pss,
+                    "template_pss_bytes": template_pss,
+                    "envs_per_gib": len(s.envs) / ((pss + template_pss) / 2**30) if pss else None,
+                    "isolation": s.backend.report().to_json(),
+                    "idle_s": round(time.monotonic() - s.last_seen, 1),
+                }
+            )
+        in_use = sum(len(s.envs) for s in self.sessions.values())
         return {
             "ok": True,
             "pid": os.getpid(),
+            "endpoints": self.endpoints,
+            "authenticated": self.keys is not None,
             "capacity": self.capacity,
-            "in_use": sum(len(s.envs) for s in self.sessions.values()),
+            "in_use": in_use,
+            "free": self.capacity - in_use,
+            "worker_pss_bytes": memory.tree_pss(os.getpid(), children=False),
             "sessions": sessions,
         }
 
@@ -642,6 +746,7 @@ class Worker:
                         "seq": seq,
                         "ok": True,
                         "session": session.sid,
+                        "token": session.token,
                         "n": len(session.envs),
                         "isolation": session.backend.report().to_json(),
                     },
@@ -799,6 +904,8 @@ class Worker:
         except OSError:
             pass
         self.sock.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self.ctx.term()
         for ep in self.endpoints:
             if ep.startswith("ipc://"):
