@@ -60,6 +60,33 @@ WORKSPACE: str = os.environ.get("BOLTZLABS_WORKSPACE", "/workspace")
 #: This env's index in its pool (0-based), or -1 when run by hand.
 ENV_INDEX: int = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
 
+
+class _PerEnvInt(int):
+    """In a boltz template: ``ENV_INDEX``, found by identity and rebound in every forked env."""
+
+
+class _PerEnvStr(str):
+    """In a boltz template: ``ENV_DIR``/``WORKSPACE``, rebound in every forked env."""
+
+
+#: Set (to the isolation kind) only in a ``mode="boltz"`` template process: serve() forks envs.
+_TEMPLATE: str = os.environ.get("BOLTZLABS_TEMPLATE", "")
+if _TEMPLATE:
+    ENV_DIR, WORKSPACE, ENV_INDEX = _PerEnvStr(ENV_DIR), _PerEnvStr(WORKSPACE), _PerEnvInt(ENV_INDEX)
+
+
+def _template_fork() -> None:
+    """``mode="boltz"``: in the template, serve fork requests here; returns only in a forked env.
+
+    A no-op in every ordinary env process. The fork loop lives in the worker runtime
+    (mounted read-only in the sandbox), imported only in a template.
+    """
+    if not _TEMPLATE:
+        return
+    import importlib
+
+    importlib.import_module("boltzlabs_gym.worker.template").template_main()
+
 #: Largest request line ``serve`` accepts, in bytes (requests come from the trusted
 #: worker; the bound only stops a corrupted stream from eating memory).
 MAX_LINE_BYTES = 256 << 20
@@ -257,6 +284,7 @@ def serve(
     in ``reset`` or ``step`` is turned into a terminal transition whose info carries
     the traceback (``info["boltzlabs_exception"]``); the process keeps serving.
     """
+    _template_fork()
     proto_in, proto_out = _protect_channel()
     describe = {
         "observation_space": observation_space,

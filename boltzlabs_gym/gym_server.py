@@ -300,13 +300,23 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     factory used is ``factories[index % len(factories)]``. Unpickling happens here,
     inside the sandbox, after the channel is protected.
     """
+    preloaded = None
+    if _envmod._TEMPLATE:
+        # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
+        with open(os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR), FACTORIES_FILE),
+                  "rb") as f:
+            preloaded = pickle.load(f)
+        _envmod._template_fork()  # returns in each forked env
     proto_in, proto_out = _protect_channel()
     if env_dir is None:
         env_dir = os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR)
     if index is None:
         index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
-    with open(os.path.join(env_dir, FACTORIES_FILE), "rb") as f:
-        factories = pickle.load(f)
+    if preloaded is not None:
+        factories = preloaded
+    else:
+        with open(os.path.join(env_dir, FACTORIES_FILE), "rb") as f:
+            factories = pickle.load(f)
     if callable(factories):
         factories = [factories]
     if not isinstance(factories, (list, tuple)) or not factories:

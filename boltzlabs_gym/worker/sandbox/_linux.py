@@ -17,9 +17,9 @@ MACHINE = platform.machine()
 
 _SYSCALLS = {
     "x86_64": {"pivot_root": 155, "unshare": 272, "setns": 308, "capset": 126, "mount_setattr": 442,
-               "pidfd_open": 434, "seccomp": 317},
+               "pidfd_open": 434, "seccomp": 317, "open_tree": 428, "move_mount": 429},
     "aarch64": {"pivot_root": 41, "unshare": 97, "setns": 268, "capset": 91, "mount_setattr": 442,
-                "pidfd_open": 434, "seccomp": 277},
+                "pidfd_open": 434, "seccomp": 277, "open_tree": 428, "move_mount": 429},
 }
 SUPPORTED = MACHINE in _SYSCALLS
 _NR = _SYSCALLS.get(MACHINE, {})
@@ -153,6 +153,45 @@ def capset_none() -> None:
     data = (_CapData * 2)()
     if _libc.syscall(_NR["capset"], ctypes.byref(hdr), data) != 0:
         raise _err("capset")
+
+
+def capset(mask: int) -> None:
+    """Set the effective and permitted capability sets of the calling thread to ``mask`` (inheritable: none)."""
+    hdr = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    for i in range(2):
+        word = (mask >> (32 * i)) & 0xFFFFFFFF
+        data[i].effective = data[i].permitted = word
+    if _libc.syscall(_NR["capset"], ctypes.byref(hdr), data) != 0:
+        raise _err("capset")
+
+
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = 0o2000000
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_EMPTY_PATH = 0x1000
+
+
+def open_tree_clone(path: str) -> int:
+    """A detached copy of the mount at ``path`` (``open_tree(OPEN_TREE_CLONE)``), as an fd (Linux >= 5.2)."""
+    fd = _libc.syscall(_NR["open_tree"], AT_FDCWD, _b(path), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+    if fd < 0:
+        raise _err(f"open_tree({path!r})")
+    return int(fd)
+
+
+def move_mount_fd(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` (from :func:`open_tree_clone`) at ``target``."""
+    if _libc.syscall(_NR["move_mount"], fd, b"", AT_FDCWD, _b(target), MOVE_MOUNT_F_EMPTY_PATH) != 0:
+        raise _err(f"move_mount(-> {target!r})")
+
+
+def mount_setattr_fd(fd: int, attr_set: int) -> None:
+    """Set mount attributes (``MOUNT_ATTR_*``) on the (detached) mount ``fd``, recursively."""
+    attr = _MountAttr(attr_set, 0, 0, 0)
+    if _libc.syscall(_NR["mount_setattr"], fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr),
+                     ctypes.sizeof(attr)) != 0:
+        raise _err("mount_setattr(fd)")
 
 
 def seccomp_set_filter(prog: bytes, n_instructions: int) -> None:

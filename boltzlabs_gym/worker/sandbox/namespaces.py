@@ -139,6 +139,8 @@ class SandboxPlan:
     sched: tuple[int, int] | None = None
     worker_pid: int = 0
     extra_mkdirs: list[str] = field(default_factory=list)
+    #: mount options of the sandbox's /proc (the boltz template mounts it ``hidepid=invisible``)
+    proc_data: str | None = None
 
 
 def _python_paths(argv0: str | None) -> list[str]:
@@ -239,7 +241,7 @@ def _build_root(plan: SandboxPlan) -> None:
         os.symlink(target, f"{dev}/{name}")
     # /proc must be mounted by a process inside the new PID namespace and, in a user namespace,
     # while a fully visible /proc is still mounted here (the kernel's mount_too_revealing rule).
-    L.mount("proc", f"{R}/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+    L.mount("proc", f"{R}/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, plan.proc_data)
     os.chdir(R)
     try:
         L.pivot_root(".", ".old")

@@ -65,8 +65,14 @@ def supported() -> bool:
     return _linux.MACHINE == "x86_64"
 
 
-def build_filter(socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str, ...] = DENY):
-    """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture."""
+def build_filter(socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str, ...] = DENY,
+                 unshare_deny_flags: int = 0):
+    """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
+
+    ``unshare_deny_flags``: when ``unshare`` is not in ``deny``, an ``unshare`` whose flags
+    (arg0) include any of these fails with EPERM (the boltz template may create PID, mount,
+    net, IPC and UTS namespaces for the envs it forks, but no nested user namespace).
+    """
     if not supported():
         return None
     ins: list[tuple[int, int, int, int]] = []  # (code, jt, jf, k); jumps relative to the next one
@@ -81,6 +87,14 @@ def build_filter(socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str,
     for name in deny:
         ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
     ins += [(_JEQ_K, 0, 1, NR_X86_64["clone3"]), (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
+    if unshare_deny_flags and "unshare" not in deny:
+        ins += [
+            (_JEQ_K, 0, 4, NR_X86_64["unshare"]),
+            (_LD_W_ABS, 0, 0, _OFF_ARG0_LO),
+            (_JSET_K, 0, 1, unshare_deny_flags),
+            (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+            (_RET_K, 0, 0, _RET_ALLOW),
+        ]
     # clone: refuse namespace flags (arg0, low 32 bits)
     ins += [
         (_JEQ_K, 0, 4, NR_X86_64["clone"]),

@@ -1,0 +1,941 @@
+"""``mode="boltz"``: a warm template process per env directory per session, every env forked from it.
+
+The template imports the env once (``env.py``'s module-level code: imports, data loading,
+simulator set-up) and then serves fork requests; each env of the pool is a fork of it, so the
+interpreter, the libraries and whatever the env built at import are shared copy-on-write.
+:class:`TemplateLauncher` has an isolation backend's ``launch()/report()`` shape, so the worker
+starts, respawns and hard-resets forked envs exactly as it does spawned ones.
+
+How an env gets served (both backends)
+--------------------------------------
+The template is a fresh interpreter (``exec``, scrubbed environment: no worker memory, keys or
+descriptors are inherited) started with ``BOLTZLABS_TEMPLATE=<kind>`` and a control socket on
+fd 3. It runs the env directory's ``env.py`` as usual; when that calls
+:func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.gym_server.serve_factories`, which first
+unpickles the factories so Gymnasium and the env classes are imported in the template), serve
+does not serve: it enters :func:`template_main`, the fork loop. The template checks it is
+single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the worker sends one
+``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
+env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
+
+The template double-forks: the intermediate child exits at once, so the env is re-parented to
+the worker (a child subreaper). The worker therefore ``waitpid``-s it, sees its real exit status,
+and the env outlives a dead template. The env sends one message on its socketpair; the worker's
+end has ``SO_PASSCRED``, so the kernel stamps it with the env's *host* pid (unforgeable: the
+sender can only name a process in its own PID namespace). That pid is ``Launched.pid``: the
+env's top process. The worker checks it has been re-parented, moves it into the env's own
+cgroup, answers ``go``; the env finishes its sandbox, answers ``ok`` and returns from
+``serve()``'s hook into the normal serving loop with fds 0/1/2 on the worker's pipes, its own
+environment, ``ENV_INDEX`` and RNG state. A hard reset or straggler respawn is just another fork.
+
+Nesting with the ``namespaces`` backend (root mode)
+---------------------------------------------------
+* Template: forked by the backend's launcher thread as real root (not PID 1 of a namespace, so
+  the envs it forks can be re-parented out of it), joins a cgroup of its own (same limits as an
+  env), unshares mount/net/IPC/UTS(/cgroup) namespaces and builds the same read-only root as a
+  spawned env (``/env``, Python, runtime, a private ``/workspace``, tmpfs ``/tmp`` and
+  ``/dev/shm``), with ``/proc`` mounted ``hidepid=invisible``. Then it unshares a **user
+  namespace** whose maps the launcher writes: inside uid 0 -> a random per-session outer uid (the
+  template), inside uid 1000 -> that uid + 1 (its envs). It keeps only CAP_SYS_ADMIN,
+  CAP_SETUID, CAP_SETGID and CAP_SETPCAP, and only inside that user namespace (no host
+  privilege: no devices, modules, host mounts or host processes), installs a seccomp filter
+  (the env deny-list, except that mount/umount/move_mount/mount_setattr and ``unshare`` of
+  non-user namespaces are allowed: no nested user namespace, no setns, ptrace, bpf, ...),
+  arms PDEATHSIG and execs Python, which imports the env.
+* Each forked env: the intermediate child ``unshare(CLONE_NEWPID)``-s, so the env is PID 1 of its
+  own PID namespace (SIGKILL to ``Launched.pid`` kills its whole tree; the worker also kills its
+  cgroup). The env then unshares mount (a copy owned by the template's user namespace, so every
+  inherited mount is locked: it cannot be unmounted or made writable), net (only ``lo``), IPC,
+  UTS and cgroup namespaces; mounts its own ``/proc``, fresh size-limited ``/tmp`` and
+  ``/dev/shm``; attaches its workspace over ``/workspace``: a detached bind mount the worker made
+  with ``open_tree(OPEN_TREE_CLONE)`` of that env's host directory and passed as an fd, so the
+  template never sees any env's workspace. It drops the bounding set, switches to uid/gid 1000
+  (clearing all capabilities), sets no_new_privs, re-arms PDEATHSIG (checked against a lifeline
+  pipe only the worker can close), sets the rlimits and stacks the full env seccomp filter.
+  Limits: its own cgroup (memory, pids) joined by the worker before it runs any env code, plus
+  the same rlimits as a spawned env.
+
+What a forked env gets, compared with a spawned one (``report()`` says the same)
+* the same: read-only ``/env`` and runtime, hidden host files, private ``/workspace`` (not
+  shared with siblings, wiped by a hard reset), own PID/mount/net/IPC/UTS namespaces, no
+  network, cgroup limits, rlimits, seccomp, no capabilities, no_new_privs, scrubbed environment;
+* different: the uid is per session (shared by the pool's envs and distinct from the
+  template's), not per env (siblings cannot see or signal each other: separate PID namespaces);
+  the template runs the env's import-time code with namespace-admin capabilities confined to
+  its own user namespace and can see the envs it forked (they cannot see it): a boundary
+  between envs and against a compromised env, not against a malicious env *directory*, whose
+  code (from the trusted trainer) also builds its envs' sandboxes inside the template;
+* semantics: module-level state is the template's (that is the point). ``ENV_INDEX`` (and
+  ``ENV_DIR``/``WORKSPACE``) bound at import are rebound per env; other per-env values computed
+  at import are not. Python ``random`` and numpy's global RNG are re-seeded from the OS in every
+  env; ``os.urandom`` is the kernel's. ``random.Random()`` instances made at import, the string
+  hash seed and ``/proc/self/environ`` are the template's. Descriptors opened at import are
+  pointed at ``/dev/null`` in envs (shared offsets or sockets would link siblings). Files the
+  import wrote under ``/workspace`` or ``/tmp`` are not seen by envs (they get fresh ones).
+
+With the ``process`` backend boltz mode is just fork from a template process (own session and
+process group, rlimits, scrubbed environment, private working directory); no sandbox, as the
+report says. The ``bwrap`` backend can only exec, so boltz mode refuses it, and the namespaces
+backend in unprivileged ``userns`` mode is refused too (the worker cannot hand a workspace to a
+nested namespace without root); there is no automatic fallback to ``mode="default"``.
+
+A dead template (killed, crashed) is noticed at the next ``launch()`` (a pidfd) and restarted;
+its envs live on. ``close()`` kills it and removes its cgroup; its directories live in the
+session root, which the worker removes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import secrets
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import replace
+
+from .sandbox.base import (
+    SANDBOX_ENV_DIR,
+    SANDBOX_RUNTIME,
+    SANDBOX_WORKSPACE,
+    IsolationReport,
+    Launched,
+    LaunchSpec,
+    Limits,
+    SandboxUnavailable,
+    apply_rlimits,
+    child_environment,
+    kill_process_group,
+)
+
+log = logging.getLogger("boltzlabs_gym.worker.template")
+
+#: fds the template finds its control socket and the worker's lifeline on.
+CTL_FD = 3
+LIFELINE_FD = 4
+#: inside the template's user namespace: the template is uid 0, its envs uid ENV_INSIDE_UID.
+ENV_INSIDE_UID = 1000
+#: seconds the template may take to import the env and say ready.
+TEMPLATE_START_TIMEOUT = 120.0
+#: seconds one fork may take until the env's sandbox is ready.
+FORK_TIMEOUT = 20.0
+_TEMPLATE_UID_LO, _TEMPLATE_UID_SPAN = 1_000_000_000, 1_000_000_000
+
+# capability numbers the template keeps (inside its own user namespace only)
+_CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN = 6, 7, 8, 21
+_KEEP_CAPS = (_CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN)
+
+#: The template's interpreter runs env.py as __main__ (like a spawned env); serve() forks.
+TEMPLATE_BOOTSTRAP = (
+    "import os,runpy,sys\n"
+    "d=os.environ['BOLTZLABS_ENV_DIR']\n"
+    "sys.path.insert(0,d)\n"
+    "sys.argv=[os.path.join(d,'env.py')]\n"
+    "runpy.run_path(sys.argv[0],run_name='__main__')\n"
+    "sys.stderr.write('boltzlabs boltz template: env.py returned without calling "
+    "boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode=\"boltz\" needs one of them "
+    "(use mode=\"default\" for an env that speaks the line protocol itself)\\n')\n"
+    "sys.exit(3)\n"
+)
+
+
+# ============================================================================================ worker side
+class _Template:
+    """One running template process as the worker sees it."""
+
+    def __init__(self, pid: int, pidfd: int, ctl: socket.socket, cgroup, log_path: str, outer_uid: int):
+        self.pid = pid
+        self.pidfd = pidfd
+        self.ctl = ctl
+        self.cgroup = cgroup
+        self.log_path = log_path
+        self.outer_uid = outer_uid
+
+    def alive(self) -> bool:
+        if self.pidfd < 0:
+            return False
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return not ready
+
+    def log_tail(self, limit: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self, wait: float = 2.0) -> None:
+        if self.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except (ProcessLookupError, OSError):
+                pass
+            select.select([self.pidfd], [], [], wait)
+            try:
+                os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass  # the worker's reaper got it
+            os.close(self.pidfd)
+            self.pidfd = -1
+        try:
+            self.ctl.close()
+        except OSError:
+            pass
+        if self.cgroup is not None:
+            try:
+                self.cgroup.remove()
+            except OSError:
+                log.exception("removing the template cgroup")
+            self.cgroup = None
+
+
+class TemplateError(RuntimeError):
+    """The template could not import the env or fork it; the message says why."""
+
+
+class TemplateLauncher:
+    """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template."""
+
+    def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str]):
+        self.backend = backend
+        self.env_dir = env_dir
+        self.root = root
+        self.runtime = runtime
+        self.name = getattr(backend, "name", "?")
+        if self.name == "namespaces":
+            mode, why = backend.mode()
+            if mode != "root":
+                raise SandboxUnavailable(
+                    "mode='boltz' with isolation='namespaces' needs the worker to run as root (it hands each forked "
+                    f"env its workspace as a mount and its own cgroup); this worker runs in {mode!r} mode ({why}). "
+                    "Use mode='default', or isolation='process' for boltz mode without a sandbox."
+                )
+            self.kind = "ns"
+        elif self.name == "process":
+            self.kind = "process"
+        else:
+            raise SandboxUnavailable(
+                f"mode='boltz' cannot run with isolation={self.name!r}: that backend can only exec a new "
+                "process, not fork one from a warm template. Use isolation='namespaces' (root) or 'process', "
+                "or mode='default'."
+            )
+        self._tpl: _Template | None = None
+        self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
+        self._closed = False
+        self.template_starts = 0
+        self.template_start_ms: list[float] = []
+        self._dir = os.path.join(root, "template")
+        os.makedirs(self._dir, exist_ok=True)
+        self._outer_uid = _TEMPLATE_UID_LO + 2 * secrets.randbelow(_TEMPLATE_UID_SPAN // 2)
+
+    # ---------------------------------------------------------------- introspection
+    @property
+    def template_pid(self) -> int | None:
+        return self._tpl.pid if self._tpl is not None and self._tpl.alive() else None
+
+    def pss(self) -> int:
+        """PSS in bytes of the template process itself (its envs are counted per env)."""
+        from .memory import tree_pss
+
+        pid = self.template_pid
+        return tree_pss(pid, children=False) if pid else 0
+
+    def available(self) -> tuple[bool, str]:
+        return self.backend.available()
+
+    def report(self) -> IsolationReport:
+        base = self.backend.report()
+        props = dict(base.properties)
+        props["boltz_template"] = True
+        notes = list(base.notes)
+        if self.kind == "ns":
+            props["dedicated_uid"] = "per session (envs share one uid, distinct from the template's)"
+            props["template_sandbox"] = (
+                "same root, no network, own cgroup, seccomp; keeps SYS_ADMIN/SETUID/SETGID/SETPCAP inside "
+                "its own user namespace only"
+            )
+            notes.append(
+                "mode=boltz: each env is forked from a warm template and gets its own PID, mount, net, IPC, UTS "
+                "and cgroup namespaces, private /workspace, /tmp and /dev/shm, cgroup, rlimits and seccomp; "
+                "the template (which ran the env's import-time code) can see the envs it forked, they cannot "
+                "see it or each other"
+            )
+        else:
+            notes.append(
+                "mode=boltz with the process backend: envs are plain forks of a template process (own session, "
+                "rlimits, private cwd); no sandbox"
+            )
+        return IsolationReport(base.backend, props, tuple(notes))
+
+    # ---------------------------------------------------------------- template life
+    def _template_spec(self, spec: LaunchSpec) -> LaunchSpec:
+        ws = os.path.join(self._dir, "ws")
+        os.makedirs(ws, exist_ok=True)
+        env = dict(spec.env)
+        env.update({
+            "BOLTZLABS_TEMPLATE": self.kind,
+            "BOLTZLABS_ENV_INDEX": "-1",
+            "BOLTZLABS_WORKSPACE": ws,
+            "HOME": ws,
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "NUMEXPR_NUM_THREADS": "1",
+            "VECLIB_MAXIMUM_THREADS": "1",
+        })
+        argv = [sys.executable, "-B", "-s", "-c", TEMPLATE_BOOTSTRAP, "boltzlabs-template"]
+        return replace(spec, argv=argv, env=env, workspace=ws, uid=ENV_INSIDE_UID, index=-1)
+
+    def _start_template(self, spec: LaunchSpec) -> _Template:
+        start = time.perf_counter()
+        tspec = self._template_spec(spec)
+        log_path = os.path.join(self._dir, "log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            if self.kind == "ns":
+                pid, cgroup = self._start_ns(tspec, null_fd, log_fd, theirs.fileno())
+            else:
+                pid, cgroup = self._start_process(tspec, null_fd, log_fd, theirs.fileno()), None
+        finally:
+            theirs.close()
+            os.close(log_fd)
+            os.close(null_fd)
+        from .sandbox import _linux as L
+
+        try:
+            pidfd = L.pidfd_open(pid)
+        except OSError:
+            pidfd = -1
+        tpl = _Template(pid, pidfd, ours, cgroup, log_path, self._outer_uid)
+        ours.settimeout(TEMPLATE_START_TIMEOUT)
+        try:
+            msg = ours.recv(4096)
+        except (socket.timeout, OSError) as exc:
+            msg = b"!" + f"no answer ({exc})".encode()
+        if msg != b"ready":
+            tpl.kill()
+            why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "it exited"
+            raise TemplateError(
+                f"the boltz template could not import the env ({why}); its output:\n{tpl.log_tail()}"
+            )
+        ours.settimeout(None)
+        self.template_starts += 1
+        self.template_start_ms.append((time.perf_counter() - start) * 1e3)
+        return tpl
+
+    def _start_process(self, tspec: LaunchSpec, null_fd: int, log_fd: int, ctl_fd: int) -> int:
+        from .sandbox.process import runtime_pythonpath
+
+        env = child_environment(tspec, env_dir=tspec.env_dir, workspace=tspec.workspace,
+                                pythonpath=runtime_pythonpath(tspec.runtime))
+        life_r = self._life_r
+
+        def body() -> None:
+            os.setsid()
+            _place_fds([null_fd, log_fd, log_fd, ctl_fd, life_r])
+            apply_rlimits(tspec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
+            os.chdir(tspec.workspace)
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.execve(tspec.argv[0], tspec.argv, env)
+
+        from .sandbox.namespaces import LAUNCHER
+
+        def fork() -> int:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    body()
+                except BaseException as exc:  # noqa: BLE001
+                    try:
+                        os.write(log_fd, f"boltzlabs template setup failed: {exc}\n".encode())
+                    finally:
+                        os._exit(127)
+                os._exit(127)
+            return pid
+
+        return LAUNCHER.call(fork)
+
+    def _start_ns(self, tspec: LaunchSpec, null_fd: int, log_fd: int, ctl_fd: int):
+        from .sandbox import cgroups, seccomp
+        from .sandbox import _linux as L
+        from .sandbox.namespaces import LAUNCHER
+
+        backend = self.backend
+        plan = backend.plan(tspec, "root", use_cgroup=False)
+        plan.proc_data = "hidepid=invisible"
+        plan.fds = (null_fd, log_fd, log_fd)
+        plan.seccomp_prog = (
+            seccomp.build_filter(
+                deny=tuple(n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount",
+                                                                 "mount_setattr")),
+                unshare_deny_flags=L.CLONE_NEWUSER,
+            )
+            if backend.use_seccomp
+            else None
+        )
+        kind = cgroups.probe()[0]
+        if kind is not None:
+            plan.cgroup = cgroups.EnvCgroup(kind, tspec.limits.memory_bytes, tspec.limits.pids, tag="template")
+        os.chown(tspec.workspace, self._outer_uid, self._outer_uid)
+        os.chmod(tspec.workspace, 0o700)
+        outer = self._outer_uid
+        maps = f"0 {outer} 1\n{ENV_INSIDE_UID} {outer + 1} 1\n"
+        life_r = self._life_r
+
+        def run() -> int:
+            status_r, status_w = os.pipe()
+            sync_r, sync_w = os.pipe()
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _template_child_ns(plan, status_w, sync_r, ctl_fd, life_r)  # never returns
+            except BaseException:
+                for fd in (status_r, status_w, sync_r, sync_w):
+                    os.close(fd)
+                raise
+            os.close(status_w)
+            os.close(sync_r)
+            data = b""
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([status_r], [], [], left)[0]:
+                        data += b"!template sandbox setup timed out"
+                        os.kill(pid, signal.SIGKILL)
+                        break
+                    chunk = os.read(status_r, 65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                    if data == b"U":
+                        for name in ("uid_map", "gid_map"):
+                            with open(f"/proc/{pid}/{name}", "w") as f:
+                                f.write(maps)
+                        os.write(sync_w, b"M")
+                        data = b""
+            finally:
+                os.close(status_r)
+                os.close(sync_w)
+            if b"!" in data:
+                raise TemplateError(data.split(b"!", 1)[1].decode("utf-8", "replace").strip())
+            return pid
+
+        try:
+            pid = LAUNCHER.call(run)
+        except BaseException:
+            if plan.cgroup is not None:
+                plan.cgroup.remove()
+            raise
+        return pid, plan.cgroup
+
+    def _ensure_template(self, spec: LaunchSpec) -> _Template:
+        if self._closed:
+            raise TemplateError("the session's template launcher is closed")
+        tpl = self._tpl
+        if tpl is not None and not tpl.alive():
+            log.warning("boltz template %s of %s died; restarting it", tpl.pid, self.env_dir)
+            tpl.kill(wait=0)
+            tpl = self._tpl = None
+        if tpl is None:
+            tpl = self._tpl = self._start_template(spec)
+        return tpl
+
+    # ---------------------------------------------------------------- launching envs
+    def launch(self, spec: LaunchSpec) -> Launched:
+        start = time.perf_counter()
+        try:
+            try:
+                return self._fork(self._ensure_template(spec), spec, start)
+            except _TemplateGone:
+                # died between the liveness check and the fork (or was killed mid-fork): once more
+                return self._fork(self._ensure_template(spec), spec, start)
+        except (TemplateError, _TemplateGone) as exc:
+            return _failed_launch(spec, str(exc), start)
+
+    def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
+        from .sandbox import cgroups
+        from .sandbox import _linux as L
+
+        if self.kind == "ns":
+            os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
+            os.chmod(spec.workspace, 0o700)
+            env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
+                                    pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+            workspace = SANDBOX_WORKSPACE
+        else:
+            from .sandbox.process import runtime_pythonpath
+
+            env = child_environment(spec, env_dir=spec.env_dir, workspace=spec.workspace,
+                                    pythonpath=runtime_pythonpath(spec.runtime))
+            workspace = spec.workspace
+        cg = None
+        if self.kind == "ns" and cgroups.probe()[0] is not None:
+            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids,
+                                   tag=str(spec.index))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        tree = -1
+        pid = None
+        try:
+            fds = [spec.stdin_fd, spec.stdout_fd, spec.stderr_fd, theirs.fileno()]
+            if self.kind == "ns":
+                tree = L.open_tree_clone(spec.workspace)
+                L.mount_setattr_fd(tree, L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV)
+                fds.append(tree)
+            req = {
+                "index": spec.index,
+                "env": env,
+                "workspace": workspace,
+                "limits": spec.limits.to_json(),
+                "cgroup": cg is not None,
+            }
+            try:
+                socket.send_fds(tpl.ctl, [json.dumps(req).encode()], fds)
+            except OSError as exc:
+                raise _TemplateGone(f"could not reach the template: {exc}") from None
+            finally:
+                theirs.close()
+                if tree >= 0:
+                    os.close(tree)
+            ours.settimeout(FORK_TIMEOUT)
+            msg, pid = _recv_with_pid(ours, tpl)
+            if msg.startswith(b"!"):
+                raise TemplateError(msg[1:].decode("utf-8", "replace"))
+            if pid is None or pid <= 0 or pid == tpl.pid or pid == os.getpid():
+                raise TemplateError(f"the template reported an impossible env pid {pid}")
+            _wait_reparented(pid)
+            if cg is not None:
+                for path in cg.join_files:
+                    with open(path, "w") as f:
+                        f.write(str(pid))
+            ours.send(b"go")
+            msg = ours.recv(65536)
+            if msg != b"ok":
+                why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "the env died during set-up"
+                raise TemplateError(f"forked env could not finish its sandbox: {why}")
+        except BaseException as exc:
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if cg is not None:
+                cg.remove()
+            if isinstance(exc, socket.timeout):
+                raise TemplateError(f"the template did not fork the env within {FORK_TIMEOUT:g} s") from None
+            raise
+        finally:
+            ours.close()
+        kind = self.kind
+
+        def kill_tree() -> None:
+            if kind == "process":
+                kill_process_group(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if cg is not None:
+                cg.signal_all()
+
+        def cleanup() -> None:
+            if cg is not None:
+                cg.remove()
+
+        return Launched(
+            pid=pid,
+            kill_tree=kill_tree,
+            cleanup=cleanup,
+            setup_ms=(time.perf_counter() - start) * 1e3,
+            oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
+            paths={"env_dir": env["BOLTZLABS_ENV_DIR"], "workspace": workspace},
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._tpl is not None:
+            self._tpl.kill()
+            self._tpl = None
+        for fd in (self._life_r, self._life_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _TemplateGone(Exception):
+    pass
+
+
+def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | None]:
+    """One message and the kernel-stamped pid of its sender (SO_PASSCRED)."""
+    deadline = time.monotonic() + FORK_TIMEOUT
+    while True:
+        ready, _, _ = select.select([sock, tpl.pidfd] if tpl.pidfd >= 0 else [sock], [], [],
+                                    max(0.0, deadline - time.monotonic()))
+        if sock in ready:
+            break
+        if not ready:
+            raise socket.timeout()
+        # the template died; an env it already forked may still have answered
+        if not select.select([sock], [], [], 0.05)[0]:
+            raise _TemplateGone("the template died while forking")
+        break
+    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
+    pid = None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("iII", data[: struct.calcsize("iII")])[0]
+    if not msg and pid is None:
+        raise _TemplateGone("the template closed the env's channel")
+    return msg, pid
+
+
+def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
+    """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
+    me = os.getpid()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            raise TemplateError(f"forked env {pid} vanished during set-up") from None
+        if ppid == me:
+            return
+        if time.monotonic() > deadline:
+            raise TemplateError(f"forked env {pid} was not re-parented to the worker (parent {ppid})")
+        time.sleep(0.0002)
+
+
+def _failed_launch(spec: LaunchSpec, message: str, start: float) -> Launched:
+    """A start that cannot happen: a short-lived process writes why on the env's stderr and exits 3,
+    so the worker reports it like any failed start (naming the env, with this text as its stderr)."""
+    text = f"boltzlabs boltz template: {message}\n".encode("utf-8", "replace")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.write(spec.stderr_fd, text[-60000:])
+        finally:
+            os._exit(3)
+    return Launched(pid=pid, kill_tree=lambda: None, setup_ms=(time.perf_counter() - start) * 1e3,
+                    setup_error=message)
+
+
+def _place_fds(fds: list[int]) -> None:
+    """Make ``fds[i]`` fd ``i`` (inheritable), close every other fd but CLOEXEC ones above them."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    for fd in high:
+        os.close(fd)
+    keep = set(range(len(fds)))
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                flags = fcntl.fcntl(fd, fcntl.F_GETFD)
+            except OSError:
+                continue
+            if not flags & fcntl.FD_CLOEXEC:
+                os.close(fd)
+
+
+def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: int) -> None:
+    """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
+    from .sandbox import _linux as L
+    from .sandbox import seccomp
+    from .sandbox.namespaces import HOSTNAME, _build_root, _NS_FLAGS
+
+    try:
+        import fcntl
+
+        status_w = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 64)
+        sync_r = fcntl.fcntl(sync_r, fcntl.F_DUPFD_CLOEXEC, 64)
+        _place_fds([plan.fds[0], plan.fds[1], plan.fds[2], ctl_fd, life_r])
+        if plan.sched is not None:
+            try:
+                os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
+            except OSError:
+                pass
+        if plan.cgroup is not None:
+            plan.cgroup.join()
+        L.unshare(_NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0))
+        L.sethostname(HOSTNAME)
+        _build_root(plan)
+        L.unshare(L.CLONE_NEWUSER)
+        os.write(status_w, b"U")
+        if os.read(sync_r, 1) != b"M":
+            os._exit(125)
+        os.close(sync_r)
+        os.setgroups([])
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        for cap in range(plan.cap_last + 1):
+            if cap not in _KEEP_CAPS:
+                try:
+                    L.prctl(L.PR_CAPBSET_DROP, cap)
+                except OSError:
+                    pass
+        try:
+            L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
+        except OSError:
+            pass
+        L.capset(sum(1 << c for c in _KEEP_CAPS))
+        L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)
+        have_cg = plan.cgroup is not None
+        apply_rlimits(plan.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
+        os.chdir(SANDBOX_WORKSPACE)
+        if plan.seccomp_prog is not None:
+            seccomp.install(plan.seccomp_prog)
+        else:
+            L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.execve(plan.argv[0], plan.argv, plan.env)
+    except BaseException as exc:  # noqa: BLE001 - never return into the worker
+        try:
+            os.write(status_w, f"!boltz template sandbox setup failed: {type(exc).__name__}: {exc}\n".encode())
+        except OSError:
+            pass
+    os._exit(127)
+
+
+# ============================================================================================ template side
+def _threads() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _open_fds() -> set[int]:
+    try:
+        return {int(x) for x in os.listdir("/proc/self/fd")}
+    except OSError:
+        return set(range(3, 256))
+
+
+def template_main() -> None:
+    """The fork loop. Returns only in a forked env (with its channel on fds 0/1/2); the template
+    process itself exits here when the worker closes the control socket."""
+    import gc
+
+    kind = os.environ.get("BOLTZLABS_TEMPLATE", "process")
+    ctl = socket.socket(fileno=CTL_FD)
+    ns = kind == "ns"
+    filt = None
+    if ns:
+        from .sandbox import _linux as L
+        from .sandbox import seccomp
+
+        filt = seccomp.build_filter()
+    import_fds = _open_fds() - {0, 1, 2, CTL_FD, LIFELINE_FD}
+    for fd in list(import_fds):
+        try:
+            os.fstat(fd)
+        except OSError:
+            import_fds.discard(fd)  # the listdir fd itself
+    gc.collect()
+    gc.freeze()
+    n = _threads()
+    if n > 1:
+        ctl.send(f"!the template has {n} threads after importing the env; a fork keeps only the calling "
+                 "thread, so forked envs would be broken. Do not start threads at import (set "
+                 "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode())
+        os._exit(4)
+    ctl.send(b"ready")
+    while True:
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 8)
+        except InterruptedError:
+            continue
+        if not msg:
+            os._exit(0)
+        try:
+            req = json.loads(msg)
+            csock_fd = fds[3]
+        except (ValueError, IndexError):
+            for fd in fds:
+                os.close(fd)
+            continue
+        n = _threads()
+        if n > 1:
+            _send_fd(csock_fd, f"!the template has {n} threads at fork time (something started a thread "
+                               "after import); refusing to fork a broken env. Use mode='default'".encode())
+            for fd in fds:
+                os.close(fd)
+            continue
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send_fd(csock_fd, f"!fork failed: {exc}".encode())
+            for fd in fds:
+                os.close(fd)
+            continue
+        if pid == 0:
+            # the intermediate child: make the env PID 1 of its own namespace, fork it, exit at once
+            try:
+                if ns:
+                    L.unshare(L.CLONE_NEWPID)
+                if os.fork() == 0:
+                    ctl.detach()
+                    _become_env(req, fds, ns, filt, import_fds)
+                    return  # into serve(): this process is now an env
+            except BaseException as exc:  # noqa: BLE001
+                _send_fd(csock_fd, f"!fork failed: {type(exc).__name__}: {exc}".encode())
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        while True:
+            try:
+                os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                break
+
+
+def _send_fd(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int]) -> None:
+    """In the forked env: finish its sandbox, then become an ordinary env process."""
+    stdin_fd, stdout_fd, stderr_fd, csock_fd = fds[:4]
+    tree = fds[4] if ns and len(fds) > 4 else -1
+    try:
+        os.close(CTL_FD)
+        os.write(csock_fd, b"p")  # the kernel stamps our host pid on it (SO_PASSCRED on the worker's end)
+        if os.read(csock_fd, 16) != b"go":
+            os._exit(0)
+        limits = Limits.from_json(req.get("limits"))
+        if ns:
+            from .sandbox import _linux as L
+
+            flags = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+            L.unshare(flags | (L.CLONE_NEWCGROUP if req.get("cgroup") else 0))
+            L.sethostname("boltzlabs")
+            L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+            size = int(limits.tmpfs_bytes)
+            L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
+            L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
+            L.move_mount_fd(tree, SANDBOX_WORKSPACE)
+            os.close(tree)
+            tree = -1
+            for cap in range(L.cap_last_cap() + 1):
+                try:
+                    L.prctl(L.PR_CAPBSET_DROP, cap)
+                except OSError:
+                    pass
+            os.setgroups([])
+            os.setresgid(ENV_INSIDE_UID, ENV_INSIDE_UID, ENV_INSIDE_UID)
+            os.setresuid(ENV_INSIDE_UID, ENV_INSIDE_UID, ENV_INSIDE_UID)  # clears every capability
+            L.capset_none()
+            L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
+            L.prctl(L.PR_SET_DUMPABLE, 1)
+            L.prctl(L.PR_SET_PDEATHSIG, signal.SIGKILL)  # our parent is the worker now
+        else:
+            os.setsid()
+            import ctypes
+
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if select.select([LIFELINE_FD], [], [], 0)[0]:
+            os._exit(125)  # the worker is gone (its lifeline closed) before PDEATHSIG was armed
+        os.close(LIFELINE_FD)
+        have_cg = bool(req.get("cgroup"))
+        apply_rlimits(limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
+        os.chdir(req["workspace"])
+        if filt is not None:
+            from .sandbox import seccomp
+
+            seccomp.install(filt)
+        os.write(csock_fd, b"ok")
+        os.close(csock_fd)
+    except BaseException as exc:  # noqa: BLE001 - never fall back into the template's loop
+        msg = f"boltzlabs boltz env setup failed: {type(exc).__name__}: {exc}"
+        _send_fd(stderr_fd, (msg + "\n").encode())
+        _send_fd(csock_fd, ("!" + msg).encode())
+        os._exit(127)
+    from .sandbox.base import wire_std_fds
+
+    wire_std_fds(stdin_fd, stdout_fd, stderr_fd)
+    for fd in (stdin_fd, stdout_fd, stderr_fd):
+        if fd > 2:
+            os.close(fd)
+    # descriptors the env's import opened: point them at /dev/null (a shared offset or socket would
+    # link siblings; closing them could let a stale file object close a later, unrelated fd)
+    if import_fds:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in import_fds:
+            if fd != null:
+                try:
+                    os.dup2(null, fd, inheritable=False)
+                except OSError:
+                    pass
+        if null not in import_fds:
+            os.close(null)
+    for fd in _open_fds() - {0, 1, 2} - import_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    env = req["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    _rebind(int(req["index"]), env.get("BOLTZLABS_ENV_DIR", SANDBOX_ENV_DIR),
+            env.get("BOLTZLABS_WORKSPACE", SANDBOX_WORKSPACE))
+    _reseed()
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
+
+
+def _rebind(index: int, env_dir: str, workspace: str) -> None:
+    """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (and every module global bound to them at import) at this env's values."""
+    from .. import env as envmod
+
+    new = {id(envmod.ENV_INDEX): index, id(envmod.ENV_DIR): env_dir, id(envmod.WORKSPACE): workspace}
+    for mod in list(sys.modules.values()):
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for key, value in list(d.items()):
+            if isinstance(value, (envmod._PerEnvInt, envmod._PerEnvStr)) and id(value) in new:
+                d[key] = new[id(value)]
+    envmod._TEMPLATE = ""
+
+
+def _reseed() -> None:
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+__all__ = ["TemplateLauncher", "TemplateError", "template_main", "TEMPLATE_BOOTSTRAP"]
