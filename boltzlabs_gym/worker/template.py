@@ -70,7 +70,8 @@ What a forked env gets, compared with a spawned one (``report()`` says the same)
   at import are not. Python ``random`` and numpy's global RNG are re-seeded from the OS in every
   env; ``os.urandom`` is the kernel's. ``random.Random()`` instances made at import, the string
   hash seed and ``/proc/self/environ`` are the template's. Descriptors opened at import are
-  pointed at ``/dev/null`` in envs (shared offsets or sockets would link siblings). Files the
+  pointed at ``/dev/null`` in envs (shared offsets or sockets would link siblings), except copies
+  of the template's stdin/stdout/stderr, which become copies of the env's own. Files the
   import wrote under ``/workspace`` or ``/tmp`` are not seen by envs (they get fresh ones).
 
 With the ``process`` backend boltz mode is just fork from a template process (own session and
@@ -118,12 +119,17 @@ log = logging.getLogger("boltzlabs_gym.worker.template")
 #: fds the template finds its control socket and the worker's lifeline on.
 CTL_FD = 3
 LIFELINE_FD = 4
+#: process names (comm) of a template and of the envs forked from it.
+TEMPLATE_COMM = "boltz-template"
+ENV_COMM = "boltz-env"
 #: inside the template's user namespace: the template is uid 0, its envs uid ENV_INSIDE_UID.
 ENV_INSIDE_UID = 1000
 #: seconds the template may take to import the env and say ready.
 TEMPLATE_START_TIMEOUT = 120.0
 #: seconds one fork may take until the env's sandbox is ready.
 FORK_TIMEOUT = 20.0
+#: after a template failed to start, launches within this many seconds fail with its error at once.
+FAILED_TEMPLATE_RETRY_S = 5.0
 _TEMPLATE_UID_LO, _TEMPLATE_UID_SPAN = 1_000_000_000, 1_000_000_000
 
 # capability numbers the template keeps (inside its own user namespace only)
@@ -228,6 +234,7 @@ class TemplateLauncher:
                 "or mode='default'."
             )
         self._tpl: _Template | None = None
+        self._failed: tuple[str, float] | None = None
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
         self._closed = False
         self.template_starts = 0
@@ -298,18 +305,23 @@ class TemplateLauncher:
         start = time.perf_counter()
         tspec = self._template_spec(spec)
         log_path = os.path.join(self._dir, "log")
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        # distinct files for the template's fds 0/1/2, so that copies the env's import makes of them
+        # (``os.dup(1)``) can be recognised and pointed at each forked env's own channel
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        out_fd = os.open(os.path.join(self._dir, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                         0o600)
+        null_fd, w = os.pipe2(os.O_CLOEXEC)  # an empty stdin of its own
+        os.close(w)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             if self.kind == "ns":
-                pid, cgroup = self._start_ns(tspec, null_fd, log_fd, theirs.fileno())
+                pid, cgroup = self._start_ns(tspec, null_fd, out_fd, log_fd, theirs.fileno())
             else:
-                pid, cgroup = self._start_process(tspec, null_fd, log_fd, theirs.fileno()), None
+                pid, cgroup = self._start_process(tspec, null_fd, out_fd, log_fd, theirs.fileno()), None
         finally:
             theirs.close()
-            os.close(log_fd)
-            os.close(null_fd)
+            for fd in (log_fd, out_fd, null_fd):
+                os.close(fd)
         from .sandbox import _linux as L
 
         try:
@@ -333,7 +345,7 @@ class TemplateLauncher:
         self.template_start_ms.append((time.perf_counter() - start) * 1e3)
         return tpl
 
-    def _start_process(self, tspec: LaunchSpec, null_fd: int, log_fd: int, ctl_fd: int) -> int:
+    def _start_process(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int) -> int:
         from .sandbox.process import runtime_pythonpath
 
         env = child_environment(tspec, env_dir=tspec.env_dir, workspace=tspec.workspace,
@@ -342,7 +354,7 @@ class TemplateLauncher:
 
         def body() -> None:
             os.setsid()
-            _place_fds([null_fd, log_fd, log_fd, ctl_fd, life_r])
+            _place_fds([null_fd, out_fd, log_fd, ctl_fd, life_r])
             apply_rlimits(tspec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
             os.chdir(tspec.workspace)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -365,7 +377,7 @@ class TemplateLauncher:
 
         return LAUNCHER.call(fork)
 
-    def _start_ns(self, tspec: LaunchSpec, null_fd: int, log_fd: int, ctl_fd: int):
+    def _start_ns(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int):
         from .sandbox import cgroups, seccomp
         from .sandbox import _linux as L
         from .sandbox.namespaces import LAUNCHER
@@ -373,7 +385,7 @@ class TemplateLauncher:
         backend = self.backend
         plan = backend.plan(tspec, "root", use_cgroup=False)
         plan.proc_data = "hidepid=invisible"
-        plan.fds = (null_fd, log_fd, log_fd)
+        plan.fds = (null_fd, out_fd, log_fd)
         plan.seccomp_prog = (
             seccomp.build_filter(
                 deny=tuple(n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount",
@@ -448,7 +460,15 @@ class TemplateLauncher:
             tpl.kill(wait=0)
             tpl = self._tpl = None
         if tpl is None:
-            tpl = self._tpl = self._start_template(spec)
+            failed = self._failed
+            if failed is not None and time.monotonic() - failed[1] < FAILED_TEMPLATE_RETRY_S:
+                raise TemplateError(failed[0])  # the pool's other envs: do not import it again at once
+            try:
+                tpl = self._tpl = self._start_template(spec)
+            except TemplateError as exc:
+                self._failed = (str(exc), time.monotonic())
+                raise
+            self._failed = None
         return tpl
 
     # ---------------------------------------------------------------- launching envs
@@ -741,6 +761,7 @@ def template_main() -> None:
 
     kind = os.environ.get("BOLTZLABS_TEMPLATE", "process")
     ctl = socket.socket(fileno=CTL_FD)
+    _set_name(TEMPLATE_COMM)  # forks share the template's argv; the name tells them apart in ps
     ns = kind == "ns"
     filt = None
     if ns:
@@ -749,11 +770,20 @@ def template_main() -> None:
 
         filt = seccomp.build_filter()
     import_fds = _open_fds() - {0, 1, 2, CTL_FD, LIFELINE_FD}
+    std_ids = {}
+    for i in (0, 1, 2):
+        st = os.fstat(i)
+        std_ids[(st.st_dev, st.st_ino)] = i
+    import_std = {}  # import-time copies of fds 0/1/2 (``os.dup(1)``): the env's own channel in a fork
     for fd in list(import_fds):
         try:
-            os.fstat(fd)
+            st = os.fstat(fd)
         except OSError:
             import_fds.discard(fd)  # the listdir fd itself
+            continue
+        if (st.st_dev, st.st_ino) in std_ids:
+            import_std[fd] = std_ids[(st.st_dev, st.st_ino)]
+            import_fds.discard(fd)
     gc.collect()
     gc.freeze()
     n = _threads()
@@ -798,7 +828,7 @@ def template_main() -> None:
                     L.unshare(L.CLONE_NEWPID)
                 if os.fork() == 0:
                     ctl.detach()
-                    _become_env(req, fds, ns, filt, import_fds)
+                    _become_env(req, fds, ns, filt, import_fds, import_std)
                     return  # into serve(): this process is now an env
             except BaseException as exc:  # noqa: BLE001
                 _send_fd(csock_fd, f"!fork failed: {type(exc).__name__}: {exc}".encode())
@@ -815,6 +845,15 @@ def template_main() -> None:
                 break
 
 
+def _set_name(name: str) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME (the comm in ps / psutil)
+    except Exception:  # noqa: BLE001 - cosmetic
+        pass
+
+
 def _send_fd(fd: int, data: bytes) -> None:
     try:
         os.write(fd, data)
@@ -822,10 +861,11 @@ def _send_fd(fd: int, data: bytes) -> None:
         pass
 
 
-def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int]) -> None:
+def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int], import_std: dict[int, int]) -> None:
     """In the forked env: finish its sandbox, then become an ordinary env process."""
     stdin_fd, stdout_fd, stderr_fd, csock_fd = fds[:4]
     tree = fds[4] if ns and len(fds) > 4 else -1
+    _set_name(ENV_COMM)
     try:
         os.close(CTL_FD)
         os.write(csock_fd, b"p")  # the kernel stamps our host pid on it (SO_PASSCRED on the worker's end)
@@ -897,7 +937,9 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int])
                     pass
         if null not in import_fds:
             os.close(null)
-    for fd in _open_fds() - {0, 1, 2} - import_fds:
+    for fd, std in import_std.items():
+        os.dup2(std, fd, inheritable=False)
+    for fd in _open_fds() - {0, 1, 2} - import_fds - set(import_std):
         try:
             os.close(fd)
         except OSError:
