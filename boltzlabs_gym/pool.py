@@ -72,7 +72,8 @@ class EnvResult:
 class _Link:
     """One worker: its DEALER socket, the envs it hosts, its session."""
 
-    def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None, keys=None):
+    def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None, keys=None,
+                 send_timeout: float = 10.0):
         self.address = address
         self.start = start
         self.count = count
@@ -82,6 +83,9 @@ class _Link:
         self.uploaded = False
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        # A DEALER with no live peer blocks on send: bound it, so an unreachable or
+        # key-rejecting worker becomes an error instead of a hang.
+        self.sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
         self.monitor = None
         if keys is not None:
             self.sock.curve_secretkey = keys.secret
@@ -251,7 +255,7 @@ class RLPool:
     # ------------------------------------------------------------------ start-up
     def _start_links(self, workers: Sequence[str] | None, split: Sequence[int] | None) -> None:
         if workers:
-            probes = [_Link(self._ctx, address, 0, 0, keys=self._keys) for address in workers]
+            probes = [_Link(self._ctx, address, 0, 0, keys=self._keys, send_timeout=self.heartbeat_timeout) for address in workers]
             self._links.extend(probes)  # closed by the finalizer whatever happens next
             free = [int(self._call(link, {"op": "status"}, timeout=self.heartbeat_timeout)["free"]) for link in probes]
             if split is None:
@@ -294,7 +298,7 @@ class RLPool:
         if not line.startswith("READY "):
             process.kill()
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
-        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, keys=self._keys))
+        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, keys=self._keys, send_timeout=self.heartbeat_timeout))
 
     def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
         for link in self._links:
@@ -330,7 +334,11 @@ class RLPool:
         if link.session is not None and "session" not in header:
             header["session"] = link.session
             header["token"] = link.token
-        link.sock.send_multipart([encode_header(header), *frames], copy=False)
+        try:
+            link.sock.send_multipart([encode_header(header), *frames], copy=False)
+        except zmq.Again:
+            hint = link.handshake_failure() or "it is down, unreachable, or refused the connection"
+            raise WorkerError(f"worker {link.address} is unreachable: cannot send ({hint})", link.address) from None
         return seq
 
     def _recv(self, link: _Link, seq: int, timeout: float) -> tuple[dict, list]:
@@ -340,12 +348,18 @@ class RLPool:
         not even a ping, for ``heartbeat_timeout`` seconds is declared dead or
         unreachable: a clear error naming it, never a hang.
         """
-        deadline = time.monotonic() + timeout
-        link.last_heard = time.monotonic()
+        started = time.monotonic()
+        deadline = started + timeout
+        link.last_heard = started
         while True:
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
+                if link.last_heard == started:
+                    hint = link.handshake_failure() or "it died, hangs, or the network is down"
+                    raise WorkerTimeout(
+                        f"worker {link.address} is unreachable: nothing heard within {timeout:.1f} s: {hint}", link.address
+                    )
                 raise WorkerTimeout(f"worker {link.address} did not answer within {timeout:.1f} s", link.address)
             if now - link.last_heard > self.heartbeat_timeout:
                 hint = link.handshake_failure() or "it died, hangs, or the network is down"
@@ -358,7 +372,10 @@ class RLPool:
                 ping = {"op": "ping", "seq": -1}
                 if link.session is not None:
                     ping.update(session=link.session, token=link.token)
-                link.sock.send_multipart([encode_header(ping)])
+                try:
+                    link.sock.send_multipart([encode_header(ping)], zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # no live connection: silence will tell
                 link.last_ping = now
             if link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN):
                 frames = link.sock.recv_multipart(copy=False)

@@ -200,7 +200,10 @@ class Worker:
         self.parent_pid = parent_pid
         self.max_starting = max_starting
         self.archive_limits = archive_limits
+        _sweep_stale_workers(workdir)
         self.root = tempfile.mkdtemp(prefix="boltzlabs-worker-", dir=workdir)
+        with open(os.path.join(self.root, "owner.pid"), "w") as f:
+            f.write(str(os.getpid()))
         self.archives: dict[str, str] = {}
         self.sessions: dict[str, Session] = {}
         self._sid_counter = itertools.count(1)
@@ -342,10 +345,10 @@ class Worker:
             reply = handler(self, client, header, payloads)
         except ProtocolError as exc:
             reply = error_reply(seq, "protocol", str(exc))
+        except ArchiveError as exc:  # a ValueError too: must come first
+            reply = error_reply(seq, "archive", str(exc))
         except (ValueError, TypeError, KeyError) as exc:
             reply = error_reply(seq, "bad_request", f"{type(exc).__name__}: {exc}")
-        except ArchiveError as exc:
-            reply = error_reply(seq, "archive", str(exc))
         except SandboxUnavailable as exc:
             reply = error_reply(seq, "sandbox", str(exc))
         except SessionExpired as exc:
@@ -913,6 +916,35 @@ class Worker:
                     os.unlink(ep[len("ipc://") :])
                 except OSError:
                     pass
+
+
+def _sweep_stale_workers(workdir: str | None) -> None:
+    """Remove what workers that died without cleaning up (SIGKILL) left behind.
+
+    Their env processes died with them (pid-namespace inits are killed with their
+    parent); their temp dirs and cgroups stay unless the next worker sweeps them.
+    """
+    import glob
+
+    for path in glob.glob(os.path.join(workdir or tempfile.gettempdir(), "boltzlabs-worker-*")):
+        try:
+            with open(os.path.join(path, "owner.pid")) as f:
+                owner = int(f.read().strip())
+            os.kill(owner, 0)
+            continue  # its worker is alive
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours to judge (no pid file yet, or another user's)
+        log.info("removing %s, left by dead worker %s", path, owner)
+        _wipe_tree(path)
+        shutil.rmtree(path, ignore_errors=True)
+    try:
+        from .sandbox.cgroups import sweep_stale
+
+        sweep_stale()
+    except Exception:  # noqa: BLE001 - best effort: no cgroups here, or not ours to remove
+        log.debug("cgroup sweep failed", exc_info=True)
 
 
 def _drain_fd(fd: int) -> None:

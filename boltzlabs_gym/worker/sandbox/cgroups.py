@@ -253,3 +253,51 @@ class EnvCgroup:
                     self.kill()
                     time.sleep(0.005)
         self.paths = left
+
+
+def sweep_stale() -> list[str]:
+    """Remove env cgroups left by workers that died without cleaning up (SIGKILL, crash).
+
+    Names carry the creating worker's pid (``boltzlabs-<pid>-...``); a cgroup whose
+    worker is gone is emptied (its processes killed) and removed. Returns what went.
+    """
+    import glob
+    import signal as _signal
+
+    removed = []
+    roots = [os.path.join(_CG, c) for c in ("memory", "pids")] + ([_v2_root()] if _v2_root() else [])
+    for root in roots:
+        for path in glob.glob(os.path.join(root, "**", "boltzlabs-*-*"), recursive=True):
+            try:
+                owner = int(os.path.basename(path).split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if owner == os.getpid() or _alive(owner):
+                continue
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as f:
+                    for pid in f.read().split():
+                        try:
+                            os.kill(int(pid), _signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                for _ in range(100):
+                    try:
+                        os.rmdir(path)
+                        removed.append(path)
+                        break
+                    except OSError:
+                        time.sleep(0.01)
+            except OSError:
+                continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
