@@ -242,3 +242,35 @@ def test_worker_refuses_public_bind_without_keys(tmp_path):
         capture_output=True, text=True, timeout=30,
     )
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+@pytest.fixture
+def two_netns_workers(keys):
+    from workers import NetnsHost, NetnsUnavailable
+
+    hosts, workers = [], []
+    try:
+        for k in (1, 2):
+            host = NetnsHost(k)
+            hosts.append(host)
+            workers.append(WorkerProcess(f"tcp://{host.inside}:5555", keys=keys, prefix=host.prefix))
+    except NetnsUnavailable as exc:
+        for h in hosts:
+            h.close()
+        pytest.skip(f"cannot make network namespaces here: {exc}")
+    yield workers
+    for w in workers:
+        w.stop()
+    for h in hosts:
+        h.close()
+
+
+def test_workers_across_a_veth_link(two_netns_workers, keys):
+    addresses = [w.address for w in two_netns_workers]
+    assert all(a.startswith("tcp://198.18.") for a in addresses)
+    with RLPool(FAULTY, n=6, workers=addresses, keys=keys, isolation=ISOLATION) as pool:
+        obs = pool.reset(seed=3)
+        assert [o["index"] for o in obs] == list(range(6)) and [o["seed"] for o in obs] == [3 + i for i in range(6)]
+        obs, rewards, dones, infos = pool.step([{"sleep": 0.01 * (6 - i)} for i in range(6)])
+        assert [o["index"] for o in obs] == list(range(6))
+        assert pool.timing.roundtrip_ms >= pool.timing.worker_ms

@@ -1,0 +1,119 @@
+"""Helpers for testing and benchmarking with real workers: worker processes and test hosts.
+
+>>> from boltzlabs_gym.testing import WorkerProcess     # doctest: +SKIP
+>>> w = WorkerProcess()                                  # a worker on tcp://127.0.0.1:<free port>
+>>> pool = RLPool("envs/counter", n=8, workers=[w.address])
+>>> ...; pool.close(); w.stop()
+
+``NetnsHost`` makes a network namespace joined to this host by a veth pair, so a
+worker started in it is reached across a real network device. Its addresses come
+from 198.18.0.0/15, the range set aside for network benchmark tests.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+__all__ = ["WorkerProcess", "NetnsHost", "NetnsUnavailable", "wait_until"]
+
+
+class WorkerProcess:
+    """A ``python -m boltzlabs_gym.worker`` child; ``address`` is the endpoint it bound."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1:*", *, keys: str | None = None, capacity: int = 64,
+                 prefix: list[str] | None = None, insecure: bool = False, start_timeout: float = 30.0):
+        argv = [*(prefix or []), sys.executable, "-m", "boltzlabs_gym.worker", "--bind", bind, "--capacity", str(capacity)]
+        if keys:
+            argv += ["--keys", keys]
+        if insecure:
+            argv.append("--insecure")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ready, _, _ = select.select([self.proc.stdout], [], [], start_timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("READY "):
+            self.stop()
+            raise RuntimeError(f"worker did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+        self.address = line.split()[1]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL: the worker gets no chance to clean up."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait: the worker closes every session first."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+
+
+class NetnsUnavailable(RuntimeError):
+    """Network namespaces or veth pairs cannot be made here (not root, no iproute2)."""
+
+
+class NetnsHost:
+    """A network namespace joined to this one by a veth pair: a test host on a real link.
+
+    ``NetnsHost(k)`` uses 198.18.k.1 (this side) and 198.18.k.2 (inside). ``prefix``
+    is the command prefix that runs a program inside (``ip netns exec NAME``).
+    """
+
+    def __init__(self, k: int):
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            raise NetnsUnavailable("needs root and iproute2 (apt-get install iproute2)")
+        tag = uuid.uuid4().hex[:6]
+        self.name = f"blns{tag}"
+        self.outside, self.inside = f"198.18.{k}.1", f"198.18.{k}.2"
+        host_if, ns_if = f"blh{tag}", f"bln{tag}"
+        steps = [
+            ["ip", "netns", "add", self.name],
+            ["ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if],
+            ["ip", "link", "set", ns_if, "netns", self.name],
+            ["ip", "addr", "add", f"{self.outside}/24", "dev", host_if],
+            ["ip", "link", "set", host_if, "up"],
+            ["ip", "-n", self.name, "addr", "add", f"{self.inside}/24", "dev", ns_if],
+            ["ip", "-n", self.name, "link", "set", ns_if, "up"],
+            ["ip", "-n", self.name, "link", "set", "lo", "up"],
+        ]
+        self._host_if = host_if
+        for step in steps:
+            out = subprocess.run(step, capture_output=True, text=True)
+            if out.returncode != 0:
+                self.close()
+                raise NetnsUnavailable(f"{' '.join(step)}: {out.stderr.strip()}")
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self._host_if], capture_output=True)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
