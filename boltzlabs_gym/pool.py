@@ -44,7 +44,7 @@ from .errors import (
     WorkerError,
     WorkerTimeout,
 )
-from .protocol import ERROR, OK, STRAGGLER, decode_header, encode_header, jsonable
+from .protocol import ERROR, OK, STRAGGLER, decode_header, encode_header, jsonable, parse_json
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
 
@@ -480,7 +480,7 @@ class RLPool:
             payloads = [f.buffer for f in frames[pos + 1 : pos + 1 + nframes]]
             pos += 1 + nframes
             try:
-                reply = json.loads(reply_frame.bytes)
+                reply = parse_json(reply_frame.buffer)
             except ValueError:
                 status, reply = ERROR, {"message": "reply frame is not JSON"}
             if not isinstance(reply, dict):

@@ -45,13 +45,18 @@ WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "clo
 WORKER_ENV_OPS = ("hard_reset",)
 
 
+# Prebuilt: json.dumps with non-default arguments builds a new encoder per call.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+_decode_json = json.JSONDecoder().decode
+
+
 class ProtocolError(ValueError):
     """A malformed message on the trainer <-> worker hop."""
 
 
 def encode_header(header: dict) -> bytes:
     header.setdefault("v", PROTOCOL_VERSION)
-    return json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
+    return _encode_json(header).encode()
 
 
 def decode_header(frame: bytes | memoryview) -> dict:
@@ -59,7 +64,7 @@ def decode_header(frame: bytes | memoryview) -> dict:
     if len(frame) > MAX_HEADER_BYTES:
         raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(frame))
+        header = _decode_json(bytes(frame).decode())
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -78,7 +83,12 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     """The line the worker writes to an env's stdin (payloads follow it)."""
     if payloads:
         op = dict(op, _bin=[len(p) for p in payloads])
-    return json.dumps(op, separators=(",", ":"), allow_nan=True).encode() + b"\n"
+    return _encode_json(op).encode() + b"\n"
+
+
+def parse_json(data: bytes | memoryview) -> Any:
+    """Parse untrusted JSON bytes (ValueError on bad JSON or bad UTF-8)."""
+    return _decode_json(bytes(data).decode())
 
 
 def jsonable(value: Any) -> Any:

@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES
+from ..protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, parse_json
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.
@@ -240,8 +240,8 @@ def _batch_scheduling():
 def _announced_payloads(line: bytes) -> list[int]:
     """Validate a reply line; return the byte lengths of the payloads it announces."""
     try:
-        msg = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+        msg = parse_json(line)
+    except ValueError:
         preview = line[:80].decode("utf-8", "replace").rstrip("\n")
         raise EnvFault(f"malformed reply: not a JSON line (starts with {preview!r})") from None
     if not isinstance(msg, dict):
