@@ -306,6 +306,7 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
         with open(os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR), FACTORIES_FILE),
                   "rb") as f:
             preloaded = pickle.load(f)
+        _warm_up(preloaded)
         _envmod._template_fork()  # returns in each forked env
     proto_in, proto_out = _protect_channel()
     if env_dir is None:
@@ -323,6 +324,28 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
         raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
     factory = factories[max(index, 0) % len(factories)]
     _serve_loop(GymServer(factory()), proto_in, proto_out)
+
+
+def _warm_up(factories: Any) -> None:
+    """boltz template: build (and close) one env per distinct factory, as AsyncVectorEnv does in its
+    parent, so lazily imported modules (Gymnasium entry points, env checkers, codecs) are loaded once
+    here and shared by every fork instead of imported again, privately, in each env. The envs the
+    pool serves are still built in the forks. A factory that fails here is left to fail there."""
+    seen = []
+    for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
+        if not callable(factory) or any(factory is f for f in seen):
+            continue
+        seen.append(factory)
+        try:
+            env = factory()
+            try:
+                server = GymServer(env)
+                server.describe({}, [])
+                server.reset({"op": "reset", "seed": 0}, [])
+            finally:
+                env.close()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] | Sequence[Callable[[], Any]]) -> str:

@@ -27,15 +27,24 @@ MODES = ["default", "boltz"]
 
 
 def _templates() -> list[psutil.Process]:
-    """Boltz template processes below this test process (forked envs share their argv, not their name)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.name() == "boltz-template" and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+    """Boltz template processes below this test process (forked envs share their argv, not their name).
+
+    A process forked by the template a moment ago still has its name until it renames itself:
+    only a stable answer counts.
+    """
+    deadline = time.monotonic() + 3
+    while True:
+        out = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.name() == "boltz-template" and p.status() != psutil.STATUS_ZOMBIE:
+                    if p.parent() is not None and p.parent().name() != "boltz-template":
+                        out.append(p)
+            except psutil.Error:
+                pass
+        if len(out) <= 1 or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ pool scenarios, both modes

@@ -122,6 +122,7 @@ LIFELINE_FD = 4
 #: process names (comm) of a template and of the envs forked from it.
 TEMPLATE_COMM = "boltz-template"
 ENV_COMM = "boltz-env"
+SPARE_COMM = "boltz-spare"
 #: inside the template's user namespace: the template is uid 0, its envs uid ENV_INSIDE_UID.
 ENV_INSIDE_UID = 1000
 #: seconds the template may take to import the env and say ready.
@@ -235,6 +236,8 @@ class TemplateLauncher:
             )
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
+        #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
+        self.last_phases_ms: dict[str, float] = {}
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
         self._closed = False
         self.template_starts = 0
@@ -529,21 +532,33 @@ class TemplateLauncher:
                 if tree >= 0:
                     os.close(tree)
             ours.settimeout(FORK_TIMEOUT)
+            t_sent = time.perf_counter()
             msg, pid = _recv_with_pid(ours, tpl)
+            t_forked = time.perf_counter()
             if msg.startswith(b"!"):
                 raise TemplateError(msg[1:].decode("utf-8", "replace"))
             if pid is None or pid <= 0 or pid == tpl.pid or pid == os.getpid():
                 raise TemplateError(f"the template reported an impossible env pid {pid}")
             _wait_reparented(pid)
+            t_reparented = time.perf_counter()
             if cg is not None:
                 for path in cg.join_files:
                     with open(path, "w") as f:
                         f.write(str(pid))
             ours.send(b"go")
             msg = ours.recv(65536)
+            t_ok = time.perf_counter()
+            self.last_phases_ms = {
+                "prepare": (t_sent - start) * 1e3, "fork": (t_forked - t_sent) * 1e3,
+                "reparent": (t_reparented - t_forked) * 1e3, "sandbox": (t_ok - t_reparented) * 1e3,
+            }
             if msg != b"ok":
                 why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "the env died during set-up"
                 raise TemplateError(f"forked env could not finish its sandbox: {why}")
+            try:
+                tpl.ctl.send(b"spare")  # now the template may fork the next env ahead of time
+            except OSError:
+                pass
         except BaseException as exc:
             if pid:
                 try:
@@ -784,6 +799,7 @@ def template_main() -> None:
         if (st.st_dev, st.st_ino) in std_ids:
             import_std[fd] = std_ids[(st.st_dev, st.st_ino)]
             import_fds.discard(fd)
+    bindings = _per_env_bindings()
     gc.collect()
     gc.freeze()
     n = _threads()
@@ -793,56 +809,120 @@ def template_main() -> None:
                  "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode())
         os._exit(4)
     ctl.send(b"ready")
+    spare: socket.socket | None = None
+    want_spare = True
     while True:
+        if spare is None and want_spare:
+            # fork the next env ahead of its request (a "spare"), so a launch or hard reset does not
+            # wait for two forks and the namespace set-up: only for the hand-over and the last steps.
+            # The worker asks for it ("spare") once a launch is done, so that this CPU work does not
+            # compete with the launch in flight.
+            got = _fork_spare(ctl, ns)
+            if isinstance(got, tuple):  # we are the spare, and now an env: back into serve()
+                req, fds = got
+                _become_env(req, fds, ns, filt, import_fds, import_std, bindings)
+                return
+            spare = got
+        want_spare = False
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 8)
         except InterruptedError:
             continue
         if not msg:
             os._exit(0)
-        try:
-            req = json.loads(msg)
-            csock_fd = fds[3]
-        except (ValueError, IndexError):
+        if msg == b"spare":
+            want_spare = True
             for fd in fds:
                 os.close(fd)
             continue
+        if len(fds) < 4:
+            for fd in fds:
+                os.close(fd)
+            continue
+        csock_fd = fds[3]
         n = _threads()
         if n > 1:
             _send_fd(csock_fd, f"!the template has {n} threads at fork time (something started a thread "
                                "after import); refusing to fork a broken env. Use mode='default'".encode())
-            for fd in fds:
-                os.close(fd)
-            continue
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            _send_fd(csock_fd, f"!fork failed: {exc}".encode())
-            for fd in fds:
-                os.close(fd)
-            continue
-        if pid == 0:
-            # the intermediate child: make the env PID 1 of its own namespace, fork it, exit at once
-            try:
-                if ns:
-                    L.unshare(L.CLONE_NEWPID)
-                if os.fork() == 0:
-                    ctl.detach()
-                    _become_env(req, fds, ns, filt, import_fds, import_std)
-                    return  # into serve(): this process is now an env
-            except BaseException as exc:  # noqa: BLE001
-                _send_fd(csock_fd, f"!fork failed: {type(exc).__name__}: {exc}".encode())
-            os._exit(0)
+        else:
+            for attempt in range(2):
+                if spare is None:
+                    got = _fork_spare(ctl, ns)
+                    if isinstance(got, tuple):
+                        req, sfds = got
+                        _become_env(req, sfds, ns, filt, import_fds, import_std, bindings)
+                        return
+                    spare = got
+                try:
+                    socket.send_fds(spare, [msg], fds)
+                    break
+                except OSError as exc:  # the spare died (killed?): fork another one
+                    spare.close()
+                    spare = None
+                    if attempt:
+                        _send_fd(csock_fd, f"!could not hand the env to a forked process: {exc}".encode())
+            if spare is not None:
+                spare.close()
+                spare = None
         for fd in fds:
             os.close(fd)
+
+
+def _fork_spare(ctl: socket.socket, ns: bool):
+    """Double-fork a spare env. In the template: returns the socket that hands it its request.
+    In the spare: waits for the request and returns ``(request, fds)``."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        # the intermediate child: the spare becomes PID 1 of its own namespace; exit at once so the
+        # spare is re-parented to the worker (a subreaper)
+        try:
+            os.close(ours.detach())
+            if ns:
+                from .sandbox import _linux as L
+
+                L.unshare(L.CLONE_NEWPID)
+            if os.fork() == 0:
+                return _spare_wait(ctl, theirs, ns)
+        except BaseException:  # noqa: BLE001 - the template sees a dead spare and forks another
+            pass
+        os._exit(0)
+    theirs.close()
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+    return ours
+
+
+def _spare_wait(ctl: socket.socket, sock: socket.socket, ns: bool):
+    """In the spare: the request-independent part of the sandbox, then block for a request."""
+    fd = ctl.detach()
+    os.close(fd)
+    _set_name(SPARE_COMM)
+    try:
+        if ns:
+            from .sandbox import _linux as L
+
+            L.unshare(L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS)
+            L.sethostname("boltzlabs")
+            L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
         while True:
             try:
-                os.waitpid(pid, 0)
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
                 break
             except InterruptedError:
                 continue
-            except ChildProcessError:
-                break
+    except BaseException:  # noqa: BLE001
+        os._exit(0)
+    if not msg:
+        os._exit(0)  # the template is gone (or closed us): nobody will ever need this spare
+    sock.close()
+    return json.loads(msg), fds
 
 
 def _set_name(name: str) -> None:
@@ -861,13 +941,13 @@ def _send_fd(fd: int, data: bytes) -> None:
         pass
 
 
-def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int], import_std: dict[int, int]) -> None:
+def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int], import_std: dict[int, int],
+                bindings: list) -> None:
     """In the forked env: finish its sandbox, then become an ordinary env process."""
     stdin_fd, stdout_fd, stderr_fd, csock_fd = fds[:4]
     tree = fds[4] if ns and len(fds) > 4 else -1
     _set_name(ENV_COMM)
     try:
-        os.close(CTL_FD)
         os.write(csock_fd, b"p")  # the kernel stamps our host pid on it (SO_PASSCRED on the worker's end)
         if os.read(csock_fd, 16) != b"go":
             os._exit(0)
@@ -875,10 +955,9 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
         if ns:
             from .sandbox import _linux as L
 
-            flags = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
-            L.unshare(flags | (L.CLONE_NEWCGROUP if req.get("cgroup") else 0))
-            L.sethostname("boltzlabs")
-            L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+            # (the spare already has its own mount, net, IPC and UTS namespaces and /proc)
+            if req.get("cgroup"):
+                L.unshare(L.CLONE_NEWCGROUP)  # after the worker moved us: rooted at our own cgroup
             size = int(limits.tmpfs_bytes)
             L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
             L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
@@ -947,24 +1026,39 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
     env = req["env"]
     os.environ.clear()
     os.environ.update(env)
-    _rebind(int(req["index"]), env.get("BOLTZLABS_ENV_DIR", SANDBOX_ENV_DIR),
+    _rebind(bindings, int(req["index"]), env.get("BOLTZLABS_ENV_DIR", SANDBOX_ENV_DIR),
             env.get("BOLTZLABS_WORKSPACE", SANDBOX_WORKSPACE))
     _reseed()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
 
 
-def _rebind(index: int, env_dir: str, workspace: str) -> None:
-    """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (and every module global bound to them at import) at this env's values."""
+def _per_env_bindings() -> list[tuple[dict, str, int]]:
+    """In the template, once: every module global bound to ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE``.
+
+    Scanning here rather than in each fork matters: touching every module global in a fork
+    would copy the pages of all those objects (reference counts) into every env.
+    """
     from .. import env as envmod
 
-    new = {id(envmod.ENV_INDEX): index, id(envmod.ENV_DIR): env_dir, id(envmod.WORKSPACE): workspace}
+    which = {id(envmod.ENV_INDEX): 0, id(envmod.ENV_DIR): 1, id(envmod.WORKSPACE): 2}
+    found = []
     for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(d, dict):
             continue
         for key, value in list(d.items()):
-            if isinstance(value, (envmod._PerEnvInt, envmod._PerEnvStr)) and id(value) in new:
-                d[key] = new[id(value)]
+            if isinstance(value, (envmod._PerEnvInt, envmod._PerEnvStr)) and id(value) in which:
+                found.append((d, key, which[id(value)]))
+    return found
+
+
+def _rebind(bindings: list[tuple[dict, str, int]], index: int, env_dir: str, workspace: str) -> None:
+    """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (and every module global bound to them at import) at this env's values."""
+    from .. import env as envmod
+
+    values = (index, env_dir, workspace)
+    for d, key, which in bindings:
+        d[key] = values[which]
     envmod._TEMPLATE = ""
 
 
