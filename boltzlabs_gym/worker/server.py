@@ -211,12 +211,15 @@ class Worker:
         self._deadlines: list = []
         self._fd_owner: dict[int, tuple[EnvProcess, str]] = {}
         self._to_reap: set[int] = set()
+        #: exit statuses of live envs' processes that the orphan sweep reaped before their fault was handled
+        self._exit_status: dict[int, int] = {}
         self._start_queue: collections.deque = collections.deque()
         self._starting = 0
         self._gate_busy = False
         self._gate_waiters: collections.deque = collections.deque()
         self._running = True
         self._wake_r = -1
+        self._next_housekeeping = 0.0
         self.runtime = _runtime_packages()
         self._expired: dict[str, float] = {}
         self.keys = keys
@@ -272,9 +275,14 @@ class Worker:
                     if owner is not None:
                         self._on_env_event(owner[0], owner[1], ev)
                 self._expire_deadlines()
-                self._reap()
-                self._check_parent()
-                self._expire_leases()
+                now = time.monotonic()
+                if now >= self._next_housekeeping or self._to_reap:
+                    # Reaping, the parent check and leases need no per-reply precision:
+                    # at most every 50 ms, not once per env reply.
+                    self._next_housekeeping = now + 0.05
+                    self._reap()
+                    self._check_parent()
+                    self._expire_leases()
         finally:
             self.shutdown()
 
@@ -632,10 +640,23 @@ class Worker:
         """Kill a misbehaving env, report its current call, respawn it in the background."""
         call = env.current
         env.current = None
+        # An env whose pipe closed is usually exiting: let it finish (bounded, without reaping, so
+        # its pid cannot be reused before the kill) so that its own exit status is reported, not
+        # our SIGKILL, even on a loaded host. Read the OOM flag before the cgroup goes away.
+        exited = not straggler and ("closed its stdout" in reason or "closed its stdin" in reason)
+        oom = not straggler and _oom_killed(env)
+        natural = exited and self._await_exit(env.pid, EXIT_GRACE_S)
         pid = self._kill_env(session, env)
         status = self._reap_now(pid)
-        if status is not None and not straggler and "closed its stdout" in reason:
+        if oom:
+            limit = session.cfg.limits.memory_bytes
+            reason = "the env exceeded its memory limit" + (f" of {limit >> 20} MiB" if limit else "") + (
+                f" and was killed by the kernel's OOM killer ({describe_exit(status)})"
+            )
+        elif natural and status is not None:
             reason = f"the env {describe_exit(status)}"
+        elif exited:
+            reason = f"{reason.split(' (')[0]} but did not exit within {EXIT_GRACE_S:g} s; killed"
         detail = json_error(
             reason,
             index=env.global_index,
@@ -818,6 +839,9 @@ class Worker:
     def _reap_now(self, pid: int | None) -> int | None:
         if not pid:
             return None
+        if pid in self._exit_status:
+            self._to_reap.discard(pid)
+            return self._exit_status.pop(pid)
         for _ in range(20):
             try:
                 got, status = os.waitpid(pid, os.WNOHANG)
@@ -841,12 +865,31 @@ class Worker:
         # Orphans re-parented to us (we are a subreaper): reap whatever is left.
         while True:
             try:
-                got, _ = os.waitpid(-1, os.WNOHANG)
+                got, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if not got:
                 break
             self._to_reap.discard(got)
+            if any(env.pid == got for s in self.sessions.values() for env in s.envs):
+                # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
+                self._exit_status[got] = status
+
+    def _await_exit(self, pid: int | None, timeout: float) -> bool:
+        """Whether our child ``pid`` exits within ``timeout``; it is left unreaped (WNOWAIT)."""
+        if not pid:
+            return False
+        deadline = time.monotonic() + timeout
+        while pid not in self._exit_status:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
 
     def _wipe(self, path: str) -> None:
         try:
@@ -945,6 +988,17 @@ def _sweep_stale_workers(workdir: str | None) -> None:
         sweep_stale()
     except Exception:  # noqa: BLE001 - best effort: no cgroups here, or not ours to remove
         log.debug("cgroup sweep failed", exc_info=True)
+
+
+#: How long the worker waits for an env whose pipe closed to exit by itself.
+EXIT_GRACE_S = 0.5
+
+
+def _oom_killed(env: EnvProcess) -> bool:
+    try:
+        return env.launched is not None and bool(env.launched.oom_killed())
+    except Exception:  # noqa: BLE001 - a missing cgroup file is not a verdict
+        return False
 
 
 def _drain_fd(fd: int) -> None:
