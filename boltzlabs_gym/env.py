@@ -118,7 +118,7 @@ def read_message(stream: BinaryIO, max_bytes: int = MAX_LINE_BYTES) -> tuple[dic
         raise ProtocolError("stream ended in the middle of a line")
     try:
         msg = _decode_json(line.decode())
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError too
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError too
         raise ProtocolError(f"line is not JSON: {exc}") from None
     if not isinstance(msg, dict):
         raise ProtocolError(f"expected a JSON object, got {type(msg).__name__}")

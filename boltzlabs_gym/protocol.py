@@ -65,7 +65,7 @@ def decode_header(frame: bytes | memoryview) -> dict:
         raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         header = _decode_json(bytes(frame).decode())
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to parse
         raise ProtocolError(f"header is not JSON: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a JSON object, got {type(header).__name__}")
@@ -87,8 +87,11 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
 
 
 def parse_json(data: bytes | memoryview) -> Any:
-    """Parse untrusted JSON bytes (ValueError on bad JSON or bad UTF-8)."""
-    return _decode_json(bytes(data).decode())
+    """Parse untrusted JSON bytes (ValueError on bad JSON, bad UTF-8 or too deep nesting)."""
+    try:
+        return _decode_json(bytes(data).decode())
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 def jsonable(value: Any) -> Any:
