@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -51,8 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     # The pool waits for this line before connecting.
     sys.stdout.write("READY " + " ".join(worker.endpoints) + "\n")
     sys.stdout.flush()
+    profile_to = os.environ.get("BOLTZLABS_WORKER_PROFILE")  # developer aid: cProfile the loop
     try:
-        worker.serve_forever()
+        if profile_to:
+            import cProfile
+
+            cProfile.runctx("worker.serve_forever()", globals(), {"worker": worker}, profile_to)
+        else:
+            worker.serve_forever()
     finally:
         if args.remove_on_exit:
             shutil.rmtree(args.remove_on_exit, ignore_errors=True)
