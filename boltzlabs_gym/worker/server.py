@@ -495,7 +495,10 @@ class Worker:
     def _op_close(self, client, header, payloads):
         sid = header.get("session")
         session = self.sessions.get(sid) if isinstance(sid, str) else None
-        if session is not None and session.client == client:
+        if session is not None:
+            # Whoever holds the session's token (and CURVE key) may close it, as for every other
+            # op; the ROUTER identity is only where the last reply went, not who owns the session.
+            self._session_for(client, header)
             self._close_session(session)
         return {"ok": True}
 
