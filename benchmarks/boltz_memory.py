@@ -75,8 +75,8 @@ def _classify(procs: list[psutil.Process]) -> dict[str, list[int]]:
             continue
         if "boltzlabs_gym.worker" in cmd and name != "boltz-env":
             kind = "worker"
-        elif name == "boltz-template":
-            kind = "template"  # listed apart, and counted in envs/GiB
+        elif name in ("boltz-template", "boltz-spare"):
+            kind = "template"  # the template and its one idle spare: listed apart, counted in envs/GiB
         elif "from multiprocessing.forkserver import" in cmd and ppid == me:
             kind = "template"  # the forkserver process: AsyncVectorEnv's template, counted the same way
         elif "resource_tracker" in cmd:

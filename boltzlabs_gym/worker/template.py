@@ -18,9 +18,14 @@ single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the 
 ``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
 env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
 
-The template double-forks: the intermediate child exits at once, so the env is re-parented to
-the worker (a child subreaper). The worker therefore ``waitpid``-s it, sees its real exit status,
-and the env outlives a dead template. The env sends one message on its socketpair; the worker's
+The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``;
+the worker asks for the next one once a launch is done, so this CPU work never competes with a
+launch in flight): the intermediate child exits at once, so the spare is re-parented to the
+worker (a child subreaper), and the spare already makes its own PID/mount/net/IPC/UTS namespaces
+and ``/proc``, then blocks. A launch hands the request to the spare, so a start or hard reset
+waits for no fork. The worker ``waitpid``-s its envs, sees their real exit status, and they
+outlive a dead template (a spare exits when its template's socket closes). The env sends one
+message on its socketpair; the worker's
 end has ``SO_PASSCRED``, so the kernel stamps it with the env's *host* pid (unforgeable: the
 sender can only name a process in its own PID namespace). That pid is ``Launched.pid``: the
 env's top process. The worker checks it has been re-parented, moves it into the env's own
@@ -44,9 +49,10 @@ Nesting with the ``namespaces`` backend (root mode)
   arms PDEATHSIG and execs Python, which imports the env.
 * Each forked env: the intermediate child ``unshare(CLONE_NEWPID)``-s, so the env is PID 1 of its
   own PID namespace (SIGKILL to ``Launched.pid`` kills its whole tree; the worker also kills its
-  cgroup). The env then unshares mount (a copy owned by the template's user namespace, so every
-  inherited mount is locked: it cannot be unmounted or made writable), net (only ``lo``), IPC,
-  UTS and cgroup namespaces; mounts its own ``/proc``, fresh size-limited ``/tmp`` and
+  cgroup). The spare unshares mount (a copy owned by the template's user namespace, so every
+  inherited mount is locked: it cannot be unmounted or made writable), net (only ``lo``), IPC
+  and UTS namespaces and mounts its own ``/proc``; once launched and moved into its cgroup it
+  unshares a cgroup namespace, mounts fresh size-limited ``/tmp`` and
   ``/dev/shm``; attaches its workspace over ``/workspace``: a detached bind mount the worker made
   with ``open_tree(OPEN_TREE_CLONE)`` of that env's host directory and passed as an fd, so the
   template never sees any env's workspace. It drops the bounding set, switches to uid/gid 1000
@@ -81,7 +87,9 @@ backend in unprivileged ``userns`` mode is refused too (the worker cannot hand a
 nested namespace without root); there is no automatic fallback to ``mode="default"``.
 
 A dead template (killed, crashed) is noticed at the next ``launch()`` (a pidfd) and restarted;
-its envs live on. ``close()`` kills it and removes its cgroup; its directories live in the
+its envs live on. While a template imports the env (the first launch of a session, or after a
+restart) the worker waits for it: a slow import stalls the worker for that long.
+``launcher.pss()`` is the template's own PSS (its one idle spare, ~1-2 MiB, is not counted). ``close()`` kills it and removes its cgroup; its directories live in the
 session root, which the worker removes.
 """
 
@@ -166,8 +174,7 @@ class _Template:
     def alive(self) -> bool:
         if self.pidfd < 0:
             return False
-        ready, _, _ = select.select([self.pidfd], [], [], 0)
-        return not ready
+        return not _readable([self.pidfd], 0)
 
     def log_tail(self, limit: int = 4000) -> str:
         try:
@@ -185,7 +192,7 @@ class _Template:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             except (ProcessLookupError, OSError):
                 pass
-            select.select([self.pidfd], [], [], wait)
+            _readable([self.pidfd], wait)
             try:
                 os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
@@ -236,6 +243,7 @@ class TemplateLauncher:
             )
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
+        self._graveyard: list = []  # cgroups of killed envs whose processes were still exiting
         #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
         self.last_phases_ms: dict[str, float] = {}
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
@@ -425,7 +433,7 @@ class TemplateLauncher:
                 deadline = time.monotonic() + 30
                 while True:
                     left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([status_r], [], [], left)[0]:
+                    if left <= 0 or not _readable([status_r], left):
                         data += b"!template sandbox setup timed out"
                         os.kill(pid, signal.SIGKILL)
                         break
@@ -489,6 +497,9 @@ class TemplateLauncher:
     def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
         from .sandbox import cgroups
         from .sandbox import _linux as L
+
+        if self._graveyard:
+            self._graveyard = [g for g in self._graveyard if not _try_remove(g)]
 
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
@@ -585,8 +596,10 @@ class TemplateLauncher:
                 cg.signal_all()
 
         def cleanup() -> None:
-            if cg is not None:
-                cg.remove()
+            # no waiting here for a dying PID namespace to empty its cgroup (a hard reset would
+            # wait for the old env's teardown): try once, finish later (next launch, or close)
+            if cg is not None and not _try_remove(cg):
+                self._graveyard.append(cg)
 
         return Launched(
             pid=pid,
@@ -604,11 +617,45 @@ class TemplateLauncher:
         if self._tpl is not None:
             self._tpl.kill()
             self._tpl = None
+        for cg in self._graveyard:
+            try:
+                cg.remove()
+            except OSError:
+                log.exception("removing an env cgroup")
+        self._graveyard = []
         for fd in (self._life_r, self._life_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _try_remove(cg) -> bool:
+    """One non-blocking attempt to empty and remove an env cgroup; True when it is gone."""
+    cg.signal_all()
+    left = []
+    for path in cg.paths:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            left.append(path)
+    cg.paths = left
+    return not left
+
+
+def _readable(fds: list[int], timeout: float) -> set[int]:
+    """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
+    worker with a thousand envs has fds above select's limit of 1024."""
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, select.POLLIN)
+    while True:
+        try:
+            return {fd for fd, _ev in p.poll(max(0, int(timeout * 1000)))}
+        except InterruptedError:
+            continue
 
 
 class _TemplateGone(Exception):
@@ -619,14 +666,14 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
     """One message and the kernel-stamped pid of its sender (SO_PASSCRED)."""
     deadline = time.monotonic() + FORK_TIMEOUT
     while True:
-        ready, _, _ = select.select([sock, tpl.pidfd] if tpl.pidfd >= 0 else [sock], [], [],
-                                    max(0.0, deadline - time.monotonic()))
-        if sock in ready:
+        ready = _readable([sock.fileno(), tpl.pidfd] if tpl.pidfd >= 0 else [sock.fileno()],
+                          max(0.0, deadline - time.monotonic()))
+        if sock.fileno() in ready:
             break
         if not ready:
             raise socket.timeout()
         # the template died; an env it already forked may still have answered
-        if not select.select([sock], [], [], 0.05)[0]:
+        if not _readable([sock.fileno()], 0.05):
             raise _TemplateGone("the template died while forking")
         break
     msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
@@ -981,7 +1028,7 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
             import ctypes
 
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if select.select([LIFELINE_FD], [], [], 0)[0]:
+        if _readable([LIFELINE_FD], 0):
             os._exit(125)  # the worker is gone (its lifeline closed) before PDEATHSIG was armed
         os.close(LIFELINE_FD)
         have_cg = bool(req.get("cgroup"))

@@ -479,7 +479,9 @@ def spawn(plan: SandboxPlan, body: Callable[[], None] | None = None) -> tuple[in
                 data += b"!sandbox setup did not finish in time"
                 os.kill(pid, signal.SIGKILL)
                 break
-            ready, _, _ = select.select([status_r], [], [], left)
+            poller = select.poll()  # not select(): a worker with many envs has fds above 1024
+            poller.register(status_r, select.POLLIN)
+            ready = poller.poll(int(left * 1000) + 1)
             if not ready:
                 continue
             chunk = os.read(status_r, 65536)
