@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
 import bench_envs  # noqa: E402
+from boltzlabs_gym.testing import CODE_ENV_GOOD, CODE_ENV_WRONG  # noqa: E402
 
 # SB3's SubprocVecEnv uses the forkserver start method; without a preload every worker
 # re-imports torch (~150 MiB PSS, seconds of CPU each). Preload what its workers import,
@@ -72,20 +73,7 @@ WORKLOADS = {
                     factory=bench_envs.make_counter, env_dir=COUNTER_DIR),
 }
 
-GOOD_SOLUTION = '''def add(a, b):
-    return a + b
-
-
-def fizzbuzz(n):
-    if n % 15 == 0:
-        return "FizzBuzz"
-    if n % 3 == 0:
-        return "Fizz"
-    if n % 5 == 0:
-        return "Buzz"
-    return str(n)
-'''
-BAD_SOLUTION = GOOD_SOLUTION.replace("a + b", "a - b")
+GOOD_SOLUTION, BAD_SOLUTION = CODE_ENV_GOOD, CODE_ENV_WRONG
 
 T0 = time.perf_counter()
 

@@ -21,7 +21,33 @@ import sys
 import time
 import uuid
 
-__all__ = ["WorkerProcess", "NetnsHost", "NetnsUnavailable", "wait_until"]
+__all__ = [
+    "WorkerProcess",
+    "NetnsHost",
+    "NetnsUnavailable",
+    "wait_until",
+    "CODE_ENV_GOOD",
+    "CODE_ENV_WRONG",
+    "CODE_ENV_BROKEN",
+]
+
+#: Programs for the example code-grading env (``envs/code_env``): one that passes its
+#: tests, one that runs but fails them, one that does not even parse.
+CODE_ENV_GOOD = """def add(a, b):
+    return a + b
+
+
+def fizzbuzz(n):
+    if n % 15 == 0:
+        return "FizzBuzz"
+    if n % 3 == 0:
+        return "Fizz"
+    if n % 5 == 0:
+        return "Buzz"
+    return str(n)
+"""
+CODE_ENV_WRONG = CODE_ENV_GOOD.replace("a + b", "a - b")
+CODE_ENV_BROKEN = "def add(a, b) return a + b\n"
 
 
 class WorkerProcess:

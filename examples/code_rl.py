@@ -25,24 +25,13 @@ import time
 import numpy as np
 
 from boltzlabs_gym import RLPool
+from boltzlabs_gym.testing import CODE_ENV_BROKEN, CODE_ENV_GOOD
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE_ENV = os.path.join(os.path.dirname(HERE), "envs", "code_env")
 
 RIGHT = {
-    "right/plain": '''
-def add(a, b):
-    return a + b
-
-def fizzbuzz(n):
-    if n % 15 == 0:
-        return "FizzBuzz"
-    if n % 3 == 0:
-        return "Fizz"
-    if n % 5 == 0:
-        return "Buzz"
-    return str(n)
-''',
+    "right/plain": CODE_ENV_GOOD,
     "right/concat": '''
 add = lambda a, b: a + b
 
@@ -65,7 +54,7 @@ def fizzbuzz(n):
         return "FizzBuzz"
     return str(n)
 ''',
-    "wrong/syntax": "def add(a, b) return a + b\n",
+    "wrong/syntax": CODE_ENV_BROKEN,
 }
 
 

@@ -10,24 +10,11 @@ import os
 import time
 
 from boltzlabs_gym import RLPool
+from boltzlabs_gym.testing import CODE_ENV_BROKEN, CODE_ENV_GOOD, CODE_ENV_WRONG
 
 ENV_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "envs", "code_env")
 
-GOOD = """
-def add(a, b):
-    return a + b
-
-def fizzbuzz(n):
-    if n % 15 == 0:
-        return "FizzBuzz"
-    if n % 3 == 0:
-        return "Fizz"
-    if n % 5 == 0:
-        return "Buzz"
-    return str(n)
-"""
-WRONG = "def add(a, b):\n    return a - b\n\ndef fizzbuzz(n):\n    return str(n)\n"
-BROKEN = "def add(a, b) return a + b\n"
+GOOD, WRONG, BROKEN = CODE_ENV_GOOD, CODE_ENV_WRONG, CODE_ENV_BROKEN
 PROGRAMS = [GOOD, WRONG, BROKEN, GOOD, GOOD, WRONG, GOOD, BROKEN]
 
 
