@@ -19,8 +19,8 @@ single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the 
 env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
 
 The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``;
-the worker asks for the next one once a launch is done, so this CPU work never competes with a
-launch in flight): the intermediate child exits at once, so the spare is re-parented to the
+the worker asks for the next one as soon as it has the current env's pid, so the template's next
+fork overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once, so the spare is re-parented to the
 worker (a child subreaper), and the spare already makes its own PID/mount/net/IPC/UTS namespaces
 and ``/proc``, then blocks. A launch hands the request to the spare, so a start or hard reset
 waits for no fork. The worker ``waitpid``-s its envs, sees their real exit status, and they
@@ -31,7 +31,7 @@ sender can only name a process in its own PID namespace). That pid is ``Launched
 env's top process. The worker checks it has been re-parented, moves it into the env's own
 cgroup, answers ``go``; the env finishes its sandbox, answers ``ok`` and returns from
 ``serve()``'s hook into the normal serving loop with fds 0/1/2 on the worker's pipes, its own
-environment, ``ENV_INDEX`` and RNG state. A hard reset or straggler respawn is just another fork.
+environment, ``ENV_INDEX`` and RNG state. A hard reset or straggler respawn is just another launch.
 
 Nesting with the ``namespaces`` backend (root mode)
 ---------------------------------------------------
@@ -135,6 +135,14 @@ SPARE_COMM = "boltz-spare"
 ENV_INSIDE_UID = 1000
 #: seconds the template may take to import the env and say ready.
 TEMPLATE_START_TIMEOUT = 120.0
+#: bytes the template cgroup's memory limit grows per live env (what a spare touched before it joined
+#: its own cgroup stays charged to the template's: ~1.7 MiB user + ~0.3 MiB kernel measured here).
+TEMPLATE_HEADROOM_PER_ENV = 4 << 20
+#: ask for the next spare as soon as the current one has been handed over (True: the template's fork
+#: overlaps this env's last set-up steps and first reset; faster pool start-up on 2+ cores) or once the
+#: launch is complete (False: nothing competes with a launch in flight; lower latency on a busy host).
+#: Measured (1024 envs, 2 cores, load ~2): 7.6 s start-up with True, 9.6 s with False.
+SPARE_EARLY = True
 #: seconds one fork may take until the env's sandbox is ready.
 FORK_TIMEOUT = 20.0
 #: after a template failed to start, launches within this many seconds fail with its error at once.
@@ -170,6 +178,7 @@ class _Template:
         self.cgroup = cgroup
         self.log_path = log_path
         self.outer_uid = outer_uid
+        self.mem_limit = 0
 
     def alive(self) -> bool:
         if self.pidfd < 0:
@@ -244,6 +253,7 @@ class TemplateLauncher:
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
         self._graveyard: list = []  # cgroups of killed envs whose processes were still exiting
+        self._live = 0  # envs launched and not yet cleaned up
         #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
         self.last_phases_ms: dict[str, float] = {}
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
@@ -408,6 +418,9 @@ class TemplateLauncher:
         )
         kind = cgroups.probe()[0]
         if kind is not None:
+            # the pages a forked env touches before the worker moves it into its own cgroup (its
+            # spare's fork and namespace set-up: ~2 MiB, user and kernel) stay charged to the
+            # template's group: its limit grows by TEMPLATE_HEADROOM_PER_ENV per live env
             plan.cgroup = cgroups.EnvCgroup(kind, tspec.limits.memory_bytes, tspec.limits.pids, tag="template")
         os.chown(tspec.workspace, self._outer_uid, self._outer_uid)
         os.chmod(tspec.workspace, 0o700)
@@ -517,6 +530,7 @@ class TemplateLauncher:
         if self.kind == "ns" and cgroups.probe()[0] is not None:
             cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids,
                                    tag=str(spec.index))
+            self._grow_template_limit(tpl, spec.limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         tree = -1
@@ -550,6 +564,11 @@ class TemplateLauncher:
                 raise TemplateError(msg[1:].decode("utf-8", "replace"))
             if pid is None or pid <= 0 or pid == tpl.pid or pid == os.getpid():
                 raise TemplateError(f"the template reported an impossible env pid {pid}")
+            if SPARE_EARLY:
+                try:
+                    tpl.ctl.send(b"spare")  # the template forks the next env while this one finishes
+                except OSError:
+                    pass
             _wait_reparented(pid)
             t_reparented = time.perf_counter()
             if cg is not None:
@@ -566,10 +585,11 @@ class TemplateLauncher:
             if msg != b"ok":
                 why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "the env died during set-up"
                 raise TemplateError(f"forked env could not finish its sandbox: {why}")
-            try:
-                tpl.ctl.send(b"spare")  # now the template may fork the next env ahead of time
-            except OSError:
-                pass
+            if not SPARE_EARLY:
+                try:
+                    tpl.ctl.send(b"spare")  # now the template may fork the next env ahead of time
+                except OSError:
+                    pass
         except BaseException as exc:
             if pid:
                 try:
@@ -584,6 +604,7 @@ class TemplateLauncher:
         finally:
             ours.close()
         kind = self.kind
+        self._live += 1
 
         def kill_tree() -> None:
             if kind == "process":
@@ -595,7 +616,12 @@ class TemplateLauncher:
             if cg is not None:
                 cg.signal_all()
 
+        done = []
+
         def cleanup() -> None:
+            if not done:
+                done.append(True)
+                self._live -= 1
             # no waiting here for a dying PID namespace to empty its cgroup (a hard reset would
             # wait for the old env's teardown): try once, finish later (next launch, or close)
             if cg is not None and not _try_remove(cg):
@@ -609,6 +635,23 @@ class TemplateLauncher:
             oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
             paths={"env_dir": env["BOLTZLABS_ENV_DIR"], "workspace": workspace},
         )
+
+    def _grow_template_limit(self, tpl: _Template, limits: Limits) -> None:
+        """Raise the template cgroup's memory limit to cover what its live envs left charged there."""
+        cg = tpl.cgroup
+        if cg is None or not cg.paths or limits.memory_bytes is None:
+            return
+        want = int(limits.memory_bytes) + TEMPLATE_HEADROOM_PER_ENV * (self._live + 1)
+        if want <= tpl.mem_limit:
+            return
+        tpl.mem_limit = want + 64 * TEMPLATE_HEADROOM_PER_ENV  # in steps: not one write per launch
+        files = (["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"] if cg.kind == "v1" else ["memory.max"])
+        for name in files:  # v1: memsw >= limit at all times, so raise memsw first
+            try:
+                with open(os.path.join(cg.paths[0], name), "w") as f:
+                    f.write(str(tpl.mem_limit))
+            except OSError:
+                pass
 
     def close(self) -> None:
         if self._closed:
