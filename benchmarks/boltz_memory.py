@@ -37,6 +37,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 ENV_DIR = os.path.join(HERE, "env_dirs", "numpy_gym")
 GIB = 2**30
+#: generous timeouts: on a shared 2-core box a 1024-env start can keep the worker's event loop
+#: from answering a heartbeat within the default 10 s (the worker launches envs in its loop)
+POOL_KW = {"start_timeout": 600, "heartbeat_timeout": 120}
 
 
 def make_cartpole():
@@ -105,12 +108,12 @@ class Ours(Impl):
         from boltzlabs_gym import BoltzLabsVecEnv, RLPool
 
         if self.workload == "cartpole":
-            self.vec = BoltzLabsVecEnv([make_cartpole] * n, mode=self.mode, start_timeout=600)
+            self.vec = BoltzLabsVecEnv([make_cartpole] * n, mode=self.mode, **POOL_KW)
             self.vec.reset(seed=0)
             self.pool = self.vec._pool
         else:
             self.vec = None
-            self.pool = RLPool(ENV_DIR, n=n, mode=self.mode, start_timeout=600)
+            self.pool = RLPool(ENV_DIR, n=n, mode=self.mode, **POOL_KW)
             self.pool.reset(seed=0)
         self.n = n
 
