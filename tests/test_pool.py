@@ -312,3 +312,53 @@ def _run_trainer_and_kill(tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "SIGINT"])
 def test_killed_trainer_leaves_no_processes(tmp_path, sig):
     _run_trainer_and_kill(tmp_path, sig)
+
+
+def test_many_failing_launches_fail_cleanly(tmp_path):
+    """Hundreds of envs on one worker, then a wave of failing launches.
+
+    With 400 envs the worker holds more fds than an env's RLIMIT_NOFILE (this once made
+    every start past env ~334 fail with EMFILE); a respawn wave whose launches all raise
+    must give each env a clear error, leak no fds and leave the worker serving.
+    """
+    sock = tmp_path / "w.sock"
+    script = tmp_path / "worker.py"
+    n = 400
+    script.write_text(textwrap.dedent(f"""
+        import dataclasses
+        from boltzlabs_gym.worker import server
+        from boltzlabs_gym.worker.sandbox import select_backend
+
+        ECHO = ["/bin/sh", "-c", "while read l; do echo '{{\\"obs\\":0,\\"info\\":{{}}}}'; done"]
+
+        class FailsAfterStart:
+            name = "fails-after-start"
+            launches = 0
+            def available(self): return True, "test"
+            def report(self): return select_backend("process").report()
+            def launch(self, spec):
+                FailsAfterStart.launches += 1
+                if FailsAfterStart.launches > {n}:
+                    raise OSError("no more forks today")
+                return select_backend("process").launch(dataclasses.replace(spec, argv=ECHO))
+
+        server.select_backend = lambda isolation: FailsAfterStart()
+        w = server.Worker(["ipc://{sock}"], capacity=5000)
+        w.install_signal_handlers()
+        print("READY", flush=True)
+        w.serve_forever()
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY"
+        with RLPool(COUNTER, n=n, workers=[f"ipc://{sock}"], isolation="process") as pool:
+            fds_before = len(os.listdir(f"/proc/{proc.pid}/fd"))
+            pool.reset(hard=True)  # every respawn's launch fails, in one wave
+            errors = [info.get("boltzlabs_error", {}).get("reason", "") for info in pool.reset_infos]
+            assert all("could not launch: OSError: no more forks today" in e for e in errors), errors[:3]
+            assert proc.poll() is None, "the worker died"
+            assert len(os.listdir(f"/proc/{proc.pid}/fd")) <= fds_before
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stdout.close()

@@ -86,6 +86,10 @@ class EnvProcess:
             spec = make_spec(self, in_r, out_w, err_w)
             with _batch_scheduling():
                 self.launched = backend.launch(spec)
+        except BaseException:
+            for fd in (in_w, out_r, err_r):  # ours too: a failed launch must not leak them
+                os.close(fd)
+            raise
         finally:
             for fd in (in_r, out_w, err_w):
                 os.close(fd)
@@ -149,6 +153,11 @@ class EnvProcess:
     @property
     def write_pending(self) -> bool:
         return bool(self._wbuf)
+
+    @property
+    def partial_output(self) -> bool:
+        """Whether part of a reply (a line or its payloads) has been read but not completed."""
+        return bool(self._rbuf) or self._line is not None
 
     # ------------------------------------------------------------------ reading
     def read_replies(self) -> list[tuple[bytes, list[bytes]]]:

@@ -220,6 +220,7 @@ class Worker:
         self._running = True
         self._wake_r = -1
         self._next_housekeeping = 0.0
+        self._in_start_more = False
         self.runtime = _runtime_packages()
         self._expired: dict[str, float] = {}
         self.keys = keys
@@ -621,8 +622,14 @@ class Worker:
                 if env.flush():
                     self._unregister(env.stdin_w)
             else:
-                for reply, payloads in env.read_replies():
+                replies = env.read_replies()
+                # Bytes left over after a reply, or arriving with no call in flight, were never
+                # asked for; left alone they would be taken as the start of the next call's reply.
+                stray = env.partial_output and (bool(replies) or env.current is None)
+                for reply, payloads in replies:
                     self._on_reply(session, env, reply, payloads)
+                if stray:
+                    raise EnvFault("the env wrote output nobody asked for")
         except EnvFault as exc:
             self._fault(session, env, exc.reason)
 
@@ -703,11 +710,25 @@ class Worker:
         self._start_more()
 
     def _start_more(self) -> None:
-        while self._start_queue and self._starting < self.max_starting:
-            session, env = self._start_queue.popleft()
-            if session.closed or env.state != "queued":
-                continue
-            self._spawn(session, env)
+        # Iterative and not re-entrant: a launch that fails calls back into here
+        # (through _start_failed), which must not recurse once per queued env.
+        if self._in_start_more:
+            return
+        self._in_start_more = True
+        try:
+            answered = time.monotonic()
+            while self._start_queue and self._starting < self.max_starting:
+                session, env = self._start_queue.popleft()
+                if session.closed or env.state != "queued":
+                    continue
+                self._spawn(session, env)
+                if time.monotonic() - answered > 0.2:
+                    # Long start-ups (hundreds of envs, a template importing the env) must
+                    # not starve other clients' requests and heartbeats.
+                    self._drain_socket()
+                    answered = time.monotonic()
+        finally:
+            self._in_start_more = False
 
     def _spawn(self, session: Session, env: EnvProcess) -> None:
         user_call, reset_op = env.pending_start

@@ -219,10 +219,23 @@ def extend_cpu_backstop(pid: int, seconds: float) -> bool:
         return False
 
 
-def child_exec(spec: LaunchSpec, workdir: str, env: dict[str, str] | None = None) -> None:
-    """Last steps in the child: wire fds 0/1/2, close the rest, exec. Never returns."""
+def child_exec(
+    spec: LaunchSpec,
+    workdir: str,
+    env: dict[str, str] | None = None,
+    *,
+    memory_via_rlimit: bool = True,
+    pids_via_rlimit: bool = True,
+) -> None:
+    """Last steps in the child: wire fds 0/1/2, close the rest, set rlimits, exec. Never returns.
+
+    The rlimits come after the fds are closed: a worker hosting hundreds of envs holds
+    more fds than an env's RLIMIT_NOFILE, and with those still open any new fd in the
+    child (even the dup that wires stdin) fails with EMFILE.
+    """
     wire_std_fds(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd)
     os.closerange(3, _max_fd())
+    apply_rlimits(spec.limits, memory_via_rlimit=memory_via_rlimit, pids_via_rlimit=pids_via_rlimit)
     os.chdir(workdir)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     os.execve(spec.argv[0], spec.argv, spec.env if env is None else env)

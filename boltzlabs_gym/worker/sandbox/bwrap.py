@@ -263,7 +263,6 @@ class BwrapBackend:
             if os.getppid() != worker_pid:
                 os._exit(125)
             have_cg = cg is not None
-            apply_rlimits(spec.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
             wire_std_fds(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd)
             skip = sorted(set(keep) | {status_w})
             lo = 3
@@ -271,6 +270,8 @@ class BwrapBackend:
                 os.closerange(lo, fd)
                 lo = fd + 1
             os.closerange(lo, _max_fd())
+            # After closing the worker's fds: with them open, RLIMIT_NOFILE would be exceeded.
+            apply_rlimits(spec.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             os.execve(bwrap, args, env)
 

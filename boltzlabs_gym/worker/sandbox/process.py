@@ -15,7 +15,6 @@ from .base import (
     IsolationReport,
     Launched,
     LaunchSpec,
-    apply_rlimits,
     child_environment,
     child_exec,
     fork_child,
@@ -76,8 +75,7 @@ class ProcessBackend:
 
         def body() -> None:
             os.setsid()
-            apply_rlimits(spec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
-            child_exec(spec, spec.workspace, env)
+            child_exec(spec, spec.workspace, env)  # rlimits set there, after the fds are closed
 
         pid = fork_child(body)
         return Launched(
