@@ -220,6 +220,8 @@ class RLPool:
         self.timing = Timing()
         self.isolation: IsolationReport | None = None
         self.reset_infos: list[dict] = [{} for _ in range(n)]
+        #: PSS in bytes of the boltz-mode templates, as of the last :meth:`memory` call.
+        self.template_pss = 0
         self._closed = False
         self._state = _State.IDLE
         self._seq = itertools.count(1)
@@ -628,18 +630,25 @@ class RLPool:
 
     # ------------------------------------------------------------------ introspection
     def memory(self) -> list[int]:
-        """PSS in bytes of each env's whole process tree, in index order."""
+        """PSS in bytes of each env's whole process tree, in index order.
+
+        In ``mode="boltz"`` the pages envs share with their template are split between
+        them by PSS; the template's own share is :attr:`template_pss` after this call.
+        """
         self._check_open()
         out = [0] * self.n
+        template = 0
         for link in self._links:
             header = self._call(link, {"op": "memory"}, timeout=60.0)
             for local, pss in enumerate(header["pss"]):
                 out[link.start + local] = int(pss)
+            template += int(header.get("template_pss", 0))
+        self.template_pss = template
         return out
 
     def envs_per_gb(self) -> float:
-        """How many envs fit in one GiB, from their PSS (shared pages split honestly)."""
-        total = sum(self.memory())
+        """How many envs fit in one GiB: their PSS, plus the boltz templates' (shared pages split honestly)."""
+        total = sum(self.memory()) + self.template_pss
         return self.n / (total / 2**30) if total else float("inf")
 
     @property

@@ -491,7 +491,13 @@ class Worker:
     def _op_memory(self, client, header, payloads):
         session = self._session_for(client, header)
         pss = [memory.tree_pss(env.pid) if env.pid else 0 for env in session.envs]
-        return {"ok": True, "pss": pss, "worker_pss": memory.tree_pss(os.getpid(), children=False)}
+        template_pss = getattr(session.backend, "pss", lambda: 0)()
+        return {
+            "ok": True,
+            "pss": pss,
+            "template_pss": template_pss,
+            "worker_pss": memory.tree_pss(os.getpid(), children=False),
+        }
 
     def _op_close(self, client, header, payloads):
         sid = header.get("session")
