@@ -1,0 +1,320 @@
+"""Hostile env directories: escaping archives, archive bombs, envs that attack their host.
+
+Each case is refused or contained with a clear error. The contained cases need real
+isolation (a pid namespace, hidden host files); under a weaker backend they are skipped
+with the reason, never passed silently.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+import uuid
+import zlib
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from boltzlabs_gym import EnvStartError, RLPool
+from boltzlabs_gym.archive import ArchiveLimits, archive_hash, pack_dir, unpack_archive
+from boltzlabs_gym.errors import ArchiveError
+from boltzlabs_gym.protocol import decode_header, encode_header
+
+from conftest import ENVS, FAULTY, ISOLATION
+from workers import WorkerProcess, wait_until
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+HOSTILE = os.path.join(ENVS, "hostile")
+NEVER_ANSWERS = os.path.join(ENVS, "never_answers")
+DEFAULT_LIMITS = ArchiveLimits()
+
+
+def _alive(procs) -> list:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _sleepers(marker: str) -> list:
+    return _alive([p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]])
+
+
+def _need(pool: RLPool, *props: str) -> None:
+    missing = [p for p in props if not pool.isolation.properties.get(p)]
+    if missing:
+        pytest.skip(f"isolation {pool.isolation.backend} lacks {missing}: this attack is not contained there")
+
+
+# ---------------------------------------------------------------- archives: the pack side
+def test_pack_dir_refuses_symlinks_leaving_the_tree(tmp_path):
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "env.py").write_text("print('hi')\n")
+    (env / "data").mkdir()
+    (env / "data" / "inside.txt").write_text("ok")
+    (env / "data" / "alias.txt").symlink_to("inside.txt")  # stays inside: fine
+    (env / "up.txt").symlink_to("data/inside.txt")
+    pack_dir(env)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("host secret")
+    for name, target in [("abs", str(outside)), ("rel", "../secret.txt"), ("deep", "data/../../secret.txt"),
+                         ("etc", "/etc/passwd")]:
+        link = env / f"link_{name}"
+        link.symlink_to(target)
+        with pytest.raises(ArchiveError, match="leaves the env directory"):
+            pack_dir(env)
+        link.unlink()
+    # a directory symlink pointing outside is refused too (it would mount the host into /env)
+    (env / "hostdir").symlink_to(tmp_path)
+    with pytest.raises(ArchiveError, match="leaves the env directory"):
+        pack_dir(env)
+    (env / "hostdir").unlink()
+    os.mkfifo(env / "fifo")
+    with pytest.raises(ArchiveError, match="only regular files"):
+        pack_dir(env)
+
+
+# ---------------------------------------------------------------- archives: the worker side
+def _gz_stream(chunks) -> bytes:
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip container
+    out = [comp.compress(c) for c in chunks]
+    out.append(comp.flush())
+    return b"".join(out)
+
+
+def _zip_bomb(unpacked: int) -> bytes:
+    """A valid .tar.gz holding one file of ``unpacked`` zero bytes, built without holding it."""
+    info = tarfile.TarInfo("bomb.bin")
+    info.size = unpacked
+
+    def chunks():
+        yield info.tobuf(tarfile.USTAR_FORMAT)
+        block = b"\0" * (1 << 20)
+        for _ in range(unpacked >> 20):
+            yield block
+        yield b"\0" * (unpacked % (1 << 20))
+        yield b"\0" * (-unpacked % 512 + 1024)  # padding and the end-of-archive blocks
+
+    return _gz_stream(chunks())
+
+
+def _many_files(count: int) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(count):
+            tar.addfile(tarfile.TarInfo(f"f{i}"), io.BytesIO(b""))
+    return _gz_stream([raw.getvalue()])
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostileworker")
+    w = WorkerProcess(bind=f"ipc://{d}/w.sock", capacity=8)
+    yield w
+    w.stop()
+
+
+def _upload(address: str, data: bytes, timeout: float = 120.0) -> dict:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart([encode_header({"op": "upload", "seq": 1, "hash": archive_hash(data)}), data], copy=False)
+        assert sock.poll(int(timeout * 1000)), "worker did not answer the upload"
+        return decode_header(sock.recv_multipart()[0])
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("case", ["unpacked_size", "file_count", "packed_size"])
+def test_huge_archives_are_refused_by_the_worker(worker, case):
+    if case == "unpacked_size":
+        data = _zip_bomb(DEFAULT_LIMITS.max_unpacked_bytes + (8 << 20))  # ~520 MiB in well under 1 MiB
+        assert len(data) < 1 << 20
+        want = f"unpacks to more than {DEFAULT_LIMITS.max_unpacked_bytes} bytes"
+    elif case == "file_count":
+        data = _many_files(DEFAULT_LIMITS.max_files + 1)
+        want = f"{DEFAULT_LIMITS.max_files + 1} entries, over the worker's limit of {DEFAULT_LIMITS.max_files}"
+    else:
+        data = bytes(DEFAULT_LIMITS.max_packed_bytes + 1)
+        want = f"over the worker's limit of {DEFAULT_LIMITS.max_packed_bytes}"
+    reply = _upload(worker.address, data)
+    assert reply["ok"] is False and reply["error"]["kind"] == "archive", reply
+    assert want in reply["error"]["message"], reply
+    # nothing of it stayed on disk, and the worker still serves
+    root = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
+            if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
+    left = glob.glob(os.path.join(root[0], "archives", archive_hash(data) + "*"))
+    assert root and not left, left
+    assert _upload(worker.address, pack_dir(HOSTILE)[0])["ok"] is True
+
+
+def test_archive_limits_in_process():
+    """The same three limits, tight, straight on unpack_archive (nothing is written when refused)."""
+    tiny = ArchiveLimits(max_unpacked_bytes=1 << 20, max_packed_bytes=64 << 10, max_files=10)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for data, want in [
+            (_zip_bomb(2 << 20), "unpacks to more than"),
+            (_many_files(11), "11 entries"),
+            (os.urandom(65 << 10), "over the worker's limit of 65536"),
+        ]:
+            dest = os.path.join(d, uuid.uuid4().hex)
+            with pytest.raises(ArchiveError, match=want):
+                unpack_archive(data, dest, limits=tiny)
+            assert not os.path.exists(dest)
+
+
+# ---------------------------------------------------------------- envs that misbehave
+def test_env_that_never_answers_its_first_reset():
+    t0 = time.monotonic()
+    with pytest.raises(EnvStartError, match="deadline") as info:
+        RLPool(NEVER_ANSWERS, n=3, isolation=ISOLATION, start_timeout=2.0)
+    assert time.monotonic() - t0 < 20
+    index = info.value.index
+    assert index in (0, 1, 2) and f"env {index}" in str(info.value)
+    assert "first reset" in str(info.value)
+    assert "never_answers: sleeping instead of serving" in info.value.stderr_tail
+
+
+def test_env_that_daemonizes_is_gone_after_hard_reset_and_close():
+    with RLPool(HOSTILE, n=2, isolation=ISOLATION) as pool:
+        _need(pool, "pid_namespace")
+        pool.reset()
+        marker = f"{5000 + os.getpid() % 1000 + 0.123:.3f}"
+        obs, rewards, dones, infos = pool.step([{"daemon": marker}, 1])
+        assert obs[0]["daemon_pid"] > 1 and not dones[0], infos[0]
+        assert wait_until(lambda: len(_sleepers(marker)) == 1, 5), "the daemon did not start"
+        pool.reset(hard=True)
+        assert wait_until(lambda: not _sleepers(marker), 10), "a setsid daemon outlived the hard reset"
+        pool.step([1, {"daemon": marker}])
+        assert wait_until(lambda: len(_sleepers(marker)) == 1, 5)
+        worker = psutil.Process(pool._links[0].process.pid)
+    assert wait_until(lambda: not _sleepers(marker), 10), "a setsid daemon outlived close()"
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("then, want", [("stay", "closed its stdout but did not exit"), ("exit", "exited with status 0")])
+def test_env_that_closes_its_stdout(then, want):
+    with RLPool(HOSTILE, n=3, isolation=ISOLATION, step_timeout=10.0) as pool:
+        pool.reset()
+        t0 = time.monotonic()
+        obs, rewards, dones, infos = pool.step([1, {"close_channel": then}, 1])
+        assert time.monotonic() - t0 < 8, "a closed channel must not wait for the step deadline"
+        err = infos[1].get("boltzlabs_error")
+        assert err is not None and want in err["reason"], infos[1]
+        assert obs[1] is None and dones[1] and pool.timing.errors == (1,)
+        assert obs[0] == obs[2] or (obs[0]["index"], obs[2]["index"]) == (0, 2)
+        assert pool.reset() == [{"index": i, "seed": None} for i in range(3)]  # respawned
+
+
+def test_env_that_spins_the_cpu_is_a_straggler_and_others_are_fine():
+    n = 4
+    with RLPool(HOSTILE, n=n, isolation=ISOLATION, step_timeout=1.0) as pool:
+        pool.reset()
+        t0 = time.monotonic()
+        obs, rewards, dones, infos = pool.step([1, 1, {"spin": True}, 1])
+        elapsed = time.monotonic() - t0
+        assert 1.0 <= elapsed < 1.0 + 3.0, elapsed
+        assert "deadline" in infos[2]["boltzlabs_straggler"]["reason"] and pool.timing.stragglers == (2,)
+        assert [o["index"] for i, o in enumerate(obs) if i != 2] == [0, 1, 3]
+        assert np.all(rewards[[0, 1, 3]] == 1.0) and not dones[[0, 1, 3]].any()
+        assert pool.reset()[2] == {"index": 2, "seed": None}
+        obs, *_ = pool.step([1] * n)
+        assert pool.timing.stragglers == () and obs[2]["index"] == 2
+
+
+def test_env_cannot_read_the_worker_or_other_envs(monkeypatch):
+    secret = f"hostile-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("BOLTZLABS_HOSTILE_SECRET", secret)  # the worker inherits it from the trainer
+    with RLPool(HOSTILE, n=2, isolation=ISOLATION) as pool:
+        _need(pool, "pid_namespace", "hidden_host_files", "scrubbed_environment")
+        pool.reset()
+        worker_pid = pool._links[0].process.pid
+        assert secret in open(f"/proc/{worker_pid}/environ").read()  # it is there to be stolen
+        obs, *_ = pool.step([{"write": "secret.txt"}, 1])
+        root = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
+                if open(os.path.join(d, "owner.pid")).read().strip() == str(worker_pid)][0]
+        host_ws0 = glob.glob(os.path.join(root, "sessions", "*", "ws", "0"))[0]
+        assert os.path.exists(os.path.join(host_ws0, "secret.txt"))
+        attacks = [
+            {"read": f"/proc/{worker_pid}/environ"},
+            {"read": f"/proc/{os.getpid()}/environ"},
+            {"read": f"/proc/{worker_pid}/cmdline"},
+            {"read": os.path.join(host_ws0, "secret.txt")},
+            {"listdir": host_ws0},
+            {"listdir": os.path.dirname(host_ws0)},
+            {"read": "/workspace/../ws/0/secret.txt"},
+            {"listdir": "/proc"},
+            {"signal": worker_pid},
+        ]
+        for attack in attacks:
+            obs, rewards, dones, infos = pool.step([1, attack])
+            what = next(k for k in attack)
+            result = obs[1][what]
+            text = json.dumps(obs[1])
+            assert secret not in text and "secret of env 0" not in text, (attack, obs[1])
+            assert "BOLTZLABS_HOSTILE_SECRET" not in obs[1]["environ"]
+            if what == "listdir" and attack[what] == "/proc":
+                # its own pid namespace: only its own processes are visible
+                assert result["ok"] and str(worker_pid) not in result["result"], result
+                assert max(int(p) for p in result["result"] if p.isdigit()) < 100, result
+            else:
+                assert result["ok"] is False, (attack, result)
+                assert result["error"] in ("FileNotFoundError", "PermissionError", "ProcessLookupError"), result
+
+
+# ---------------------------------------------------------------- the trainer side
+def test_sigint_during_a_long_step_exits_cleanly(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from boltzlabs_gym import RLPool
+        with RLPool({FAULTY!r}, n=3, isolation={ISOLATION!r}, step_timeout=30) as pool:
+            pool.reset()
+            print("READY", pool._links[0].process.pid, flush=True)
+            try:
+                pool.step([{{"sleep": 5}}, 1, 1])
+            except KeyboardInterrupt:
+                print("INTERRUPTED", flush=True)
+                raise
+        print("UNREACHABLE", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()
+        assert line and line[0] == "READY", (line, proc.stderr.read() if proc.poll() is not None else "")
+        worker = psutil.Process(int(line[1]))
+        tree = [worker] + worker.children(recursive=True)
+        time.sleep(0.5)  # well inside the 5 s step
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "INTERRUPTED" in out and "UNREACHABLE" not in out, (out, err)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert elapsed < 4.5, f"the trainer waited for the step ({elapsed:.1f} s) instead of stopping"
+    assert wait_until(lambda: not _alive(tree), 15), "worker or env processes outlived the interrupted trainer"
