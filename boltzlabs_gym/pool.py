@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import json
 import logging
 import os
 import select
@@ -28,7 +27,7 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import COUNTER, ENVS, ISOLATION, ROOT
+from conftest import COUNTER, ISOLATION, ROOT
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

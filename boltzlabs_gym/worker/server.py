@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
-import json
 import logging
 import os
 import select
@@ -44,7 +43,6 @@ from ..protocol import (
 from . import memory
 from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
 from .sandbox import LaunchSpec, Limits, SandboxUnavailable, select_backend
-from .sandbox.base import SANDBOX_RUNTIME
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
@@ -193,7 +191,7 @@ class Worker:
         for ep in endpoints:
             if keys is None and not insecure and not is_local_endpoint(ep):
                 raise ValueError(
-                    f"refusing to bind {ep} without authentication: pass keys (boltzlabs-gym keygen DIR; "
+                    f"refusing to bind {ep} without authentication: pass CURVE keys (boltzlabs-gym keygen DIR; "
                     "worker --keys DIR) or, on a trusted network only, --insecure"
                 )
         self.capacity = capacity

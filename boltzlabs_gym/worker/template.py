@@ -95,7 +95,6 @@ session root, which the worker removes.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -343,7 +342,7 @@ class TemplateLauncher:
             theirs.close()
             for fd in (log_fd, out_fd, null_fd):
                 os.close(fd)
-        from .sandbox import _linux as L
+        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
 
         try:
             pidfd = L.pidfd_open(pid)
@@ -400,7 +399,7 @@ class TemplateLauncher:
 
     def _start_ns(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int):
         from .sandbox import cgroups, seccomp
-        from .sandbox import _linux as L
+        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox.namespaces import LAUNCHER
 
         backend = self.backend
@@ -509,7 +508,7 @@ class TemplateLauncher:
 
     def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
         from .sandbox import cgroups
-        from .sandbox import _linux as L
+        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
 
         if self._graveyard:
             self._graveyard = [g for g in self._graveyard if not _try_remove(g)]
@@ -811,12 +810,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         os.setgroups([])
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
-        for cap in range(plan.cap_last + 1):
-            if cap not in _KEEP_CAPS:
-                try:
-                    L.prctl(L.PR_CAPBSET_DROP, cap)
-                except OSError:
-                    pass
+        L.drop_bounding_caps(plan.cap_last, keep=set(_KEEP_CAPS))
         try:
             L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
         except OSError:
@@ -870,7 +864,7 @@ def template_main() -> None:
     ns = kind == "ns"
     filt = None
     if ns:
-        from .sandbox import _linux as L
+        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import seccomp
 
         filt = seccomp.build_filter()
@@ -1054,11 +1048,7 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
             L.move_mount_fd(tree, SANDBOX_WORKSPACE)
             os.close(tree)
             tree = -1
-            for cap in range(L.cap_last_cap() + 1):
-                try:
-                    L.prctl(L.PR_CAPBSET_DROP, cap)
-                except OSError:
-                    pass
+            L.drop_bounding_caps(L.cap_last_cap())
             os.setgroups([])
             os.setresgid(ENV_INSIDE_UID, ENV_INSIDE_UID, ENV_INSIDE_UID)
             os.setresuid(ENV_INSIDE_UID, ENV_INSIDE_UID, ENV_INSIDE_UID)  # clears every capability

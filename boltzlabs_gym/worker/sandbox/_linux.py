@@ -118,6 +118,17 @@ def prctl(option: int, a2: int = 0, a3: int = 0, a4: int = 0, a5: int = 0) -> in
     return rc
 
 
+def drop_bounding_caps(cap_last: int, keep: frozenset[int] | set[int] = frozenset()) -> None:
+    """Drop every capability but ``keep`` from the bounding set (so no exec can regain them)."""
+    for cap in range(cap_last + 1):
+        if cap in keep:
+            continue
+        try:
+            prctl(PR_CAPBSET_DROP, cap)
+        except OSError:  # unknown to this kernel, or already gone
+            pass
+
+
 class _MountAttr(ctypes.Structure):
     _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]

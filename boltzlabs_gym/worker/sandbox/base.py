@@ -175,6 +175,51 @@ def child_environment(spec: "LaunchSpec", *, env_dir: str, workspace: str, pytho
     return env
 
 
+def probe_launch(launch: "callable", uid: int | None = None) -> tuple[bool, str, float]:
+    """Start ``python -S -c 'stat /env'`` through ``launch(spec)`` in a throwaway env dir.
+
+    Returns ``(ok, what went wrong, setup_ms)``: the cheap, real test every backend's
+    ``available()`` runs, since only an actual launch shows what the host allows.
+    """
+    import shutil
+    import sys
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="boltzlabs-probe-")
+    env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
+    os.mkdir(env_dir)
+    os.mkdir(ws)
+    for path in (tmp, env_dir):
+        os.chmod(path, 0o755)
+    r, w = os.pipe()
+    try:
+        spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
+                          workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
+                          limits=Limits(memory_bytes=None), uid=uid)
+        launched = launch(spec)
+        os.close(w)
+        w = -1
+        out = b""
+        while True:  # read to EOF before waiting: a chatty failure must not fill the pipe
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            out += chunk
+        _, status = os.waitpid(launched.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if launched.setup_error or code != 0:
+            return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
+                           or f"probe exited with {code}"), launched.setup_ms
+        return True, "", launched.setup_ms
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}", 0.0
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def apply_rlimits(limits: Limits, *, memory_via_rlimit: bool, pids_via_rlimit: bool) -> None:
     """Set the rlimits of the calling (child) process: FSIZE, NOFILE, CORE=0, CPU backstop, and
     AS / NPROC when no cgroup carries the memory / process limit."""

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
-import tempfile
 import threading
 import time
 
@@ -32,10 +30,10 @@ from .base import (
     IsolationReport,
     Launched,
     LaunchSpec,
-    Limits,
     SandboxUnavailable,
     _max_fd,
     apply_rlimits,
+    probe_launch,
     child_environment,
     env_uid,
     wire_std_fds,
@@ -87,38 +85,8 @@ class BwrapBackend:
         return None, "; ".join(reasons)
 
     def _try(self, mode: str) -> tuple[bool, str]:
-        tmp = tempfile.mkdtemp(prefix="boltzlabs-bwprobe-")
-        os.chmod(tmp, 0o755)
-        env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
-        os.mkdir(env_dir, 0o755)
-        os.mkdir(ws)
-        r, w = os.pipe()
-        try:
-            spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
-                              workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
-                              limits=Limits(memory_bytes=None), uid=ENV_UID_BASE - 1)
-            launched = self._launch(spec, mode, use_cgroup=False)
-            os.close(w)
-            w = -1
-            out = b""
-            while True:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    break
-                out += chunk
-            _, status = os.waitpid(launched.pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-            if launched.setup_error or code != 0:
-                return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
-                               or f"probe exited with {code}")
-            return True, f"bwrap probe ran (launch {launched.setup_ms:.1f} ms until bwrap exec)"
-        except OSError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        finally:
-            os.close(r)
-            if w >= 0:
-                os.close(w)
-            shutil.rmtree(tmp, ignore_errors=True)
+        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
+        return ok, why if not ok else f"bwrap probe ran (launch {setup_ms:.1f} ms until bwrap exec)"
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:
@@ -251,11 +219,7 @@ class BwrapBackend:
                 args += ["--seccomp", str(r)]
             args += ["--"] + list(spec.argv)
             if mode == "drop":
-                for cap in range(cap_last + 1):
-                    try:
-                        L.prctl(L.PR_CAPBSET_DROP, cap)
-                    except OSError:
-                        pass
+                L.drop_bounding_caps(cap_last)
                 os.setgroups([])
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)

@@ -60,6 +60,7 @@ from .base import (
     Limits,
     _max_fd,
     apply_rlimits,
+    probe_launch,
     child_environment,
     env_uid,
     wire_std_fds,
@@ -261,11 +262,7 @@ def _build_root(plan: SandboxPlan) -> None:
 
 
 def _drop_privileges(plan: SandboxPlan) -> None:
-    for cap in range(plan.cap_last + 1):
-        try:
-            L.prctl(L.PR_CAPBSET_DROP, cap)
-        except OSError:
-            pass
+    L.drop_bounding_caps(plan.cap_last)
     try:
         L.prctl(L.PR_CAP_AMBIENT, L.PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError:
@@ -539,41 +536,8 @@ class NamespaceBackend:
         return None, "; ".join(reasons)
 
     def _try_mode(self, mode: str) -> tuple[bool, str]:
-        tmp = tempfile.mkdtemp(prefix="boltzlabs-probe-")
-        env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
-        os.mkdir(env_dir)
-        os.mkdir(ws)
-        os.chmod(tmp, 0o755)
-        os.chmod(env_dir, 0o755)
-        r, w = os.pipe()
-        try:
-            spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
-                              workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
-                              limits=Limits(memory_bytes=None), uid=ENV_UID_BASE - 1)
-            launched = self._launch(spec, mode, use_cgroup=False)
-            os.close(w)
-            w = -1
-            _, status = os.waitpid(launched.pid, 0)
-            out = b""
-            while True:
-                chunk = os.read(r, 65536)
-                if not chunk:
-                    break
-                out += chunk
-            code = os.waitstatus_to_exitcode(status)
-            if launched.setup_error or code != 0:
-                return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
-                               or f"probe exited with {code}")
-            return True, f"probe sandbox started in {launched.setup_ms:.1f} ms"
-        except OSError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        finally:
-            os.close(r)
-            if w >= 0:
-                os.close(w)
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
+        return ok, why if not ok else f"probe sandbox started in {setup_ms:.1f} ms"
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:

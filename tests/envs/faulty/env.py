@@ -14,7 +14,6 @@ Actions: an int (a plain counter step, reward = action) or a dict:
 Reset options {"raise": true} raise inside reset.
 """
 
-import json
 import os
 import sys
 import time
