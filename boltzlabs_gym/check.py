@@ -48,6 +48,30 @@ def _problems_in_step(reply: dict) -> list[str]:
     return out
 
 
+#: Worker failure reasons an env author can fix, and what to change.
+_HINTS = (
+    (("not a JSON line", "expected a JSON object", "bad _bin announcement", "nobody asked for"),
+     "something wrote to the env's stdout outside serve(): stdout is the reply channel and every byte "
+     "on it must be a reply. Write logs to stderr; print() inside reset/step is safe (serve() sends it "
+     "to stderr), but output before serve() starts (at import time, from a library or a subprocess "
+     "started earlier) or to a saved copy of fd 1 corrupts the channel"),
+    (("longer than",), "a reply line exceeded the worker's limit: return smaller observations, or send "
+     "arrays as binary payloads"),
+    (("exceeded its memory limit",), "the env used more memory than its limit: use less, or raise "
+     "Limits(memory_bytes=...)"),
+    (("closed its stdout", "closed its stdin", "exited with status", "killed by signal"),
+     "the env process died or closed its channel: see its stderr above; env.py must keep serve() running"),
+    (("deadline",), "the env did not answer in time: make it faster or raise the pool's timeouts"),
+)
+
+
+def _hint(reason: str) -> str:
+    for needles, hint in _HINTS:
+        if any(n in reason for n in needles):
+            return f"\n  hint: {hint}"
+    return ""
+
+
 def check_env_dir(
     env_dir: str,
     *,
@@ -66,7 +90,7 @@ def check_env_dir(
     try:
         pool = RLPool(env_dir, 1, isolation=isolation, start_timeout=60, step_timeout=30, reset_timeout=30)
     except EnvStartError as exc:
-        problems.append(f"the env did not start or did not answer its first reset: {exc}")
+        problems.append(f"the env did not start or did not answer its first reset: {exc}{_hint(str(exc))}")
         out(problems[-1])
         return problems
     except BoltzLabsError as exc:
@@ -84,7 +108,8 @@ def check_env_dir(
             action = parsed[t % len(parsed)]
             r = pool.call_envs({"op": "step", "action": action})[0]
             if r.status != OK:
-                problems.append(f"step {t}: the env {r.status}: {r.reply.get('message')}\n{r.reply.get('stderr', '')}")
+                problems.append(f"step {t}: the env {r.status}: {r.reply.get('message')}{_hint(str(r.reply.get('message')))}"
+                                f"\n{r.reply.get('stderr', '')}")
                 break
             found = _problems_in_step(r.reply)
             problems += [f"step {t}: {p}" for p in found]

@@ -318,3 +318,50 @@ def test_sigint_during_a_long_step_exits_cleanly(tmp_path):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert elapsed < 4.5, f"the trainer waited for the step ({elapsed:.1f} s) instead of stopping"
     assert wait_until(lambda: not _alive(tree), 15), "worker or env processes outlived the interrupted trainer"
+
+
+# ---------------------------------------------------------------- `boltzlabs-gym check` explains protocol violations
+def _check(env_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "boltzlabs_gym.cli", "check", str(env_dir), "--isolation", ISOLATION],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_check_explains_garbage_on_stdout_before_the_first_reply(tmp_path):
+    (tmp_path / "env.py").write_text(
+        "import os\nos.write(1, b'loading simulator...\\n')\n"
+        "from boltzlabs_gym.env import serve\nserve(reset=lambda seed: 0, step=lambda a: (0, 1.0, False, {}))\n"
+    )
+    out = _check(tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "not a JSON line (starts with 'loading simulator...')" in out.stdout
+    assert "wrote to the env's stdout outside serve()" in out.stdout and "Write logs to stderr" in out.stdout
+
+
+def test_check_explains_garbage_on_the_channel_during_a_step(tmp_path):
+    (tmp_path / "env.py").write_text(
+        "import os\nREAL = os.dup(1)\n"
+        "from boltzlabs_gym.env import serve\n"
+        "def step(a):\n    os.write(REAL, b'progress 50%\\n')\n    return 0, 1.0, False, {}\n"
+        "serve(reset=lambda seed: 0, step=step)\n"
+    )
+    out = _check(tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "step 0: the env error: malformed reply" in out.stdout
+    assert "wrote to the env's stdout outside serve()" in out.stdout
+
+
+def test_check_explains_missing_keys_and_non_object_info(tmp_path):
+    # An env speaking the line protocol by hand, and getting it wrong.
+    (tmp_path / "env.py").write_text(textwrap.dedent("""
+        import json, sys
+        for line in sys.stdin:
+            op = json.loads(line).get("op")
+            reply = {"obs": 0} if op == "reset" else {} if op == "describe" else {"obs": 1, "info": "fine"}
+            sys.stdout.write(json.dumps(reply) + "\\n")
+            sys.stdout.flush()
+    """))
+    out = _check(tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "step reply has no 'reward' key" in out.stdout
+    assert "neither 'terminated' nor 'done'" in out.stdout
+    assert "step info must be a JSON object, got str" in out.stdout
