@@ -182,6 +182,7 @@ def run_soak(
     fault_rate: float = 0.006,
     hang_rate: float = 0.03,
     isolation: str = "auto",
+    mode: str = "default",
     log=print,
     max_errors_shown: int = 20,
 ) -> dict:
@@ -204,7 +205,7 @@ def run_soak(
     tmp = os.environ.get("TMPDIR", "/tmp")
     t_start = time.monotonic()
     pool = RLPool(
-        SOAK_ENV, n=n, isolation=isolation, step_timeout=step_timeout, reset_timeout=60.0, start_timeout=60.0,
+        SOAK_ENV, n=n, isolation=isolation, mode=mode, step_timeout=step_timeout, reset_timeout=60.0, start_timeout=60.0,
         limits=Limits(memory_bytes=MEMORY_LIMIT, pids=PIDS_LIMIT),
     )
     worker = psutil.Process(pool._links[0].process.pid)
@@ -216,7 +217,7 @@ def run_soak(
     closed = False
     try:
         isolation_report = pool.isolation
-        log(f"soak: n={n} steps={steps} seed={seed} step_timeout={step_timeout} {isolation_report}")
+        log(f"soak: n={n} steps={steps} seed={seed} mode={mode} step_timeout={step_timeout} {isolation_report}")
         # Model state per env: (seed, x, t) of the running episode; None: needs a reset.
         episode = [0] * n
         model: list = [None] * n
@@ -440,9 +441,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rate", type=float, default=0.006, help="chance an env-step is a (non-hang) fault")
     parser.add_argument("--hang-rate", type=float, default=0.03, help="chance a call carries one hanging env")
     parser.add_argument("--isolation", default=os.environ.get("BOLTZLABS_TEST_ISOLATION", "auto"))
+    parser.add_argument("--mode", default="default", choices=["default", "boltz"])
     parser.add_argument("--json", help="also write the counts here")
     args = parser.parse_args(argv)
-    result = run_soak(args.steps, args.n, args.seed, args.step_timeout, args.fault_rate, args.hang_rate, args.isolation)
+    result = run_soak(args.steps, args.n, args.seed, args.step_timeout, args.fault_rate, args.hang_rate, args.isolation,
+                      args.mode)
     print(format_counts(result))
     if args.json:
         with open(args.json, "w") as f:
