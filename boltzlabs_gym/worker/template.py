@@ -1043,7 +1043,17 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
             if req.get("cgroup"):
                 L.unshare(L.CLONE_NEWCGROUP)  # after the worker moved us: rooted at our own cgroup
             size = int(limits.tmpfs_bytes)
+            # A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp):
+            # carry those mounts over onto the new tmpfs.
+            from .sandbox.namespaces import _python_paths
+
+            under_tmp = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable)
+                         if p.startswith("/tmp/")]
             L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
+            for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
+                os.makedirs(path, exist_ok=True)
+                L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
+                os.close(held)
             L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
             L.move_mount_fd(tree, SANDBOX_WORKSPACE)
             os.close(tree)
