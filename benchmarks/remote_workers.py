@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -56,7 +57,8 @@ def main() -> None:
     parser.add_argument("--isolation", default="auto")
     args = parser.parse_args()
 
-    keys = os.path.join(tempfile.mkdtemp(prefix="bl-bench-keys-"), "keys")
+    keys_root = tempfile.mkdtemp(prefix="bl-bench-keys-")
+    keys = os.path.join(keys_root, "keys")
     generate_keys(keys)
     loopback = [WorkerProcess(capacity=args.n), WorkerProcess(capacity=args.n)]
     hosts, veth, skipped = [], [], None
@@ -82,6 +84,7 @@ def main() -> None:
             w.stop()
         for h in hosts:
             h.close()
+        shutil.rmtree(keys_root, ignore_errors=True)
     base = statistics.median(r["steps_per_s"] for r in results["1 local ipc worker"])
     print(f"\ncounter env, n={args.n}, {args.steps} steps x {args.repeats} interleaved repeats, load {os.getloadavg()[0]:.1f}")
     print(f"{'configuration':32s} {'env-steps/s':>12s} {'vs ipc':>7s} {'roundtrip ms':>13s} {'transport ms':>13s}")
