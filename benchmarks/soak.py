@@ -42,6 +42,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from boltzlabs_gym import Limits, RLPool  # noqa: E402
+from boltzlabs_gym.testing import alive  # noqa: E402
 
 
 def _load_lcg():
@@ -155,23 +156,12 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _alive(procs) -> list:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _marked(marker: str) -> list:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         if p.info["cmdline"] == ["sleep", marker]:
             out.append(p)
-    return _alive(out)
+    return alive(out)
 
 
 def run_soak(
@@ -243,7 +233,7 @@ def run_soak(
         reset_where(np.ones(n, dtype=bool))
         worker_fds0 = _fds(worker.pid)
         cgroups0 = len(_worker_cgroups(worker.pid))
-        env_procs0 = len(_alive(worker.children(recursive=True)))
+        env_procs0 = len(alive(worker.children(recursive=True)))
 
         calls = 0
         while counts["env_steps"] < steps:
@@ -339,7 +329,7 @@ def run_soak(
         deadline = time.monotonic() + 15
         while True:
             fds, cgs = _fds(worker.pid), len(_worker_cgroups(worker.pid))
-            procs = len(_alive(worker.children(recursive=True)))
+            procs = len(alive(worker.children(recursive=True)))
             marked = _marked(leak_s)
             hard_ok = True
             if fds == worker_fds0 and cgs == cgroups0 and procs <= env_procs0 + len(marked):
@@ -365,8 +355,8 @@ def run_soak(
         tree = [worker] + worker.children(recursive=True)
         pool.close()
         closed = True
-        if not _wait(lambda: not _alive(tree), 15):
-            leaks["processes_after_close"] = [p.pid for p in _alive(tree)]
+        if not _wait(lambda: not alive(tree), 15):
+            leaks["processes_after_close"] = [p.pid for p in alive(tree)]
         if not _wait(lambda: not _worker_cgroups(worker.pid), 10):
             leaks["cgroups_after_close"] = _worker_cgroups(worker.pid)
         left = [p for p in [*worker_root, pool_tmp, socket_path] if p and os.path.exists(p)]

@@ -26,6 +26,7 @@ __all__ = [
     "NetnsHost",
     "NetnsUnavailable",
     "wait_until",
+    "alive",
     "CODE_ENV_GOOD",
     "CODE_ENV_WRONG",
     "CODE_ENV_BROKEN",
@@ -133,6 +134,20 @@ class NetnsHost:
     def close(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
         subprocess.run(["ip", "link", "del", self._host_if], capture_output=True)
+
+
+def alive(procs) -> list:
+    """The ``psutil.Process`` objects of ``procs`` still running (zombies count as gone)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:

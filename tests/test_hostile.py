@@ -29,6 +29,7 @@ from boltzlabs_gym import EnvStartError, RLPool
 from boltzlabs_gym.archive import ArchiveLimits, archive_hash, pack_dir, unpack_archive
 from boltzlabs_gym.errors import ArchiveError
 from boltzlabs_gym.protocol import decode_header, encode_header
+from boltzlabs_gym.testing import alive
 
 from conftest import ENVS, FAULTY, ISOLATION
 from workers import WorkerProcess, wait_until
@@ -40,19 +41,8 @@ NEVER_ANSWERS = os.path.join(ENVS, "never_answers")
 DEFAULT_LIMITS = ArchiveLimits()
 
 
-def _alive(procs) -> list:
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _sleepers(marker: str) -> list:
-    return _alive([p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]])
+    return alive([p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]])
 
 
 def _need(pool: RLPool, *props: str) -> None:
@@ -317,7 +307,7 @@ def test_sigint_during_a_long_step_exits_cleanly(tmp_path):
     assert "INTERRUPTED" in out and "UNREACHABLE" not in out, (out, err)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert elapsed < 4.5, f"the trainer waited for the step ({elapsed:.1f} s) instead of stopping"
-    assert wait_until(lambda: not _alive(tree), 15), "worker or env processes outlived the interrupted trainer"
+    assert wait_until(lambda: not alive(tree), 15), "worker or env processes outlived the interrupted trainer"
 
 
 # ---------------------------------------------------------------- `boltzlabs-gym check` explains protocol violations

@@ -15,6 +15,7 @@ import os
 import resource
 import signal
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -173,6 +174,36 @@ def child_environment(spec: "LaunchSpec", *, env_dir: str, workspace: str, pytho
     env["BOLTZLABS_WORKSPACE"] = workspace
     env["PYTHONPATH"] = pythonpath
     return env
+
+
+def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = None) -> Launched:
+    """The handle for an env whose whole tree dies with ``pid`` (a pid-namespace init or bwrap).
+
+    ``kill_tree`` SIGKILLs ``pid`` and signals what is left in the env's ``cgroup`` (if
+    any); ``cleanup`` removes the cgroup.
+    """
+
+    def kill_tree() -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if cgroup is not None:
+            cgroup.signal_all()
+
+    def cleanup() -> None:
+        if cgroup is not None:
+            cgroup.remove()
+
+    return Launched(
+        pid=pid,
+        kill_tree=kill_tree,
+        cleanup=cleanup,
+        setup_ms=(time.perf_counter() - started) * 1e3,
+        setup_error=setup_error,
+        oom_killed=(cgroup.oom_killed if cgroup is not None else (lambda: False)),
+        paths={"env_dir": SANDBOX_ENV_DIR, "workspace": SANDBOX_WORKSPACE},
+    )
 
 
 def probe_launch(launch: "callable", uid: int | None = None) -> tuple[bool, str, float]:

@@ -33,6 +33,7 @@ from .base import (
     SandboxUnavailable,
     _max_fd,
     apply_rlimits,
+    launched_tree,
     probe_launch,
     child_environment,
     env_uid,
@@ -273,24 +274,5 @@ class BwrapBackend:
                 cg.remove()
             raise
 
-        def kill_tree() -> None:
-            try:
-                os.kill(pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the namespace down with it
-            except (ProcessLookupError, PermissionError):
-                pass
-            if cg is not None:
-                cg.signal_all()
-
-        def cleanup() -> None:
-            if cg is not None:
-                cg.remove()
-
-        return Launched(
-            pid=pid,
-            kill_tree=kill_tree,
-            cleanup=cleanup,
-            setup_ms=(time.perf_counter() - start) * 1e3,
-            setup_error=error,
-            oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
-            paths={"env_dir": SANDBOX_ENV_DIR, "workspace": SANDBOX_WORKSPACE},
-        )
+        # bwrap; --die-with-parent takes the namespace down with it
+        return launched_tree(pid, cg, start, error)

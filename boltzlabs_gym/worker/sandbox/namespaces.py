@@ -60,6 +60,7 @@ from .base import (
     Limits,
     _max_fd,
     apply_rlimits,
+    launched_tree,
     probe_launch,
     child_environment,
     env_uid,
@@ -665,27 +666,8 @@ class NamespaceBackend:
             raise
         cg = plan.cgroup
 
-        def kill_tree() -> None:
-            try:
-                os.kill(pid, signal.SIGKILL)  # PID 1 of the namespace (root) or the keeper (userns)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if cg is not None:
-                cg.signal_all()
-
-        def cleanup() -> None:
-            if cg is not None:
-                cg.remove()
-
-        return Launched(
-            pid=pid,
-            kill_tree=kill_tree,
-            cleanup=cleanup,
-            setup_ms=(time.perf_counter() - start) * 1e3,
-            setup_error=error,
-            oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
-            paths={"env_dir": SANDBOX_ENV_DIR, "workspace": SANDBOX_WORKSPACE},
-        )
+        # PID 1 of the namespace (root) or the keeper (userns)
+        return launched_tree(pid, cg, start, error)
 
 
 __all__ = ["NamespaceBackend", "SandboxPlan", "enter_sandbox", "spawn", "LAUNCHER"]
