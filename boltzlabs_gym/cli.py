@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "worker":
+        # `boltzlabs-gym status ... | head` should end quietly, as other CLI tools do. Not for
+        # the worker: it must see EPIPE from a dead env's pipe as an error, not die of it.
+        import signal
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     return int(args.func(args) or 0)
 
 
