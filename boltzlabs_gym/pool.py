@@ -221,6 +221,9 @@ class RLPool:
         self.reset_infos: list[dict] = [{} for _ in range(n)]
         #: PSS in bytes of the boltz-mode templates, as of the last :meth:`memory` call.
         self.template_pss = 0
+        #: (envs started, n) while the pool starts; a bar shows it on a terminal.
+        self.start_progress = (0, n)
+        self._progress_stream = None
         self._closed = False
         self._state = _State.IDLE
         self._seq = itertools.count(1)
@@ -313,6 +316,8 @@ class RLPool:
             seqs.append(self._send(link, header))
         # Every env may queue behind max_starting others: allow for the whole stagger.
         timeout = self.start_timeout * (1 + self.n / 4) + 30.0
+        # A progress bar for big pools, on a terminal only (nothing in logs or CI output).
+        self._progress_stream = sys.stderr if self.n >= 32 and sys.stderr.isatty() else None
         failure = None
         for link, seq in zip(self._links, seqs):
             try:
@@ -324,6 +329,13 @@ class RLPool:
             link.session = header["session"]
             link.token = header["token"]
             self.isolation = IsolationReport.from_json(header["isolation"])
+        if failure is None:
+            self.start_progress = (self.n, self.n)
+        if self._progress_stream is not None:
+            if failure is None:
+                self._draw_progress()
+            self._progress_stream.write("\n")
+            self._progress_stream = None
         if failure is not None:
             raise failure
         log.info("pool of %d envs ready: %s", self.n, self.isolation)
@@ -384,11 +396,31 @@ class RLPool:
                 header = decode_header(frames[0].buffer)
                 if header.get("seq") != seq:
                     continue  # a heartbeat, or a reply to a call that timed out earlier
+                if "progress" in header and "ok" not in header:
+                    self._on_progress(link, header)
+                    continue
                 return header, frames[1:]
             failure = link.handshake_failure()
             if failure:
                 raise WorkerError(f"worker {link.address}: {failure}", link.address)
             self._check_worker_alive(link)
+
+    def _on_progress(self, link: _Link, header: dict) -> None:
+        """An interim start-up count from a worker: keep it, and redraw the bar on a terminal."""
+        try:
+            link.started = min(int(header["progress"]), link.count)
+        except (KeyError, TypeError, ValueError):
+            return
+        self.start_progress = (sum(getattr(x, "started", 0) for x in self._links), self.n)
+        if self._progress_stream is not None:
+            self._draw_progress()
+
+    def _draw_progress(self) -> None:
+        done, total = self.start_progress
+        width = 30
+        bar = "#" * (width * done // total) + "-" * (width - width * done // total)
+        self._progress_stream.write(f"\rboltzlabs: starting envs [{bar}] {done}/{total}")
+        self._progress_stream.flush()
 
     def _check_worker_alive(self, link: _Link) -> None:
         if link.process is not None and link.process.poll() is not None:

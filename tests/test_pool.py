@@ -362,3 +362,36 @@ def test_many_failing_launches_fail_cleanly(tmp_path):
         proc.terminate()
         proc.wait(30)
         proc.stdout.close()
+
+
+def _start_pool_with_stderr(tmp_path, use_pty: bool) -> str:
+    import pty
+
+    script = tmp_path / "start.py"
+    script.write_text(f"from boltzlabs_gym import RLPool\nRLPool({COUNTER!r}, n=48, isolation={ISOLATION!r}).close()\n")
+    if use_pty:
+        parent, child = pty.openpty()
+        proc = subprocess.Popen([sys.executable, str(script)], stderr=child, stdout=subprocess.DEVNULL)
+        os.close(child)
+        chunks = []
+        while True:
+            try:
+                data = os.read(parent, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(parent)
+        proc.wait(120)
+        return b"".join(chunks).decode(errors="replace")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    return out.stderr
+
+
+def test_start_up_progress_bar_on_a_terminal_only(tmp_path):
+    on_tty = _start_pool_with_stderr(tmp_path, use_pty=True)
+    assert "starting envs [" in on_tty and "48/48" in on_tty
+    assert "starting envs" not in _start_pool_with_stderr(tmp_path, use_pty=False)
+    with RLPool(COUNTER, n=48, isolation=ISOLATION) as pool:
+        assert pool.start_progress == (48, 48)

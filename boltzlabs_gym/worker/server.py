@@ -170,6 +170,7 @@ class Session:
         self.closed = False
         self.last_seen = time.monotonic()
         self.owner_key: str | None = None
+        self.progress_sent = 0.0
         self.token = secrets.token_hex(16)
 
 
@@ -790,6 +791,11 @@ class Worker:
             user_call.on_done(OK, reply, payloads)
         if session.create_seq is not None:
             session.started += 1
+            now = time.monotonic()
+            if session.started < len(session.envs) and now - session.progress_sent >= 0.2:
+                # Interim reply under the create's tag: the pool shows start-up progress.
+                session.progress_sent = now
+                self._send(session.client, {"seq": session.create_seq, "progress": session.started, "n": len(session.envs)})
             if session.started == len(session.envs):
                 seq, session.create_seq = session.create_seq, None
                 self._send(
