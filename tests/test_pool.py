@@ -395,3 +395,32 @@ def test_start_up_progress_bar_on_a_terminal_only(tmp_path):
     assert "starting envs" not in _start_pool_with_stderr(tmp_path, use_pty=False)
     with RLPool(COUNTER, n=48, isolation=ISOLATION) as pool:
         assert pool.start_progress == (48, 48)
+
+
+def test_interpreter_exit_without_close_leaves_nothing(tmp_path):
+    script = tmp_path / "forgetful.py"
+    script.write_text(textwrap.dedent(f"""
+        from boltzlabs_gym import RLPool
+        pool = RLPool({COUNTER!r}, n=4, isolation={ISOLATION!r})
+        pool.reset()
+        worker = pool._links[0].process.pid
+        import psutil
+        print(worker, *[p.pid for p in psutil.Process(worker).children(recursive=True)], flush=True)
+        # no close(): interpreter exit must clean up
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    pids = [int(x) for x in out.stdout.split()]
+    assert len(pids) >= 5, out.stderr
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    assert wait_until_gone(procs, 10)
+
+
+def wait_until_gone(procs, timeout: float) -> bool:
+    from boltzlabs_gym.testing import alive, wait_until
+
+    return wait_until(lambda: not alive(procs), timeout)
