@@ -348,7 +348,7 @@ class RLPool:
             header["session"] = link.session
             header["token"] = link.token
         try:
-            link.sock.send_multipart([encode_header(header), *frames], copy=False)
+            link.sock.send_multipart([encode_header(header), *frames])
         except zmq.Again:
             hint = link.handshake_failure() or "it is down, unreachable, or refused the connection"
             raise WorkerError(f"worker {link.address} is unreachable: cannot send ({hint})", link.address) from None
@@ -391,9 +391,11 @@ class RLPool:
                     pass  # no live connection: silence will tell
                 link.last_ping = now
             if link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN):
-                frames = link.sock.recv_multipart(copy=False)
+                # Copying receive: zero-copy Frames run cleanup code in __dealloc__, where a
+                # Ctrl-C is "ignored" by the interpreter, and the trainer then never stops.
+                frames = link.sock.recv_multipart()
                 link.last_heard = time.monotonic()
-                header = decode_header(frames[0].buffer)
+                header = decode_header(frames[0])
                 if header.get("seq") != seq:
                     continue  # a heartbeat, or a reply to a call that timed out earlier
                 if "progress" in header and "ok" not in header:
@@ -510,10 +512,10 @@ class RLPool:
         for entry in header.get("results", ()):
             local, status, nframes = entry
             reply_frame = frames[pos]
-            payloads = [f.buffer for f in frames[pos + 1 : pos + 1 + nframes]]
+            payloads = frames[pos + 1 : pos + 1 + nframes]
             pos += 1 + nframes
             try:
-                reply = parse_json(reply_frame.buffer)
+                reply = parse_json(reply_frame)
             except ValueError:
                 status, reply = ERROR, {"message": "reply frame is not JSON"}
             if not isinstance(reply, dict):
