@@ -300,7 +300,18 @@ def _run_trainer_and_kill(tmp_path, sig):
     tree = [worker] + worker.children(recursive=True)
     time.sleep(0.3)
     proc.send_signal(sig)
-    proc.wait(30)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        for p in [psutil.Process(proc.pid)] + tree:  # fail, but leave nothing running behind
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        proc.wait(10)
+        raise AssertionError(f"the trainer did not exit within 30 s of {sig!r}") from None
+    finally:
+        proc.stdout.close()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree):
