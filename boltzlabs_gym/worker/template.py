@@ -784,7 +784,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
     """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
     from .sandbox import _linux as L
     from .sandbox import seccomp
-    from .sandbox.namespaces import HOSTNAME, _build_root, _NS_FLAGS
+    from .sandbox.namespaces import HOSTNAME, _build_root, _NS_FLAGS, adopt_sched_and_cgroup
 
     try:
         import fcntl
@@ -792,13 +792,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         status_w = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 64)
         sync_r = fcntl.fcntl(sync_r, fcntl.F_DUPFD_CLOEXEC, 64)
         _place_fds([plan.fds[0], plan.fds[1], plan.fds[2], ctl_fd, life_r])
-        if plan.sched is not None:
-            try:
-                os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
-            except OSError:
-                pass
-        if plan.cgroup is not None:
-            plan.cgroup.join()
+        adopt_sched_and_cgroup(plan)
         L.unshare(_NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0))
         L.sethostname(HOSTNAME)
         _build_root(plan)

@@ -277,6 +277,17 @@ def _drop_privileges(plan: SandboxPlan) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)  # the uid change made us non-dumpable: /proc/self/* would be root's
 
 
+def adopt_sched_and_cgroup(plan: "SandboxPlan") -> None:
+    """In the fresh child: take the launcher's scheduling policy and join the env's cgroup."""
+    if plan.sched is not None:
+        try:
+            os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
+        except OSError:
+            pass
+    if plan.cgroup is not None:
+        plan.cgroup.join()
+
+
 def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: int | None = None) -> None:
     """Run in PID 1 of a fresh PID namespace (a freshly forked child): build the sandbox around it.
 
@@ -285,13 +296,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
     launcher reads) gets one byte to prove the launcher is still alive after PDEATHSIG was armed;
     ``lifeline_fd`` (userns mode: read end of a pipe the keeper holds) serves the same purpose.
     """
-    if plan.sched is not None:
-        try:
-            os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
-        except OSError:
-            pass
-    if plan.cgroup is not None:
-        plan.cgroup.join()
+    adopt_sched_and_cgroup(plan)
     flags = _NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0)
     if plan.mode == "root":
         L.unshare(flags)  # userns mode: the keeper already unshared everything
