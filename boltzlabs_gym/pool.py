@@ -507,20 +507,35 @@ class RLPool:
         return results
 
     def _parse_results(self, link: _Link, header: dict, frames: list) -> list[EnvResult]:
+        """Split a batch reply's one data frame into per-env results (replies and payload views)."""
+        entries = header.get("results")
+        if not isinstance(entries, list) or len(frames) != 1:
+            raise WorkerError(f"worker {link.address} sent a malformed batch reply (results or data frame missing)", link.address)
+        data = memoryview(frames[0])
         out = []
         pos = 0
-        for entry in header.get("results", ()):
-            local, status, nframes = entry
-            reply_frame = frames[pos]
-            payloads = frames[pos + 1 : pos + 1 + nframes]
-            pos += 1 + nframes
+        for entry in entries:
             try:
-                reply = parse_json(reply_frame)
+                local, status, sizes = entry
+                end = pos + sum(sizes)
+                if not sizes or min(sizes) < 0 or end > len(data):
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise WorkerError(f"worker {link.address} sent a malformed batch result {str(entry)[:80]}", link.address) from None
+            reply_end = pos + sizes[0]
+            try:
+                reply = parse_json(data[pos:reply_end])
             except ValueError:
                 status, reply = ERROR, {"message": "reply frame is not JSON"}
             if not isinstance(reply, dict):
                 status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object"}
+            payloads = []
+            start = reply_end
+            for size in sizes[1:]:
+                payloads.append(data[start : start + size])
+                start += size
             out.append(EnvResult(link.start + local, status, reply, payloads))
+            pos = end
         return out
 
     def _record_timing(self, results: list[EnvResult], per_worker_ms: dict, t0: float) -> None:

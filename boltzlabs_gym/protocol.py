@@ -6,20 +6,22 @@ ROUTER socket the worker additionally sees the client's identity frame first.
 
 Request header::
 
-    {"v": 1, "op": "batch", "seq": 17, "session": "s3",
+    {"v": 2, "op": "batch", "seq": 17, "session": "s3",
      "items": [[local_index, {"op": "step", "action": 1}, n_frames], ...]}
 
 Reply header for ``batch``::
 
-    {"v": 1, "seq": 17, "ok": true, "worker_ms": 0.8,
-     "results": [[local_index, status, n_frames], ...]}
+    {"v": 2, "seq": 17, "ok": true, "worker_ms": 0.8,
+     "results": [[local_index, status, [reply_len, payload_len, ...]], ...]}
 
-followed, per result and in order, by one frame holding the env's reply (a JSON
-object, forwarded as the env wrote it, or an error object written by the worker)
-and then that env's binary payloads. ``status`` is set by the worker, never by the
-env: ``"ok"``, ``"straggler"`` or ``"error"``.
+followed by exactly one data frame: per result and in order, the env's reply (a
+JSON object, forwarded as the env wrote it, or an error object written by the
+worker) and then that env's binary payloads, back to back, with the byte sizes the
+result lists. ``status`` is set by the worker, never by the env: ``"ok"``,
+``"straggler"`` or ``"error"``. (Version 1 sent one frame per reply and payload;
+frames cost several microseconds each on both sides.)
 
-Errors: ``{"v": 1, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
+Errors: ``{"v": 2, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: Statuses of one env's result, set by the worker.
 OK, STRAGGLER, ERROR = "ok", "straggler", "error"

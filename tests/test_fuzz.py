@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from boltzlabs_gym import RLPool
 from boltzlabs_gym.archive import pack_dir
-from boltzlabs_gym.protocol import WORKER_OPS, encode_header
+from boltzlabs_gym.protocol import PROTOCOL_VERSION, WORKER_OPS, encode_header
 
 from conftest import COUNTER, ENVS, ISOLATION
 from workers import WorkerProcess
@@ -180,12 +180,12 @@ RANDOM_HEADERS = 120
 
 @settings(FUZZ, max_examples=RANDOM_HEADERS)
 @given(header=st.one_of(st.binary(max_size=300), deep, json_values.map(_dump),
-                        st.just(b"\xff" * 8), st.binary(min_size=1, max_size=40).map(lambda b: b'{"v":1,' + b)),
+                        st.just(b"\xff" * 8), st.binary(min_size=1, max_size=40).map(lambda b: b'{"v":%d,' % PROTOCOL_VERSION + b)),
        extra=st.lists(st.binary(max_size=64), max_size=3))
 @example(header=b"", extra=[])
 @example(header=b"[" * 100_000 + b"]" * 100_000, extra=[])
-@example(header=b'{"v": 1, "op": "ping"' , extra=[b"x"])  # truncated
-@example(header=_dump({"v": 2, "op": "ping"}), extra=[])
+@example(header=b'{"v": %d, "op": "ping"' % PROTOCOL_VERSION , extra=[b"x"])  # truncated
+@example(header=_dump({"v": PROTOCOL_VERSION + 1, "op": "ping"}), extra=[])
 @example(header=b" " * (1 << 20), extra=[b"\0" * (4 << 20)])  # oversized
 def test_random_and_truncated_headers_get_errors(served, client, header, extra):
     reply, _ = client.ask([header, *extra])
@@ -193,7 +193,7 @@ def test_random_and_truncated_headers_get_errors(served, client, header, extra):
         parsed = json.loads(header)
     except (ValueError, RecursionError):
         parsed = None
-    if not (isinstance(parsed, dict) and parsed.get("v") == 1 and parsed.get("op") in SESSIONLESS_OK):
+    if not (isinstance(parsed, dict) and parsed.get("v") == PROTOCOL_VERSION and parsed.get("op") in SESSIONLESS_OK):
         _assert_error(reply)
     _after_example(served)
 
@@ -207,7 +207,7 @@ WRONG_SHAPES = 200
        use_target=st.booleans(), extra=st.lists(st.binary(max_size=32), max_size=2))
 def test_valid_json_wrong_shape_headers(served_target, client, op, fields, use_target, extra):
     served, target = served_target, served_target[2]
-    header = dict(fields, v=1, op=op)
+    header = dict(fields, v=PROTOCOL_VERSION, op=op)
     if op == "create" and fields.get("hash") == served[3]:
         header["hash"] = "0" * 64  # never a real create here: that one is exercised field by field below
     if use_target and op in ("batch", "memory", "close"):
@@ -242,7 +242,7 @@ _item = st.one_of(
 def test_batch_items_with_bad_indices_and_frame_counts(served_target, client, items, frames):
     served, target = served_target, served_target[2]
     link = target._links[0]
-    header = {"v": 1, "op": "batch", "seq": 5, "session": link.session, "token": link.token, "items": items}
+    header = {"v": PROTOCOL_VERSION, "op": "batch", "seq": 5, "session": link.session, "token": link.token, "items": items}
     reply, rest = client.ask([_dump(header), *frames])
     valid = (
         isinstance(items, list) and items
@@ -255,7 +255,9 @@ def test_batch_items_with_bad_indices_and_frame_counts(served_target, client, it
     if valid:
         assert reply["ok"] is True and reply["seq"] == 5, reply
         assert [r[0] for r in reply["results"]] == [it[0] for it in items]
-        assert len(rest) == sum(1 + r[2] for r in reply["results"])
+        # one data frame holding every reply and payload, sized exactly as the results say
+        assert len(rest) == 1 and len(rest[0]) == sum(sum(r[2]) for r in reply["results"])
+        assert all(len(r[2]) == 1 for r in reply["results"])  # the counter env sends no payloads: a reply each
     else:
         _assert_error(reply)
         assert reply["seq"] == 5
@@ -263,7 +265,7 @@ def test_batch_items_with_bad_indices_and_frame_counts(served_target, client, it
 
 
 def _good_create(digest: str) -> dict:
-    return {"v": 1, "op": "create", "seq": 1, "hash": digest, "n": 1, "isolation": ISOLATION,
+    return {"v": PROTOCOL_VERSION, "op": "create", "seq": 1, "hash": digest, "n": 1, "isolation": ISOLATION,
             "mode": "default", "limits": {}, "step_timeout": 5, "reset_timeout": 5, "start_timeout": 30,
             "lease_s": 60, "serialize_measurement": False, "index_offset": 0, "env_vars": {}}
 
@@ -296,7 +298,7 @@ def test_wrong_types_for_every_field_of_every_op(served_target, client):
         for field in fields:
             values = BAD_VALUES + (BAD_LIMITS if field == "limits" else [])
             for value in values:
-                header = dict(good, v=1, op=op, seq=1)
+                header = dict(good, v=PROTOCOL_VERSION, op=op, seq=1)
                 header[field] = value
                 frames = [b"not an archive"] if op == "upload" else []
                 reply, _ = client.ask([_dump(header)], timeout=60)
@@ -304,7 +306,7 @@ def test_wrong_types_for_every_field_of_every_op(served_target, client):
                 if reply.get("ok"):
                     if op == "create":
                         created.append(reply)
-                        closed, _ = client.ask([_dump({"v": 1, "op": "close", "seq": 2, "session": reply["session"],
+                        closed, _ = client.ask([_dump({"v": PROTOCOL_VERSION, "op": "close", "seq": 2, "session": reply["session"],
                                                        "token": reply["token"]})])
                         assert closed["ok"] is True, closed
                     # A valid request after all (e.g. seq is any JSON, a falsy env_vars): fine.
@@ -334,12 +336,12 @@ def test_ops_on_closed_and_foreign_sessions(served_target, client):
     ]
     for what, ident in cases:
         for op in ("batch", "memory"):
-            header = dict(ident, v=1, op=op, seq=9, items=[[0, {"op": "step", "action": 1}, 0]])
+            header = dict(ident, v=PROTOCOL_VERSION, op=op, seq=9, items=[[0, {"op": "step", "action": 1}, 0]])
             reply, _ = client.ask([_dump(header)])
             _assert_error(reply)
             assert "no open session" in reply["error"]["message"], (what, reply)
         # close of a session this client does not own is a no-op, and the session lives on
-        reply, _ = client.ask([_dump(dict(ident, v=1, op="close", seq=9))])
+        reply, _ = client.ask([_dump(dict(ident, v=PROTOCOL_VERSION, op="close", seq=9))])
         alongside.check()
     assert target.reset(seed=0)[0] == lcg.reset_obs(0, 0)
 
@@ -352,14 +354,14 @@ def test_out_of_order_and_pipelined_requests(served_target, client):
     for k in range(40):
         kind = k % 4
         if kind == 0:
-            frames.append([_dump({"v": 1, "op": "ping", "seq": k})])
+            frames.append([_dump({"v": PROTOCOL_VERSION, "op": "ping", "seq": k})])
         elif kind == 1:
             frames.append([b"garbage %d" % k])
         elif kind == 2:
-            frames.append([_dump({"v": 1, "op": "batch", "seq": k, "session": link.session, "token": link.token,
+            frames.append([_dump({"v": PROTOCOL_VERSION, "op": "batch", "seq": k, "session": link.session, "token": link.token,
                                   "items": [[0, {"op": "describe"}, 0], [1, {"op": "describe"}, 0]]})])
         else:
-            frames.append([_dump({"v": 1, "op": "batch", "seq": 7, "session": link.session, "items": []})])
+            frames.append([_dump({"v": PROTOCOL_VERSION, "op": "batch", "seq": 7, "session": link.session, "items": []})])
     for f in frames:
         client.sock.send_multipart(f)
     replies = []

@@ -21,7 +21,7 @@ import zmq
 from boltzlabs_gym import CapacityError, RLPool, WorkerError
 from boltzlabs_gym.archive import archive_hash
 from boltzlabs_gym.keys import generate_keys
-from boltzlabs_gym.protocol import decode_header, encode_header
+from boltzlabs_gym.protocol import PROTOCOL_VERSION, decode_header, encode_header
 
 from conftest import COUNTER, FAULTY, ISOLATION
 from workers import WorkerProcess, wait_until
@@ -145,11 +145,11 @@ def _link(name: str, target: str) -> tuple[tarfile.TarInfo, None]:
 )
 def test_bad_archives_are_refused(two_workers, members, why):
     data = _tar(members)
-    reply = _raw_request(two_workers[0].address, {"v": 1, "op": "upload", "hash": archive_hash(data)}, [data])
+    reply = _raw_request(two_workers[0].address, {"v": PROTOCOL_VERSION, "op": "upload", "hash": archive_hash(data)}, [data])
     assert reply["ok"] is False and reply["error"]["kind"] == "archive"
     assert why in reply["error"]["message"]
     # the worker is still serving
-    assert _raw_request(two_workers[0].address, {"v": 1, "op": "ping"})["ok"] is True
+    assert _raw_request(two_workers[0].address, {"v": PROTOCOL_VERSION, "op": "ping"})["ok"] is True
 
 
 def test_killed_worker_gives_clear_error_within_heartbeat(two_workers):
@@ -202,7 +202,7 @@ def test_sessions_are_isolated_between_clients(two_workers):
     with RLPool(COUNTER, n=2, workers=[address], isolation=ISOLATION) as pool:
         pool.reset()
         sid = pool._links[0].session
-        reply = _raw_request(address, {"v": 1, "op": "batch", "session": sid, "items": [[0, {"op": "step", "action": 1}, 0]]})
+        reply = _raw_request(address, {"v": PROTOCOL_VERSION, "op": "batch", "session": sid, "items": [[0, {"op": "step", "action": 1}, 0]]})
         assert reply["ok"] is False and "no open session" in reply["error"]["message"]
         obs, *_ = pool.step([1, 1])
         assert obs == [{"t": 1}, {"t": 1}]  # the intruder's step never reached the env
