@@ -52,6 +52,7 @@ from the trusted trainer and is only ever unpickled here, inside the sandbox.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import sys
@@ -61,7 +62,7 @@ from typing import Any, BinaryIO, Callable, Sequence
 from gymnasium import spaces as gs
 
 from . import env as _envmod
-from .codec import decode, decode_info, encode, encode_info, to_json_safe
+from .codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from .env import ProtocolError, _error_transition, _protect_channel, read_message, write_message
 from .spaces import JsonSpace, space_to_json
 
@@ -100,6 +101,17 @@ class GymServer:
         self.env = env
         self.obs_space, self.obs_space_json = _space_or_json(env.observation_space)
         self.action_space, self.action_space_json = _space_or_json(env.action_space)
+        # Hot path of the common case (array observations, Discrete or array actions, empty
+        # infos): a step costs a few microseconds of serving around the env's own step.
+        self._obs_leaf = ArrayLeaf.of(self.obs_space)
+        self._action_leaf = ArrayLeaf.of(self.action_space)
+        self._discrete = None
+        if isinstance(self.action_space, gs.Discrete):
+            start = int(self.action_space.start)
+            self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
+        if self._obs_leaf is not None:
+            self._obs_prefix = ('{"obs":' + self._obs_leaf.skeleton_json + ',"reward":').encode()
+            self._obs_suffix = (',"info":{},"_bin":[%d]}\n' % self._obs_leaf.nbytes).encode()
 
     # -- ops -------------------------------------------------------------------------
 
@@ -142,10 +154,36 @@ class GymServer:
         obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
         return {"obs": obs, "info": info}, out
 
-    def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
-        """Decode the action, ``env.step`` it, encode the transition; autoreset adds ``reset_obs``/``reset_info``."""
+    def _decode_action(self, obj: Any, payloads: Sequence) -> Any:
+        if self._discrete is not None and type(obj) is int and self._discrete[0] <= obj < self._discrete[1]:
+            return self._discrete[2](obj)
+        if self._action_leaf is not None and isinstance(obj, dict):
+            return self._action_leaf.decode(obj, payloads)
+        return decode(self.action_space, obj, payloads, copy=True, lenient=True)
+
+    def _fast_reply(self, obs: Any, reply: dict, info: Any) -> bytes | None:
+        """The whole reply (line and payload) of an array-observation step with an empty
+        info, built without the generic encoders; ``None`` when the step is not that case."""
+        if self._obs_leaf is None or info or type(info) is not dict:
+            return None
+        payload = self._obs_leaf.payload(obs)
+        reward = reply["reward"]
+        if payload is None or not math.isfinite(reward):
+            return None
+        return b"".join((
+            self._obs_prefix, repr(reward).encode(),
+            b',"terminated":true' if reply["terminated"] else b',"terminated":false',
+            b',"truncated":true' if reply["truncated"] else b',"truncated":false',
+            self._obs_suffix, payload,
+        ))
+
+    def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
+        """Decode the action, ``env.step`` it, encode the transition; autoreset adds ``reset_obs``/``reset_info``.
+
+        Returns ``(reply, payloads)``, or the encoded reply itself on the fast path.
+        """
         try:
-            action = decode(self.action_space, msg.get("action"), payloads, copy=True, lenient=True)
+            action = self._decode_action(msg.get("action"), payloads)
         except Exception:
             reply, out = _error_transition("action"), []
         else:
@@ -157,6 +195,10 @@ class GymServer:
                 reply, out = _error_transition("step"), []
             else:
                 done = reply["terminated"] or reply["truncated"]
+                if not (done and msg.get("autoreset")):
+                    fast = self._fast_reply(obs, reply, info)
+                    if fast is not None:
+                        return fast
                 # The reset below may overwrite the env's obs buffer: copy payloads then.
                 zero_copy = not (done and msg.get("autoreset"))
                 out = []
@@ -212,8 +254,9 @@ class GymServer:
         frame_j, out = encode_info(frame, zero_copy=True)
         return {"frame": frame_j}, out
 
-    def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | None:
-        """Answer one request; ``None`` for ``close`` (after closing the env)."""
+    def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes | None:
+        """Answer one request: ``(reply, payloads)``, an encoded reply (fast path of ``step``),
+        or ``None`` for ``close`` (after closing the env)."""
         op = msg.get("op")
         if op == "step":
             return self.step(msg, payloads)
@@ -278,6 +321,10 @@ def _serve_loop(server: GymServer, proto_in: BinaryIO, proto_out: BinaryIO) -> N
         if result is None:
             write_message(proto_out, {})
             return
+        if type(result) is bytes:  # a step's reply, already encoded
+            proto_out.write(result)
+            proto_out.flush()
+            continue
         _write(proto_out, *result)
 
 

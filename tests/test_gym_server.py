@@ -411,3 +411,80 @@ def test_dict_env_malformed_requests(dict_env):
 def test_dict_env_close(dict_env):
     assert dict_env.rpc({"op": "close"})[0] == {}
     assert dict_env.proc.wait(timeout=10) == 0
+
+
+class _BoxEnv(gym.Env):
+    """Box observations and actions; switches for each case the step fast path must refuse."""
+
+    observation_space = gs.Box(-10, 10, (2, 3), np.float32)
+    action_space = gs.Box(-1, 1, (2,), np.float32)
+
+    def __init__(self):
+        self.info, self.reward, self.obs_dtype = {}, 0.5, np.float32
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((2, 3), np.float32), {}
+
+    def step(self, action):
+        obs = np.full((2, 3), float(action.sum()), dtype=self.obs_dtype)
+        return obs, self.reward, False, False, self.info
+
+
+def _generic_step_bytes(server, msg, payloads):
+    """What the step reply is through the generic encoders (the fast path switched off)."""
+    import io
+
+    leaf, server._obs_leaf = server._obs_leaf, None
+    try:
+        result = server.step(msg, payloads)
+    finally:
+        server._obs_leaf = leaf
+    buf = io.BytesIO()
+    write_message(buf, *result)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", ["plain", "info", "nan", "other_dtype", "json_action"])
+def test_step_fast_path_writes_exactly_what_the_generic_encoders_write(case):
+    from boltzlabs_gym.gym_server import GymServer
+
+    fast_env, slow_env = _BoxEnv(), _BoxEnv()
+    for env in (fast_env, slow_env):
+        env.info = {"k": 1} if case == "info" else {}
+        env.reward = float("nan") if case == "nan" else 0.5
+        env.obs_dtype = np.float64 if case == "other_dtype" else np.float32
+    fast, slow = GymServer(fast_env), GymServer(slow_env)
+    action = np.array([0.25, 0.5], np.float32)
+    if case == "json_action":
+        msg, payloads = {"op": "step", "action": [0.25, 0.5]}, []
+    else:
+        skeleton, payloads = encode(fast.action_space, action)
+        msg = {"op": "step", "action": skeleton}
+    got = fast.handle(msg, payloads)
+    expected = _generic_step_bytes(slow, msg, payloads)
+    if case == "plain" or case == "json_action":
+        assert type(got) is bytes, "an array obs with an empty info takes the fast path"
+    else:
+        import io
+
+        assert isinstance(got, tuple), f"{case}: the fast path must step aside"
+        buf = io.BytesIO()
+        write_message(buf, *got)
+        got = buf.getvalue()
+    assert bytes(got) == expected
+    reply, obs_payloads = read_message(__import__("io").BytesIO(expected))
+    obs = decode(fast.obs_space, reply["obs"], obs_payloads)
+    np.testing.assert_array_equal(obs, np.full((2, 3), 0.75, np.float32))
+
+
+def test_discrete_fast_decode_refuses_what_the_codec_refuses():
+    from boltzlabs_gym.gym_server import GymServer
+
+    server = GymServer(gym.make("CartPole-v1"))
+    server.reset({"seed": 0}, [])
+    for bad in (2, -1, True, 1.0, "1"):
+        reply, _ = server.step({"op": "step", "action": bad}, [])
+        assert reply["terminated"] and reply["info"]["boltzlabs_exception"]["where"] == "action", bad
+    server.reset({"seed": 0}, [])
+    assert type(server.step({"op": "step", "action": 1}, [])) is bytes
