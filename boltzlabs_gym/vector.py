@@ -127,6 +127,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self.metadata.setdefault("render_modes", [])
         self.render_mode = d.get("render_mode")
         self._max_episode_steps = d.get("max_episode_steps")
+        # Gym servers send array observations as one payload: the fast, equally strict decoder.
+        self._obs_leaf = codec.ArrayLeaf.of(self.single_observation_space) if self._gym_server else None
         self._zero_obs = _zero_observation(self.single_observation_space)
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
         self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
@@ -149,10 +151,14 @@ class BoltzLabsVecEnv(VectorEnv):
 
     # ------------------------------------------------------------------ decoding
     def _decode_obs(self, obj: Any, payloads: list) -> Any:
+        if self._obs_leaf is not None:
+            return self._obs_leaf.decode(obj, payloads)  # validated like codec.decode, faster
         return codec.decode(self.single_observation_space, obj, payloads, copy=True, lenient=not self._gym_server)
 
     def _decode_info(self, obj: Any, payloads: list) -> dict:
-        info = codec.decode_info(obj, payloads, copy=True) if obj is not None else {}
+        if obj is None or (type(obj) is dict and not obj):
+            return {}
+        info = codec.decode_info(obj, payloads, copy=True)
         return info if isinstance(info, dict) else {"info": info}
 
     def _encode_action(self, i: int, action: Any) -> tuple[Any, list]:
