@@ -1,7 +1,7 @@
 """Wall-clock of SB3 PPO on CartPole-v1: BoltzLabsSB3VecEnv vs SubprocVecEnv vs DummyVecEnv.
 
 Same PPO (rl-zoo CartPole hyperparameters), same seeds, same step budget, one process,
-one torch thread, run one after the other::
+one torch thread, run one after the other (both of this library's modes)::
 
     python benchmarks/sb3_wallclock.py --timesteps 50000 --n-envs 8 --seed 0
 
@@ -25,8 +25,9 @@ from boltzlabs_gym.sb3 import make_sb3_vec_env
 
 
 def build(kind: str, n: int, seed: int, isolation: str):
-    if kind == "boltzlabs":
-        return make_sb3_vec_env("CartPole-v1", n_envs=n, seed=seed, isolation=isolation)
+    if kind in ("boltzlabs", "boltzlabs_boltz"):
+        mode = "boltz" if kind == "boltzlabs_boltz" else "default"
+        return make_sb3_vec_env("CartPole-v1", n_envs=n, seed=seed, isolation=isolation, mode=mode)
     cls = {"subproc": SubprocVecEnv, "dummy": DummyVecEnv}[kind]
     return make_vec_env("CartPole-v1", n_envs=n, seed=seed, vec_env_cls=cls)
 
@@ -56,7 +57,8 @@ def main() -> None:
     p.add_argument("--n-envs", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--isolation", default="auto")
-    p.add_argument("--kinds", default="boltzlabs,subproc,dummy")
+    p.add_argument("--kinds", default="boltzlabs,boltzlabs_boltz,subproc,dummy",
+                   help="boltzlabs (default mode), boltzlabs_boltz (mode='boltz'), subproc, dummy")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"cpus={os.cpu_count()} loadavg_before={os.getloadavg()[0]:.1f} gymnasium={gym.__version__}")
@@ -64,9 +66,9 @@ def main() -> None:
     base = next((r["wall_s"] for r in rows if r["kind"] == "dummy"), rows[0]["wall_s"])
     print(f"loadavg_after={os.getloadavg()[0]:.1f}")
     print(f"PPO CartPole-v1, {args.timesteps} steps, {args.n_envs} envs, seed {args.seed}")
-    print(f"{'vec env':12s} {'build s':>8s} {'learn s':>8s} {'steps/s':>8s} {'x Dummy':>8s} {'ret20':>6s}")
+    print(f"{'vec env':16s} {'build s':>8s} {'learn s':>8s} {'steps/s':>8s} {'x Dummy':>8s} {'ret20':>6s}")
     for r in rows:
-        print(f"{r['kind']:12s} {r['build_s']:8.2f} {r['wall_s']:8.1f} {r['sps']:8.0f} {r['wall_s'] / base:8.2f} {r['ret']:6.1f}")
+        print(f"{r['kind']:16s} {r['build_s']:8.2f} {r['wall_s']:8.1f} {r['sps']:8.0f} {r['wall_s'] / base:8.2f} {r['ret']:6.1f}")
 
 
 if __name__ == "__main__":

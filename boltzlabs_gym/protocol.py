@@ -91,7 +91,7 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
 def parse_json(data: bytes | memoryview) -> Any:
     """Parse untrusted JSON bytes (ValueError on bad JSON, bad UTF-8 or too deep nesting)."""
     try:
-        return _decode_json(bytes(data).decode())
+        return _decode_json((data if type(data) is bytes else bytes(data)).decode())
     except RecursionError:
         raise ValueError("JSON nested too deeply to parse") from None
 

@@ -134,6 +134,19 @@ class EnvProcess:
     # ------------------------------------------------------------------ writing
     def write(self, data: bytes) -> bool:
         """Write (part of) a request; True when everything went out."""
+        if not self._wbuf:
+            # The usual case: the pipe has room for the whole request.
+            try:
+                n = os.write(self.stdin_w, data)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                if exc.errno in (errno.EPIPE, errno.EBADF):
+                    raise EnvFault("the env closed its stdin (it has probably exited)") from None
+                raise
+            if n == len(data):
+                return True
+            data = data[n:]
         self._wbuf += data
         return self.flush()
 
@@ -171,11 +184,32 @@ class EnvProcess:
             if not chunk:
                 self._parse(replies)
                 raise EnvFault("the env closed its stdout (exited or crashed)")
-            self._rbuf += chunk
-            self._parse(replies)
+            if self._rbuf or self._line is not None or not self._take_whole_reply(chunk, replies):
+                self._rbuf += chunk
+                self._parse(replies)
             if len(chunk) < _READ_CHUNK:
                 break
         return replies
+
+    def _take_whole_reply(self, chunk: bytes, out: list) -> bool:
+        """The usual case, without the buffer: ``chunk`` is exactly one whole reply.
+
+        Validated as :meth:`_parse` would; False (nothing taken) for anything else.
+        """
+        nl = chunk.find(b"\n")
+        if nl < 0 or nl > MAX_ENV_LINE_BYTES:
+            return False
+        line = chunk[: nl + 1]
+        need = _announced_payloads(line)
+        if nl + 1 + sum(need) != len(chunk):
+            return False
+        payloads = []
+        pos = nl + 1
+        for n in need:
+            payloads.append(chunk[pos : pos + n])
+            pos += n
+        out.append((line, payloads))
+        return True
 
     def _parse(self, out: list) -> None:
         while True:
