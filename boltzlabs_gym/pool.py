@@ -22,6 +22,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ import numpy as np
 import zmq
 
 from .archive import pack_dir
+from .channel import Channel, ChannelClosed
 from .errors import (
     AsyncStateError,
     CapacityError,
@@ -69,10 +71,11 @@ class EnvResult:
 
 
 class _Link:
-    """One worker: its DEALER socket, the envs it hosts, its session."""
+    """One worker: its DEALER socket (or, for the pool's own worker, a :class:`Channel`),
+    the envs it hosts, its session."""
 
     def __init__(self, ctx: zmq.Context, address: str, start: int, count: int, process=None, keys=None,
-                 send_timeout: float = 10.0):
+                 send_timeout: float = 10.0, channel: Channel | None = None):
         self.address = address
         self.start = start
         self.count = count
@@ -80,12 +83,17 @@ class _Link:
         self.session: str | None = None
         self.token: str | None = None
         self.uploaded = False
+        self.monitor = None
+        self.last_heard = time.monotonic()
+        self.last_ping = 0.0
+        if channel is not None:
+            self.sock = channel  # same send_multipart/poll/recv_multipart/close as a DEALER
+            return
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         # A DEALER with no live peer blocks on send: bound it, so an unreachable or
         # key-rejecting worker becomes an error instead of a hang.
         self.sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
-        self.monitor = None
         if keys is not None:
             self.sock.curve_secretkey = keys.secret
             self.sock.curve_publickey = keys.public
@@ -95,8 +103,6 @@ class _Link:
                 zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             )
         self.sock.connect(address)
-        self.last_heard = time.monotonic()
-        self.last_ping = 0.0
 
     def handshake_failure(self) -> str | None:
         """A message naming the handshake failure seen since the last look, if any."""
@@ -287,22 +293,34 @@ class RLPool:
             return
         self._tmpdir = tempfile.mkdtemp(prefix="boltzlabs-pool-")
         endpoint = f"ipc://{self._tmpdir}/worker.sock"
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
-                "--parent-pid", str(os.getpid()), "--remove-on-exit", self._tmpdir,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # Our own worker is reached over a socketpair, not ZeroMQ: no I/O-thread hand-offs.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
+                    "--parent-pid", str(os.getpid()), "--remove-on-exit", self._tmpdir,
+                    "--local-fd", str(theirs.fileno()),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        channel = Channel(ours)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links, [process, self._tmpdir])
         line = _read_line(process.stdout, timeout=30.0)
         if not line.startswith("READY "):
             process.kill()
+            channel.close()
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
-        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, keys=self._keys, send_timeout=self.heartbeat_timeout))
+        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, channel=channel))
 
     def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
         for link in self._links:
@@ -352,6 +370,8 @@ class RLPool:
         except zmq.Again:
             hint = link.handshake_failure() or "it is down, unreachable, or refused the connection"
             raise WorkerError(f"worker {link.address} is unreachable: cannot send ({hint})", link.address) from None
+        except ChannelClosed:
+            self._raise_worker_gone(link)
         return seq
 
     def _recv(self, link: _Link, seq: int, timeout: float) -> tuple[dict, list]:
@@ -389,8 +409,14 @@ class RLPool:
                     link.sock.send_multipart([encode_header(ping)], zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no live connection: silence will tell
+                except ChannelClosed:
+                    self._raise_worker_gone(link)
                 link.last_ping = now
-            if link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN):
+            try:
+                ready = link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN)
+            except ChannelClosed:
+                self._raise_worker_gone(link)
+            if ready:
                 # Copying receive: zero-copy Frames run cleanup code in __dealloc__, where a
                 # Ctrl-C is "ignored" by the interpreter, and the trainer then never stops.
                 frames = link.sock.recv_multipart()
@@ -423,6 +449,16 @@ class RLPool:
         bar = "#" * (width * done // total) + "-" * (width - width * done // total)
         self._progress_stream.write(f"\rboltzlabs: starting envs [{bar}] {done}/{total}")
         self._progress_stream.flush()
+
+    def _raise_worker_gone(self, link: _Link) -> None:
+        """The local worker closed its channel: say how it ended."""
+        if link.process is not None:
+            try:
+                link.process.wait(2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self._check_worker_alive(link)
+        raise WorkerError(f"local worker {link.address} closed its channel", link.address)
 
     def _check_worker_alive(self, link: _Link) -> None:
         if link.process is not None and link.process.poll() is not None:

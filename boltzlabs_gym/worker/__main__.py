@@ -12,6 +12,16 @@ import sys
 from .server import Worker, set_parent_death_signal, set_subreaper
 
 
+def _local_channel(fd: int | None):
+    if fd is None:
+        return None
+    import socket
+
+    # Never inherited by env processes: a sandboxed env must not reach the trainer's channel.
+    os.set_inheritable(fd, False)
+    return socket.socket(fileno=fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m boltzlabs_gym.worker")
     parser.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock")
@@ -21,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None, help="CURVE key directory (boltzlabs-gym keygen DIR)")
     parser.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without keys")
     parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
+    parser.add_argument("--local-fd", type=int, default=None,
+                        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -39,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker = Worker(
             args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid,
-            keys=keys, insecure=args.insecure,
+            keys=keys, insecure=args.insecure, local_channel=_local_channel(args.local_fd),
         )
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
         print(f"boltzlabs worker: {exc}", file=sys.stderr)

@@ -21,6 +21,7 @@ import select
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from ..archive import ArchiveLimits, archive_hash, unpack_archive
+from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
     ERROR,
@@ -45,6 +47,9 @@ from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
 from .sandbox import LaunchSpec, Limits, SandboxUnavailable, select_backend
 
 log = logging.getLogger("boltzlabs_gym.worker")
+
+#: The client identity of the pool on the local channel (ROUTER identities never start with 0).
+LOCAL_CLIENT = b"\x00local"
 
 #: How many envs may be starting (interpreter boot + first reset) at once per worker.
 DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
@@ -188,6 +193,7 @@ class Worker:
         archive_limits: ArchiveLimits = ArchiveLimits(),
         keys=None,
         insecure: bool = False,
+        local_channel: socket.socket | None = None,
     ):
         for ep in endpoints:
             if keys is None and not insecure and not is_local_endpoint(ep):
@@ -237,6 +243,13 @@ class Worker:
         self.epoll = select.epoll()
         self._zmq_fd = self.sock.getsockopt(zmq.FD)
         self.epoll.register(self._zmq_fd, select.EPOLLIN)
+        # The pool that started this worker talks over a socketpair (see boltzlabs_gym.channel).
+        self._local: WorkerChannel | None = None
+        self._local_fd = -1
+        if local_channel is not None:
+            self._local = WorkerChannel(local_channel)
+            self._local_fd = self._local.fileno()
+            self.epoll.register(self._local_fd, select.EPOLLIN)
 
     def _start_authenticator(self, keys) -> None:
         """CURVE with a ZAP allow-list, set up before binding (without ZAP any key gets in)."""
@@ -267,6 +280,9 @@ class Worker:
                     continue
                 for fd, ev in events:
                     if fd == self._zmq_fd:
+                        continue
+                    if fd == self._local_fd:
+                        self._on_local_event(ev)
                         continue
                     if fd == self._wake_r:
                         _drain_fd(fd)
@@ -329,6 +345,43 @@ class Worker:
             client = frames[0].bytes
             self._handle_request(client, frames[1].bytes, [f.bytes for f in frames[2:]])
 
+    def _on_local_event(self, ev: int) -> None:
+        """The local pool's channel: write what is queued, answer every whole request."""
+        try:
+            if ev & select.EPOLLOUT:
+                self._local.flush()
+                self._watch_local_writes()
+            if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                self._current_user = None
+                for frames in self._local.read_messages():
+                    if len(frames) >= 1:
+                        self._handle_request(LOCAL_CLIENT, frames[0], frames[1:])
+        except (ChannelClosed, ChannelError) as exc:
+            # Only the pool that started us holds the other end: it is gone, and so are we.
+            (log.info if isinstance(exc, ChannelClosed) else log.warning)("local pool channel: %s; shutting down", exc)
+            self._drop_local()
+            self._running = False
+
+    def _watch_local_writes(self) -> None:
+        if self._local is not None:
+            mask = select.EPOLLIN | (select.EPOLLOUT if self._local.wants_write else 0)
+            self.epoll.modify(self._local_fd, mask)
+
+    def _drop_local(self) -> None:
+        if self._local is not None:
+            try:
+                self.epoll.unregister(self._local_fd)
+            except (OSError, ValueError):
+                pass
+            self._local.close()
+            self._local, self._local_fd = None, -1
+
+    def _drain_clients(self) -> None:
+        """Answer whatever every client has sent (during long start-ups)."""
+        self._drain_socket()
+        if self._local is not None:
+            self._on_local_event(select.EPOLLIN)
+
     def _expire_leases(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
@@ -369,6 +422,17 @@ class Worker:
             self._send(client, reply)
 
     def _send(self, client: bytes, header: dict, frames: list = ()) -> None:
+        if client == LOCAL_CLIENT:
+            if self._local is None:
+                return
+            try:
+                self._local.send_multipart([encode_header(header), *frames])
+                self._watch_local_writes()
+            except ChannelClosed as exc:
+                log.info("local pool channel: %s; shutting down", exc)
+                self._drop_local()
+                self._running = False
+            return
         try:
             self.sock.send_multipart([client, encode_header(header), *frames], copy=False)
         except zmq.ZMQError as exc:
@@ -730,7 +794,7 @@ class Worker:
                 if time.monotonic() - answered > 0.2:
                     # Long start-ups (hundreds of envs, a template importing the env) must
                     # not starve other clients' requests and heartbeats.
-                    self._drain_socket()
+                    self._drain_clients()
                     answered = time.monotonic()
         finally:
             self._in_start_more = False
@@ -989,6 +1053,7 @@ class Worker:
             self.epoll.close()
         except OSError:
             pass
+        self._drop_local()
         self.sock.close(linger=0)
         if self._authenticator is not None:
             self._authenticator.stop()

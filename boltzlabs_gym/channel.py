@@ -1,0 +1,216 @@
+"""Multipart messages over a Unix stream socket: a local pool's own link to its worker.
+
+A pool that starts its own worker hands it one end of a ``socketpair`` and talks
+over it instead of ZeroMQ. The messages are the same multipart messages
+(:mod:`boltzlabs_gym.protocol`); only the carrier differs. ZeroMQ moves every
+message through an I/O thread on each side, and those thread hand-offs are most
+of a small batch's transport cost (a measured ipc round trip of ~70 us against
+~15 us over a socketpair on a 2-vCPU VM). Remote workers still use ZeroMQ.
+
+A message is framed as ``u32 count``, ``count`` times ``u64 length`` (little
+endian), then the frames back to back.
+
+The client side (:class:`Channel`) blocks like a ZeroMQ socket and mirrors the
+part of its API the pool uses (``send_multipart``, ``poll``, ``recv_multipart``,
+``close``); the worker side (:class:`WorkerChannel`) never blocks: it reads what
+is there and queues what it cannot write yet.
+
+    >>> import socket
+    >>> a, b = socket.socketpair()
+    >>> client, worker = Channel(a), WorkerChannel(b)
+    >>> client.send_multipart([b"header", b"data"])
+    >>> worker.read_messages()
+    [[b'header', b'data']]
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import struct
+from typing import Sequence
+
+__all__ = ["Channel", "WorkerChannel", "ChannelClosed", "ChannelError", "MAX_FRAMES", "MAX_MESSAGE_BYTES"]
+
+#: Most frames one message may have, and most bytes (the guard against a corrupt stream).
+MAX_FRAMES = 1 << 16
+MAX_MESSAGE_BYTES = 4 << 30
+_COUNT = struct.Struct("<I")
+_READ_CHUNK = 1 << 20
+
+
+class ChannelClosed(ConnectionError):
+    """The other end closed the channel."""
+
+
+class ChannelError(ConnectionError):
+    """The byte stream does not hold a well-formed message."""
+
+
+def _buffers(frames: Sequence) -> list[memoryview]:
+    """The framing prefix and the frames, as byte views ready for ``sendmsg``."""
+    views = [memoryview(f).cast("B") for f in frames]
+    prefix = _COUNT.pack(len(views)) + struct.pack(f"<{len(views)}Q", *(v.nbytes for v in views))
+    return [memoryview(prefix), *(v for v in views if v.nbytes)]
+
+
+def _advance(buffers: list[memoryview], sent: int) -> None:
+    """Drop the first ``sent`` bytes of ``buffers`` (after a partial ``sendmsg``)."""
+    while sent and buffers:
+        head = buffers[0]
+        if sent >= head.nbytes:
+            sent -= head.nbytes
+            buffers.pop(0)
+        else:
+            buffers[0] = head[sent:]
+            sent = 0
+
+
+class _Reader:
+    """Cuts whole messages out of a growing buffer."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def take(self) -> list[bytes] | None:
+        buf = self.buf
+        if len(buf) < 4:
+            return None
+        (count,) = _COUNT.unpack_from(buf)
+        if not 0 < count <= MAX_FRAMES:
+            raise ChannelError(f"message announces {count} frames (1..{MAX_FRAMES} allowed)")
+        head = 4 + 8 * count
+        if len(buf) < head:
+            return None
+        sizes = struct.unpack_from(f"<{count}Q", buf, 4)
+        total = sum(sizes)
+        if total > MAX_MESSAGE_BYTES:
+            raise ChannelError(f"message announces {total} bytes, over the limit of {MAX_MESSAGE_BYTES}")
+        if len(buf) < head + total:
+            return None
+        frames = []
+        pos = head
+        view = memoryview(buf)
+        try:
+            for size in sizes:
+                frames.append(bytes(view[pos : pos + size]))
+                pos += size
+        finally:
+            view.release()
+        del buf[:pos]
+        return frames
+
+
+class Channel:
+    """The pool's end: blocking sends and receives, like the ZeroMQ DEALER it replaces."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(True)
+        self._sock = sock
+        self._reader = _Reader()
+        self._messages: list[list[bytes]] = []
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send_multipart(self, frames: Sequence, flags: int = 0) -> None:
+        """Send one message (``flags`` is accepted for ZeroMQ compatibility and ignored)."""
+        buffers = _buffers(frames)
+        while buffers:  # a blocking sendmsg may still send only part of a large message
+            try:
+                sent = self._sock.sendmsg(buffers[:64])
+            except OSError as exc:
+                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.EBADF):
+                    raise ChannelClosed("the worker closed the channel") from None
+                raise
+            _advance(buffers, sent)
+
+    def poll(self, timeout_ms: float = 0, flags: int = 0) -> bool:
+        """Whether a whole message can be received now, waiting up to ``timeout_ms``."""
+        if self._messages:
+            return True
+        self._read(timeout_ms / 1000.0)
+        return bool(self._messages)
+
+    def recv_multipart(self) -> list[bytes]:
+        """The next message, waiting for it as long as it takes."""
+        while not self._messages:
+            self._read(None)
+        return self._messages.pop(0)
+
+    def _read(self, timeout: float | None) -> None:
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return
+        chunk = self._sock.recv(_READ_CHUNK)
+        if not chunk:
+            raise ChannelClosed("the worker closed the channel")
+        self._reader.buf += chunk
+        while True:
+            message = self._reader.take()
+            if message is None:
+                return
+            self._messages.append(message)
+
+    def close(self, linger: int = 0) -> None:
+        self._sock.close()
+
+
+class WorkerChannel:
+    """The worker's end: non-blocking; :meth:`read_messages` and :meth:`send_multipart`
+    never wait, and :attr:`wants_write` says when the loop should watch for EPOLLOUT."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self._sock = sock
+        self._reader = _Reader()
+        self._pending: list[memoryview] = []
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._pending)
+
+    def read_messages(self) -> list[list[bytes]]:
+        """Every whole message readable now. Raises :class:`ChannelClosed` at end of stream
+        and :class:`ChannelError` for a corrupt stream."""
+        while True:
+            try:
+                chunk = self._sock.recv(_READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                raise ChannelClosed(f"the channel failed: {exc}") from None
+            if not chunk:
+                raise ChannelClosed("the pool closed the channel")
+            self._reader.buf += chunk
+            if len(chunk) < _READ_CHUNK:
+                break
+        out = []
+        while True:
+            message = self._reader.take()
+            if message is None:
+                return out
+            out.append(message)
+
+    def send_multipart(self, frames: Sequence) -> None:
+        """Queue one message and write as much as the socket takes now."""
+        self._pending.extend(_buffers(frames))
+        self.flush()
+
+    def flush(self) -> None:
+        """Write queued bytes until the socket would block."""
+        while self._pending:
+            try:
+                sent = self._sock.sendmsg(self._pending[:64])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                raise ChannelClosed(f"the channel failed: {exc}") from None
+            _advance(self._pending, sent)
+
+    def close(self) -> None:
+        self._sock.close()

@@ -1,0 +1,173 @@
+"""The local pool's channel to its own worker: framing, limits, and what reaches the envs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from boltzlabs_gym import RLPool, WorkerError
+from boltzlabs_gym.channel import Channel, ChannelClosed, ChannelError, WorkerChannel
+
+from conftest import COUNTER, ISOLATION
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair()
+    client, worker = Channel(a), WorkerChannel(b)
+    yield client, worker
+    client.close()
+    worker.close()
+
+
+def _read_all(worker: WorkerChannel, count: int, timeout: float = 10.0) -> list:
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend(worker.read_messages())
+        time.sleep(0.001)
+    return got
+
+
+def test_messages_keep_their_frames_and_order(pair):
+    client, worker = pair
+    sent = [[b"h%d" % i, b"", bytes(range(i % 256)) * 3] for i in range(200)]
+    got = []
+    for message in sent:
+        client.send_multipart(message)
+        got.extend(worker.read_messages())
+    assert got + _read_all(worker, len(sent) - len(got)) == sent
+    worker.send_multipart([b"reply", memoryview(b"view")])
+    assert client.poll(1000) and client.recv_multipart() == [b"reply", b"view"]
+    assert not client.poll(10)
+
+
+def test_a_reply_larger_than_the_socket_buffer_arrives_whole(pair):
+    """The worker never blocks: what the socket cannot take now is queued and flushed later."""
+    client, worker = pair
+    big = os.urandom(32 << 20)
+    worker.send_multipart([b"header", big])
+    assert worker.wants_write  # far more than a socketpair buffers
+    received = []
+    reader = threading.Thread(target=lambda: received.append(client.recv_multipart()))
+    reader.start()
+    deadline = time.monotonic() + 30
+    while worker.wants_write and time.monotonic() < deadline:
+        worker.flush()
+        time.sleep(0.001)
+    reader.join(30)
+    assert received == [[b"header", big]]
+
+
+def test_a_request_larger_than_the_socket_buffer_arrives_whole(pair):
+    client, worker = pair
+    big = os.urandom(16 << 20)
+    sender = threading.Thread(target=client.send_multipart, args=([b"upload", big],))
+    sender.start()
+    got = _read_all(worker, 1, timeout=30)
+    sender.join(30)
+    assert got == [[b"upload", big]]
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (struct.pack("<I", 0), "announces 0 frames"),
+        (struct.pack("<I", 1 << 20), "frames (1.."),
+        (struct.pack("<IQ", 1, 1 << 40), "over the limit"),
+    ],
+)
+def test_a_corrupt_stream_is_an_error_not_a_hang(pair, raw, message):
+    client, worker = pair
+    client._sock.sendall(raw)
+    with pytest.raises(ChannelError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        _read_all(worker, 1, timeout=2)
+
+
+def test_either_end_closing_is_seen(pair):
+    client, worker = pair
+    worker.close()
+    with pytest.raises(ChannelClosed):
+        for _ in range(100):  # the first sends may still fit in the buffer
+            client.send_multipart([b"x" * 65536])
+    with pytest.raises(ChannelClosed):
+        client.poll(1000)
+
+
+def test_a_local_pool_reaches_its_worker_over_the_channel():
+    with RLPool(COUNTER, n=2, isolation=ISOLATION) as pool:
+        link = pool._links[0]
+        assert isinstance(link.sock, Channel)
+        obs = pool.reset(seed=0)
+        assert obs == [{"t": 0}, {"t": 0}]
+        obs, rewards, dones, infos = pool.step([1, 2])
+        assert [o["t"] for o in obs] == [1, 1] and list(rewards) == [1.0, 2.0]
+
+
+def test_envs_cannot_reach_the_channel(tmp_path):
+    """The channel is the trainer's: no env process may hold it (it could talk to the worker)."""
+    (tmp_path / "env.py").write_text(textwrap.dedent("""
+        import os
+        from boltzlabs_gym.env import serve
+
+        def fds():
+            out = []
+            for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
+                try:
+                    out.append([fd, os.readlink(f"/proc/self/fd/{fd}")])
+                except OSError:
+                    pass
+            return out
+
+        serve(reset=lambda seed: fds(), step=lambda action: (fds(), 0.0, False, {}))
+    """))
+    with RLPool(str(tmp_path), n=1, isolation=ISOLATION) as pool:
+        fds = pool.reset(seed=0)[0]
+        # Neither the channel nor the worker's ZeroMQ sockets: an env inherits no socket at all.
+        assert [fd for fd, target in fds if target.startswith("socket:")] == [], fds
+        assert {0, 1, 2} <= {fd for fd, _ in fds}
+
+
+def test_the_worker_exits_when_its_pool_is_killed(tmp_path):
+    """The channel's end of stream tells the worker its pool is gone, even without a signal."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from boltzlabs_gym import RLPool
+        pool = RLPool({COUNTER!r}, n=2, isolation={ISOLATION!r})
+        print(pool._links[0].process.pid, flush=True)
+        time.sleep(600)
+    """))
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(trainer.stdout.readline())
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(10)
+        assert psutil.wait_procs([psutil.Process(worker_pid)], timeout=20)[1] == []
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        trainer.stdout.close()
+
+
+def test_a_dead_local_worker_is_a_clear_error():
+    pool = RLPool(COUNTER, n=1, isolation=ISOLATION)
+    try:
+        pool._links[0].process.kill()
+        pool._links[0].process.wait(10)
+        with pytest.raises(WorkerError, match="local worker"):
+            pool.step([1])
+    finally:
+        pool.close()
