@@ -135,15 +135,8 @@ class EnvProcess:
     def write(self, data: bytes) -> bool:
         """Write (part of) a request; True when everything went out."""
         if not self._wbuf:
-            # The usual case: the pipe has room for the whole request.
-            try:
-                n = os.write(self.stdin_w, data)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                if exc.errno in (errno.EPIPE, errno.EBADF):
-                    raise EnvFault("the env closed its stdin (it has probably exited)") from None
-                raise
+            # The usual case: the pipe has room for the whole request, no buffer needed.
+            n = self._write_some(data)
             if n == len(data):
                 return True
             data = data[n:]
@@ -152,16 +145,22 @@ class EnvProcess:
 
     def flush(self) -> bool:
         while self._wbuf:
-            try:
-                n = os.write(self.stdin_w, self._wbuf)
-            except BlockingIOError:
+            n = self._write_some(self._wbuf)
+            if not n:
                 return False
-            except OSError as exc:
-                if exc.errno in (errno.EPIPE, errno.EBADF):
-                    raise EnvFault("the env closed its stdin (it has probably exited)") from None
-                raise
             self._wbuf = self._wbuf[n:]
         return True
+
+    def _write_some(self, data: bytes) -> int:
+        """Bytes of ``data`` the pipe took now (0 when it is full)."""
+        try:
+            return os.write(self.stdin_w, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EBADF):
+                raise EnvFault("the env closed its stdin (it has probably exited)") from None
+            raise
 
     @property
     def write_pending(self) -> bool:
@@ -203,12 +202,7 @@ class EnvProcess:
         need = _announced_payloads(line)
         if nl + 1 + sum(need) != len(chunk):
             return False
-        payloads = []
-        pos = nl + 1
-        for n in need:
-            payloads.append(chunk[pos : pos + n])
-            pos += n
-        out.append((line, payloads))
+        out.append((line, _split(chunk, nl + 1, need)))
         return True
 
     def _parse(self, out: list) -> None:
@@ -230,11 +224,7 @@ class EnvProcess:
             total = sum(self._need)
             if len(self._rbuf) < total:
                 return
-            payloads = []
-            pos = 0
-            for n in self._need:
-                payloads.append(bytes(self._rbuf[pos : pos + n]))
-                pos += n
+            payloads = _split(self._rbuf, 0, self._need)
             del self._rbuf[:total]
             out.append((self._line, payloads))
             self._line = None
@@ -278,6 +268,15 @@ def _batch_scheduling():
         yield
     finally:
         os.sched_setscheduler(0, old, old_param)
+
+
+def _split(buf: bytes | bytearray, pos: int, sizes: list[int]) -> list[bytes]:
+    """The payloads of the given sizes that follow each other in ``buf`` from ``pos``."""
+    out = []
+    for n in sizes:
+        out.append(bytes(buf[pos : pos + n]))
+        pos += n
+    return out
 
 
 def _announced_payloads(line: bytes) -> list[int]:
