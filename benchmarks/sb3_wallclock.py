@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 from boltzlabs_gym.sb3 import make_sb3_vec_env
@@ -42,6 +43,8 @@ def run(kind: str, args) -> dict:
             ent_coef=0.0, learning_rate=lambda f: 1e-3 * f, clip_range=lambda f: 0.2 * f,
             seed=args.seed, device="cpu", verbose=0,
         )
+        # SB3's default logger makes a /tmp/SB3-<time> folder per model even at verbose=0.
+        model.set_logger(Logger(folder=None, output_formats=[]))
         t0 = time.perf_counter()
         model.learn(args.timesteps)
         wall = time.perf_counter() - t0
