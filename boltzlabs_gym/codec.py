@@ -33,6 +33,7 @@ marker is escaped; any other object is replaced by its ``repr()`` (truncated).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Sequence
 
@@ -300,7 +301,7 @@ class ArrayLeaf:
         self.shape = tuple(space.shape)
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.skeleton = {ND: [0, self.dtype.str, list(self.shape)]}
-        self.skeleton_json = _json_compact(self.skeleton)
+        self.skeleton_json = json.dumps(self.skeleton, separators=(",", ":"))
 
     @classmethod
     def of(cls, space: gs.Space) -> "ArrayLeaf | None":
@@ -318,14 +319,8 @@ class ArrayLeaf:
         space's dtype and shape (what envs return), else ``None`` (use :func:`encode`)."""
         if type(value) is np.ndarray and value.dtype == self.dtype and value.shape == self.shape \
                 and value.flags.c_contiguous:
-            return memoryview(value.reshape(-1).view(np.uint8))
+            return _array_payload(value, zero_copy=True)
         return None
-
-
-def _json_compact(value: Any) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"))
 
 
 # --------------------------------------------------------------------------- batches

@@ -194,13 +194,13 @@ class GymServer:
             except Exception:
                 reply, out = _error_transition("step"), []
             else:
-                done = reply["terminated"] or reply["truncated"]
-                if not (done and msg.get("autoreset")):
+                resets_now = (reply["terminated"] or reply["truncated"]) and msg.get("autoreset")
+                if not resets_now:
                     fast = self._fast_reply(obs, reply, info)
                     if fast is not None:
                         return fast
                 # The reset below may overwrite the env's obs buffer: copy payloads then.
-                zero_copy = not (done and msg.get("autoreset"))
+                zero_copy = not resets_now
                 out = []
                 try:
                     reply["obs"], _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)

@@ -246,6 +246,7 @@ class Worker:
         # The pool that started this worker talks over a socketpair (see boltzlabs_gym.channel).
         self._local: WorkerChannel | None = None
         self._local_fd = -1
+        self._local_mask_out = False
         if local_channel is not None:
             self._local = WorkerChannel(local_channel)
             self._local_fd = self._local.fileno()
@@ -357,15 +358,19 @@ class Worker:
                     if len(frames) >= 1:
                         self._handle_request(LOCAL_CLIENT, frames[0], frames[1:])
         except (ChannelClosed, ChannelError) as exc:
-            # Only the pool that started us holds the other end: it is gone, and so are we.
-            (log.info if isinstance(exc, ChannelClosed) else log.warning)("local pool channel: %s; shutting down", exc)
-            self._drop_local()
-            self._running = False
+            self._local_gone(exc)
+
+    def _local_gone(self, exc: Exception) -> None:
+        # Only the pool that started us holds the other end: it is gone, and so are we.
+        (log.info if isinstance(exc, ChannelClosed) else log.warning)("local pool channel: %s; shutting down", exc)
+        self._drop_local()
+        self._running = False
 
     def _watch_local_writes(self) -> None:
-        if self._local is not None:
-            mask = select.EPOLLIN | (select.EPOLLOUT if self._local.wants_write else 0)
-            self.epoll.modify(self._local_fd, mask)
+        """Watch for EPOLLOUT only while writes are queued (re-registered only on a change)."""
+        if self._local is not None and self._local_mask_out != self._local.wants_write:
+            self._local_mask_out = self._local.wants_write
+            self.epoll.modify(self._local_fd, select.EPOLLIN | (select.EPOLLOUT if self._local_mask_out else 0))
 
     def _drop_local(self) -> None:
         if self._local is not None:
@@ -429,9 +434,7 @@ class Worker:
                 self._local.send_multipart([encode_header(header), *frames])
                 self._watch_local_writes()
             except ChannelClosed as exc:
-                log.info("local pool channel: %s; shutting down", exc)
-                self._drop_local()
-                self._running = False
+                self._local_gone(exc)
             return
         try:
             self.sock.send_multipart([client, encode_header(header), *frames], copy=False)
