@@ -68,10 +68,22 @@ def _advance(buffers: list[memoryview], sent: int) -> None:
 
 
 class _Reader:
-    """Cuts whole messages out of a growing buffer."""
+    """Cuts whole messages out of a growing buffer, filled from the socket by :meth:`fill`."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
+        # recv() into one reused buffer: socket.recv(1 MiB) allocates (and, for a small
+        # message, shrinks) a fresh 1 MiB object per call, which measured 19 us against
+        # 3.5 us per receive on a 2-vCPU VM, and far worse in a process with other threads.
+        self._chunk = bytearray(_READ_CHUNK)
+        self._view = memoryview(self._chunk)
+
+    def fill(self, sock: socket.socket) -> int:
+        """One ``recv`` from ``sock`` appended to the buffer; the byte count (0: end of stream)."""
+        n = sock.recv_into(self._chunk)
+        if n:
+            self.buf += self._view[:n]
+        return n
 
     def take(self) -> list[bytes] | None:
         buf = self.buf
@@ -143,10 +155,8 @@ class Channel:
         ready, _, _ = select.select([self._sock], [], [], timeout)
         if not ready:
             return
-        chunk = self._sock.recv(_READ_CHUNK)
-        if not chunk:
+        if not self._reader.fill(self._sock):
             raise ChannelClosed("the worker closed the channel")
-        self._reader.buf += chunk
         while True:
             message = self._reader.take()
             if message is None:
@@ -179,15 +189,14 @@ class WorkerChannel:
         and :class:`ChannelError` for a corrupt stream."""
         while True:
             try:
-                chunk = self._sock.recv(_READ_CHUNK)
+                n = self._reader.fill(self._sock)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
                 raise ChannelClosed(f"the channel failed: {exc}") from None
-            if not chunk:
+            if not n:
                 raise ChannelClosed("the pool closed the channel")
-            self._reader.buf += chunk
-            if len(chunk) < _READ_CHUNK:
+            if n < _READ_CHUNK:
                 break
         out = []
         while True:
