@@ -293,7 +293,7 @@ class ArrayLeaf:
     array([0., 0., 0., 0.], dtype=float32)
     """
 
-    __slots__ = ("space", "dtype", "shape", "nbytes", "skeleton", "skeleton_json")
+    __slots__ = ("space", "dtype", "shape", "nbytes", "skeleton", "skeleton_json", "step_prefix", "step_suffix")
 
     def __init__(self, space: gs.Space):
         self.space = space
@@ -302,6 +302,9 @@ class ArrayLeaf:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.skeleton = {ND: [0, self.dtype.str, list(self.shape)]}
         self.skeleton_json = json.dumps(self.skeleton, separators=(",", ":"))
+        # The bytes around the reward and done flags of a plain step reply line (see step_line).
+        self.step_prefix = ('{"obs":' + self.skeleton_json + ',"reward":').encode()
+        self.step_suffix = (',"info":{},"_bin":[%d]}\n' % self.nbytes).encode()
 
     @classmethod
     def of(cls, space: gs.Space) -> "ArrayLeaf | None":
@@ -321,6 +324,48 @@ class ArrayLeaf:
                 and value.flags.c_contiguous:
             return _array_payload(value, zero_copy=True)
         return None
+
+    # A step with an empty info and no autoreset is the hot path of every rollout. Its reply
+    # line has one fixed shape, written by the env's gym server and read back by the vector
+    # env without a JSON parser; both ends use these two methods, so the shape lives here.
+    def step_line(self, reward: float, terminated: bool, truncated: bool) -> bytes:
+        """The reply line of a plain step (a finite ``reward``); the payload follows it.
+
+        >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
+        >>> leaf.step_line(1.0, False, True)
+        b'{"obs":{"__nd__":[0,"<f4",[2]]},"reward":1.0,"terminated":false,"truncated":true,"info":{},"_bin":[8]}\\n'
+        >>> leaf.parse_step_line(leaf.step_line(0.5, True, False))
+        (0.5, True, False)
+        """
+        return b"".join((self.step_prefix, repr(float(reward)).encode(), _STEP_FLAGS_BYTES[bool(terminated), bool(truncated)],
+                         self.step_suffix))
+
+    def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
+        """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.
+
+        The line comes from the worker, which has checked it is one JSON object; any line
+        that is not exactly this shape (other keys, an info, a reset observation) gives
+        ``None`` and is parsed as JSON.
+        """
+        prefix, suffix = self.step_prefix, self.step_suffix
+        if not (line.startswith(prefix) and line.endswith(suffix)):
+            return None
+        middle = line[len(prefix) : len(line) - len(suffix)]
+        comma = middle.find(b",")
+        flags = _STEP_FLAGS.get(middle[comma:]) if comma > 0 else None
+        if flags is None:
+            return None
+        try:
+            return (float(middle[:comma]), *flags)
+        except ValueError:
+            return None
+
+
+_STEP_FLAGS_BYTES = {
+    (t, u): (',"terminated":%s,"truncated":%s' % (str(t).lower(), str(u).lower())).encode()
+    for t in (False, True) for u in (False, True)
+}
+_STEP_FLAGS = {v: k for k, v in _STEP_FLAGS_BYTES.items()}
 
 
 # --------------------------------------------------------------------------- batches

@@ -109,9 +109,6 @@ class GymServer:
         if isinstance(self.action_space, gs.Discrete):
             start = int(self.action_space.start)
             self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
-        if self._obs_leaf is not None:
-            self._obs_prefix = ('{"obs":' + self._obs_leaf.skeleton_json + ',"reward":').encode()
-            self._obs_suffix = (',"info":{},"_bin":[%d]}\n' % self._obs_leaf.nbytes).encode()
 
     # -- ops -------------------------------------------------------------------------
 
@@ -170,12 +167,7 @@ class GymServer:
         reward = reply["reward"]
         if payload is None or not math.isfinite(reward):
             return None
-        return b"".join((
-            self._obs_prefix, repr(reward).encode(),
-            b',"terminated":true' if reply["terminated"] else b',"terminated":false',
-            b',"truncated":true' if reply["truncated"] else b',"truncated":false',
-            self._obs_suffix, payload,
-        ))
+        return self._obs_leaf.step_line(reward, reply["terminated"], reply["truncated"]) + payload
 
     def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
         """Decode the action, ``env.step`` it, encode the transition; autoreset adds ``reset_obs``/``reset_info``.

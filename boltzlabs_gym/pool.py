@@ -62,12 +62,30 @@ class _State(enum.Enum):
 
 @dataclass
 class EnvResult:
-    """One env's result in a batch: ``status`` is ``"ok"``, ``"straggler"`` or ``"error"``."""
+    """One env's result in a batch: ``status`` is ``"ok"``, ``"straggler"`` or ``"error"``.
+
+    ``reply`` is the env's reply object; from ``batch_wait(raw=True)`` it is ``None`` and
+    ``raw`` holds the reply line as the worker sent it, for :func:`parse_result`.
+    """
 
     index: int
     status: str
-    reply: dict
+    reply: dict | None
     payloads: list
+    raw: bytes | None = None
+
+
+def parse_result(result: EnvResult) -> EnvResult:
+    """Parse a raw result's reply line in place (a reply that is not a JSON object is an error)."""
+    if result.reply is None:
+        try:
+            reply = parse_json(result.raw)
+        except ValueError:
+            result.status, reply = ERROR, {"message": "reply frame is not JSON"}
+        if not isinstance(reply, dict):
+            result.status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object"}
+        result.reply, result.raw = reply, None
+    return result
 
 
 class _Link:
@@ -517,8 +535,12 @@ class RLPool:
         self._pending = (seqs, order, t0)
         self._state = _State.WAITING_STEP
 
-    def batch_wait(self, timeout: float | None = None) -> list[EnvResult]:
-        """Collect the replies of :meth:`batch_async`, in the order of its items."""
+    def batch_wait(self, timeout: float | None = None, *, raw: bool = False) -> list[EnvResult]:
+        """Collect the replies of :meth:`batch_async`, in the order of its items.
+
+        ``raw=True`` leaves each reply line unparsed (``EnvResult.raw``), for a caller with
+        a faster parser of its own; :func:`parse_result` parses one.
+        """
         self._check_open()
         if self._state is _State.IDLE or self._pending is None:
             raise AsyncStateError("batch_wait()/step_wait() called without a call in flight; call step_async() first")
@@ -532,7 +554,7 @@ class RLPool:
             for link, seq in seqs:
                 header, frames = self._recv(link, seq, max(0.0, deadline - time.monotonic()))
                 self._raise_for_error(link, header)
-                per_link[id(link)] = self._parse_results(link, header, frames)
+                per_link[id(link)] = self._parse_results(link, header, frames, raw)
                 per_worker_ms[link.address] = float(header.get("worker_ms", 0.0))
         finally:
             # Whatever happened, this call is over: a late reply will be dropped by its tag.
@@ -542,7 +564,7 @@ class RLPool:
         self._record_timing(results, per_worker_ms, t0)
         return results
 
-    def _parse_results(self, link: _Link, header: dict, frames: list) -> list[EnvResult]:
+    def _parse_results(self, link: _Link, header: dict, frames: list, raw: bool = False) -> list[EnvResult]:
         """Split a batch reply's one data frame into per-env results (replies and payload views)."""
         entries = header.get("results")
         if not isinstance(entries, list) or len(frames) != 1:
@@ -559,18 +581,13 @@ class RLPool:
             except (TypeError, ValueError):
                 raise WorkerError(f"worker {link.address} sent a malformed batch result {str(entry)[:80]}", link.address) from None
             reply_end = pos + sizes[0]
-            try:
-                reply = parse_json(data[pos:reply_end])
-            except ValueError:
-                status, reply = ERROR, {"message": "reply frame is not JSON"}
-            if not isinstance(reply, dict):
-                status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object"}
             payloads = []
             start = reply_end
             for size in sizes[1:]:
                 payloads.append(data[start : start + size])
                 start += size
-            out.append(EnvResult(link.start + local, status, reply, payloads))
+            result = EnvResult(link.start + local, status, None, payloads, bytes(data[pos:reply_end]))
+            out.append(result if raw else parse_result(result))
             pos = end
         return out
 

@@ -33,7 +33,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from . import codec
 from .errors import AsyncStateError, PoolClosedError
-from .pool import OK, STRAGGLER, EnvResult, RLPool
+from .pool import OK, STRAGGLER, EnvResult, RLPool, parse_result
 from .spaces import JsonSpace, space_from_json
 
 __all__ = ["BoltzLabsVecEnv"]
@@ -307,12 +307,16 @@ class BoltzLabsVecEnv(VectorEnv):
         if self._pending_reset_ops is None:
             raise AsyncStateError("step_wait() called without step_async()")
         reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
-        results = self.pool.batch_wait(timeout)
+        results = self.pool.batch_wait(timeout, raw=True)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
+        leaf = self._obs_leaf
         for r in results:
             i = r.index
+            if leaf is not None and r.status == OK and not reset_ops[i] and self._take_plain_step(leaf, r, same_step):
+                continue
+            parse_result(r)
             failed[i] = r.status != OK
             if reset_ops[i]:
                 self._env_obs[i], env_info = self._reset_result(r)
@@ -344,6 +348,21 @@ class BoltzLabsVecEnv(VectorEnv):
             np.copy(self._truncations),
             infos,
         )
+
+    def _take_plain_step(self, leaf: codec.ArrayLeaf, r: EnvResult, same_step: bool) -> bool:
+        """Store a plain step's transition (array obs, empty info, no autoreset) without
+        parsing JSON; False, storing nothing, for any other reply."""
+        parsed = leaf.parse_step_line(r.raw)
+        if parsed is None or len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
+            return False
+        reward, terminated, truncated = parsed
+        if same_step and (terminated or truncated):
+            return False  # the env should have reset itself: the general path says what happened
+        i = r.index
+        # A read-only view of the received frame: only _batched_obs reads it, and copies it.
+        self._env_obs[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
+        return True
 
     def _split_actions(self, actions: Any) -> list:
         if isinstance(self.single_action_space, JsonSpace):

@@ -10,6 +10,7 @@ from gymnasium import spaces as gs
 from gymnasium.vector.utils import create_empty_array
 
 from boltzlabs_gym.codec import (
+    ArrayLeaf,
     CodecError,
     decode,
     decode_info,
@@ -352,3 +353,40 @@ def test_info_depth_limit():
         decode_info(deep, [])
     obj, _ = encode_info(deep)  # encoding never fails: the deep tail becomes a repr string
     json.dumps(obj)
+
+
+# ----------------------------------------------------------------------------- the plain step line
+
+@pytest.mark.parametrize("space", [gs.Box(-1, 1, (4,), np.float32), gs.Box(0, 255, (3, 2), np.uint8), gs.MultiBinary(5)])
+@pytest.mark.parametrize("reward", [1.0, -0.0, 1e-05, 1e300, -3.25])
+@pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True), (True, True)])
+def test_step_line_is_the_json_it_claims(space, reward, flags):
+    """The line the gym server writes without a JSON encoder is the JSON object a generic
+    encoder would write, and parsing it back without a JSON parser gives the same values."""
+    leaf = ArrayLeaf.of(space)
+    line = leaf.step_line(reward, *flags)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    msg = json.loads(line)
+    assert msg == {"obs": leaf.skeleton, "reward": reward, "terminated": flags[0], "truncated": flags[1],
+                   "info": {}, "_bin": [leaf.nbytes]}
+    assert leaf.parse_step_line(line) == (reward, *flags)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # every one is valid JSON, but not the plain shape: the JSON path must take it
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":1.0,"terminated":false,"truncated":false,"info":{"a":1},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":"1.0","terminated":false,"truncated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":true,"terminated":false,"truncated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":[1,2],"terminated":false,"truncated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":1.0,"terminated":false,"truncated":false,"reset_obs":1,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":1.0,"terminated":0,"truncated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":1.0,"truncated":false,"terminated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f8",[2]]},"reward":1.0,"terminated":false,"truncated":false,"info":{},"_bin":[16]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":1.0,"terminated":false,"truncated":false,"info":{},"_bin":[8,8]}\n',
+        b'{"obs":{"__nd__":[0,"<f4",[4]]},"reward":,"terminated":false,"truncated":false,"info":{},"_bin":[16]}\n',
+    ],
+)
+def test_parse_step_line_leaves_every_other_shape_to_json(line):
+    assert ArrayLeaf.of(gs.Box(-1, 1, (4,), np.float32)).parse_step_line(line) is None

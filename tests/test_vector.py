@@ -15,7 +15,7 @@ import boltzlabs_gym
 from boltzlabs_gym import BoltzLabsVecEnv, PoolClosedError
 
 from conftest import COUNTER, ISOLATION
-from vector_envs import DictTupleEnv, FlakyCartPole
+from vector_envs import DictTupleEnv, FlakyCartPole, MixedRepliesCartPole
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -44,7 +44,7 @@ def make_cartpole():
     return gym.make("CartPole-v1")
 
 
-ENV_FACTORIES = {"CartPole-v1": make_cartpole, "DictTuple": DictTupleEnv}
+ENV_FACTORIES = {"CartPole-v1": make_cartpole, "DictTuple": DictTupleEnv, "MixedReplies": MixedRepliesCartPole}
 
 
 @pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)

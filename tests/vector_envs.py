@@ -73,3 +73,22 @@ class FlakyCartPole(gym.Wrapper):
             elif self.fault == "raise":
                 raise RuntimeError("flaky env raised on purpose")
         return self.env.step(action)
+
+
+class MixedRepliesCartPole(gym.Wrapper):
+    """CartPole whose steps alternate between the plain reply (array obs, empty info) that the
+    vector env reads without JSON and replies that need the JSON path: an info every third
+    step and a non-finite reward every seventh."""
+
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps % 3 == 0:
+            info = {"step": self.steps, "x": np.float32(obs[0])}
+        if self.steps % 7 == 0:
+            reward = float("inf")
+        return obs, reward, terminated, truncated, info
