@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -279,8 +280,25 @@ def _split(buf: bytes | bytearray, pos: int, sizes: list[int]) -> list[bytes]:
     return out
 
 
+# The plain step reply of a gym server (array observation, finite reward, empty info; see
+# codec.ArrayLeaf.step_line). The pattern admits only valid JSON objects, so a line it matches
+# needs no JSON parser; every other line is parsed.
+_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
+_PLAIN_STEP = re.compile(
+    rb'\{"obs":\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\},"
+    rb'"reward":-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?,'
+    rb'"terminated":(?:true|false),"truncated":(?:true|false),"info":\{\},"_bin":\[(' + _UINT + rb")\]\}\n"
+)
+
+
 def _announced_payloads(line: bytes) -> list[int]:
     """Validate a reply line; return the byte lengths of the payloads it announces."""
+    plain = _PLAIN_STEP.fullmatch(line)
+    if plain is not None:
+        n = int(plain.group(1))
+        if n > MAX_ENV_PAYLOAD_BYTES:
+            raise EnvFault(f"reply announces {n} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+        return [n]
     try:
         msg = parse_json(line)
     except ValueError:

@@ -241,6 +241,11 @@ class Worker:
             self.sock.bind(ep)
             self.endpoints.append(self.sock.getsockopt(zmq.LAST_ENDPOINT).decode())
         self.epoll = select.epoll()
+        # ZeroMQ's FD is edge-like: it fires when the socket's events may have changed, and a
+        # send can consume that signal. So the socket is checked after it fired or after a
+        # send, not on every loop turn (a getsockopt per env reply, for nothing, on a busy
+        # local pool).
+        self._zmq_check = True
         self._zmq_fd = self.sock.getsockopt(zmq.FD)
         self.epoll.register(self._zmq_fd, select.EPOLLIN)
         # The pool that started this worker talks over a socketpair (see boltzlabs_gym.channel).
@@ -273,7 +278,8 @@ class Worker:
     def serve_forever(self) -> None:
         try:
             while self._running:
-                self._drain_socket()
+                if self._zmq_check:
+                    self._drain_socket()
                 timeout = self._next_timeout()
                 try:
                     events = self.epoll.poll(timeout)
@@ -281,6 +287,7 @@ class Worker:
                     continue
                 for fd, ev in events:
                     if fd == self._zmq_fd:
+                        self._zmq_check = True
                         continue
                     if fd == self._local_fd:
                         self._on_local_event(ev)
@@ -333,7 +340,7 @@ class Worker:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return  # checked again next turn
             if len(frames) < 2:
                 continue  # nothing to answer: not even a header
             user = None
@@ -345,6 +352,7 @@ class Worker:
             self._current_user = user
             client = frames[0].bytes
             self._handle_request(client, frames[1].bytes, [f.bytes for f in frames[2:]])
+        self._zmq_check = False  # the last thing done on the socket was reading its events
 
     def _on_local_event(self, ev: int) -> None:
         """The local pool's channel: write what is queued, answer every whole request."""
@@ -436,6 +444,7 @@ class Worker:
             except ChannelClosed as exc:
                 self._local_gone(exc)
             return
+        self._zmq_check = True
         try:
             self.sock.send_multipart([client, encode_header(header), *frames], copy=False)
         except zmq.ZMQError as exc:
