@@ -203,7 +203,8 @@ class EnvProcess:
         need = _announced_payloads(line)
         if nl + 1 + sum(need) != len(chunk):
             return False
-        out.append((line, _split(chunk, nl + 1, need)))
+        # Views, not copies: ``chunk`` is a fresh immutable read, and the batch reply joins them.
+        out.append((line, _split(memoryview(chunk), nl + 1, need, copy=False)))
         return True
 
     def _parse(self, out: list) -> None:
@@ -271,11 +272,12 @@ def _batch_scheduling():
         os.sched_setscheduler(0, old, old_param)
 
 
-def _split(buf: bytes | bytearray, pos: int, sizes: list[int]) -> list[bytes]:
-    """The payloads of the given sizes that follow each other in ``buf`` from ``pos``."""
+def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy: bool = True) -> list:
+    """The payloads of the given sizes that follow each other in ``buf`` from ``pos``
+    (``bytes`` copies, or slices of ``buf`` with ``copy=False``)."""
     out = []
     for n in sizes:
-        out.append(bytes(buf[pos : pos + n]))
+        out.append(bytes(buf[pos : pos + n]) if copy else buf[pos : pos + n])
         pos += n
     return out
 
