@@ -34,6 +34,7 @@ marker is escaped; any other object is replaced by its ``repr()`` (truncated).
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Sequence
 
@@ -339,6 +340,16 @@ class ArrayLeaf:
         """
         return b"".join((self.step_prefix, repr(float(reward)).encode(), _STEP_FLAGS_BYTES[bool(terminated), bool(truncated)],
                          self.step_suffix))
+
+    def step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool) -> bytes | None:
+        """The whole reply of a plain step (:meth:`step_line` and the observation's bytes), or
+        ``None`` when ``obs`` is not an array of the space's dtype and shape or ``reward`` is
+        not finite (the generic encoders then say what is wrong, or write NaN)."""
+        if type(obs) is not np.ndarray or obs.dtype != self.dtype or obs.shape != self.shape \
+                or not obs.flags.c_contiguous or not math.isfinite(reward):
+            return None
+        return b"".join((self.step_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated],
+                         self.step_suffix, _array_payload(obs, zero_copy=True)))
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.

@@ -168,15 +168,15 @@ def measurement():
         span.elapsed_s = time.perf_counter() - start
 
 
-def _protect_channel() -> tuple[BinaryIO, BinaryIO]:
+def _protect_channel_fds() -> tuple[int, int]:
     """Take fds 0/1 for the protocol and point ``print()`` (and fd 1) at stderr.
 
     User code, the libraries it imports and the subprocesses it starts all write
     to fd 1 by habit; any such byte would corrupt the reply stream. After this,
-    fd 1 is a copy of stderr and only the returned streams reach the worker.
+    fd 1 is a copy of stderr and only the returned fds (private copies of the old
+    0 and 1) reach the worker.
     """
-    proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)
-    proto_out = os.fdopen(os.dup(1), "wb", buffering=1 << 16)
+    proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -184,6 +184,87 @@ def _protect_channel() -> tuple[BinaryIO, BinaryIO]:
     sys.stdin = open(os.devnull)
     sys.stdout = sys.stderr
     return proto_in, proto_out
+
+
+def _protect_channel() -> tuple[BinaryIO, BinaryIO]:
+    """:func:`_protect_channel_fds`, as buffered streams."""
+    proto_in, proto_out = _protect_channel_fds()
+    return os.fdopen(proto_in, "rb", buffering=1 << 16), os.fdopen(proto_out, "wb", buffering=1 << 16)
+
+
+class FdReader:
+    """``readline``/``read`` (what :func:`read_message` needs) over a raw fd, one buffer.
+
+    A serving loop that owns the reader may also take whole ``os.read`` results itself
+    while :attr:`buf` is empty (a hot path recognising one short request line), and hand
+    anything it does not recognise back with :meth:`push`.
+    """
+
+    __slots__ = ("fd", "buf")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = bytearray()
+
+    def push(self, data: bytes) -> None:
+        """Put bytes read from the fd (by the caller) back in front of the stream."""
+        self.buf[:0] = data
+
+    def _fill(self) -> bool:
+        data = os.read(self.fd, 1 << 16)
+        self.buf += data
+        return bool(data)
+
+    def readline(self, limit: int = -1) -> bytes:
+        """Up to and including the next newline, at most ``limit`` bytes; ``b""`` at end of stream."""
+        scanned = 0
+        while True:
+            end = self.buf.find(b"\n", scanned)
+            if end >= 0:
+                end += 1
+                break
+            scanned = len(self.buf)
+            if 0 <= limit <= scanned or not self._fill():
+                end = scanned
+                break
+        if limit >= 0:
+            end = min(end, limit)
+        line = bytes(self.buf[:end])
+        del self.buf[:end]
+        return line
+
+    def read(self, n: int) -> bytes:
+        """``n`` bytes, or fewer at end of stream."""
+        while len(self.buf) < n and self._fill():
+            pass
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+
+class FdWriter:
+    """``write``/``flush`` (what :func:`write_message` needs) straight to a raw fd: every
+    write goes out whole, so flushing has nothing left to do."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, data: Any) -> None:
+        write_all(self.fd, data)
+
+    def flush(self) -> None:
+        pass
+
+
+def write_all(fd: int, data: Any) -> None:
+    """``os.write`` until every byte of ``data`` (bytes or a buffer) is written."""
+    done = os.write(fd, data)
+    if done < (data.nbytes if type(data) is memoryview else len(data)):
+        view = memoryview(data).cast("B")
+        while done < len(view):
+            done += os.write(fd, view[done:])
 
 
 def _normalise_step(result: Any) -> dict:

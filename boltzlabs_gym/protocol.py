@@ -81,11 +81,16 @@ def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
     return {"seq": seq, "ok": False, "error": {"kind": kind, "message": message, **extra}}
 
 
+#: How a plain Discrete step request line starts; the action's digits and ``}\n`` end it.
+#: The gym server recognises this exact shape without a JSON parser.
+DISCRETE_STEP_HEAD = b'{"op":"step","action":'
+
+
 def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     """The line the worker writes to an env's stdin (payloads follow it)."""
     if not payloads and len(op) == 2 and type(op.get("action")) is int and op.get("op") == "step":
         # A Discrete action, the commonest request of all, without the JSON encoder.
-        return b'{"op":"step","action":%d}\n' % op["action"]
+        return DISCRETE_STEP_HEAD + b"%d}\n" % op["action"]
     if payloads:
         op = dict(op, _bin=[len(p) for p in payloads])
     return _encode_json(op).encode() + b"\n"

@@ -488,3 +488,116 @@ def test_discrete_fast_decode_refuses_what_the_codec_refuses():
         assert reply["terminated"] and reply["info"]["boltzlabs_exception"]["where"] == "action", bad
     server.reset({"seed": 0}, [])
     assert type(server.step({"op": "step", "action": 1}, [])) is bytes
+
+
+class _LoopHarness:
+    """``_serve_loop`` on a thread, over two real pipes, as a sandboxed env runs it."""
+
+    def __init__(self, env):
+        import threading
+
+        from boltzlabs_gym.env import FdReader
+        from boltzlabs_gym.gym_server import GymServer, _serve_loop
+
+        self.server = GymServer(env)
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        self.replies = FdReader(self.rep_r)
+        self.fds = (req_r, rep_w)
+        self.thread = threading.Thread(target=_serve_loop, args=(self.server, req_r, rep_w), daemon=True)
+        self.thread.start()
+
+    def send(self, data: bytes):
+        os.write(self.req_w, data)
+
+    def reply(self):
+        return read_message(self.replies)
+
+    def close(self):
+        os.close(self.req_w)
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the loop must end at end of input"
+        for fd in (*self.fds, self.rep_r):
+            os.close(fd)
+
+
+def _generic_reply(env_seed: int, actions: list):
+    """Replies of the same env driven through the generic (JSON) path only."""
+    from boltzlabs_gym.gym_server import GymServer
+
+    server = GymServer(gym.make("CartPole-v1"))
+    server._discrete = None  # the Discrete hot path off: every action through the codec
+    server._obs_leaf = None
+    server.reset({"seed": env_seed}, [])
+    out = []
+    for a in actions:
+        reply, payloads = server.step({"op": "step", "action": a}, [])
+        out.append((reply, [bytes(p) for p in payloads]))
+    return out
+
+
+def test_serve_loop_discrete_hot_path_matches_the_generic_path():
+    from boltzlabs_gym.protocol import env_request_line
+
+    loop = _LoopHarness(gym.make("CartPole-v1"))
+    try:
+        loop.send(b'{"op":"reset","seed":3}\n')
+        loop.reply()
+        actions = [1, 0, 0, 1, 1, 1, 0, 1]
+        for a, (want, want_payloads) in zip(actions, _generic_reply(3, actions)):
+            loop.send(env_request_line({"op": "step", "action": a}))
+            got, payloads = loop.reply()
+            assert got["reward"] == want["reward"] and got["terminated"] == want["terminated"]
+            assert payloads == want_payloads
+    finally:
+        loop.close()
+
+
+def test_serve_loop_hot_path_steps_aside_for_anything_it_does_not_recognise():
+    loop = _LoopHarness(gym.make("CartPole-v1"))
+    try:
+        loop.send(b'{"op":"reset","seed":0}\n')
+        assert loop.reply()[0]["info"] == {}
+        # Out of range, negative, huge: answered by the generic path, which reports them.
+        for bad in (b"2", b"-1", b"9" * 30):
+            loop.send(b'{"op":"step","action":' + bad + b"}\n")
+            reply, _ = loop.reply()
+            assert reply["info"]["boltzlabs_exception"]["where"] == "action", bad
+        # Two requests in one read, and one split across two writes: both answered, in order.
+        loop.send(b'{"op":"step","action":1}\n{"op":"describe"}\n')
+        assert loop.reply()[0]["reward"] == 1.0
+        assert loop.reply()[0]["server"] == "gym"
+        loop.send(b'{"op":"step","act')
+        loop.send(b'ion":0}\n')
+        assert loop.reply()[0]["reward"] == 1.0
+        # Not JSON: answered with an error, and the loop keeps serving.
+        loop.send(b"garbage\n")
+        assert "bad request" in loop.reply()[0]["error"]
+        loop.send(b'{"op":"step","action":0}\n')
+        assert loop.reply()[0]["reward"] == 1.0
+    finally:
+        loop.close()
+
+
+def test_fd_reader_lines_and_payloads_across_reads():
+    from boltzlabs_gym.env import FdReader, FdWriter
+
+    r, w = os.pipe()
+    try:
+        reader, writer = FdReader(r), FdWriter(w)
+        writer.write(b"abc")
+        writer.write(b"def\nxy")
+        assert reader.readline(100) == b"abcdef\n"
+        writer.write(b"z\n")
+        assert reader.readline(2) == b"xy", "the limit bounds a line"
+        assert reader.readline(100) == b"z\n"
+        writer.write(memoryview(np.arange(3, dtype=np.float32)))  # counted in bytes, not items
+        assert reader.read(12) == np.arange(3, dtype=np.float32).tobytes()
+        reader.push(b"back\n")
+        assert reader.readline() == b"back\n"
+        writer.write(b"tail")
+    finally:
+        os.close(w)
+    assert reader.read(10) == b"tail", "fewer bytes at end of stream"
+    assert reader.readline(10) == b""
+    os.close(r)
