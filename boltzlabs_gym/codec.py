@@ -348,8 +348,9 @@ class ArrayLeaf:
         if type(obs) is not np.ndarray or obs.dtype != self.dtype or obs.shape != self.shape \
                 or not obs.flags.c_contiguous or not math.isfinite(reward):
             return None
+        # The array itself (its buffer) joins the line: no view objects on the hot path.
         return b"".join((self.step_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated],
-                         self.step_suffix, _array_payload(obs, zero_copy=True)))
+                         self.step_suffix, obs))
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.

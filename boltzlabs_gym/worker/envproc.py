@@ -34,7 +34,11 @@ class EnvFault(Exception):
         self.reason = reason
 
 
-@dataclass
+def _ignore_result(status: str, reply: bytes, payloads: list) -> None:
+    pass
+
+
+@dataclass(slots=True)
 class Call:
     """One operation for one env, and where its result goes.
 
@@ -44,9 +48,13 @@ class Call:
     op: dict
     payloads: list = field(default_factory=list)
     timeout: float | None = None
-    on_done: Callable[[str, bytes, list], None] = lambda status, reply, payloads: None
+    on_done: Callable[[str, bytes, list], None] = _ignore_result
     kind: str = "other"  # "start", "step", "reset", "hard_reset", "other"
     token: int = 0
+    #: Holds the measurement gate (``serialize_measurement``) while in flight.
+    gated: bool = False
+    #: A start's: the call waiting for the env's first reset (a hard reset's, a respawn's).
+    user_call: "Call | None" = None
 
 
 class EnvProcess:

@@ -13,7 +13,6 @@ wrapped, and everything that comes from an env or a client is validated.
 from __future__ import annotations
 
 import collections
-import heapq
 import itertools
 import logging
 import os
@@ -43,6 +42,7 @@ from ..protocol import (
     error_reply,
 )
 from . import memory
+from .deadlines import Deadlines
 from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
 from .sandbox import LaunchSpec, Limits, SandboxUnavailable, select_backend
 
@@ -213,7 +213,7 @@ class Worker:
         self.sessions: dict[str, Session] = {}
         self._sid_counter = itertools.count(1)
         self._tokens = itertools.count(1)
-        self._deadlines: list = []
+        self._deadlines = Deadlines(self._in_flight)
         self._fd_owner: dict[int, tuple[EnvProcess, str]] = {}
         self._to_reap: set[int] = set()
         #: exit statuses of live envs' processes that the orphan sweep reaped before their fault was handled
@@ -324,8 +324,11 @@ class Worker:
 
     def _next_timeout(self) -> float:
         timeout = 1.0
-        if self._deadlines:
-            timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
+        now = time.monotonic()
+        self._deadlines.seal(now)
+        deadline = self._deadlines.next_deadline()
+        if deadline is not None:
+            timeout = min(timeout, max(0.0, deadline - now))
         if self._to_reap:
             timeout = min(timeout, 0.05)
         return timeout
@@ -561,6 +564,7 @@ class Worker:
         batch = Batch(self, client, header.get("seq"), len(calls))
         for pos, (index, op, frames) in enumerate(calls):
             self._submit(session, session.envs[index], op, frames, batch, pos)
+        self._deadlines.seal(time.monotonic())
         return None
 
     def _op_memory(self, client, header, payloads):
@@ -670,7 +674,7 @@ class Worker:
         env.state = "busy"
         env.sent_at = time.perf_counter()
         if call.timeout is not None:
-            heapq.heappush(self._deadlines, (time.monotonic() + call.timeout, call.token, session.sid, env.index))
+            self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
         try:
             done = env.write(b"".join([env_request_line(call.op, call.payloads), *call.payloads]))
         except EnvFault as exc:
@@ -681,7 +685,7 @@ class Worker:
             self._fd_owner[env.stdin_w] = (env, "in")
 
     def _release_gate(self, call: Call) -> None:
-        if not getattr(call, "gated", False):
+        if not call.gated:
             return
         call.gated = False
         self._gate_busy = False
@@ -764,23 +768,26 @@ class Worker:
             self._wipe(env.workspace)
             self._queue_start(session, env, None)
 
+    def _in_flight(self, key: tuple) -> bool:
+        """Whether the call a deadline names, ``(sid, index, token)``, is still unanswered."""
+        session = self.sessions.get(key[0])
+        if session is None:
+            return False
+        current = session.envs[key[1]].current
+        return current is not None and current.token == key[2]
+
     def _expire_deadlines(self) -> None:
-        now = time.monotonic()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, token, sid, index = heapq.heappop(self._deadlines)
-            session = self.sessions.get(sid)
-            if session is None:
-                continue
+        for sid, index, _token in self._deadlines.pop_expired(time.monotonic()):
+            session = self.sessions[sid]
             env = session.envs[index]
-            if env.current is not None and env.current.token == token:
-                waited = time.perf_counter() - env.sent_at
-                what = "its first reset" if env.current.kind == "start" else f"'{env.current.op.get('op')}'"
-                self._fault(
-                    session,
-                    env,
-                    f"missed the {env.current.timeout:g} s deadline for {what} (waited {waited:.2f} s); killed",
-                    straggler=env.current.kind == "step",
-                )
+            waited = time.perf_counter() - env.sent_at
+            what = "its first reset" if env.current.kind == "start" else f"'{env.current.op.get('op')}'"
+            self._fault(
+                session,
+                env,
+                f"missed the {env.current.timeout:g} s deadline for {what} (waited {waited:.2f} s); killed",
+                straggler=env.current.kind == "step",
+            )
 
     # ================================================================== starting envs
     def _queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
@@ -813,8 +820,7 @@ class Worker:
 
     def _spawn(self, session: Session, env: EnvProcess) -> None:
         user_call, reset_op = env.pending_start
-        start_call = Call(op=reset_op, timeout=session.cfg.start_timeout, kind="start")
-        start_call.user_call = user_call
+        start_call = Call(op=reset_op, timeout=session.cfg.start_timeout, kind="start", user_call=user_call)
         try:
             env.spawn(session.backend, lambda e, i, o, r: self._launch_spec(session, e, i, o, r))
         except Exception as exc:  # noqa: BLE001 - a failed launch is that env's failure
@@ -826,6 +832,7 @@ class Worker:
         self._register_env(env)
         env.restarts += 1
         self._send_call(session, env, start_call)
+        self._deadlines.seal(time.monotonic())  # a long start-up must not delay its deadline
 
     def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
         python_bin = os.path.dirname(sys.executable)
