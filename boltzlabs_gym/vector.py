@@ -129,6 +129,7 @@ class BoltzLabsVecEnv(VectorEnv):
         self._max_episode_steps = d.get("max_episode_steps")
         # Gym servers send array observations as one payload: the fast, equally strict decoder.
         self._obs_leaf = codec.ArrayLeaf.of(self.single_observation_space) if self._gym_server else None
+        self._discrete_action = self._gym_server and isinstance(self.single_action_space, gym.spaces.Discrete)
         self._zero_obs = _zero_observation(self.single_observation_space)
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
         self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
@@ -276,7 +277,8 @@ class BoltzLabsVecEnv(VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Send the batched step; collect it with :meth:`step_wait`."""
         self._check_open()
-        per_env = self._split_actions(actions)
+        ints = self._discrete_actions(actions)
+        per_env = ints if ints is not None else self._split_actions(actions)
         items = []
         reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
         mode = self.autoreset_mode
@@ -290,10 +292,13 @@ class BoltzLabsVecEnv(VectorEnv):
                     f"env {i} finished its episode and autoreset is DISABLED: reset it first with "
                     "reset(options={'reset_mask': mask})"
                 )
-            try:
-                obj, payloads = self._encode_action(i, action)
-            except (codec.CodecError, TypeError, ValueError) as exc:
-                raise ValueError(f"action for env {i} does not fit the action space {self.single_action_space}: {exc}") from None
+            if ints is not None:
+                obj, payloads = action, ()
+            else:
+                try:
+                    obj, payloads = self._encode_action(i, action)
+                except (codec.CodecError, TypeError, ValueError) as exc:
+                    raise ValueError(f"action for env {i} does not fit the action space {self.single_action_space}: {exc}") from None
             op = {"op": "step", "action": obj}
             if mode == AutoresetMode.SAME_STEP:
                 op["autoreset"] = True
@@ -363,6 +368,16 @@ class BoltzLabsVecEnv(VectorEnv):
         self._env_obs[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
         self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
         return True
+
+    def _discrete_actions(self, actions: Any) -> list | None:
+        """A Discrete env's batch of actions as plain ints, when it is an integer array of
+        shape ``(num_envs,)`` (what policies hand over); else ``None`` (the per-env codec
+        path, which says what is wrong). Ranges are checked where the codec checks them:
+        in the env, which reports an out-of-range action in that env's slot."""
+        if not self._discrete_action or type(actions) is not np.ndarray or actions.dtype.kind not in "iu" \
+                or actions.shape != (self.num_envs,):
+            return None
+        return actions.tolist()
 
     def _split_actions(self, actions: Any) -> list:
         if isinstance(self.single_action_space, JsonSpace):

@@ -235,6 +235,12 @@ def test_bad_input_errors_name_the_problem():
         envs.reset(seed=0)
         with pytest.raises(ValueError, match="expected 2 actions|batched action space"):
             envs.step(np.zeros(3, dtype=np.int64))
+        with pytest.raises(ValueError, match="action for env 0 .*integer"):
+            envs.step(np.zeros(2, dtype=np.float32))  # not the int fast path: the codec names the env
+        # An int batch takes the fast path; an out-of-range action is still that env's error alone.
+        _, _, terms, _, infos = envs.step(np.array([1, 7], dtype=np.int32))
+        assert terms.tolist() == [False, True] and infos["_boltzlabs_exception"].tolist() == [False, True]
+        assert infos["boltzlabs_exception"]["where"][1] == "action"
         with pytest.raises(ValueError, match="length must match"):
             envs.reset(seed=[1, 2, 3])
         with pytest.raises(TypeError, match="reset_mask"):
