@@ -15,8 +15,8 @@ import json
 import os
 import re
 import signal
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from ..protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, parse_json
 from .sandbox import Launched, LaunchSpec
@@ -42,11 +42,13 @@ def _ignore_result(status: str, reply: bytes, payloads: list) -> None:
 class Call:
     """One operation for one env, and where its result goes.
 
-    ``on_done(status, reply_bytes, payloads)`` is called exactly once.
+    :meth:`finish` is called exactly once: it fills slot ``pos`` of ``batch`` (a client
+    request's results) when the call belongs to one, else calls ``on_done(status,
+    reply_bytes, payloads)``.
     """
 
     op: dict
-    payloads: list = field(default_factory=list)
+    payloads: Sequence[bytes] = ()  # frames that follow the request line
     timeout: float | None = None
     on_done: Callable[[str, bytes, list], None] = _ignore_result
     kind: str = "other"  # "start", "step", "reset", "hard_reset", "other"
@@ -55,6 +57,16 @@ class Call:
     gated: bool = False
     #: A start's: the call waiting for the env's first reset (a hard reset's, a respawn's).
     user_call: "Call | None" = None
+    #: The client request this call is item ``pos`` of, for env ``index`` (no closure per call).
+    batch: Any = None
+    pos: int = 0
+    index: int = 0
+
+    def finish(self, status: str, reply: bytes, payloads: list) -> None:
+        if self.batch is not None:
+            self.batch.done(self.pos, self.index, status, reply, payloads)
+        else:
+            self.on_done(status, reply, payloads)
 
 
 class EnvProcess:
@@ -145,7 +157,12 @@ class EnvProcess:
         """Write (part of) a request; True when everything went out."""
         if not self._wbuf:
             # The usual case: the pipe has room for the whole request, no buffer needed.
-            n = self._write_some(data)
+            try:
+                n = os.write(self.stdin_w, data)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                self._raise_closed(exc)
             if n == len(data):
                 return True
             data = data[n:]
@@ -167,9 +184,13 @@ class EnvProcess:
         except BlockingIOError:
             return 0
         except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.EBADF):
-                raise EnvFault("the env closed its stdin (it has probably exited)") from None
-            raise
+            self._raise_closed(exc)
+
+    @staticmethod
+    def _raise_closed(exc: OSError) -> None:
+        if exc.errno in (errno.EPIPE, errno.EBADF):
+            raise EnvFault("the env closed its stdin (it has probably exited)") from None
+        raise exc
 
     @property
     def write_pending(self) -> bool:

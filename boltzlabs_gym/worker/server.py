@@ -135,6 +135,10 @@ def is_local_endpoint(endpoint: str) -> bool:
     return False
 
 
+#: Call kinds the scheduler treats apart; any other op is "other".
+_CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
+
+
 class Batch:
     """Collects one result per item of a client request; replies when complete."""
 
@@ -544,20 +548,21 @@ class Worker:
         calls = []
         used = 0
         seen = set()
+        n_envs, n_frames = len(session.envs), len(payloads)
         for item in items:
-            if not (isinstance(item, list) and len(item) == 3):
+            if type(item) is not list or len(item) != 3:
                 raise ValueError(f"batch item must be [index, op, n_frames], got {str(item)[:80]}")
             index, op, nframes = item
-            if type(index) is not int or not 0 <= index < len(session.envs):
-                raise ValueError(f"env index {index!r} out of range 0..{len(session.envs) - 1}")
+            if type(index) is not int or not 0 <= index < n_envs:
+                raise ValueError(f"env index {index!r} out of range 0..{n_envs - 1}")
             if index in seen:
                 raise ValueError(f"env index {index} appears twice in one batch")
             seen.add(index)
-            if not isinstance(op, dict) or not isinstance(op.get("op"), str):
+            if type(op) is not dict or type(op.get("op")) is not str:
                 raise ValueError(f"env {index}: op must be an object with an 'op' string")
-            if type(nframes) is not int or nframes < 0 or used + nframes > len(payloads):
+            if type(nframes) is not int or nframes < 0 or used + nframes > n_frames:
                 raise ValueError(f"env {index}: frame count {nframes!r} does not match the frames sent")
-            calls.append((index, op, payloads[used : used + nframes]))
+            calls.append((index, op, payloads[used : used + nframes] if nframes else ()))
             used += nframes
         if used != len(payloads):
             raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
@@ -634,12 +639,12 @@ class Worker:
         name = op["op"]
         cfg = session.cfg
         timeout = cfg.step_timeout if name == "step" else cfg.reset_timeout
-        kind = name if name in ("step", "reset", "hard_reset") else "other"
-
-        def on_done(status: str, reply: bytes, payloads: list, _i=env.index) -> None:
-            batch.done(pos, _i, status, reply, payloads)
-
-        call = Call(op=op, payloads=list(frames), timeout=timeout, on_done=on_done, kind=kind)
+        kind = name if name in _CALL_KINDS else "other"
+        call = Call(op, frames, timeout, kind=kind, batch=batch, pos=pos, index=env.index)
+        if env.state == "idle" and not env.queue and kind != "hard_reset" \
+                and not (kind == "step" and cfg.serialize_measurement) and not session.closed:
+            self._send_call(session, env, call)  # the usual case: straight out, no queue
+            return
         env.queue.append(call)
         if env.state == "dead":
             self._queue_start(session, env, None)
@@ -676,7 +681,8 @@ class Worker:
         if call.timeout is not None:
             self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
         try:
-            done = env.write(b"".join([env_request_line(call.op, call.payloads), *call.payloads]))
+            line = env_request_line(call.op, call.payloads)
+            done = env.write(b"".join([line, *call.payloads]) if call.payloads else line)
         except EnvFault as exc:
             self._fault(session, env, exc.reason)
             return
@@ -728,8 +734,9 @@ class Worker:
         if call.kind == "start":
             self._start_finished(session, env, call, reply, payloads)
         else:
-            call.on_done(OK, reply, payloads)
-        self._pump(session, env)
+            call.finish(OK, reply, payloads)
+        if env.queue:
+            self._pump(session, env)
 
     def _fault(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None:
         """Kill a misbehaving env, report its current call, respawn it in the background."""
@@ -763,7 +770,7 @@ class Worker:
             if call.kind == "start":
                 self._start_failed(session, env, call, reason)
                 return
-            call.on_done(STRAGGLER if straggler else ERROR, detail, [])
+            call.finish(STRAGGLER if straggler else ERROR, detail, [])
         if not session.closed:
             self._wipe(env.workspace)
             self._queue_start(session, env, None)
@@ -871,7 +878,7 @@ class Worker:
         self._start_more()
         user_call = call.user_call
         if user_call is not None:
-            user_call.on_done(OK, reply, payloads)
+            user_call.finish(OK, reply, payloads)
         if session.create_seq is not None:
             session.started += 1
             now = time.monotonic()
@@ -914,9 +921,9 @@ class Worker:
             return
         detail = json_error(f"env failed to restart: {reason}", index=env.global_index, stderr=tail)
         if call.user_call is not None:
-            call.user_call.on_done(ERROR, detail, [])
+            call.user_call.finish(ERROR, detail, [])
         while env.queue:
-            env.queue.popleft().on_done(ERROR, detail, [])
+            env.queue.popleft().finish(ERROR, detail, [])
 
     # ================================================================== process plumbing
     def _register_env(self, env: EnvProcess) -> None:
@@ -1047,7 +1054,7 @@ class Worker:
             self._reap_now(pid)
             env.state = "closed"
             for call in env.queue:
-                call.on_done(ERROR, json_error("session closed"), [])
+                call.finish(ERROR, json_error("session closed"), [])
             env.queue.clear()
         close_launcher = getattr(session.backend, "close", None)
         if close_launcher is not None:
