@@ -81,16 +81,26 @@ def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
     return {"seq": seq, "ok": False, "error": {"kind": kind, "message": message, **extra}}
 
 
-#: How a plain Discrete step request line starts; the action's digits and ``}\n`` end it.
-#: The gym server recognises this exact shape without a JSON parser.
+#: How a plain Discrete step request line starts; the action's digits and then
+#: :data:`DISCRETE_STEP_TAIL` (or :data:`DISCRETE_AUTORESET_TAIL`, SAME_STEP autoreset)
+#: end it. The gym server recognises these exact shapes without a JSON parser.
 DISCRETE_STEP_HEAD = b'{"op":"step","action":'
+DISCRETE_STEP_TAIL = b"}\n"
+DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
 
 
 def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
-    """The line the worker writes to an env's stdin (payloads follow it)."""
-    if not payloads and len(op) == 2 and type(op.get("action")) is int and op.get("op") == "step":
+    """The line the worker writes to an env's stdin (payloads follow it).
+
+    >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
+    b'{"op":"step","action":3,"autoreset":true}\\n'
+    """
+    if not payloads and type(op.get("action")) is int and op.get("op") == "step":
         # A Discrete action, the commonest request of all, without the JSON encoder.
-        return DISCRETE_STEP_HEAD + b"%d}\n" % op["action"]
+        if len(op) == 2:
+            return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_STEP_TAIL)
+        if len(op) == 3 and op.get("autoreset") is True:
+            return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_AUTORESET_TAIL)
     if payloads:
         op = dict(op, _bin=[len(p) for p in payloads])
     return _encode_json(op).encode() + b"\n"

@@ -521,7 +521,7 @@ class _LoopHarness:
             os.close(fd)
 
 
-def _generic_reply(env_seed: int, actions: list):
+def _generic_reply(env_seed: int, actions: list, autoreset: bool = False):
     """Replies of the same env driven through the generic (JSON) path only."""
     from boltzlabs_gym.gym_server import GymServer
 
@@ -531,24 +531,40 @@ def _generic_reply(env_seed: int, actions: list):
     server.reset({"seed": env_seed}, [])
     out = []
     for a in actions:
-        reply, payloads = server.step({"op": "step", "action": a}, [])
-        out.append((reply, [bytes(p) for p in payloads]))
+        op = {"op": "step", "action": a, **({"autoreset": True} if autoreset else {})}
+        reply, payloads = server.step(op, [])
+        out.append((to_json_safe(reply), [bytes(p) for p in payloads]))
+        if reply["terminated"] and not autoreset:
+            break
     return out
 
 
-def test_serve_loop_discrete_hot_path_matches_the_generic_path():
+@pytest.mark.parametrize("autoreset", [False, True], ids=["plain", "same_step_autoreset"])
+def test_serve_loop_discrete_hot_path_matches_the_generic_path(autoreset):
     from boltzlabs_gym.protocol import env_request_line
 
     loop = _LoopHarness(gym.make("CartPole-v1"))
     try:
         loop.send(b'{"op":"reset","seed":3}\n')
         loop.reply()
-        actions = [1, 0, 0, 1, 1, 1, 0, 1]
-        for a, (want, want_payloads) in zip(actions, _generic_reply(3, actions)):
-            loop.send(env_request_line({"op": "step", "action": a}))
+        # Always pushing right ends the episode within a few dozen steps: with autoreset the
+        # terminal reply carries the reset, in the same reply, as the generic path writes it.
+        actions = [1] * 40
+        ends = 0
+        for a, (want, want_payloads) in zip(actions, _generic_reply(3, actions, autoreset)):
+            op = {"op": "step", "action": a, **({"autoreset": True} if autoreset else {})}
+            line = env_request_line(op)
+            assert b"{" not in line[1:], "a Discrete step is written without the JSON encoder"
+            loop.send(line)
             got, payloads = loop.reply()
-            assert got["reward"] == want["reward"] and got["terminated"] == want["terminated"]
+            got.pop("_bin", None)
+            want = {k: v for k, v in want.items() if k != "_bin"}
+            assert got == want
             assert payloads == want_payloads
+            ends += got["terminated"]
+            if got["terminated"] and not autoreset:
+                break
+        assert ends >= 1
     finally:
         loop.close()
 
