@@ -67,25 +67,45 @@ def _advance(buffers: list[memoryview], sent: int) -> None:
             sent = 0
 
 
-class _Reader:
-    """Cuts whole messages out of a growing buffer, filled from the socket by :meth:`fill`."""
+#: A message at least this large is received straight into a buffer of its own size.
+LARGE_MESSAGE_BYTES = 256 << 10
 
-    def __init__(self) -> None:
+
+class _Reader:
+    """Cuts whole messages out of a growing buffer, filled from the socket by :meth:`fill`.
+
+    With ``large_in_place``, a message of :data:`LARGE_MESSAGE_BYTES` or more is received
+    into a buffer of exactly its size once its framing is known, and its frames after the
+    first are ``memoryview`` s of that buffer: a batch of large observations is then
+    copied once out of the kernel instead of three times (chunk, stream buffer, frame).
+    """
+
+    def __init__(self, large_in_place: bool = False) -> None:
         self.buf = bytearray()
         # recv() into one reused buffer: socket.recv(1 MiB) allocates (and, for a small
         # message, shrinks) a fresh 1 MiB object per call, which measured 19 us against
         # 3.5 us per receive on a 2-vCPU VM, and far worse in a process with other threads.
         self._chunk = bytearray(_READ_CHUNK)
         self._view = memoryview(self._chunk)
+        self._large_in_place = large_in_place
+        self._large: memoryview | None = None  # the frames of a large message being received
+        self._large_have = 0
+        self._large_sizes: tuple = ()
 
     def fill(self, sock: socket.socket) -> int:
         """One ``recv`` from ``sock`` appended to the buffer; the byte count (0: end of stream)."""
+        if self._large is not None:
+            n = sock.recv_into(self._large[self._large_have :])
+            self._large_have += n
+            return n
         n = sock.recv_into(self._chunk)
         if n:
             self.buf += self._view[:n]
         return n
 
-    def take(self) -> list[bytes] | None:
+    def take(self) -> list | None:
+        if self._large is not None:
+            return self._take_large()
         buf = self.buf
         if len(buf) < 4:
             return None
@@ -100,6 +120,14 @@ class _Reader:
         if total > MAX_MESSAGE_BYTES:
             raise ChannelError(f"message announces {total} bytes, over the limit of {MAX_MESSAGE_BYTES}")
         if len(buf) < head + total:
+            if self._large_in_place and total >= LARGE_MESSAGE_BYTES:
+                # Everything buffered is the start of this message (it is incomplete).
+                large = memoryview(bytearray(total))
+                have = len(buf) - head
+                large[:have] = buf[head:]
+                del buf[:]
+                self._large, self._large_have, self._large_sizes = large, have, sizes
+                return self._take_large()
             return None
         frames = []
         pos = head
@@ -113,6 +141,19 @@ class _Reader:
         del buf[:pos]
         return frames
 
+    def _take_large(self) -> list | None:
+        large = self._large
+        if self._large_have < len(large):
+            return None
+        self._large = None
+        frames: list = []
+        pos = 0
+        for k, size in enumerate(self._large_sizes):
+            frame = large[pos : pos + size]
+            frames.append(bytes(frame) if k == 0 else frame)  # the header as bytes, like every message
+            pos += size
+        return frames
+
 
 class Channel:
     """The pool's end: blocking sends and receives, like the ZeroMQ DEALER it replaces."""
@@ -120,7 +161,7 @@ class Channel:
     def __init__(self, sock: socket.socket):
         sock.setblocking(True)
         self._sock = sock
-        self._reader = _Reader()
+        self._reader = _Reader(large_in_place=True)
         self._messages: list[list[bytes]] = []
 
     def fileno(self) -> int:
@@ -145,8 +186,9 @@ class Channel:
         self._read(timeout_ms / 1000.0)
         return bool(self._messages)
 
-    def recv_multipart(self) -> list[bytes]:
-        """The next message, waiting for it as long as it takes."""
+    def recv_multipart(self) -> list:
+        """The next message, waiting for it as long as it takes (frames after the first of a
+        large message are read-write ``memoryview`` s of one buffer, else ``bytes``)."""
         while not self._messages:
             self._read(None)
         return self._messages.pop(0)

@@ -68,6 +68,45 @@ def test_a_reply_larger_than_the_socket_buffer_arrives_whole(pair):
     assert received == [[b"header", big]]
 
 
+class _ChunkedStream:
+    """A byte stream served to ``recv_into`` in the chunk sizes a socket might give."""
+
+    def __init__(self, data: bytes, sizes):
+        self.data, self.pos, self.sizes = data, 0, sizes
+
+    def recv_into(self, buf) -> int:
+        n = min(len(buf), next(self.sizes), len(self.data) - self.pos)
+        buf[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+@pytest.mark.parametrize("chunk", [1000, 65536, 1 << 20])
+def test_large_messages_between_small_ones_arrive_whole_and_in_order(chunk):
+    """A large message is received in place (its frames views of one buffer); what follows
+    it in the stream, small or large, is untouched, whatever the chunking."""
+    import itertools
+
+    from boltzlabs_gym.channel import LARGE_MESSAGE_BYTES, _buffers, _Reader
+
+    sent = []
+    for i in range(6):
+        size = LARGE_MESSAGE_BYTES + 12345 * i if i % 2 else 100 + i
+        sent.append([b"h%d" % i, os.urandom(size), b"", os.urandom(7)])
+    stream = b"".join(bytes(b) for m in sent for b in _buffers(m))
+    source = _ChunkedStream(stream, itertools.cycle([chunk, chunk // 3 + 1, 7]))
+    reader, received = _Reader(large_in_place=True), []
+    while source.pos < len(stream):
+        reader.fill(source)
+        while (message := reader.take()) is not None:
+            received.append(message)
+    assert [[bytes(f) for f in m] for m in received] == sent
+    assert all(type(m[0]) is bytes for m in received), "headers stay bytes"
+    if chunk < LARGE_MESSAGE_BYTES:  # else it came whole in one chunk: nothing to gain in place
+        assert type(received[1][1]) is memoryview, "an incomplete large message is received in place"
+    assert type(received[0][1]) is bytes
+
+
 def test_a_request_larger_than_the_socket_buffer_arrives_whole(pair):
     client, worker = pair
     big = os.urandom(16 << 20)
