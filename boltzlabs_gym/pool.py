@@ -520,13 +520,24 @@ class RLPool:
             raise AsyncStateError(f"a call is already in flight ({self._state.value}); wait for it first")
         per_link: list[list] = [[] for _ in self._links]
         frames: list[list] = [[] for _ in self._links]
-        order = []
-        for index, op, payloads in items:
-            li = self._link_of(index)
-            link = self._links[li]
-            per_link[li].append([index - link.start, op, len(payloads)])
-            frames[li].extend(payloads)
-            order.append((li, len(per_link[li]) - 1))
+        if len(self._links) == 1:
+            # One worker (every local pool): results come back in the items' order.
+            order = None
+            n, entries, link_frames = self.n, per_link[0], frames[0]
+            for index, op, payloads in items:
+                if type(index) is not int or not 0 <= index < n:
+                    self._link_of(index)  # raises the error that names the problem
+                entries.append([index, op, len(payloads)])
+                if payloads:
+                    link_frames.extend(payloads)
+        else:
+            order = []
+            for index, op, payloads in items:
+                li = self._link_of(index)
+                link = self._links[li]
+                per_link[li].append([index - link.start, op, len(payloads)])
+                frames[li].extend(payloads)
+                order.append((li, len(per_link[li]) - 1))
         t0 = time.perf_counter()
         seqs = []
         for li, link in enumerate(self._links):
@@ -560,7 +571,10 @@ class RLPool:
             # Whatever happened, this call is over: a late reply will be dropped by its tag.
             self._pending = None
             self._state = _State.IDLE
-        results = [per_link[id(self._links[li])][pos] for li, pos in order]
+        if order is None:
+            results = per_link[id(self._links[0])]
+        else:
+            results = [per_link[id(self._links[li])][pos] for li, pos in order]
         self._record_timing(results, per_worker_ms, t0)
         return results
 

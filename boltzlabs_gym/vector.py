@@ -218,6 +218,13 @@ class BoltzLabsVecEnv(VectorEnv):
         return obs, reward, terminated, truncated, info, reset_obs, reset_info
 
     def _batched_obs(self):
+        if self._obs_leaf is not None:
+            # An array space: row by row into the preallocated batch (what concatenate's np.stack
+            # does, without its per-call Python overhead).
+            out = self._observations
+            for i, obs in enumerate(self._env_obs):
+                out[i] = obs
+            return out.copy() if self.copy else out
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
         return deepcopy(self._observations) if self.copy else self._observations
 
