@@ -209,7 +209,7 @@ class EnvPoolImpl(Impl):
         try:
             import envpool  # noqa: F401
         except Exception as exc:
-            raise Skip(f"envpool not importable ({type(exc).__name__}: {exc}); not installed on purpose") from None
+            raise Skip(f"envpool not importable ({type(exc).__name__}: {exc}); pip install envpool to include it") from None
         if self.workload != "cartpole":
             raise Skip("envpool runs only its own C++ envs; no Python-env workload")
         self.env = envpool.make_gymnasium("CartPole-v1", num_envs=self.n, seed=self.seed)
@@ -229,7 +229,7 @@ class PufferImpl(Impl):
         try:
             import pufferlib.vector  # noqa: F401
         except Exception as exc:
-            raise Skip(f"pufferlib not importable ({type(exc).__name__}: {exc}); not installed on purpose") from None
+            raise Skip(f"pufferlib not importable ({type(exc).__name__}: {exc}); pip install pufferlib to include it") from None
         import pufferlib.emulation
         import pufferlib.vector
 
