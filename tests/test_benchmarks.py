@@ -94,3 +94,19 @@ def test_markdown_tables(smoke):
         if r["status"] == "ok":
             assert r["impl"] in md
     assert "fan-out floor" in md and "/ AsyncVectorEnv" in md and "load average" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_quick_suite_finishes_in_three_minutes(tmp_path):
+    """The quick suite is the one a user runs for a look: every implementation and workload,
+    n = 8 and 32, in under 3 minutes (measured wall clock, start-ups included)."""
+    proc = subprocess.run([sys.executable, RUN, "--suite", "quick", "--out", str(tmp_path), "--no-plots"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "latest.json").read_text())
+    assert result["elapsed_s"] < 180, f"quick suite took {result['elapsed_s']:.0f} s (load {result['loadavg_start']})"
+    ok = [r for r in result["runs"] if r["status"] == "ok"]
+    assert {(r["workload"], r["n"]) for r in ok if r["impl"] == "boltzlabs[process]"} >= {
+        ("cartpole", 8), ("cartpole", 32), ("large_obs", 32), ("counter", 32)}
+    assert {r["workload"] for r in ok} >= {"cartpole", "large_obs", "counter", "code"}
