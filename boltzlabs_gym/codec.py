@@ -318,14 +318,6 @@ class ArrayLeaf:
             return np.frombuffer(payloads[0], dtype=self.dtype).reshape(self.shape).copy()
         return decode(self.space, obj, payloads, copy=True)
 
-    def payload(self, value: Any) -> memoryview | None:
-        """``value`` as a zero-copy payload if it already is a C-contiguous array of the
-        space's dtype and shape (what envs return), else ``None`` (use :func:`encode`)."""
-        if type(value) is np.ndarray and value.dtype == self.dtype and value.shape == self.shape \
-                and value.flags.c_contiguous:
-            return _array_payload(value, zero_copy=True)
-        return None
-
     # A step with an empty info and no autoreset is the hot path of every rollout. Its reply
     # line has one fixed shape, written by the env's gym server and read back by the vector
     # env without a JSON parser; both ends use these two methods, so the shape lives here.

@@ -520,23 +520,14 @@ class RLPool:
             raise AsyncStateError(f"a call is already in flight ({self._state.value}); wait for it first")
         per_link: list[list] = [[] for _ in self._links]
         frames: list[list] = [[] for _ in self._links]
-        if len(self._links) == 1:
-            # One worker (every local pool): results come back in the items' order.
-            order = None
-            n, entries, link_frames = self.n, per_link[0], frames[0]
-            for index, op, payloads in items:
-                if type(index) is not int or not 0 <= index < n:
-                    self._link_of(index)  # raises the error that names the problem
-                entries.append([index, op, len(payloads)])
-                if payloads:
-                    link_frames.extend(payloads)
-        else:
-            order = []
-            for index, op, payloads in items:
-                li = self._link_of(index)
-                link = self._links[li]
-                per_link[li].append([index - link.start, op, len(payloads)])
-                frames[li].extend(payloads)
+        # One worker (every local pool) answers in the items' order: nothing to reorder.
+        order: list | None = [] if len(self._links) > 1 else None
+        for index, op, payloads in items:
+            li = self._link_of(index)
+            link = self._links[li]
+            per_link[li].append([index - link.start, op, len(payloads)])
+            frames[li].extend(payloads)
+            if order is not None:
                 order.append((li, len(per_link[li]) - 1))
         t0 = time.perf_counter()
         seqs = []

@@ -106,6 +106,24 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     return _encode_json(op).encode() + b"\n"
 
 
+def parse_discrete_step(data: bytes) -> tuple[int, bool] | None:
+    """``(action, autoreset)`` of ``data`` when it is exactly one plain Discrete step line as
+    :func:`env_request_line` writes it (a non-negative action), else ``None``.
+
+    >>> parse_discrete_step(b'{"op":"step","action":3,"autoreset":true}\\n')
+    (3, True)
+    >>> parse_discrete_step(b'{"op":"step","action":1}\\n{"op":"close"}\\n') is None
+    True
+    """
+    if len(data) > len(DISCRETE_STEP_HEAD) + 40 or not data.startswith(DISCRETE_STEP_HEAD):
+        return None
+    autoreset = data.endswith(DISCRETE_AUTORESET_TAIL)
+    if not autoreset and not data.endswith(DISCRETE_STEP_TAIL):
+        return None
+    digits = data[len(DISCRETE_STEP_HEAD) : -len(DISCRETE_AUTORESET_TAIL if autoreset else DISCRETE_STEP_TAIL)]
+    return (int(digits), autoreset) if digits.isdigit() else None
+
+
 def parse_json(data: bytes | memoryview) -> Any:
     """Parse untrusted JSON bytes (ValueError on bad JSON, bad UTF-8 or too deep nesting)."""
     try:

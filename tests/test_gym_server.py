@@ -617,3 +617,16 @@ def test_fd_reader_lines_and_payloads_across_reads():
     assert reader.read(10) == b"tail", "fewer bytes at end of stream"
     assert reader.readline(10) == b""
     os.close(r)
+
+
+def test_parse_discrete_step_reads_exactly_what_env_request_line_writes():
+    from boltzlabs_gym.protocol import env_request_line, parse_discrete_step
+
+    for action in (0, 1, 7, 10**18):
+        for autoreset in (False, True):
+            op = {"op": "step", "action": action, **({"autoreset": True} if autoreset else {})}
+            assert parse_discrete_step(env_request_line(op)) == (action, autoreset)
+    for other in (b'{"op":"step","action":-1}\n', b'{"op":"step","action":1}', b'{"op":"step","action":}\n',
+                  b'{"op":"step","action":1,"autoreset":false}\n', b'{"op":"step","action":1}\n{"op":"close"}\n',
+                  b'{"op":"step","action":' + b"9" * 60 + b"}\n", b'{"op":"reset","seed":1}\n', b""):
+        assert parse_discrete_step(other) is None, other

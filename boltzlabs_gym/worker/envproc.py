@@ -157,12 +157,7 @@ class EnvProcess:
         """Write (part of) a request; True when everything went out."""
         if not self._wbuf:
             # The usual case: the pipe has room for the whole request, no buffer needed.
-            try:
-                n = os.write(self.stdin_w, data)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                self._raise_closed(exc)
+            n = self._write_some(data)
             if n == len(data):
                 return True
             data = data[n:]
@@ -184,13 +179,9 @@ class EnvProcess:
         except BlockingIOError:
             return 0
         except OSError as exc:
-            self._raise_closed(exc)
-
-    @staticmethod
-    def _raise_closed(exc: OSError) -> None:
-        if exc.errno in (errno.EPIPE, errno.EBADF):
-            raise EnvFault("the env closed its stdin (it has probably exited)") from None
-        raise exc
+            if exc.errno in (errno.EPIPE, errno.EBADF):
+                raise EnvFault("the env closed its stdin (it has probably exited)") from None
+            raise
 
     @property
     def write_pending(self) -> bool:

@@ -640,12 +640,7 @@ class Worker:
         cfg = session.cfg
         timeout = cfg.step_timeout if name == "step" else cfg.reset_timeout
         kind = name if name in _CALL_KINDS else "other"
-        call = Call(op, frames, timeout, kind=kind, batch=batch, pos=pos, index=env.index)
-        if env.state == "idle" and not env.queue and kind != "hard_reset" \
-                and not (kind == "step" and cfg.serialize_measurement) and not session.closed:
-            self._send_call(session, env, call)  # the usual case: straight out, no queue
-            return
-        env.queue.append(call)
+        env.queue.append(Call(op, frames, timeout, kind=kind, batch=batch, pos=pos, index=env.index))
         if env.state == "dead":
             self._queue_start(session, env, None)
         self._pump(session, env)
