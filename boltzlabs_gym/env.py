@@ -33,6 +33,7 @@ sandbox, possibly by an interpreter that has nothing else installed.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -184,6 +185,21 @@ def _protect_channel_fds() -> tuple[int, int]:
     sys.stdin = open(os.devnull)
     sys.stdout = sys.stderr
     return proto_in, proto_out
+
+
+def freeze_heap() -> None:
+    """Move everything alive now (modules, the env, its simulator) out of the cyclic GC's reach.
+
+    Called once the env is built, before serving: a serving env allocates a few container
+    objects per step, so the collector runs every few dozen steps, and each older-generation
+    collection walks every tracked object of the interpreter (tens of thousands with
+    Gymnasium and NumPy imported), in a process whose caches are cold at every step.
+    Measured on 64 CartPole envs on 2 cores: about 25% less env CPU per step. Cyclic garbage
+    made while setting up is collected first, so nothing collectable is frozen; what the
+    env allocates later is collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _protect_channel() -> tuple[BinaryIO, BinaryIO]:
@@ -379,6 +395,7 @@ def serve(
         "action_space": action_space,
         "metadata": metadata or {},
     }
+    freeze_heap()
     while True:
         try:
             got = read_message(proto_in)

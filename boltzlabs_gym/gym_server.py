@@ -62,8 +62,8 @@ from gymnasium import spaces as gs
 
 from . import env as _envmod
 from .codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
-from .env import (FdReader, FdWriter, ProtocolError, _error_transition, _protect_channel_fds, read_message,
-                  write_all, write_message)
+from .env import (FdReader, FdWriter, ProtocolError, _error_transition, _protect_channel_fds, freeze_heap,
+                  read_message, write_all, write_message)
 from .protocol import parse_discrete_step
 from .spaces import JsonSpace, space_to_json
 
@@ -359,7 +359,9 @@ def serve_env(env_factory: Callable[[], Any]) -> None:
     the env propagates (its traceback goes to stderr, the process exits non-zero).
     """
     proto_in, proto_out = _protect_channel_fds()
-    _serve_loop(GymServer(env_factory()), proto_in, proto_out)
+    server = GymServer(env_factory())
+    freeze_heap()
+    _serve_loop(server, proto_in, proto_out)
 
 
 def serve_factories(env_dir: str | None = None, index: int | None = None) -> None:
@@ -393,7 +395,9 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     if not isinstance(factories, (list, tuple)) or not factories:
         raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
     factory = factories[max(index, 0) % len(factories)]
-    _serve_loop(GymServer(factory()), proto_in, proto_out)
+    server = GymServer(factory())
+    freeze_heap()
+    _serve_loop(server, proto_in, proto_out)
 
 
 def _warm_up(factories: Any) -> None:

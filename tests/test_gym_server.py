@@ -630,3 +630,71 @@ def test_parse_discrete_step_reads_exactly_what_env_request_line_writes():
                   b'{"op":"step","action":1,"autoreset":false}\n', b'{"op":"step","action":1}\n{"op":"close"}\n',
                   b'{"op":"step","action":' + b"9" * 60 + b"}\n", b'{"op":"reset","seed":1}\n', b""):
         assert parse_discrete_step(other) is None, other
+
+
+# --------------------------------------------------------------------------- the env's heap
+
+
+class _Cycle:
+    """A reference cycle whose collection is counted (only the cyclic GC can free it)."""
+
+    collected = 0
+
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        _Cycle.collected += 1
+
+
+class GcProbeEnv(gym.Env):
+    """Makes one garbage reference cycle per step and reports on the interpreter's GC."""
+
+    observation_space = gs.Box(-1, 1, (2,), np.float32)
+    action_space = gs.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        _Cycle()
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+    def gc_state(self):
+        import gc
+
+        return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "collected": _Cycle.collected}
+
+
+def test_gym_server_freezes_the_heap_it_was_built_with_and_still_collects_new_garbage(tmp_path):
+    server = Server(tmp_path, [GcProbeEnv], -1)
+    try:
+        state = server.rpc({"op": "call", "name": "gc_state"})[0]["value"]
+        # Gymnasium, NumPy and the env itself: tens of thousands of objects the collector
+        # would otherwise walk again and again while the env steps.
+        assert state["enabled"] and state["frozen"] > 10_000, state
+        server.rpc({"op": "reset", "seed": 0})
+        for _ in range(3000):
+            reply, _ = server.rpc({"op": "step", "action": 1})  # the Discrete hot path
+            assert reply["reward"] == 1.0
+        state = server.rpc({"op": "call", "name": "gc_state"})[0]["value"]
+        assert state["collected"] > 2000, state  # the cycles made while serving are still collected
+    finally:
+        server.stop()
+
+
+def test_json_env_server_freezes_its_heap_before_serving(tmp_path):
+    (tmp_path / "env.py").write_text(
+        "import gc\n"
+        "from boltzlabs_gym.env import serve\n"
+        "serve(reset=lambda seed: gc.get_freeze_count(), step=lambda a: (gc.get_freeze_count(), 0.0, False, {}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "env.py"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        write_message(proc.stdin, {"op": "reset", "seed": 0})
+        reply, _ = read_message(proc.stdout)
+        assert reply["obs"] > 1000, reply
+    finally:
+        proc.kill()
+        proc.wait()
