@@ -35,6 +35,7 @@ POOL_OPTIONS = (
     "limits",
     "serialize_measurement",
     "env_vars",
+    "busy_poll_us",
 )
 
 

@@ -45,7 +45,7 @@ from .errors import (
     WorkerError,
     WorkerTimeout,
 )
-from .protocol import ERROR, OK, STRAGGLER, decode_header, encode_header, jsonable, parse_json
+from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, decode_header, encode_header, jsonable, parse_json
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
 
@@ -193,6 +193,10 @@ class RLPool:
         serialize_measurement: run one env step at a time per worker host (for rewards
             that are timings); resets stay concurrent.
         env_vars: extra environment variables for every env process.
+        busy_poll_us: microseconds a local pool's worker keeps polling, awake, for the next
+            request after answering one, when the previous one came at least that fast (it
+            saves a wake-up per batch: 30-60 us in a VM); 0 always sleeps. Remote workers
+            always sleep.
     """
 
     def __init__(
@@ -214,6 +218,7 @@ class RLPool:
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 10.0,
         lease: float = 600.0,
+        busy_poll_us: float = DEFAULT_BUSY_POLL_US,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -222,12 +227,15 @@ class RLPool:
         for name, value in (("step_timeout", step_timeout), ("reset_timeout", reset_timeout), ("start_timeout", start_timeout)):
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(busy_poll_us, (int, float)) or not 0 <= busy_poll_us <= 1e6:
+            raise ValueError(f"busy_poll_us must be a number of microseconds in [0, 1e6], got {busy_poll_us!r}")
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
         if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
             raise ValueError(f"split must give one count per worker and sum to n={n}, got {split!r}")
         self.n = n
         self.heartbeat_interval = float(heartbeat_interval)
+        self.busy_poll_us = float(busy_poll_us)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self._keys = None
         if keys is not None:
@@ -318,7 +326,7 @@ class RLPool:
                 [
                     sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
                     "--parent-pid", str(os.getpid()), "--remove-on-exit", self._tmpdir,
-                    "--local-fd", str(theirs.fileno()),
+                    "--local-fd", str(theirs.fileno()), "--local-spin-us", repr(self.busy_poll_us),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

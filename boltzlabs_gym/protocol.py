@@ -41,6 +41,10 @@ MAX_ENV_LINE_BYTES = 16 << 20
 #: Largest total of binary payloads one env reply may announce.
 MAX_ENV_PAYLOAD_BYTES = 256 << 20
 
+#: How long a local pool's worker busy-polls for the next request after answering one
+#: (``RLPool(busy_poll_us=...)``, worker ``--local-spin-us``); see Worker._local_replied.
+DEFAULT_BUSY_POLL_US = 300.0
+
 #: Ops the worker understands.
 WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status")
 #: Per-env ops the worker handles itself rather than forwarding to the env.
