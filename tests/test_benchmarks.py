@@ -110,3 +110,25 @@ def test_quick_suite_finishes_in_three_minutes(tmp_path):
     assert {(r["workload"], r["n"]) for r in ok if r["impl"] == "boltzlabs[process]"} >= {
         ("cartpole", 8), ("cartpole", 32), ("large_obs", 32), ("counter", 32)}
     assert {r["workload"] for r in ok} >= {"cartpole", "large_obs", "counter", "code"}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env", ["cartpole", "large_obs"])
+def test_paired_benchmark_reports_every_implementation_against_async(env):
+    impls = ["async", "default", "process@0"]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "paired.py"), "--env", env, "--sizes", "2",
+         "--rounds", "3", "--block", "4", "--impls", ",".join(impls)],
+        cwd=ROOT, capture_output=True, text=True, timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith(f"| {env} |")]
+    assert [r[2] for r in rows] == impls, proc.stdout
+    for _, n, impl, steps, ratio in rows:
+        assert int(n) == 2 and float(steps.replace(",", "")) > 0
+        median, spread = ratio.split(" ", 1)
+        assert float(median) > 0 and spread.startswith("(") and spread.endswith(")")
+        if impl == "async":
+            assert float(median) == 1.0  # the reference against itself, every round
+    assert "started process@0 n=2" in proc.stderr
