@@ -10,7 +10,8 @@ import signal
 import sys
 
 from ..protocol import DEFAULT_BUSY_POLL_US
-from .server import Worker, set_parent_death_signal, set_subreaper
+from .host import set_parent_death_signal, set_subreaper
+from .server import Worker
 
 
 def _local_channel(fd: int | None):

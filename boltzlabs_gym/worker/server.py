@@ -25,7 +25,6 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
@@ -46,7 +45,9 @@ from ..protocol import (
 from . import memory
 from .deadlines import Deadlines
 from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
-from .sandbox import LaunchSpec, Limits, SandboxUnavailable, select_backend
+from .host import drain_fd, make_tree_readable, sweep_stale_workers, wipe_tree
+from .sandbox import LaunchSpec, SandboxUnavailable, select_backend
+from .session import Batch, Session, SessionConfig, SessionExpired
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
@@ -77,56 +78,6 @@ def _runtime_packages() -> dict[str, str]:
     }
 
 
-@dataclass
-class SessionConfig:
-    n: int
-    isolation: str = "auto"
-    mode: str = "default"
-    limits: Limits = field(default_factory=Limits)
-    step_timeout: float = 30.0
-    reset_timeout: float = 60.0
-    start_timeout: float = 60.0
-    serialize_measurement: bool = False
-    index_offset: int = 0
-    env_vars: dict = field(default_factory=dict)
-    #: Seconds without any request from the client before its envs are reclaimed.
-    lease_s: float = 600.0
-
-    @classmethod
-    def from_header(cls, h: dict) -> "SessionConfig":
-        n = h.get("n")
-        if type(n) is not int or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
-        env_vars = h.get("env_vars") or {}
-        if not isinstance(env_vars, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env_vars.items()
-        ):
-            raise ValueError("env_vars must map identifier names to strings")
-        timeouts = {}
-        for key in ("step_timeout", "reset_timeout", "start_timeout", "lease_s"):
-            value = h.get(key, getattr(cls, key))
-            if not isinstance(value, (int, float)) or not 0 < value <= 86400:
-                raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
-            timeouts[key] = float(value)
-        mode = h.get("mode", "default")
-        if mode not in ("default", "boltz"):
-            raise ValueError(f"mode must be 'default' or 'boltz', got {mode!r}")
-        return cls(
-            n=n,
-            mode=mode,
-            isolation=str(h.get("isolation", "auto")),
-            limits=Limits.from_json(h.get("limits")),
-            serialize_measurement=bool(h.get("serialize_measurement", False)),
-            index_offset=int(h.get("index_offset", 0)),
-            env_vars=env_vars,
-            **timeouts,
-        )
-
-
-class SessionExpired(Exception):
-    """A request named a session the worker reclaimed when its lease ran out."""
-
-
 def is_local_endpoint(endpoint: str) -> bool:
     """ipc://, inproc:// and tcp on a loopback address are reachable from this host only."""
     if endpoint.startswith(("ipc://", "inproc://")):
@@ -139,50 +90,6 @@ def is_local_endpoint(endpoint: str) -> bool:
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
-
-
-class Batch:
-    """Collects one result per item of a client request; replies when complete."""
-
-    def __init__(self, worker: "Worker", client: bytes, seq, size: int):
-        self.worker = worker
-        self.client = client
-        self.seq = seq
-        self.results: list = [None] * size
-        self.remaining = size
-        self.t0 = time.perf_counter()
-
-    def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
-        if self.results[pos] is not None:
-            return
-        self.results[pos] = (index, status, reply, payloads)
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.worker.send_batch_reply(self)
-
-
-class Session:
-    """One client's pool of envs on this worker."""
-
-    def __init__(self, sid: str, client: bytes, env_dir: str, root: str, cfg: SessionConfig, backend):
-        self.sid = sid
-        self.client = client
-        self.env_dir = env_dir
-        self.root = root
-        self.cfg = cfg
-        self.backend = backend
-        self.envs = [
-            EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)
-        ]
-        for env in self.envs:
-            env.session = self
-        self.started = 0
-        self.create_seq = None
-        self.closed = False
-        self.last_seen = time.monotonic()
-        self.owner_key: str | None = None
-        self.progress_sent = 0.0
-        self.token = secrets.token_hex(16)
 
 
 class Worker:
@@ -212,7 +119,7 @@ class Worker:
         self.parent_pid = parent_pid
         self.max_starting = max_starting
         self.archive_limits = archive_limits
-        _sweep_stale_workers(workdir)
+        sweep_stale_workers(workdir)
         self.root = tempfile.mkdtemp(prefix="boltzlabs-worker-", dir=workdir)
         with open(os.path.join(self.root, "owner.pid"), "w") as f:
             f.write(str(os.getpid()))
@@ -304,7 +211,7 @@ class Worker:
                         self._on_local_event(ev)
                         continue
                     if fd == self._wake_r:
-                        _drain_fd(fd)
+                        drain_fd(fd)
                         continue
                     owner = self._fd_owner.get(fd)
                     if owner is not None:
@@ -544,7 +451,7 @@ class Worker:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             os.rename(tmp, dest)
-            _make_tree_readable(dest)
+            make_tree_readable(dest)
             self.archives[digest] = dest
         return {"ok": True}
 
@@ -1054,7 +961,7 @@ class Worker:
         try:
             from .sandbox.base import wipe_workspace
         except ImportError:
-            wipe_workspace = _wipe_tree
+            wipe_workspace = wipe_tree
         try:
             wipe_workspace(path)
         except Exception:  # noqa: BLE001
@@ -1101,7 +1008,7 @@ class Worker:
                 log.exception("closing the env launcher of session %s", session.sid)
         shutil.rmtree(session.root, ignore_errors=True)
         if os.path.exists(session.root):
-            _wipe_tree(session.root)
+            wipe_tree(session.root)
         self.sessions.pop(session.sid, None)
 
     def shutdown(self) -> None:
@@ -1129,35 +1036,6 @@ class Worker:
                     pass
 
 
-def _sweep_stale_workers(workdir: str | None) -> None:
-    """Remove what workers that died without cleaning up (SIGKILL) left behind.
-
-    Their env processes died with them (pid-namespace inits are killed with their
-    parent); their temp dirs and cgroups stay unless the next worker sweeps them.
-    """
-    import glob
-
-    for path in glob.glob(os.path.join(workdir or tempfile.gettempdir(), "boltzlabs-worker-*")):
-        try:
-            with open(os.path.join(path, "owner.pid")) as f:
-                owner = int(f.read().strip())
-            os.kill(owner, 0)
-            continue  # its worker is alive
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError):
-            continue  # not ours to judge (no pid file yet, or another user's)
-        log.info("removing %s, left by dead worker %s", path, owner)
-        _wipe_tree(path)
-        shutil.rmtree(path, ignore_errors=True)
-    try:
-        from .sandbox.cgroups import sweep_stale
-
-        sweep_stale()
-    except Exception:  # noqa: BLE001 - best effort: no cgroups here, or not ours to remove
-        log.debug("cgroup sweep failed", exc_info=True)
-
-
 #: How long the worker waits for an env whose pipe closed to exit by itself.
 EXIT_GRACE_S = 0.5
 
@@ -1167,67 +1045,3 @@ def _oom_killed(env: EnvProcess) -> bool:
         return env.launched is not None and bool(env.launched.oom_killed())
     except Exception:  # noqa: BLE001 - a missing cgroup file is not a verdict
         return False
-
-
-def _drain_fd(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except OSError:
-        pass
-
-
-def _make_tree_readable(path: str) -> None:
-    """Unpacked archives are shared read-only by every env (which may run as another uid)."""
-    for dirpath, dirnames, filenames in os.walk(path):
-        os.chmod(dirpath, 0o755)
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            if not os.path.islink(full):
-                os.chmod(full, os.stat(full).st_mode | 0o444)
-    os.chmod(path, 0o755)
-
-
-def _wipe_tree(path: str) -> None:
-    """Empty ``path``, whatever permissions its contents were given."""
-
-    def fix(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-        except OSError:
-            pass
-        func(p)
-
-    if not os.path.isdir(path):
-        os.makedirs(path, exist_ok=True)
-        return
-    os.chmod(path, 0o700)
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isdir(full) and not os.path.islink(full):
-            os.chmod(full, 0o700)
-            shutil.rmtree(full, onerror=fix)
-        else:
-            os.unlink(full)
-
-
-def set_subreaper() -> None:
-    """Adopt orphaned env processes so none is left unreaped (Linux only)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except Exception:  # noqa: BLE001 - best effort
-        pass
-
-
-def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001
-        pass

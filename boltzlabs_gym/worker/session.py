@@ -1,0 +1,109 @@
+"""A client's pool of envs on one worker, its configuration, and the batch one request collects."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .envproc import EnvProcess
+from .sandbox import Limits
+
+if TYPE_CHECKING:
+    from .server import Worker
+
+
+@dataclass
+class SessionConfig:
+    n: int
+    isolation: str = "auto"
+    mode: str = "default"
+    limits: Limits = field(default_factory=Limits)
+    step_timeout: float = 30.0
+    reset_timeout: float = 60.0
+    start_timeout: float = 60.0
+    serialize_measurement: bool = False
+    index_offset: int = 0
+    env_vars: dict = field(default_factory=dict)
+    #: Seconds without any request from the client before its envs are reclaimed.
+    lease_s: float = 600.0
+
+    @classmethod
+    def from_header(cls, h: dict) -> "SessionConfig":
+        n = h.get("n")
+        if type(n) is not int or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        env_vars = h.get("env_vars") or {}
+        if not isinstance(env_vars, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env_vars.items()
+        ):
+            raise ValueError("env_vars must map identifier names to strings")
+        timeouts = {}
+        for key in ("step_timeout", "reset_timeout", "start_timeout", "lease_s"):
+            value = h.get(key, getattr(cls, key))
+            if not isinstance(value, (int, float)) or not 0 < value <= 86400:
+                raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
+            timeouts[key] = float(value)
+        mode = h.get("mode", "default")
+        if mode not in ("default", "boltz"):
+            raise ValueError(f"mode must be 'default' or 'boltz', got {mode!r}")
+        return cls(
+            n=n,
+            mode=mode,
+            isolation=str(h.get("isolation", "auto")),
+            limits=Limits.from_json(h.get("limits")),
+            serialize_measurement=bool(h.get("serialize_measurement", False)),
+            index_offset=int(h.get("index_offset", 0)),
+            env_vars=env_vars,
+            **timeouts,
+        )
+
+
+class SessionExpired(Exception):
+    """A request named a session the worker reclaimed when its lease ran out."""
+
+
+class Batch:
+    """Collects one result per item of a client request; replies when complete."""
+
+    def __init__(self, worker: Worker, client: bytes, seq, size: int):
+        self.worker = worker
+        self.client = client
+        self.seq = seq
+        self.results: list = [None] * size
+        self.remaining = size
+        self.t0 = time.perf_counter()
+
+    def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
+        if self.results[pos] is not None:
+            return
+        self.results[pos] = (index, status, reply, payloads)
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.worker.send_batch_reply(self)
+
+
+class Session:
+    """One client's pool of envs on this worker."""
+
+    def __init__(self, sid: str, client: bytes, env_dir: str, root: str, cfg: SessionConfig, backend):
+        self.sid = sid
+        self.client = client
+        self.env_dir = env_dir
+        self.root = root
+        self.cfg = cfg
+        self.backend = backend
+        self.envs = [
+            EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)
+        ]
+        for env in self.envs:
+            env.session = self
+        self.started = 0
+        self.create_seq = None
+        self.closed = False
+        self.last_seen = time.monotonic()
+        self.owner_key: str | None = None
+        self.progress_sent = 0.0
+        self.token = secrets.token_hex(16)
