@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from .factories import make_env
 from .vector import BoltzLabsVecEnv
 
 __all__ = ["make_vec", "register_envs", "vector_entry_point"]
@@ -42,14 +43,6 @@ POOL_OPTIONS = (
 def _split_pool_options(kwargs: dict) -> tuple[dict, dict]:
     pool = {k: kwargs.pop(k) for k in POOL_OPTIONS if k in kwargs}
     return pool, kwargs
-
-
-def _make_one(env_id: str | Callable, env_kwargs: dict, wrappers: Sequence[Callable] | None) -> gym.Env:
-    """Runs inside the sandbox: build one env and apply the user's wrappers."""
-    env = env_id(**env_kwargs) if callable(env_id) else gym.make(env_id, **env_kwargs)
-    for wrapper in wrappers or ():
-        env = wrapper(env)
-    return env
 
 
 def make_vec(
@@ -90,7 +83,7 @@ def make_vec(
         gym.spec(env_id)  # fail here, with Gymnasium's message, not inside every sandbox
     elif not callable(env_id):
         raise TypeError(f"env_id must be a Gymnasium id, an env directory or a callable, got {type(env_id).__name__}")
-    factory = functools.partial(_make_one, env_id, env_kwargs, list(wrappers or ()))
+    factory = functools.partial(make_env, env_id, env_kwargs, list(wrappers or ()))
     return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options)
 
 
@@ -100,7 +93,7 @@ def vector_entry_point(env_id: str, num_envs: int = 1, max_episode_steps: int | 
     autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
     if max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = max_episode_steps
-    factory = functools.partial(_make_one, env_id, env_kwargs, [])
+    factory = functools.partial(make_env, env_id, env_kwargs, [])
     return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **pool_options)
 
 

@@ -55,6 +55,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 from gymnasium.vector import AutoresetMode
 
 from . import codec
+from .factories import SB3EnvFactory
 from .pool import OK
 
 if TYPE_CHECKING:
@@ -325,31 +326,12 @@ def make_sb3_vec_env(
 
     if type(n_envs) is not int or n_envs < 1:
         raise ValueError(f"n_envs must be a positive int, got {n_envs!r}")
-    fns = [_EnvFactory(env_id_or_factory, dict(env_kwargs or {}), wrapper_class, monitor) for _ in range(n_envs)]
+    fns = [SB3EnvFactory(env_id_or_factory, dict(env_kwargs or {}), wrapper_class, monitor) for _ in range(n_envs)]
     venv = BoltzLabsVecEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, **pool_kwargs)
     env = BoltzLabsSB3VecEnv(venv)
     if seed is not None:
         env.seed(seed)
     return env
-
-
-class _EnvFactory:
-    """Picklable env factory; runs inside the sandbox."""
-
-    def __init__(self, env_id: Any, env_kwargs: dict, wrapper_class: Callable | None, monitor: bool):
-        self.env_id, self.env_kwargs, self.wrapper_class, self.monitor = env_id, env_kwargs, wrapper_class, monitor
-
-    def __call__(self):
-        import gymnasium as gym
-
-        env = self.env_id(**self.env_kwargs) if callable(self.env_id) else gym.make(self.env_id, **self.env_kwargs)
-        if self.monitor:
-            from stable_baselines3.common.monitor import Monitor
-
-            env = Monitor(env)
-        if self.wrapper_class is not None:
-            env = self.wrapper_class(env)
-        return env
 
 
 # ---------------------------------------------------------------------- helpers
