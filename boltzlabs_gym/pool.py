@@ -197,6 +197,14 @@ class RLPool:
             request after answering one, when the previous one came at least that fast (it
             saves a wake-up per batch: 30-60 us in a VM); 0 always sleeps. Remote workers
             always sleep.
+        env_aslr: give every env interpreter a randomized address-space layout. Off by
+            default: envs then share one layout, as forked envs (boltz mode,
+            AsyncVectorEnv, SubprocVecEnv) always do, and the CPU's branch predictors
+            and caches carry over from env to env (about 30% less CPU per CartPole step
+            with 64 fresh interpreters on a 2-vCPU VM). Inside a sandbox that runs
+            untrusted code anyway the randomization guards nothing outside it; the
+            worker and the trainer keep theirs. In boltz mode it applies to the template,
+            whose layout every forked env shares.
     """
 
     def __init__(
@@ -219,6 +227,7 @@ class RLPool:
         heartbeat_timeout: float = 10.0,
         lease: float = 600.0,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
+        env_aslr: bool = False,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -229,6 +238,8 @@ class RLPool:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(busy_poll_us, (int, float)) or not 0 <= busy_poll_us <= 1e6:
             raise ValueError(f"busy_poll_us must be a number of microseconds in [0, 1e6], got {busy_poll_us!r}")
+        if not isinstance(env_aslr, bool):
+            raise ValueError(f"env_aslr must be True or False, got {env_aslr!r}")
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
         if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
@@ -244,6 +255,7 @@ class RLPool:
             self._keys = load_client_keys(os.fspath(keys))
         self.env_dir = os.fspath(env_dir)
         self.mode = mode
+        self.env_aslr = env_aslr
         self.step_timeout = float(step_timeout)
         self.reset_timeout = float(reset_timeout)
         self.start_timeout = float(start_timeout)
@@ -280,6 +292,7 @@ class RLPool:
                     "start_timeout": self.start_timeout,
                     "serialize_measurement": bool(serialize_measurement),
                     "env_vars": dict(env_vars or {}),
+                    "env_aslr": env_aslr,
                     # A local worker dies with this process; only remote ones need a lease.
                     "lease_s": float(lease) if workers else 86400.0,
                 },

@@ -811,6 +811,7 @@ class Worker:
             limits=session.cfg.limits,
             ro_binds={},
             index=env.global_index,
+            aslr=session.cfg.env_aslr,
             **({"runtime": self.runtime} if "runtime" in LaunchSpec.__dataclass_fields__ else {}),
         )
 

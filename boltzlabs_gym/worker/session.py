@@ -29,6 +29,8 @@ class SessionConfig:
     env_vars: dict = field(default_factory=dict)
     #: Seconds without any request from the client before its envs are reclaimed.
     lease_s: float = 600.0
+    #: Whether env interpreters (boltz: the template) get a randomized address-space layout.
+    env_aslr: bool = False
 
     @classmethod
     def from_header(cls, h: dict) -> "SessionConfig":
@@ -46,6 +48,9 @@ class SessionConfig:
             if not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise ValueError(f"{key} must be a number of seconds in (0, 86400], got {value!r}")
             timeouts[key] = float(value)
+        env_aslr = h.get("env_aslr", False)
+        if not isinstance(env_aslr, bool):
+            raise ValueError(f"env_aslr must be true or false, got {env_aslr!r}")
         mode = h.get("mode", "default")
         if mode not in ("default", "boltz"):
             raise ValueError(f"mode must be 'default' or 'boltz', got {mode!r}")
@@ -57,6 +62,7 @@ class SessionConfig:
             serialize_measurement=bool(h.get("serialize_measurement", False)),
             index_offset=int(h.get("index_offset", 0)),
             env_vars=env_vars,
+            env_aslr=env_aslr,
             **timeouts,
         )
 

@@ -119,6 +119,7 @@ from .sandbox.base import (
     apply_rlimits,
     child_environment,
     kill_process_group,
+    set_layout_randomization,
 )
 
 log = logging.getLogger("boltzlabs_gym.worker.template")
@@ -378,6 +379,7 @@ class TemplateLauncher:
             apply_rlimits(tspec.limits, memory_via_rlimit=True, pids_via_rlimit=True)
             os.chdir(tspec.workspace)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            set_layout_randomization(tspec.aslr)
             os.execve(tspec.argv[0], tspec.argv, env)
 
         from .sandbox.namespaces import LAUNCHER
@@ -819,6 +821,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         else:
             L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        set_layout_randomization(plan.aslr)
         os.execve(plan.argv[0], plan.argv, plan.env)
     except BaseException as exc:  # noqa: BLE001 - never return into the worker
         try:

@@ -37,6 +37,7 @@ from .base import (
     probe_launch,
     child_environment,
     env_uid,
+    set_layout_randomization,
     wire_std_fds,
 )
 from .namespaces import HOSTNAME, LAUNCHER, _python_paths
@@ -238,6 +239,7 @@ class BwrapBackend:
             # After closing the worker's fds: with them open, RLIMIT_NOFILE would be exceeded.
             apply_rlimits(spec.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            set_layout_randomization(spec.aslr)  # kept through bwrap's own exec (unless it is setuid)
             os.execve(bwrap, args, env)
 
         def fork() -> tuple[int, str | None]:

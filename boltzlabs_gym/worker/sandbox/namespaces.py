@@ -64,6 +64,7 @@ from .base import (
     probe_launch,
     child_environment,
     env_uid,
+    set_layout_randomization,
     wire_std_fds,
 )
 
@@ -143,6 +144,8 @@ class SandboxPlan:
     extra_mkdirs: list[str] = field(default_factory=list)
     #: mount options of the sandbox's /proc (the boltz template mounts it ``hidepid=invisible``)
     proc_data: str | None = None
+    #: randomize the exec'd program's address-space layout (``LaunchSpec.aslr``)
+    aslr: bool = True
 
 
 def _python_paths(argv0: str | None) -> list[str]:
@@ -330,6 +333,7 @@ def _exec(plan: SandboxPlan, status_fd: int | None) -> None:
     else:
         os.closerange(3, top)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    set_layout_randomization(plan.aslr)
     os.execve(plan.argv[0], plan.argv, plan.env)
 
 
@@ -646,7 +650,7 @@ class NamespaceBackend:
             outer_uid=os.getuid(), outer_gid=os.getgid(), limits=spec.limits, env=env, argv=list(spec.argv),
             fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd), cgroup=cg, seccomp_prog=st["seccomp"],
             cap_last=st["cap_last"], sched=sched, worker_pid=os.getpid(),
-            extra_mkdirs=[SANDBOX_RUNTIME],
+            extra_mkdirs=[SANDBOX_RUNTIME], aslr=spec.aslr,
         )
 
     def launch(self, spec: LaunchSpec) -> Launched:
