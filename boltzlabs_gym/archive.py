@@ -16,8 +16,11 @@ import hashlib
 import io
 import os
 import posixpath
+import shutil
 import stat
 import tarfile
+import tempfile
+import zlib
 from dataclasses import dataclass
 
 from .errors import ArchiveError
@@ -120,17 +123,123 @@ def _check_member(member: tarfile.TarInfo) -> str:
     return norm
 
 
-def _read_bounded(data: bytes, limits: ArchiveLimits) -> bytes:
-    if len(data) > limits.max_packed_bytes:
-        raise ArchiveError(f"archive is {len(data)} bytes, over the worker's limit of {limits.max_packed_bytes}")
+#: Most bytes of tar headers (ustar blocks, PAX records, GNU long names) one archive may hold.
+MAX_HEADER_BYTES = 16 << 20
+#: Member data is copied out in reads of this size; a header read may not be larger.
+_COPY_CHUNK = 1 << 20
+
+
+class _GunzippedTar:
+    """A forward-only file over the decompressed bytes of a gzip stream, for ``tarfile``.
+
+    Nothing is decompressed ahead of what tarfile asks for, and every byte counts against
+    the unpacked limit. Bytes read outside member data also count against
+    :data:`MAX_HEADER_BYTES`, and no single header read may exceed :data:`_COPY_CHUNK`:
+    tarfile reads a PAX header or a GNU long name in one read of whatever size the
+    header declares, and keeps it with the member, so without these bounds a few KiB of
+    gzip could make the worker hold hundreds of MiB.
+    """
+
+    def __init__(self, data: bytes, limits: ArchiveLimits):
+        self._gz = gzip.GzipFile(fileobj=io.BytesIO(data))
+        self._limit = limits.max_unpacked_bytes + MAX_HEADER_BYTES
+        self._max_unpacked = limits.max_unpacked_bytes
+        self._pos = 0
+        self._header_bytes = 0
+        #: True while member data is being copied out (see :func:`_copy_member`).
+        self.in_data = False
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or (not self.in_data and size > _COPY_CHUNK):
+            raise ArchiveError(f"archive holds a tar header of {size} bytes; headers over {_COPY_CHUNK} are refused")
+        if self._pos + size > self._limit:
+            size = self._limit - self._pos + 1  # read one byte past the limit to tell
+        try:
+            chunk = self._gz.read(size)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ArchiveError(f"archive is not a valid gzip stream: {exc}") from None
+        self._pos += len(chunk)
+        if self._pos > self._limit:
+            raise ArchiveError(f"archive unpacks to more than {self._max_unpacked} bytes (the worker's limit)")
+        if not self.in_data:
+            self._header_bytes += len(chunk)
+            if self._header_bytes > MAX_HEADER_BYTES:
+                raise ArchiveError(f"archive holds more than {MAX_HEADER_BYTES} bytes of tar headers")
+        return chunk
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Forward only: skipping the padding after a member, or data tarfile did not read."""
+        if whence == io.SEEK_CUR:
+            offset += self._pos
+        elif whence != io.SEEK_SET:
+            raise ArchiveError("archive stream cannot seek from its end")
+        if offset < self._pos:
+            raise ArchiveError("archive stream cannot seek backwards (is it a valid tar?)")
+        while self._pos < offset:
+            if not self.read(min(offset - self._pos, _COPY_CHUNK)):
+                break
+        return self._pos
+
+
+def _safe_target(root: str, norm: str, name: str) -> str:
+    """Where entry ``norm`` goes under ``root``, its parent made; refused through a symlink."""
+    target = os.path.join(root, norm)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    real_root = os.path.realpath(root)
+    real_parent = os.path.realpath(parent)
+    if os.path.islink(parent) or not (real_parent == real_root or real_parent.startswith(real_root + os.sep)):
+        raise ArchiveError(f"archive entry {name!r} would be written through a symlink")
+    return target
+
+
+def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, stream: _GunzippedTar, target: str) -> None:
+    src = tar.extractfile(member)
+    stream.in_data = True
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
-            raw = gz.read(limits.max_unpacked_bytes + (1 << 20) + 1)
-    except (OSError, EOFError) as exc:
-        raise ArchiveError(f"archive is not a valid gzip stream: {exc}") from None
-    if len(raw) > limits.max_unpacked_bytes + (1 << 20):
-        raise ArchiveError(f"archive unpacks to more than {limits.max_unpacked_bytes} bytes (the worker's limit)")
-    return raw
+        with open(target, "wb") as out:
+            while chunk := src.read(_COPY_CHUNK):
+                out.write(chunk)
+    finally:
+        stream.in_data = False
+    os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+
+
+def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
+    """Stream the archive into ``root``, checking each entry before it is written."""
+    stream = _GunzippedTar(data, limits)
+    try:
+        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
+    except tarfile.TarError as exc:
+        raise ArchiveError(f"archive is not a valid tar: {exc}") from None
+    count = total = 0
+    while True:
+        try:
+            member = tar.next()
+        except tarfile.TarError as exc:
+            raise ArchiveError(f"archive is not a valid tar: {exc}") from None
+        if member is None:
+            return
+        tar.members.clear()  # entries are handled one at a time; keep none of them
+        count += 1
+        if count > limits.max_files:
+            raise ArchiveError(f"archive has {count} entries or more, over the worker's limit of {limits.max_files}")
+        norm = _check_member(member)
+        total += max(member.size, 0)
+        if total > limits.max_unpacked_bytes:
+            raise ArchiveError(f"archive unpacks to more than {limits.max_unpacked_bytes} bytes")
+        if norm == ".":
+            continue
+        target = _safe_target(root, norm, member.name)
+        if member.isdir():
+            os.makedirs(target, exist_ok=True)
+        elif member.issym():
+            os.symlink(member.linkname, target)
+        else:
+            _copy_member(tar, member, stream, target)
 
 
 def unpack_archive(
@@ -144,42 +253,38 @@ def unpack_archive(
 
     Refused (:class:`ArchiveError`): a hash mismatch, absolute paths, ``..``,
     symlinks leaving the tree, hard links, special files, more than
-    ``limits.max_files`` entries or more than ``limits.max_unpacked_bytes`` bytes.
-    Nothing is written unless the whole archive passes.
+    ``limits.max_files`` entries or more than ``limits.max_unpacked_bytes`` bytes,
+    oversized tar headers. The archive is decompressed as it is read (memory stays
+    small whatever it unpacks to) into a sibling staging directory that becomes ``dest``
+    only if the whole archive passes: nothing appears at ``dest`` otherwise.
     """
+    if len(data) > limits.max_packed_bytes:
+        raise ArchiveError(f"archive is {len(data)} bytes, over the worker's limit of {limits.max_packed_bytes}")
     if expected_hash is not None and archive_hash(data) != expected_hash:
         raise ArchiveError("archive content does not match its announced hash")
-    raw = _read_bounded(data, limits)
+    dest = os.path.abspath(dest)
+    if os.path.isdir(dest) and os.listdir(dest):
+        raise ArchiveError(f"cannot unpack into {dest!r}: the directory is not empty")
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.", suffix=".unpacking", dir=parent)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
-        members = tar.getmembers()
-    except tarfile.TarError as exc:
-        raise ArchiveError(f"archive is not a valid tar: {exc}") from None
-    if len(members) > limits.max_files:
-        raise ArchiveError(f"archive has {len(members)} entries, over the worker's limit of {limits.max_files}")
-    total = 0
-    checked = []
-    for member in members:
-        norm = _check_member(member)
-        total += max(member.size, 0)
-        if total > limits.max_unpacked_bytes:
-            raise ArchiveError(f"archive unpacks to more than {limits.max_unpacked_bytes} bytes")
-        checked.append((norm, member))
-    os.makedirs(dest, exist_ok=True)
-    for norm, member in checked:
-        if norm == ".":
-            continue
-        target = os.path.join(dest, norm)
-        parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        if os.path.islink(parent) or not os.path.realpath(parent).startswith(os.path.realpath(dest)):
-            raise ArchiveError(f"archive entry {member.name!r} would be written through a symlink")
-        if member.isdir():
-            os.makedirs(target, exist_ok=True)
-        elif member.issym():
-            os.symlink(member.linkname, target)
-        else:
-            src = tar.extractfile(member)
-            with open(target, "wb") as out:
-                out.write(src.read())
-            os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+        _unpack_checked(data, staging, limits)
+        if os.path.isdir(dest):
+            os.rmdir(dest)
+        os.rename(staging, dest)
+    except BaseException:
+        wipe_staging(staging)
+        raise
+
+
+def wipe_staging(path: str) -> None:
+    """Remove a staging tree, whatever modes its entries were unpacked with."""
+    def fix(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)

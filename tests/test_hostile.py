@@ -17,6 +17,7 @@ import sys
 import tarfile
 import textwrap
 import time
+import tracemalloc
 import uuid
 import zlib
 
@@ -142,7 +143,7 @@ def test_huge_archives_are_refused_by_the_worker(worker, case):
         want = f"unpacks to more than {DEFAULT_LIMITS.max_unpacked_bytes} bytes"
     elif case == "file_count":
         data = _many_files(DEFAULT_LIMITS.max_files + 1)
-        want = f"{DEFAULT_LIMITS.max_files + 1} entries, over the worker's limit of {DEFAULT_LIMITS.max_files}"
+        want = f"{DEFAULT_LIMITS.max_files + 1} entries or more, over the worker's limit of {DEFAULT_LIMITS.max_files}"
     else:
         data = bytes(DEFAULT_LIMITS.max_packed_bytes + 1)
         want = f"over the worker's limit of {DEFAULT_LIMITS.max_packed_bytes}"
@@ -152,8 +153,8 @@ def test_huge_archives_are_refused_by_the_worker(worker, case):
     # nothing of it stayed on disk, and the worker still serves
     root = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
             if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
-    left = glob.glob(os.path.join(root[0], "archives", archive_hash(data) + "*"))
-    assert root and not left, left
+    left = [n for n in os.listdir(os.path.join(root[0], "archives")) if archive_hash(data) in n]
+    assert root and not left, left  # neither the archive nor its (hidden) staging directory
     assert _upload(worker.address, pack_dir(HOSTILE)[0])["ok"] is True
 
 
@@ -165,13 +166,74 @@ def test_archive_limits_in_process():
     with tempfile.TemporaryDirectory() as d:
         for data, want in [
             (_zip_bomb(2 << 20), "unpacks to more than"),
-            (_many_files(11), "11 entries"),
+            (_many_files(11), "11 entries or more"),
             (os.urandom(65 << 10), "over the worker's limit of 65536"),
         ]:
             dest = os.path.join(d, uuid.uuid4().hex)
             with pytest.raises(ArchiveError, match=want):
                 unpack_archive(data, dest, limits=tiny)
             assert not os.path.exists(dest)
+
+
+def _pax_header(size: int) -> bytes:
+    """A ustar block for a PAX extended header that declares ``size`` bytes of records."""
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type = tarfile.XHDTYPE
+    info.size = size
+    return info.tobuf(tarfile.USTAR_FORMAT)
+
+
+def test_archive_headers_are_bounded_before_they_are_read():
+    """tarfile reads a PAX header in one read of its declared size and keeps it with the
+    member: a huge one, or many large ones, are refused without being held in memory."""
+    import tempfile
+
+    declared = 64 << 20
+    huge_header = _gz_stream([_pax_header(declared), b"\0" * declared])
+    many_headers = io.BytesIO()
+    with tarfile.open(fileobj=many_headers, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(17):
+            info = tarfile.TarInfo(f"f{i}")
+            info.pax_headers = {"comment": "x" * ((1 << 20) - 4096)}
+            tar.addfile(info, io.BytesIO(b""))
+    with tempfile.TemporaryDirectory() as d:
+        for data, want in [
+            (huge_header, f"tar header of {declared} bytes"),
+            (_gz_stream([many_headers.getvalue()]), "more than 16777216 bytes of tar headers"),
+        ]:
+            dest = os.path.join(d, uuid.uuid4().hex)
+            tracemalloc.start()
+            try:
+                with pytest.raises(ArchiveError, match=want):
+                    unpack_archive(data, dest)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert peak < 24 << 20, f"held {peak >> 20} MiB"
+            assert not os.path.exists(dest) and not os.listdir(d), os.listdir(d)
+
+
+def test_archive_is_decompressed_as_it_is_read():
+    """A bomb over the limit is refused after reading the limit, never holding it."""
+    import tempfile
+
+    limits = ArchiveLimits(max_unpacked_bytes=64 << 20)
+    with tempfile.TemporaryDirectory() as d:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ArchiveError, match="unpacks to more than"):
+                unpack_archive(_zip_bomb(96 << 20), os.path.join(d, "x"), limits=limits)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 16 << 20, f"held {peak >> 20} MiB of a 96 MiB bomb"
+        assert not os.listdir(d), os.listdir(d)
+        ok = os.path.join(d, "ok")
+        os.makedirs(ok)  # an empty directory is a valid destination, a non-empty one is not
+        unpack_archive(pack_dir(HOSTILE)[0], ok)
+        assert os.path.isfile(os.path.join(ok, "env.py"))
+        with pytest.raises(ArchiveError, match="not empty"):
+            unpack_archive(pack_dir(HOSTILE)[0], ok)
 
 
 # ---------------------------------------------------------------- envs that misbehave

@@ -443,14 +443,7 @@ class Worker:
             if archive_hash(data) != digest:
                 raise ArchiveError("archive content does not match its announced hash")
             dest = os.path.join(self.root, "archives", digest)
-            tmp = dest + ".partial"
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                unpack_archive(data, tmp, limits=self.archive_limits)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            os.rename(tmp, dest)
+            unpack_archive(data, dest, limits=self.archive_limits)  # stages, then renames: all or nothing
             make_tree_readable(dest)
             self.archives[digest] = dest
         return {"ok": True}
