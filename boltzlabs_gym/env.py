@@ -86,7 +86,7 @@ def _template_fork() -> None:
         return
     import importlib
 
-    importlib.import_module("boltzlabs_gym.worker.template").template_main()
+    importlib.import_module("boltzlabs_gym.worker.forkserver").template_main()
 
 #: Largest request line ``serve`` accepts, in bytes (requests come from the trusted
 #: worker; the bound only stops a corrupted stream from eating memory).
