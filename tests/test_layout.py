@@ -63,3 +63,24 @@ def test_bad_env_aslr_is_refused_by_pool_and_worker():
         SessionConfig.from_header({"n": 1, "env_aslr": 1})
     assert SessionConfig.from_header({"n": 1}).env_aslr is False
     assert SessionConfig.from_header({"n": 1, "env_aslr": True}).env_aslr is True
+
+
+def test_make_vec_passes_env_aslr_to_the_pool(no_leaks):
+    import boltzlabs_gym
+
+    for flag in (False, True):
+        envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=1, isolation=ISOLATION, env_aslr=flag)
+        try:
+            assert envs.pool.env_aslr is flag
+            with open(f"/proc/{_env_pid(envs.pool)}/personality") as f:
+                assert bool(int(f.read(), 16) & ADDR_NO_RANDOMIZE) is not flag
+        finally:
+            envs.close()
+
+
+def _env_pid(pool) -> int:
+    import psutil
+
+    worker = psutil.Process(pool._links[0].process.pid)
+    (env,) = [p for p in worker.children(recursive=True) if "python" in p.name() or p.name().startswith("boltz")]
+    return env.pid
