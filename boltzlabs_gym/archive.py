@@ -123,8 +123,8 @@ def _check_member(member: tarfile.TarInfo) -> str:
     return norm
 
 
-#: Most bytes of tar headers (ustar blocks, PAX records, GNU long names) one archive may hold.
-MAX_HEADER_BYTES = 16 << 20
+#: Most bytes of tar headers (ustar blocks, PAX records, GNU long names) read for one entry.
+MAX_HEADER_BYTES = 4 << 20
 #: Member data is copied out in reads of this size; a header read may not be larger.
 _COPY_CHUNK = 1 << 20
 
@@ -133,11 +133,12 @@ class _GunzippedTar:
     """A forward-only file over the decompressed bytes of a gzip stream, for ``tarfile``.
 
     Nothing is decompressed ahead of what tarfile asks for, and every byte counts against
-    the unpacked limit. Bytes read outside member data also count against
-    :data:`MAX_HEADER_BYTES`, and no single header read may exceed :data:`_COPY_CHUNK`:
-    tarfile reads a PAX header or a GNU long name in one read of whatever size the
-    header declares, and keeps it with the member, so without these bounds a few KiB of
-    gzip could make the worker hold hundreds of MiB.
+    the unpacked limit. No single header read may exceed :data:`_COPY_CHUNK`, and the
+    header bytes read for one entry (:meth:`next_entry` starts the count) may not exceed
+    :data:`MAX_HEADER_BYTES`: tarfile reads a PAX header or a GNU long name in one read of
+    whatever size the header declares and holds every extended header it meets before the
+    entry, so without these bounds a few KiB of gzip could make the worker hold hundreds
+    of MiB.
     """
 
     def __init__(self, data: bytes, limits: ArchiveLimits):
@@ -164,8 +165,12 @@ class _GunzippedTar:
         if not self.in_data:
             self._header_bytes += len(chunk)
             if self._header_bytes > MAX_HEADER_BYTES:
-                raise ArchiveError(f"archive holds more than {MAX_HEADER_BYTES} bytes of tar headers")
+                raise ArchiveError(f"archive holds more than {MAX_HEADER_BYTES} bytes of tar headers for one entry")
         return chunk
+
+    def next_entry(self) -> None:
+        """The previous entry is done: count header bytes afresh."""
+        self._header_bytes = 0
 
     def tell(self) -> int:
         return self._pos
@@ -223,6 +228,10 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
             raise ArchiveError(f"archive is not a valid tar: {exc}") from None
         if member is None:
             return
+        stream.next_entry()
+        if tar.pax_headers:
+            # Global headers pile up in tarfile across entries; pack_dir never writes one.
+            raise ArchiveError("archive has a global PAX header; pack env directories with boltzlabs_gym.archive.pack_dir")
         tar.members.clear()  # entries are handled one at a time; keep none of them
         count += 1
         if count > limits.max_files:

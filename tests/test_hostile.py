@@ -27,7 +27,7 @@ import pytest
 import zmq
 
 from boltzlabs_gym import EnvStartError, RLPool
-from boltzlabs_gym.archive import ArchiveLimits, archive_hash, pack_dir, unpack_archive
+from boltzlabs_gym.archive import MAX_HEADER_BYTES, ArchiveLimits, archive_hash, pack_dir, unpack_archive
 from boltzlabs_gym.errors import ArchiveError
 from boltzlabs_gym.protocol import decode_header, encode_header
 from boltzlabs_gym.testing import alive
@@ -105,12 +105,18 @@ def _zip_bomb(unpacked: int) -> bytes:
     return _gz_stream(chunks())
 
 
-def _many_files(count: int) -> bytes:
+def _many_files_raw(count: int, content: bytes = b"") -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for i in range(count):
-            tar.addfile(tarfile.TarInfo(f"f{i}"), io.BytesIO(b""))
-    return _gz_stream([raw.getvalue()])
+            info = tarfile.TarInfo(f"f{i}")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return raw.getvalue()
+
+
+def _many_files(count: int) -> bytes:
+    return _gz_stream([_many_files_raw(count)])
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +196,19 @@ def test_archive_headers_are_bounded_before_they_are_read():
 
     declared = 64 << 20
     huge_header = _gz_stream([_pax_header(declared), b"\0" * declared])
-    many_headers = io.BytesIO()
-    with tarfile.open(fileobj=many_headers, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for i in range(17):
-            info = tarfile.TarInfo(f"f{i}")
-            info.pax_headers = {"comment": "x" * ((1 << 20) - 4096)}
-            tar.addfile(info, io.BytesIO(b""))
+    # extended headers of ~1 MiB, all read before the one entry they precede
+    many_headers = b"".join(
+        tarfile.TarInfo._create_pax_generic_header({f"k{i}": "x" * ((1 << 20) - 4096)}, tarfile.XHDTYPE, "utf-8")
+        for i in range(MAX_HEADER_BYTES // (1 << 20) + 1)
+    ) + tarfile.TarInfo("f").tobuf(tarfile.USTAR_FORMAT) + b"\0" * 1024
+    global_header = io.BytesIO()
+    with tarfile.open(fileobj=global_header, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"comment": "x"}) as tar:
+        tar.addfile(tarfile.TarInfo("f"), io.BytesIO(b""))
     with tempfile.TemporaryDirectory() as d:
         for data, want in [
             (huge_header, f"tar header of {declared} bytes"),
-            (_gz_stream([many_headers.getvalue()]), "more than 16777216 bytes of tar headers"),
+            (_gz_stream([many_headers]), f"more than {MAX_HEADER_BYTES} bytes of tar headers for one entry"),
+            (_gz_stream([global_header.getvalue()]), "global PAX header"),
         ]:
             dest = os.path.join(d, uuid.uuid4().hex)
             tracemalloc.start()
@@ -209,7 +218,7 @@ def test_archive_headers_are_bounded_before_they_are_read():
                 peak = tracemalloc.get_traced_memory()[1]
             finally:
                 tracemalloc.stop()
-            assert peak < 24 << 20, f"held {peak >> 20} MiB"
+            assert peak < 3 * MAX_HEADER_BYTES, f"held {peak >> 20} MiB"
             assert not os.path.exists(dest) and not os.listdir(d), os.listdir(d)
 
 
@@ -228,6 +237,9 @@ def test_archive_is_decompressed_as_it_is_read():
             tracemalloc.stop()
         assert peak < 16 << 20, f"held {peak >> 20} MiB of a 96 MiB bomb"
         assert not os.listdir(d), os.listdir(d)
+        many = os.path.join(d, "many")  # 20,000 entries: ~20 MiB of ustar headers and padding in all
+        unpack_archive(_gz_stream([_many_files_raw(20_000, b"y" * 100)]), many)
+        assert len(os.listdir(many)) == 20_000
         ok = os.path.join(d, "ok")
         os.makedirs(ok)  # an empty directory is a valid destination, a non-empty one is not
         unpack_archive(pack_dir(HOSTILE)[0], ok)
