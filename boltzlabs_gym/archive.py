@@ -190,27 +190,80 @@ class _GunzippedTar:
 
 
 def _safe_target(root: str, norm: str, name: str) -> str:
-    """Where entry ``norm`` goes under ``root``, its parent made; refused through a symlink."""
-    target = os.path.join(root, norm)
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    real_root = os.path.realpath(root)
-    real_parent = os.path.realpath(parent)
-    if os.path.islink(parent) or not (real_parent == real_root or real_parent.startswith(real_root + os.sep)):
-        raise ArchiveError(f"archive entry {name!r} would be written through a symlink")
-    return target
+    """Where entry ``norm`` goes under ``root``, its missing parents made as real directories.
+
+    Refused: a path through anything but a real directory (a symlink, however it
+    resolves, or a file), so nothing is ever created by following a link.
+    """
+    parts = norm.split("/")
+    path = root
+    for depth, part in enumerate(parts[:-1], 1):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            os.mkdir(path, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            what = "symlink" if stat.S_ISLNK(st.st_mode) else "file"
+            raise ArchiveError(f"archive entry {name!r} would be written through the {what} {'/'.join(parts[:depth])!r}")
+    return os.path.join(path, parts[-1])
+
+
+def _refuse_existing(target: str, name: str, is_dir: bool) -> None:
+    """An entry may not replace or follow one already unpacked (only a directory may repeat)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if not (is_dir and stat.S_ISDIR(st.st_mode)):
+        raise ArchiveError(f"archive has two entries at {name!r}")
 
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, stream: _GunzippedTar, target: str) -> None:
     src = tar.extractfile(member)
+    # O_EXCL | O_NOFOLLOW: never through a link, never over something already there.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     stream.in_data = True
     try:
-        with open(target, "wb") as out:
+        with os.fdopen(fd, "wb") as out:
             while chunk := src.read(_COPY_CHUNK):
                 out.write(chunk)
+            os.fchmod(out.fileno(), 0o755 if member.mode & 0o111 else 0o644)
     finally:
         stream.in_data = False
-    os.chmod(target, 0o755 if member.mode & 0o111 else 0o644)
+
+
+def _unpack_entry(tar: tarfile.TarFile, member: tarfile.TarInfo, stream: _GunzippedTar, root: str, norm: str) -> None:
+    target = _safe_target(root, norm, member.name)
+    _refuse_existing(target, member.name, member.isdir())
+    if member.isdir():
+        os.makedirs(target, 0o755, exist_ok=True)
+    elif member.issym():
+        os.symlink(member.linkname, target)
+    else:
+        _copy_member(tar, member, stream, target)
+
+
+def _check_links_stay_inside(root: str, links: list[tuple[str, str]]) -> None:
+    """Each link checked lexically can still leave the tree through a chain of links
+    (``s -> .`` then ``t -> s/..``), and a later entry can complete such a chain, so every
+    link is resolved against the finished tree."""
+    real_root = os.path.realpath(root)
+    for path, name in links:
+        real = os.path.realpath(path)
+        if real != real_root and not real.startswith(real_root + os.sep):
+            raise ArchiveError(f"archive entry {name!r} links outside the env directory through other links")
+
+
+def _drain(stream: _GunzippedTar) -> None:
+    """Read past the tar's end so gzip checks its CRC and length; a little padding is normal."""
+    stream.in_data = True
+    trailing = 0
+    while chunk := stream.read(_COPY_CHUNK):
+        trailing += len(chunk)
+        if trailing > _COPY_CHUNK:
+            raise ArchiveError("archive has more than 1 MiB of data after the end of its tar")
 
 
 def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
@@ -221,13 +274,14 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
     except tarfile.TarError as exc:
         raise ArchiveError(f"archive is not a valid tar: {exc}") from None
     count = total = 0
+    links: list[tuple[str, str]] = []
     while True:
         try:
             member = tar.next()
         except tarfile.TarError as exc:
             raise ArchiveError(f"archive is not a valid tar: {exc}") from None
         if member is None:
-            return
+            break
         stream.next_entry()
         if tar.pax_headers:
             # Global headers pile up in tarfile across entries; pack_dir never writes one.
@@ -242,13 +296,14 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
             raise ArchiveError(f"archive unpacks to more than {limits.max_unpacked_bytes} bytes")
         if norm == ".":
             continue
-        target = _safe_target(root, norm, member.name)
-        if member.isdir():
-            os.makedirs(target, exist_ok=True)
-        elif member.issym():
-            os.symlink(member.linkname, target)
-        else:
-            _copy_member(tar, member, stream, target)
+        try:
+            _unpack_entry(tar, member, stream, root, norm)
+        except (OSError, tarfile.TarError) as exc:
+            raise ArchiveError(f"archive entry {member.name!r} could not be unpacked: {exc}") from None
+        if member.issym():
+            links.append((os.path.join(root, norm), member.name))
+    _drain(stream)
+    _check_links_stay_inside(root, links)
 
 
 def unpack_archive(
@@ -279,6 +334,7 @@ def unpack_archive(
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.", suffix=".unpacking", dir=parent)
     try:
         _unpack_checked(data, staging, limits)
+        os.chmod(staging, 0o755)  # mkdtemp made it private; dest is an ordinary directory
         if os.path.isdir(dest):
             os.rmdir(dest)
         os.rename(staging, dest)

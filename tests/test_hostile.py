@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tarfile
@@ -246,6 +247,64 @@ def test_archive_is_decompressed_as_it_is_read():
         assert os.path.isfile(os.path.join(ok, "env.py"))
         with pytest.raises(ArchiveError, match="not empty"):
             unpack_archive(pack_dir(HOSTILE)[0], ok)
+
+
+def _tar(*entries) -> bytes:
+    """A .tar.gz of (name, kind, payload) entries in this order; kind: file, dir, link."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, payload in entries:
+            info = tarfile.TarInfo(name)
+            if kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, payload
+                tar.addfile(info)
+            elif kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return _gz_stream([raw.getvalue()])
+
+
+@pytest.mark.parametrize("entries, want", [
+    # each link looks inside on its own; together they reach the parent of the tree
+    ([("s1", "link", "."), ("s2", "link", "s1/.."), ("x", "link", "s2/victim.txt"), ("x", "file", b"pwned")],
+     "two entries at 'x'"),
+    ([("s1", "link", "."), ("s2", "link", "s1/.."), ("s2/outside/f", "file", b"pwned")],
+     "written through the symlink 's2'"),
+    ([("s1", "link", "."), ("s2", "link", "s1/..")], "'s2' links outside the env directory through other links"),
+    # the chain completed by a later entry
+    ([("a", "link", "d/.."), ("d", "link", ".")], "'a' links outside the env directory through other links"),
+    ([("a", "file", b"1"), ("a", "file", b"2")], "two entries at 'a'"),
+    ([("a", "file", b"1"), ("a/b", "file", b"2")], "written through the file 'a'"),
+    ([("d", "dir", None), ("d", "file", b"2")], "two entries at 'd'"),
+])
+def test_archive_entries_never_follow_or_replace_links(tmp_path, entries, want):
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(ArchiveError, match=want):
+        unpack_archive(_tar(*entries), str(work / "dest"))
+    assert os.listdir(tmp_path) == ["work"] and os.listdir(work) == [], (os.listdir(tmp_path), os.listdir(work))
+
+
+def test_broken_archives_are_archive_errors(tmp_path):
+    good = _tar(("d", "dir", None), ("d/f", "file", b"x" * 5000), ("d/l", "link", "f"))
+    dest = tmp_path / "ok"
+    unpack_archive(good, str(dest))
+    assert (dest / "d" / "f").read_bytes() == b"x" * 5000 and os.readlink(dest / "d" / "l") == "f"
+    assert stat.S_IMODE(os.stat(dest).st_mode) == 0o755
+    raw = zlib.decompress(good, 31)
+    for data, want in [
+        (_gz_stream([raw[:2048]]), "could not be unpacked|not a valid tar"),  # cut inside d/f's data
+        (good[:-8] + bytes(8), "not a valid gzip stream"),  # CRC and length trailer zeroed
+        (_gz_stream([raw, b"\1" * (2 << 20)]), "after the end of its tar"),
+    ]:
+        target = tmp_path / uuid.uuid4().hex
+        with pytest.raises(ArchiveError, match=want):
+            unpack_archive(data, str(target))
+        assert not target.exists()
+    assert sorted(os.listdir(tmp_path)) == ["ok"], os.listdir(tmp_path)
 
 
 # ---------------------------------------------------------------- envs that misbehave
