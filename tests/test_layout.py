@@ -84,3 +84,26 @@ def _env_pid(pool) -> int:
     worker = psutil.Process(pool._links[0].process.pid)
     (env,) = [p for p in worker.children(recursive=True) if "python" in p.name() or p.name().startswith("boltz")]
     return env.pid
+
+
+@pytest.mark.parametrize("inherited", [False, True])
+@pytest.mark.parametrize("randomize", [False, True])
+def test_set_layout_randomization_decides_whatever_the_worker_inherited(inherited, randomize):
+    from boltzlabs_gym.worker.sandbox import base
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a backend does between fork and exec
+        try:
+            os.dup2(w, 1)
+            if inherited:  # a worker started under `setarch -R`
+                base._personality(base._personality(0xFFFFFFFF) | ADDR_NO_RANDOMIZE)
+            base.set_layout_randomization(randomize)
+            os.execv("/bin/cat", ["cat", "/proc/self/personality"])
+        finally:
+            os._exit(127)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert bool(int(out, 16) & ADDR_NO_RANDOMIZE) is not randomize, out

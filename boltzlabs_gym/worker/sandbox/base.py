@@ -343,11 +343,15 @@ def set_layout_randomization(randomize: bool) -> None:
     the randomization protects nothing outside it; processes outside (the worker, the
     trainer) keep theirs. Best effort: nothing happens where ``personality`` is missing.
     """
-    if randomize or _personality is None:
+    if _personality is None:
         return
     current = _personality(0xFFFFFFFF)  # query
-    if current != -1:
-        _personality(current | ADDR_NO_RANDOMIZE)
+    if current == -1:
+        return
+    # randomize=True also clears a flag inherited from the worker (one started under setarch -R)
+    wanted = current & ~ADDR_NO_RANDOMIZE if randomize else current | ADDR_NO_RANDOMIZE
+    if wanted != current:
+        _personality(wanted)
 
 
 def wire_std_fds(stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
