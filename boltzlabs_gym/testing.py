@@ -109,6 +109,7 @@ class NetnsHost:
         tag = uuid.uuid4().hex[:6]
         self.name = f"blns{tag}"
         self.outside, self.inside = f"198.18.{k}.1", f"198.18.{k}.2"
+        _remove_stale_hosts(k)
         host_if, ns_if = f"blh{tag}", f"bln{tag}"
         steps = [
             ["ip", "netns", "add", self.name],
@@ -134,6 +135,17 @@ class NetnsHost:
     def close(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
         subprocess.run(["ip", "link", "del", self._host_if], capture_output=True)
+
+
+def _remove_stale_hosts(k: int) -> None:
+    """Remove test hosts on 198.18.k.0/24 left by a run that was killed before closing them:
+    their interface would keep the subnet's route and send this run's packets to a dead end."""
+    out = subprocess.run(["ip", "-o", "addr", "show", "to", f"198.18.{k}.0/24"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        dev = line.split()[1].split("@")[0]
+        if dev.startswith("blh"):
+            subprocess.run(["ip", "link", "del", dev], capture_output=True)
+            subprocess.run(["ip", "netns", "del", f"blns{dev[3:]}"], capture_output=True)
 
 
 def alive(procs) -> list:

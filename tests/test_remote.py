@@ -265,6 +265,28 @@ def two_netns_workers(keys):
         h.close()
 
 
+def test_a_test_host_left_by_a_killed_run_is_replaced():
+    from workers import NetnsHost, NetnsUnavailable
+
+    def devices_on(k):
+        out = subprocess.run(["ip", "-o", "addr", "show", "to", f"198.18.{k}.0/24"], capture_output=True, text=True)
+        return [line.split()[1].split("@")[0] for line in out.stdout.splitlines()]
+
+    try:
+        stale = NetnsHost(9)  # never closed, as after a killed run
+    except NetnsUnavailable as exc:
+        pytest.skip(f"cannot make network namespaces here: {exc}")
+    fresh = NetnsHost(9)
+    try:
+        assert devices_on(9) == [fresh._host_if], "only the new host may own the subnet's route"
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert stale.name not in netns and fresh.name in netns
+    finally:
+        fresh.close()
+        stale.close()
+    assert devices_on(9) == []
+
+
 def test_workers_across_a_veth_link(two_netns_workers, keys):
     addresses = [w.address for w in two_netns_workers]
     assert all(a.startswith("tcp://198.18.") for a in addresses)
