@@ -339,17 +339,7 @@ def unpack_archive(
             os.rmdir(dest)
         os.rename(staging, dest)
     except BaseException:
-        wipe_staging(staging)
+        # Every directory in it was made here, owner-writable: no permission repair needed
+        # (unlike an env's workspace, whose modes the env chose: worker.host.wipe_tree).
+        shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def wipe_staging(path: str) -> None:
-    """Remove a staging tree, whatever modes its entries were unpacked with."""
-    def fix(func, p, _exc):
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=fix)
