@@ -338,8 +338,9 @@ def set_layout_randomization(randomize: bool) -> None:
     ``setarch -R`` does), so every env interpreter maps libpython, its heap and its stack
     at the same addresses, as forked envs (boltz mode, AsyncVectorEnv, SubprocVecEnv) do
     anyway. The CPU's branch predictors and TLB-indexed caches then carry over from one
-    env to the next on a core: on a 2-vCPU VM, 64 CartPole envs used 30% less CPU per step
-    (``benchmarks/paired.py``, README). Inside a sandbox that already runs untrusted code
+    env to the next on a core: on a 2-vCPU VM, 64 fresh interpreters stepping CartPole used
+    30% less CPU per step (README; ``benchmarks/paired.py --impls async,default,default+aslr``
+    compares the two). Inside a sandbox that already runs untrusted code
     the randomization protects nothing outside it; processes outside (the worker, the
     trainer) keep theirs. Best effort: nothing happens where ``personality`` is missing.
     """
