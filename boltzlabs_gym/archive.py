@@ -20,6 +20,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -141,8 +142,9 @@ class _GunzippedTar:
     of MiB.
     """
 
-    def __init__(self, data: bytes, limits: ArchiveLimits):
+    def __init__(self, data: bytes, limits: ArchiveLimits, cancel: threading.Event | None = None):
         self._gz = gzip.GzipFile(fileobj=io.BytesIO(data))
+        self._cancel = cancel
         self._limit = limits.max_unpacked_bytes + MAX_HEADER_BYTES
         self._max_unpacked = limits.max_unpacked_bytes
         self._pos = 0
@@ -155,6 +157,8 @@ class _GunzippedTar:
             raise ArchiveError(f"archive holds a tar header of {size} bytes; headers over {_COPY_CHUNK} are refused")
         if self._pos + size > self._limit:
             size = self._limit - self._pos + 1  # read one byte past the limit to tell
+        if self._cancel is not None and self._cancel.is_set():
+            raise ArchiveError("unpacking was cancelled (the worker is shutting down)")
         try:
             chunk = self._gz.read(size)
         except (OSError, EOFError, zlib.error) as exc:
@@ -266,9 +270,9 @@ def _drain(stream: _GunzippedTar) -> None:
             raise ArchiveError("archive has more than 1 MiB of data after the end of its tar")
 
 
-def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits) -> None:
+def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits, cancel: threading.Event | None) -> None:
     """Stream the archive into ``root``, checking each entry before it is written."""
-    stream = _GunzippedTar(data, limits)
+    stream = _GunzippedTar(data, limits, cancel)
     try:
         tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
     except tarfile.TarError as exc:
@@ -312,6 +316,7 @@ def unpack_archive(
     *,
     expected_hash: str | None = None,
     limits: ArchiveLimits = ArchiveLimits(),
+    cancel: threading.Event | None = None,
 ) -> None:
     """Validate and unpack an env archive into the empty or new directory ``dest``.
 
@@ -320,7 +325,9 @@ def unpack_archive(
     ``limits.max_files`` entries or more than ``limits.max_unpacked_bytes`` bytes,
     oversized tar headers. The archive is decompressed as it is read (memory stays
     small whatever it unpacks to) into a sibling staging directory that becomes ``dest``
-    only if the whole archive passes: nothing appears at ``dest`` otherwise.
+    only if the whole archive passes: nothing appears at ``dest`` otherwise. Setting
+    ``cancel`` (from another thread) stops the unpacking within one read of at most
+    1 MiB, with an :class:`ArchiveError`.
     """
     if len(data) > limits.max_packed_bytes:
         raise ArchiveError(f"archive is {len(data)} bytes, over the worker's limit of {limits.max_packed_bytes}")
@@ -333,7 +340,7 @@ def unpack_archive(
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.", suffix=".unpacking", dir=parent)
     try:
-        _unpack_checked(data, staging, limits)
+        _unpack_checked(data, staging, limits, cancel)
         os.chmod(staging, 0o755)  # mkdtemp made it private; dest is an ordinary directory
         if os.path.isdir(dest):
             os.rmdir(dest)

@@ -33,7 +33,7 @@ from boltzlabs_gym.errors import ArchiveError
 from boltzlabs_gym.protocol import decode_header, encode_header
 from boltzlabs_gym.testing import alive
 
-from conftest import ENVS, FAULTY, ISOLATION
+from conftest import COUNTER, ENVS, FAULTY, ISOLATION
 from workers import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -163,6 +163,116 @@ def test_huge_archives_are_refused_by_the_worker(worker, case):
     left = [n for n in os.listdir(os.path.join(root[0], "archives")) if archive_hash(data) in n]
     assert root and not left, left  # neither the archive nor its (hidden) staging directory
     assert _upload(worker.address, pack_dir(HOSTILE)[0])["ok"] is True
+
+
+def _worker_archives(worker) -> str:
+    roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
+             if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
+    assert len(roots) == 1, roots
+    return os.path.join(roots[0], "archives")
+
+
+def _send_upload(ctx, address: str, data: bytes, seq: int = 1):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    sock.send_multipart([encode_header({"op": "upload", "seq": seq, "hash": archive_hash(data)}), data], copy=False)
+    return sock
+
+
+def test_an_upload_being_unpacked_does_not_stall_other_sessions(worker):
+    """20,000 files take seconds to unpack; another client's envs keep stepping meanwhile,
+    and the upload is answered when it is done (before, the worker unpacked inside its
+    event loop and every other session waited for it)."""
+    slow = _many_files(DEFAULT_LIMITS.max_files - 10)
+    archives = _worker_archives(worker)
+    ctx = zmq.Context()
+    try:
+        with RLPool(COUNTER, n=2, workers=[worker.address], isolation=ISOLATION) as pool:
+            pool.reset()
+            uploader = _send_upload(ctx, worker.address, slow)
+            # The worker is inside this upload once its staging directory exists.
+            staging = f".{archive_hash(slow)}."
+            assert wait_until(lambda: any(n.startswith(staging) for n in os.listdir(archives)), 30, 0.005)
+            t0 = time.monotonic()
+            for t in (1, 2, 3):
+                obs, _, _, infos = pool.step([1, 1])
+                assert obs == [{"t": t}, {"t": t}], (obs, infos)
+            stepped_in = time.monotonic() - t0
+            assert not uploader.poll(0), f"the upload was answered before 3 steps ({stepped_in:.2f} s) of another session"
+            assert uploader.poll(120_000), "worker did not answer the upload"
+            reply = decode_header(uploader.recv_multipart()[0])
+            assert reply["ok"] is True and reply["seq"] == 1, reply
+        assert os.path.isfile(os.path.join(archives, archive_hash(slow), "f0"))
+        assert not [n for n in os.listdir(archives) if n.startswith(staging)]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_the_same_archive_uploaded_twice_at_once_is_unpacked_once(worker):
+    data = _many_files(2_000)
+    ctx = zmq.Context()
+    try:
+        socks = [_send_upload(ctx, worker.address, data, seq) for seq in (7, 8)]
+        replies = []
+        for sock in socks:
+            assert sock.poll(60_000), "worker did not answer the upload"
+            replies.append(decode_header(sock.recv_multipart()[0]))
+        assert [(r["ok"], r["seq"]) for r in replies] == [(True, 7), (True, 8)], replies
+        assert [n for n in os.listdir(_worker_archives(worker)) if archive_hash(data) in n] == [archive_hash(data)]
+    finally:
+        ctx.destroy(linger=0)
+
+
+@pytest.mark.parametrize("digest", ["../../escaped", "a" * 63, "A" * 64, "/tmp/x" + "0" * 58])
+def test_an_upload_hash_that_is_no_digest_is_refused_before_it_names_a_directory(worker, digest):
+    data = pack_dir(HOSTILE)[0]
+    reply = _raw_upload(worker.address, {"op": "upload", "seq": 1, "hash": digest}, data)
+    assert reply["ok"] is False and reply["error"]["kind"] == "archive", reply
+    assert "is not a SHA-256 hex digest" in reply["error"]["message"], reply
+    archives = _worker_archives(worker)
+    assert not [n for n in os.listdir(archives) if n.startswith(".")]
+    assert not os.path.exists(os.path.join(archives, digest))
+
+
+def _raw_upload(address: str, header: dict, data: bytes) -> dict:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart([encode_header(header), data], copy=False)
+        assert sock.poll(60_000), "worker did not answer the upload"
+        return decode_header(sock.recv_multipart()[0])
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_a_cancelled_unpack_stops_and_leaves_nothing(tmp_path):
+    import threading
+
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(ArchiveError, match="cancelled"):
+        unpack_archive(_many_files(10), str(tmp_path / "dest"), cancel=cancel)
+    assert os.listdir(tmp_path) == []
+
+
+def test_worker_shutdown_cancels_an_upload_in_progress(tmp_path):
+    """Uploads.close() (the worker's shutdown) stops an unpack mid-way, without waiting for
+    the rest of it, and removes its staging tree."""
+    from boltzlabs_gym.worker.uploads import Uploads
+
+    slow = _many_files(DEFAULT_LIMITS.max_files - 10)
+    uploads = Uploads(DEFAULT_LIMITS)
+    uploads.submit(archive_hash(slow), slow, str(tmp_path / "dest"), waiter="w")
+    assert uploads.in_progress(archive_hash(slow))
+    assert wait_until(lambda: any(n.endswith(".unpacking") and len(os.listdir(tmp_path / n)) > 100
+                                  for n in os.listdir(tmp_path)), 30, 0.005)
+    uploads.close()
+    left = os.listdir(tmp_path)
+    assert left == [], left
 
 
 def test_archive_limits_in_process():

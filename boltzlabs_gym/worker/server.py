@@ -17,6 +17,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import select
 import secrets
 import shutil
@@ -28,7 +29,7 @@ import time
 
 import zmq
 
-from ..archive import ArchiveLimits, archive_hash, unpack_archive
+from ..archive import ArchiveLimits
 from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
@@ -45,9 +46,10 @@ from ..protocol import (
 from . import memory
 from .deadlines import Deadlines
 from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
-from .host import drain_fd, make_tree_readable, sweep_stale_workers, wipe_tree
+from .host import drain_fd, sweep_stale_workers, wipe_tree
 from .sandbox import LaunchSpec, SandboxUnavailable, select_backend
 from .session import Batch, Session, SessionConfig, SessionExpired
+from .uploads import Uploads
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
@@ -90,6 +92,8 @@ def is_local_endpoint(endpoint: str) -> bool:
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
+#: What archive_hash returns; an upload's announced hash becomes a directory name.
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Worker:
@@ -124,6 +128,7 @@ class Worker:
         with open(os.path.join(self.root, "owner.pid"), "w") as f:
             f.write(str(os.getpid()))
         self.archives: dict[str, str] = {}
+        self.uploads = Uploads(archive_limits)
         self.sessions: dict[str, Session] = {}
         self._sid_counter = itertools.count(1)
         self._tokens = itertools.count(1)
@@ -174,6 +179,7 @@ class Worker:
             self._local = WorkerChannel(local_channel)
             self._local_fd = self._local.fileno()
             self.epoll.register(self._local_fd, select.EPOLLIN)
+        self.epoll.register(self.uploads.fileno(), select.EPOLLIN)
 
     def _start_authenticator(self, keys) -> None:
         """CURVE with a ZAP allow-list, set up before binding (without ZAP any key gets in)."""
@@ -212,6 +218,9 @@ class Worker:
                         continue
                     if fd == self._wake_r:
                         drain_fd(fd)
+                        continue
+                    if fd == self.uploads.fileno():
+                        self._answer_uploads()
                         continue
                     owner = self._fd_owner.get(fd)
                     if owner is not None:
@@ -435,18 +444,32 @@ class Worker:
         return {"ok": True, "have": isinstance(digest, str) and digest in self.archives}
 
     def _op_upload(self, client, header, payloads):
+        """Start unpacking an archive on a thread; the reply comes when it is done (see
+        :mod:`~boltzlabs_gym.worker.uploads`), so other sessions are served meanwhile."""
         digest = header.get("hash")
         if not isinstance(digest, str) or len(payloads) != 1:
             raise ValueError("upload needs a 'hash' and exactly one archive frame")
-        if digest not in self.archives:
-            data = payloads[0]
-            if archive_hash(data) != digest:
-                raise ArchiveError("archive content does not match its announced hash")
-            dest = os.path.join(self.root, "archives", digest)
-            unpack_archive(data, dest, limits=self.archive_limits)  # stages, then renames: all or nothing
-            make_tree_readable(dest)
-            self.archives[digest] = dest
-        return {"ok": True}
+        if digest in self.archives:
+            return {"ok": True}
+        if not _DIGEST.fullmatch(digest):
+            # It names a directory: checked here, before the thread checks the content.
+            raise ArchiveError(f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)")
+        dest = os.path.join(self.root, "archives", digest)
+        self.uploads.submit(digest, payloads[0], dest, waiter=(client, header.get("seq")))
+        return None
+
+    def _answer_uploads(self) -> None:
+        for up in self.uploads.finished():
+            if up.error is None:
+                self.archives[up.digest] = up.dest
+                reply = {"ok": True}
+            elif isinstance(up.error, ArchiveError):
+                reply = error_reply(None, "archive", str(up.error))
+            else:
+                log.error("unpacking archive %s failed", up.digest[:12], exc_info=up.error)
+                reply = error_reply(None, "internal", f"{type(up.error).__name__}: {up.error}")
+            for client, seq in up.waiters:
+                self._send(client, dict(reply, seq=seq))
 
     def _op_create(self, client, header, payloads):
         digest = header.get("hash")
@@ -1012,6 +1035,7 @@ class Worker:
             except Exception:  # noqa: BLE001
                 log.exception("closing session %s", session.sid)
         self._reap()
+        self.uploads.close()
         shutil.rmtree(self.root, ignore_errors=True)
         try:
             self.epoll.close()
