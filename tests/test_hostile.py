@@ -165,6 +165,17 @@ def test_huge_archives_are_refused_by_the_worker(worker, case):
     assert _upload(worker.address, pack_dir(HOSTILE)[0])["ok"] is True
 
 
+def _slow_archive(tag: bytes) -> bytes:
+    """An archive that takes seconds to unpack (20,000 files), distinct per ``tag``: the
+    module's worker keeps what it unpacked, and would answer a repeat at once."""
+    return _gz_stream([_many_files_raw(DEFAULT_LIMITS.max_files - 10, content=tag)])
+
+
+def _staging_of(archives: str, data: bytes) -> bool:
+    """Whether the worker is unpacking ``data`` (its hidden staging directory exists)."""
+    return os.path.isdir(archives) and any(n.startswith(f".{archive_hash(data)}.") for n in os.listdir(archives))
+
+
 def _worker_archives(worker) -> str:
     roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
              if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
@@ -184,7 +195,7 @@ def test_an_upload_being_unpacked_does_not_stall_other_sessions(worker):
     """20,000 files take seconds to unpack; another client's envs keep stepping meanwhile,
     and the upload is answered when it is done (before, the worker unpacked inside its
     event loop and every other session waited for it)."""
-    slow = _many_files(DEFAULT_LIMITS.max_files - 10)
+    slow = _slow_archive(b'stall')
     archives = _worker_archives(worker)
     ctx = zmq.Context()
     try:
@@ -192,8 +203,7 @@ def test_an_upload_being_unpacked_does_not_stall_other_sessions(worker):
             pool.reset()
             uploader = _send_upload(ctx, worker.address, slow)
             # The worker is inside this upload once its staging directory exists.
-            staging = f".{archive_hash(slow)}."
-            assert wait_until(lambda: any(n.startswith(staging) for n in os.listdir(archives)), 30, 0.005)
+            assert wait_until(lambda: _staging_of(archives, slow), 30, 0.005)
             t0 = time.monotonic()
             for t in (1, 2, 3):
                 obs, _, _, infos = pool.step([1, 1])
@@ -204,7 +214,7 @@ def test_an_upload_being_unpacked_does_not_stall_other_sessions(worker):
             reply = decode_header(uploader.recv_multipart()[0])
             assert reply["ok"] is True and reply["seq"] == 1, reply
         assert os.path.isfile(os.path.join(archives, archive_hash(slow), "f0"))
-        assert not [n for n in os.listdir(archives) if n.startswith(staging)]
+        assert not _staging_of(archives, slow)
     finally:
         ctx.destroy(linger=0)
 
@@ -220,6 +230,36 @@ def test_the_same_archive_uploaded_twice_at_once_is_unpacked_once(worker):
             replies.append(decode_header(sock.recv_multipart()[0]))
         assert [(r["ok"], r["seq"]) for r in replies] == [(True, 7), (True, 8)], replies
         assert [n for n in os.listdir(_worker_archives(worker)) if archive_hash(data) in n] == [archive_hash(data)]
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_bad_upload_of_a_digest_does_not_fail_another_clients_good_one(worker):
+    """Client A announces digest H with the wrong bytes while client B sends H's real archive:
+    A gets the error, B's archive is unpacked. (Both wait behind a slow third archive, so
+    B's request arrives while A's is still pending.)"""
+    slow = _slow_archive(b'liar')
+    good = _many_files(50)
+    digest = archive_hash(good)
+    archives = _worker_archives(worker)
+    ctx = zmq.Context()
+    try:
+        first = _send_upload(ctx, worker.address, slow)
+        assert wait_until(lambda: _staging_of(archives, slow), 30, 0.005)
+        liar = ctx.socket(zmq.DEALER)
+        liar.setsockopt(zmq.LINGER, 0)
+        liar.connect(worker.address)
+        liar.send_multipart([encode_header({"op": "upload", "seq": 2, "hash": digest}), _many_files(60)])
+        honest = _send_upload(ctx, worker.address, good, seq=3)
+        replies = {}
+        for name, sock in (("first", first), ("liar", liar), ("honest", honest)):
+            assert sock.poll(120_000), f"worker did not answer the {name} upload"
+            replies[name] = decode_header(sock.recv_multipart()[0])
+        assert replies["first"]["ok"] is True, replies
+        assert replies["liar"]["ok"] is False and "does not match its announced hash" in replies["liar"]["error"]["message"]
+        assert replies["honest"]["ok"] is True and replies["honest"]["seq"] == 3, replies
+        assert os.path.isfile(os.path.join(archives, digest, "f49"))
+        assert not os.path.exists(os.path.join(archives, digest, "f59"))
     finally:
         ctx.destroy(linger=0)
 
@@ -264,7 +304,7 @@ def test_worker_shutdown_cancels_an_upload_in_progress(tmp_path):
     the rest of it, and removes its staging tree."""
     from boltzlabs_gym.worker.uploads import Uploads
 
-    slow = _many_files(DEFAULT_LIMITS.max_files - 10)
+    slow = _slow_archive(b'cancel')
     uploads = Uploads(DEFAULT_LIMITS)
     uploads.submit(archive_hash(slow), slow, str(tmp_path / "dest"), waiter="w")
     assert uploads.in_progress(archive_hash(slow))

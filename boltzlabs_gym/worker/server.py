@@ -459,16 +459,16 @@ class Worker:
         return None
 
     def _answer_uploads(self) -> None:
-        for up in self.uploads.finished():
-            if up.error is None:
-                self.archives[up.digest] = up.dest
+        for done in self.uploads.finished():
+            if done.error is None:
+                self.archives[done.digest] = done.dest
                 reply = {"ok": True}
-            elif isinstance(up.error, ArchiveError):
-                reply = error_reply(None, "archive", str(up.error))
+            elif isinstance(done.error, ArchiveError):
+                reply = error_reply(None, "archive", str(done.error))
             else:
-                log.error("unpacking archive %s failed", up.digest[:12], exc_info=up.error)
-                reply = error_reply(None, "internal", f"{type(up.error).__name__}: {up.error}")
-            for client, seq in up.waiters:
+                log.error("unpacking archive %s failed", done.digest[:12], exc_info=done.error)
+                reply = error_reply(None, "internal", f"{type(done.error).__name__}: {done.error}")
+            for client, seq in done.waiters:
                 self._send(client, dict(reply, seq=seq))
 
     def _op_create(self, client, header, payloads):
