@@ -37,6 +37,7 @@ POOL_OPTIONS = (
     "serialize_measurement",
     "env_vars",
     "busy_poll_us",
+    "reply_poll_us",
     "env_aslr",
 )
 
