@@ -15,10 +15,8 @@ progress goes to stderr.
 Implementations: ``async`` (gymnasium AsyncVectorEnv, shared memory; the reference),
 ``sync`` (SyncVectorEnv), ``default``, ``boltz``, ``process`` (BoltzLabsVecEnv with
 mode="default" / mode="boltz" / isolation="process"). Append ``@US`` to one of ours to set
-``busy_poll_us`` (``default@0``), ``+replyUS`` to set ``reply_poll_us`` (``default+reply0``:
-the worker sleeps while its envs step), and ``+aslr`` for ``env_aslr=True``
-(``default+aslr``: every env interpreter with its own randomized layout, as before that
-became the default); options combine (``boltz+aslr+reply0``).
+``busy_poll_us`` (``default@0``), and ``+aslr`` for ``env_aslr=True`` (``default+aslr``:
+every env interpreter with its own randomized layout, as before that became the default).
 """
 
 from __future__ import annotations
@@ -50,26 +48,23 @@ REFERENCE = "async"
 def make_impl(name: str, factory, n: int):
     """A vector env for ``name`` (see the module docstring)."""
     kind, _, busy_poll = name.partition("@")
-    kind, *options = kind.split("+")
+    kind, plus, option = kind.partition("+")
+    if plus and option != "aslr":
+        raise SystemExit(f"unknown option {option!r} in {name!r}: only +aslr")
     if kind == "async":
         return gym.vector.AsyncVectorEnv([factory] * n, shared_memory=True)
     if kind == "sync":
         return gym.vector.SyncVectorEnv([factory] * n)
     kwargs: dict = {"busy_poll_us": float(busy_poll)} if busy_poll else {}
-    for option in options:
-        if option == "aslr":
-            kwargs["env_aslr"] = True
-        elif option.startswith("reply") and option[5:].replace(".", "", 1).isdigit():
-            kwargs["reply_poll_us"] = float(option[5:])
-        else:
-            raise SystemExit(f"unknown option {option!r} in {name!r}: +aslr or +replyUS")
+    if plus:
+        kwargs["env_aslr"] = True
     if kind == "default":
         return BoltzLabsVecEnv([factory] * n, **kwargs)
     if kind == "boltz":
         return BoltzLabsVecEnv([factory] * n, mode="boltz", **kwargs)
     if kind == "process":
         return BoltzLabsVecEnv([factory] * n, isolation="process", **kwargs)
-    raise SystemExit(f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr, +replyUS, @US)")
+    raise SystemExit(f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr, @US)")
 
 
 def measure(names: list[str], factory, n: int, rounds: int, block: int, seed: int = 0) -> dict[str, list[float]]:

@@ -13,8 +13,6 @@ import argparse
 import json
 import sys
 
-from .protocol import DEFAULT_REPLY_POLL_US, poll_us_argument
-
 __all__ = ["main"]
 
 
@@ -26,7 +24,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         argv += ["--keys", args.keys]
     if args.insecure:
         argv.append("--insecure")
-    argv += ["--reply-poll-us", repr(args.reply_poll_us)]
     return worker_main(argv)
 
 
@@ -99,8 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
     p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
-    p.add_argument("--reply-poll-us", type=poll_us_argument, default=DEFAULT_REPLY_POLL_US,
-                   help="microseconds to busy-poll, yielding the CPU, for a batch's env replies before sleeping (0: never)")
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")

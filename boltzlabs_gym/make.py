@@ -37,7 +37,6 @@ POOL_OPTIONS = (
     "serialize_measurement",
     "env_vars",
     "busy_poll_us",
-    "reply_poll_us",
     "env_aslr",
 )
 

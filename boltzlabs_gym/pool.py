@@ -46,8 +46,7 @@ from .errors import (
     WorkerTimeout,
 )
 from .protocol import (
-    DEFAULT_BUSY_POLL_US, DEFAULT_REPLY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, decode_header, encode_header, jsonable,
-    parse_json,
+    DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, decode_header, encode_header, jsonable, parse_json,
 )
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
@@ -200,10 +199,6 @@ class RLPool:
             request after answering one, when the previous one came at least that fast (it
             saves a wake-up per batch: 30-60 us in a VM); 0 always sleeps. Remote workers
             always sleep.
-        reply_poll_us: microseconds a local pool's worker keeps polling, awake, for its
-            envs' replies after handing them a batch, yielding its CPU to anything that
-            can run on it (it saves the wake-ups of a small batch); 0 always sleeps. A
-            remote worker's is set on its command line (``--reply-poll-us``).
         env_aslr: give every env interpreter a randomized address-space layout. Off by
             default: envs then share one layout, as forked envs (boltz mode,
             AsyncVectorEnv, SubprocVecEnv) always do, and the CPU's branch predictors
@@ -235,7 +230,6 @@ class RLPool:
         lease: float = 600.0,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         env_aslr: bool = False,
-        reply_poll_us: float = DEFAULT_REPLY_POLL_US,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -245,7 +239,6 @@ class RLPool:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         busy_poll_us = check_poll_us("busy_poll_us", busy_poll_us)
-        reply_poll_us = check_poll_us("reply_poll_us", reply_poll_us)
         if not isinstance(env_aslr, bool):
             raise ValueError(f"env_aslr must be True or False, got {env_aslr!r}")
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
@@ -255,7 +248,6 @@ class RLPool:
         self.n = n
         self.heartbeat_interval = float(heartbeat_interval)
         self.busy_poll_us = float(busy_poll_us)
-        self.reply_poll_us = float(reply_poll_us)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self._keys = None
         if keys is not None:
@@ -349,7 +341,6 @@ class RLPool:
                     sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
                     "--parent-pid", str(os.getpid()), "--remove-on-exit", self._tmpdir,
                     "--local-fd", str(theirs.fileno()), "--local-spin-us", repr(self.busy_poll_us),
-                    "--reply-poll-us", repr(self.reply_poll_us),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -44,17 +44,14 @@ MAX_ENV_PAYLOAD_BYTES = 256 << 20
 #: How long a local pool's worker busy-polls for the next request after answering one
 #: (``RLPool(busy_poll_us=...)``, worker ``--local-spin-us``); see Worker._local_replied.
 DEFAULT_BUSY_POLL_US = 300.0
-#: How long a worker busy-polls for its envs' replies after handing them a batch
-#: (``RLPool(reply_poll_us=...)``, worker ``--reply-poll-us``); see Worker._poll_spinning.
-DEFAULT_REPLY_POLL_US = 1000.0
-#: The longest busy-poll window either option takes, in microseconds.
+#: The longest busy-poll window ``busy_poll_us`` takes, in microseconds.
 MAX_POLL_US = 1e6
 
 
 def check_poll_us(name: str, value: object) -> float:
     """``value`` as a busy-poll window in microseconds, or ValueError naming ``name``.
 
-    >>> check_poll_us("reply_poll_us", 500)
+    >>> check_poll_us("busy_poll_us", 500)
     500.0
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_POLL_US:
@@ -63,7 +60,7 @@ def check_poll_us(name: str, value: object) -> float:
 
 
 def poll_us_argument(text: str) -> float:
-    """The argparse ``type`` of a busy-poll option (``--reply-poll-us``): :func:`check_poll_us`."""
+    """The argparse ``type`` of a busy-poll option (the worker's ``--local-spin-us``)."""
     import argparse
 
     try:

@@ -115,7 +115,7 @@ def test_quick_suite_finishes_in_three_minutes(tmp_path):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("env", ["cartpole", "large_obs"])
 def test_paired_benchmark_reports_every_implementation_against_async(env):
-    impls = ["async", "default", "default+aslr+reply0", "process+reply0@0"]
+    impls = ["async", "default", "default+aslr", "process@0"]
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "paired.py"), "--env", env, "--sizes", "2",
          "--rounds", "3", "--block", "4", "--impls", ",".join(impls)],
@@ -131,4 +131,4 @@ def test_paired_benchmark_reports_every_implementation_against_async(env):
         assert float(median) > 0 and spread.startswith("(") and spread.endswith(")")
         if impl == "async":
             assert float(median) == 1.0  # the reference against itself, every round
-    assert "started process+reply0@0 n=2" in proc.stderr
+    assert "started process@0 n=2" in proc.stderr

@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 
-from ..protocol import DEFAULT_BUSY_POLL_US, DEFAULT_REPLY_POLL_US, poll_us_argument
+from ..protocol import DEFAULT_BUSY_POLL_US, poll_us_argument
 from .host import set_parent_death_signal, set_subreaper
 from .server import Worker
 
@@ -37,8 +37,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)")
     parser.add_argument("--local-spin-us", type=poll_us_argument, default=DEFAULT_BUSY_POLL_US,
                         help="busy-poll this long for the local pool's next request (0: always sleep)")
-    parser.add_argument("--reply-poll-us", type=poll_us_argument, default=DEFAULT_REPLY_POLL_US,
-                        help="busy-poll (yielding the CPU) this long for a batch's env replies (0: always sleep)")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -58,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(
             args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid,
             keys=keys, insecure=args.insecure, local_channel=_local_channel(args.local_fd),
-            local_spin_s=args.local_spin_us * 1e-6, reply_spin_s=args.reply_poll_us * 1e-6,
+            local_spin_s=args.local_spin_us * 1e-6,
         )
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
         print(f"boltzlabs worker: {exc}", file=sys.stderr)

@@ -34,7 +34,6 @@ from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
     DEFAULT_BUSY_POLL_US,
-    DEFAULT_REPLY_POLL_US,
     ERROR,
     OK,
     STRAGGLER,
@@ -113,7 +112,6 @@ class Worker:
         insecure: bool = False,
         local_channel: socket.socket | None = None,
         local_spin_s: float = DEFAULT_BUSY_POLL_US * 1e-6,
-        reply_spin_s: float = DEFAULT_REPLY_POLL_US * 1e-6,
     ):
         for ep in endpoints:
             if keys is None and not insecure and not is_local_endpoint(ep):
@@ -148,8 +146,6 @@ class Worker:
         self._next_housekeeping = 0.0
         self.local_spin_s = local_spin_s
         self._spin_until = 0.0  # busy-poll until then (perf_counter), 0: sleep in epoll
-        self.reply_spin_s = reply_spin_s
-        self._reply_spin_until = 0.0  # the same, for the replies of a batch just handed out
         self._local_replied_at = 0.0
         self._local_gap = math.inf  # between our last batch reply and the pool's next request
         self._in_start_more = False
@@ -210,8 +206,7 @@ class Worker:
                     self._drain_socket()
                 timeout = self._next_timeout()
                 try:
-                    spinning = self._spin_until or self._reply_spin_until
-                    events = self._poll_spinning(timeout) if spinning else self.epoll.poll(timeout)
+                    events = self._poll_spinning(timeout) if self._spin_until else self.epoll.poll(timeout)
                 except InterruptedError:
                     continue
                 for fd, ev in events:
@@ -243,28 +238,15 @@ class Worker:
             self.shutdown()
 
     def _poll_spinning(self, timeout: float) -> list:
-        """Poll without sleeping until the later of :attr:`_spin_until` (the next request)
-        and :attr:`_reply_spin_until` (a batch's replies), then block for the rest of ``timeout``.
-
-        Between polls the worker yields its CPU: an env that can run on it runs first, and
-        the worker only spins where that CPU would otherwise halt. Sleeping instead costs a
-        wake-up per reply that finds the worker asleep (in a VM, an exit to the hypervisor).
-        With 8 CartPole envs on a 2-vCPU guest a 0.5-2 ms window moved ours/AsyncVectorEnv
-        up by 0.02-0.26 in paired runs (none on an idle, fast machine); see the README. A
-        batch's window is counted from when it was handed out, so envs that take long cost
-        at most one window of spinning per batch.
-        """
+        """Poll without sleeping until :attr:`_spin_until`, then block for the rest of ``timeout``."""
         start = time.perf_counter()
-        end = min(max(self._spin_until, self._reply_spin_until), start + timeout)
-        self._spin_until = 0.0  # one spin per answered request
+        end = min(self._spin_until, start + timeout)
+        self._spin_until = 0.0
         while True:
             events = self.epoll.poll(0)
             now = time.perf_counter()
             if events or now >= end:
                 break
-            os.sched_yield()
-        if now >= self._reply_spin_until:
-            self._reply_spin_until = 0.0
         return events or self.epoll.poll(max(0.0, timeout - (now - start)))
 
     def _local_request_arrived(self) -> None:
@@ -548,10 +530,6 @@ class Worker:
         if used != len(payloads):
             raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
         batch = Batch(self, client, header.get("seq"), len(calls))
-        if self.reply_spin_s > 0:
-            # Opened before the calls go out: a batch answered at once (its envs are all
-            # dead) closes it again in send_batch_reply, and nothing is left to spin for.
-            self._reply_spin_until = time.perf_counter() + self.reply_spin_s
         for pos, (index, op, frames) in enumerate(calls):
             self._submit(session, session.envs[index], op, frames, batch, pos)
         self._deadlines.seal(time.monotonic())
@@ -604,7 +582,6 @@ class Worker:
             "capacity": self.capacity,
             "in_use": in_use,
             "free": self.capacity - in_use,
-            "reply_poll_us": self.reply_spin_s * 1e6,
             "worker_pss_bytes": memory.tree_pss(os.getpid(), children=False),
             "sessions": sessions,
         }
@@ -1027,9 +1004,6 @@ class Worker:
         worker_ms = (time.perf_counter() - batch.t0) * 1e3
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_ms, "results": results}
         self._send(batch.client, header, [b"".join(parts)])
-        # Its replies are all in. (Another session's batch in flight loses the rest of its
-        # window: it then waits asleep, as without the spin.)
-        self._reply_spin_until = 0.0
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
 
