@@ -16,6 +16,7 @@ import hashlib
 import io
 import os
 import posixpath
+import re
 import shutil
 import stat
 import tarfile
@@ -104,6 +105,18 @@ def pack_dir(path: str | os.PathLike) -> tuple[bytes, str]:
 def archive_hash(data: bytes) -> str:
     """The content address of an archive."""
     return hashlib.sha256(data).hexdigest()
+
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def is_archive_hash(text: object) -> bool:
+    """Whether ``text`` has the form :func:`archive_hash` returns (safe as a file name).
+
+    >>> is_archive_hash(archive_hash(b"")), is_archive_hash("../x")
+    (True, False)
+    """
+    return isinstance(text, str) and _HASH.fullmatch(text) is not None
 
 
 def _check_member(member: tarfile.TarInfo) -> str:

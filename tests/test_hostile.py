@@ -128,18 +128,32 @@ def worker(tmp_path_factory):
     w.stop()
 
 
-def _upload(address: str, data: bytes, timeout: float = 120.0) -> dict:
-    ctx = zmq.Context()
+def _send_upload(ctx, address: str, data: bytes, seq: int = 1, digest: str | None = None):
+    """A DEALER that has sent ``data`` as an upload announced as ``digest`` (its real hash by default)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
+    header = {"op": "upload", "seq": seq, "hash": archive_hash(data) if digest is None else digest}
+    sock.send_multipart([encode_header(header), data], copy=False)
+    return sock
+
+
+def _upload(address: str, data: bytes, timeout: float = 120.0, digest: str | None = None) -> dict:
+    ctx = zmq.Context()
     try:
-        sock.send_multipart([encode_header({"op": "upload", "seq": 1, "hash": archive_hash(data)}), data], copy=False)
+        sock = _send_upload(ctx, address, data, digest=digest)
         assert sock.poll(int(timeout * 1000)), "worker did not answer the upload"
         return decode_header(sock.recv_multipart()[0])
     finally:
-        sock.close(0)
-        ctx.term()
+        ctx.destroy(linger=0)
+
+
+def _worker_root(pid: int) -> str:
+    """The working directory of the worker process ``pid`` (under this run's TMPDIR)."""
+    roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
+             if open(os.path.join(d, "owner.pid")).read().strip() == str(pid)]
+    assert len(roots) == 1, roots
+    return roots[0]
 
 
 @pytest.mark.parametrize("case", ["unpacked_size", "file_count", "packed_size"])
@@ -158,10 +172,8 @@ def test_huge_archives_are_refused_by_the_worker(worker, case):
     assert reply["ok"] is False and reply["error"]["kind"] == "archive", reply
     assert want in reply["error"]["message"], reply
     # nothing of it stayed on disk, and the worker still serves
-    root = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
-            if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
-    left = [n for n in os.listdir(os.path.join(root[0], "archives")) if archive_hash(data) in n]
-    assert root and not left, left  # neither the archive nor its (hidden) staging directory
+    left = [n for n in os.listdir(os.path.join(_worker_root(worker.pid), "archives")) if archive_hash(data) in n]
+    assert not left, left  # neither the archive nor its (hidden) staging directory
     assert _upload(worker.address, pack_dir(HOSTILE)[0])["ok"] is True
 
 
@@ -177,18 +189,7 @@ def _staging_of(archives: str, data: bytes) -> bool:
 
 
 def _worker_archives(worker) -> str:
-    roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
-             if open(os.path.join(d, "owner.pid")).read().strip() == str(worker.pid)]
-    assert len(roots) == 1, roots
-    return os.path.join(roots[0], "archives")
-
-
-def _send_upload(ctx, address: str, data: bytes, seq: int = 1):
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    sock.send_multipart([encode_header({"op": "upload", "seq": seq, "hash": archive_hash(data)}), data], copy=False)
-    return sock
+    return os.path.join(_worker_root(worker.pid), "archives")
 
 
 def test_an_upload_being_unpacked_does_not_stall_other_sessions(worker):
@@ -246,10 +247,7 @@ def test_a_bad_upload_of_a_digest_does_not_fail_another_clients_good_one(worker)
     try:
         first = _send_upload(ctx, worker.address, slow)
         assert wait_until(lambda: _staging_of(archives, slow), 30, 0.005)
-        liar = ctx.socket(zmq.DEALER)
-        liar.setsockopt(zmq.LINGER, 0)
-        liar.connect(worker.address)
-        liar.send_multipart([encode_header({"op": "upload", "seq": 2, "hash": digest}), _many_files(60)])
+        liar = _send_upload(ctx, worker.address, _many_files(60), seq=2, digest=digest)
         honest = _send_upload(ctx, worker.address, good, seq=3)
         replies = {}
         for name, sock in (("first", first), ("liar", liar), ("honest", honest)):
@@ -267,26 +265,12 @@ def test_a_bad_upload_of_a_digest_does_not_fail_another_clients_good_one(worker)
 @pytest.mark.parametrize("digest", ["../../escaped", "a" * 63, "A" * 64, "/tmp/x" + "0" * 58])
 def test_an_upload_hash_that_is_no_digest_is_refused_before_it_names_a_directory(worker, digest):
     data = pack_dir(HOSTILE)[0]
-    reply = _raw_upload(worker.address, {"op": "upload", "seq": 1, "hash": digest}, data)
+    reply = _upload(worker.address, data, digest=digest)
     assert reply["ok"] is False and reply["error"]["kind"] == "archive", reply
     assert "is not a SHA-256 hex digest" in reply["error"]["message"], reply
     archives = _worker_archives(worker)
     assert not [n for n in os.listdir(archives) if n.startswith(".")]
     assert not os.path.exists(os.path.join(archives, digest))
-
-
-def _raw_upload(address: str, header: dict, data: bytes) -> dict:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send_multipart([encode_header(header), data], copy=False)
-        assert sock.poll(60_000), "worker did not answer the upload"
-        return decode_header(sock.recv_multipart()[0])
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 def test_a_cancelled_unpack_stops_and_leaves_nothing(tmp_path):
@@ -525,8 +509,7 @@ def test_env_cannot_read_the_worker_or_other_envs(monkeypatch):
         worker_pid = pool._links[0].process.pid
         assert secret in open(f"/proc/{worker_pid}/environ").read()  # it is there to be stolen
         obs, *_ = pool.step([{"write": "secret.txt"}, 1])
-        root = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
-                if open(os.path.join(d, "owner.pid")).read().strip() == str(worker_pid)][0]
+        root = _worker_root(worker_pid)
         host_ws0 = glob.glob(os.path.join(root, "sessions", "*", "ws", "0"))[0]
         assert os.path.exists(os.path.join(host_ws0, "secret.txt"))
         attacks = [

@@ -17,7 +17,6 @@ import itertools
 import logging
 import math
 import os
-import re
 import select
 import secrets
 import shutil
@@ -29,7 +28,7 @@ import time
 
 import zmq
 
-from ..archive import ArchiveLimits
+from ..archive import ArchiveLimits, is_archive_hash
 from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
@@ -92,8 +91,6 @@ def is_local_endpoint(endpoint: str) -> bool:
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
-#: What archive_hash returns; an upload's announced hash becomes a directory name.
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Worker:
@@ -451,7 +448,7 @@ class Worker:
             raise ValueError("upload needs a 'hash' and exactly one archive frame")
         if digest in self.archives:
             return {"ok": True}
-        if not _DIGEST.fullmatch(digest):
+        if not is_archive_hash(digest):
             # It names a directory: checked here, before the thread checks the content.
             raise ArchiveError(f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)")
         dest = os.path.join(self.root, "archives", digest)

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 
 from ..archive import ArchiveLimits, unpack_archive
 from .host import drain_fd, make_tree_readable
@@ -159,9 +158,8 @@ class Uploads:
         at most ``timeout`` seconds; queued uploads are dropped unanswered."""
         self._cancel.set()
         thread = self._current.thread if self._current is not None else None
-        deadline = time.monotonic() + timeout
         if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            thread.join(timeout)
             if thread.is_alive():
                 log.warning("an upload was still unpacking %.0f s after the worker began shutting down", timeout)
         with self._lock:
