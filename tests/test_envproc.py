@@ -10,7 +10,7 @@ from gymnasium import spaces as gs
 
 from boltzlabs_gym.codec import ArrayLeaf
 from boltzlabs_gym.protocol import MAX_ENV_PAYLOAD_BYTES, env_request_line
-from boltzlabs_gym.worker.envproc import _PLAIN_STEP, EnvFault, _announced_payloads
+from boltzlabs_gym.envpipe import _PLAIN_STEP, EnvFault, _announced_payloads
 
 SPACES = [gs.Box(-1, 1, (4,), np.float32), gs.Box(0, 255, (84, 84, 4), np.uint8), gs.MultiBinary(3),
           gs.Box(0, 1, (), np.float64), gs.MultiDiscrete([3, 4])]

@@ -1,37 +1,26 @@
-"""One resident env process as the worker sees it: pipes, buffers, the reply parser.
+"""One resident env process as the worker sees it: its process, its calls, its stderr.
 
-Everything read from an env is untrusted: a reply must be one JSON object line,
-at most :data:`~boltzlabs_gym.protocol.MAX_ENV_LINE_BYTES` long, followed by the
-binary payloads it announces (bounded too). Anything else is an :class:`EnvFault`,
-and the worker kills and respawns the env.
+The protocol pipes and their untrusted-reply parser are :class:`~boltzlabs_gym.envpipe.EnvPipe`;
+a reply that breaks the protocol is an :class:`EnvFault`, and the worker kills and
+respawns the env.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import json
 import os
-import re
 import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, parse_json
+from ..envpipe import EnvFault, EnvPipe  # noqa: F401 - EnvFault: the worker imports it from here
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.
 STDERR_TAIL_BYTES = 8192
 _READ_CHUNK = 1 << 16
-
-
-class EnvFault(Exception):
-    """The env broke the protocol or died; ``reason`` says how, for the user."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _ignore_result(status: str, reply: bytes, payloads: list) -> None:
@@ -69,7 +58,7 @@ class Call:
             self.on_done(status, reply, payloads)
 
 
-class EnvProcess:
+class EnvProcess(EnvPipe):
     """The worker's handle on one env: spawn, send, parse replies, kill.
 
     States: ``new`` -> ``starting`` (spawned, first reset in flight) -> ``idle`` <->
@@ -82,15 +71,11 @@ class EnvProcess:
         self.workspace = workspace
         self.state = "new"
         self.launched: Launched | None = None
-        self.stdin_w = self.stdout_r = self.stderr_r = -1
+        super().__init__()
+        self.stderr_r = -1
         self.current: Call | None = None
         self.queue: collections.deque[Call] = collections.deque()
         self.sent_at = 0.0
-        self._rbuf = bytearray()
-        self._scan_from = 0
-        self._line: bytes | None = None
-        self._need: list[int] = []
-        self._wbuf = b""
         self._stderr = bytearray()
         self.restarts = 0
         self.starting = False
@@ -117,11 +102,7 @@ class EnvProcess:
         for fd in (in_w, out_r, err_r):
             os.set_blocking(fd, False)
         self.stdin_w, self.stdout_r, self.stderr_r = in_w, out_r, err_r
-        self._rbuf.clear()
-        self._scan_from = 0
-        self._line = None
-        self._need = []
-        self._wbuf = b""
+        self.reset_buffers()
         self._stderr.clear()
         self.state = "starting"
 
@@ -152,106 +133,7 @@ class EnvProcess:
             finally:
                 self.launched = None
 
-    # ------------------------------------------------------------------ writing
-    def write(self, data: bytes) -> bool:
-        """Write (part of) a request; True when everything went out."""
-        if not self._wbuf:
-            # The usual case: the pipe has room for the whole request, no buffer needed.
-            n = self._write_some(data)
-            if n == len(data):
-                return True
-            data = data[n:]
-        self._wbuf += data
-        return self.flush()
-
-    def flush(self) -> bool:
-        while self._wbuf:
-            n = self._write_some(self._wbuf)
-            if not n:
-                return False
-            self._wbuf = self._wbuf[n:]
-        return True
-
-    def _write_some(self, data: bytes) -> int:
-        """Bytes of ``data`` the pipe took now (0 when it is full)."""
-        try:
-            return os.write(self.stdin_w, data)
-        except BlockingIOError:
-            return 0
-        except OSError as exc:
-            if exc.errno in (errno.EPIPE, errno.EBADF):
-                raise EnvFault("the env closed its stdin (it has probably exited)") from None
-            raise
-
-    @property
-    def write_pending(self) -> bool:
-        return bool(self._wbuf)
-
-    @property
-    def partial_output(self) -> bool:
-        """Whether part of a reply (a line or its payloads) has been read but not completed."""
-        return bool(self._rbuf) or self._line is not None
-
-    # ------------------------------------------------------------------ reading
-    def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
-        """Read what is available; return every complete reply. Raises EnvFault."""
-        replies = []
-        while True:
-            try:
-                chunk = os.read(self.stdout_r, _READ_CHUNK)
-            except BlockingIOError:
-                break
-            if not chunk:
-                self._parse(replies)
-                raise EnvFault("the env closed its stdout (exited or crashed)")
-            if self._rbuf or self._line is not None or not self._take_whole_reply(chunk, replies):
-                self._rbuf += chunk
-                self._parse(replies)
-            if len(chunk) < _READ_CHUNK:
-                break
-        return replies
-
-    def _take_whole_reply(self, chunk: bytes, out: list) -> bool:
-        """The usual case, without the buffer: ``chunk`` is exactly one whole reply.
-
-        Validated as :meth:`_parse` would; False (nothing taken) for anything else.
-        """
-        nl = chunk.find(b"\n")
-        if nl < 0 or nl > MAX_ENV_LINE_BYTES:
-            return False
-        line = chunk[: nl + 1]
-        need = _announced_payloads(line)
-        if nl + 1 + sum(need) != len(chunk):
-            return False
-        # Views, not copies: ``chunk`` is a fresh immutable read, and the batch reply joins them.
-        out.append((line, _split(memoryview(chunk), nl + 1, need, copy=False)))
-        return True
-
-    def _parse(self, out: list) -> None:
-        while True:
-            if self._line is None:
-                nl = self._rbuf.find(b"\n", self._scan_from)
-                if nl < 0:
-                    if len(self._rbuf) > MAX_ENV_LINE_BYTES:
-                        raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
-                    self._scan_from = len(self._rbuf)
-                    return
-                if nl > MAX_ENV_LINE_BYTES:
-                    raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
-                line = bytes(self._rbuf[: nl + 1])
-                del self._rbuf[: nl + 1]
-                self._scan_from = 0
-                self._need = _announced_payloads(line)
-                self._line = line
-            total = sum(self._need)
-            if len(self._rbuf) < total:
-                return
-            payloads = _split(self._rbuf, 0, self._need)
-            del self._rbuf[:total]
-            out.append((self._line, payloads))
-            self._line = None
-            self._need = []
-
+    # ------------------------------------------------------------------ stderr
     def drain_stderr(self) -> None:
         """Keep the last :data:`STDERR_TAIL_BYTES` of stderr; never block."""
         if self.stderr_r < 0:
@@ -290,52 +172,6 @@ def _batch_scheduling():
         yield
     finally:
         os.sched_setscheduler(0, old, old_param)
-
-
-def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy: bool = True) -> list:
-    """The payloads of the given sizes that follow each other in ``buf`` from ``pos``
-    (``bytes`` copies, or slices of ``buf`` with ``copy=False``)."""
-    out = []
-    for n in sizes:
-        out.append(bytes(buf[pos : pos + n]) if copy else buf[pos : pos + n])
-        pos += n
-    return out
-
-
-# The plain step reply of a gym server (array observation, finite reward, empty info; see
-# codec.ArrayLeaf.step_line). The pattern admits only valid JSON objects, so a line it matches
-# needs no JSON parser; every other line is parsed.
-_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
-_PLAIN_STEP = re.compile(
-    rb'\{"obs":\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\},"
-    rb'"reward":-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?,'
-    rb'"terminated":(?:true|false),"truncated":(?:true|false),"info":\{\},"_bin":\[(' + _UINT + rb")\]\}\n"
-)
-
-
-def _announced_payloads(line: bytes) -> list[int]:
-    """Validate a reply line; return the byte lengths of the payloads it announces."""
-    plain = _PLAIN_STEP.fullmatch(line)
-    if plain is not None:
-        n = int(plain.group(1))
-        if n > MAX_ENV_PAYLOAD_BYTES:
-            raise EnvFault(f"reply announces {n} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
-        return [n]
-    try:
-        msg = parse_json(line)
-    except ValueError:
-        preview = line[:80].decode("utf-8", "replace").rstrip("\n")
-        raise EnvFault(f"malformed reply: not a JSON line (starts with {preview!r})") from None
-    if not isinstance(msg, dict):
-        raise EnvFault(f"malformed reply: expected a JSON object, got {type(msg).__name__}")
-    lengths = msg.get("_bin")
-    if lengths is None:
-        return []
-    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths):
-        raise EnvFault(f"malformed reply: bad _bin announcement {str(lengths)[:80]}")
-    if sum(lengths) > MAX_ENV_PAYLOAD_BYTES:
-        raise EnvFault(f"reply announces {sum(lengths)} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
-    return lengths
 
 
 def describe_exit(status: int | None) -> str:

@@ -1,0 +1,193 @@
+"""An env's two protocol pipes, from the reading and writing end: framing and limits.
+
+Everything read from an env is untrusted: a reply must be one JSON object line, at most
+:data:`~boltzlabs_gym.protocol.MAX_ENV_LINE_BYTES` long, followed by the binary payloads
+it announces (bounded too). Anything else is an :class:`EnvFault`. Both ends that ever
+hold an env's pipes use this one parser: the worker (:class:`~boltzlabs_gym.worker.envproc.EnvProcess`)
+and a local pool that the worker lent the pipes to (:mod:`boltzlabs_gym.lane`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, parse_json
+
+__all__ = ["EnvFault", "EnvPipe"]
+
+_READ_CHUNK = 1 << 16
+
+
+class EnvFault(Exception):
+    """The env broke the protocol or died; ``reason`` says how, for the user."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EnvPipe:
+    """The parent's ends of one env's stdin and stdout (non-blocking), with their buffers.
+
+    :meth:`write` sends a request (queuing what the pipe cannot take yet, for
+    :meth:`flush`); :meth:`read_replies` returns every whole, validated reply read so far.
+    """
+
+    def __init__(self, stdin_w: int = -1, stdout_r: int = -1):
+        self.stdin_w, self.stdout_r = stdin_w, stdout_r
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Forget anything half-read or half-written (the pipes are new)."""
+        self._rbuf = bytearray()
+        self._scan_from = 0
+        self._line: bytes | None = None
+        self._need: list[int] = []
+        self._wbuf = b""
+
+    # ------------------------------------------------------------------ writing
+    def write(self, data: bytes) -> bool:
+        """Write (part of) a request; True when everything went out."""
+        if not self._wbuf:
+            # The usual case: the pipe has room for the whole request, no buffer needed.
+            n = self._write_some(data)
+            if n == len(data):
+                return True
+            data = data[n:]
+        self._wbuf += data
+        return self.flush()
+
+    def flush(self) -> bool:
+        while self._wbuf:
+            n = self._write_some(self._wbuf)
+            if not n:
+                return False
+            self._wbuf = self._wbuf[n:]
+        return True
+
+    def _write_some(self, data: bytes) -> int:
+        """Bytes of ``data`` the pipe took now (0 when it is full)."""
+        try:
+            return os.write(self.stdin_w, data)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            if exc.errno in (errno.EPIPE, errno.EBADF):
+                raise EnvFault("the env closed its stdin (it has probably exited)") from None
+            raise
+
+    @property
+    def write_pending(self) -> bool:
+        return bool(self._wbuf)
+
+    @property
+    def partial_output(self) -> bool:
+        """Whether part of a reply (a line or its payloads) has been read but not completed."""
+        return bool(self._rbuf) or self._line is not None
+
+    # ------------------------------------------------------------------ reading
+    def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
+        """Read what is available; return every complete reply. Raises EnvFault."""
+        replies = []
+        while True:
+            try:
+                chunk = os.read(self.stdout_r, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self._parse(replies)
+                raise EnvFault("the env closed its stdout (exited or crashed)")
+            if self._rbuf or self._line is not None or not self._take_whole_reply(chunk, replies):
+                self._rbuf += chunk
+                self._parse(replies)
+            if len(chunk) < _READ_CHUNK:
+                break
+        return replies
+
+    def _take_whole_reply(self, chunk: bytes, out: list) -> bool:
+        """The usual case, without the buffer: ``chunk`` is exactly one whole reply.
+
+        Validated as :meth:`_parse` would; False (nothing taken) for anything else.
+        """
+        nl = chunk.find(b"\n")
+        if nl < 0 or nl > MAX_ENV_LINE_BYTES:
+            return False
+        line = chunk[: nl + 1]
+        need = _announced_payloads(line)
+        if nl + 1 + sum(need) != len(chunk):
+            return False
+        # Views, not copies: ``chunk`` is a fresh immutable read, and the batch reply joins them.
+        out.append((line, _split(memoryview(chunk), nl + 1, need, copy=False)))
+        return True
+
+    def _parse(self, out: list) -> None:
+        while True:
+            if self._line is None:
+                nl = self._rbuf.find(b"\n", self._scan_from)
+                if nl < 0:
+                    if len(self._rbuf) > MAX_ENV_LINE_BYTES:
+                        raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                    self._scan_from = len(self._rbuf)
+                    return
+                if nl > MAX_ENV_LINE_BYTES:
+                    raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                line = bytes(self._rbuf[: nl + 1])
+                del self._rbuf[: nl + 1]
+                self._scan_from = 0
+                self._need = _announced_payloads(line)
+                self._line = line
+            total = sum(self._need)
+            if len(self._rbuf) < total:
+                return
+            payloads = _split(self._rbuf, 0, self._need)
+            del self._rbuf[:total]
+            out.append((self._line, payloads))
+            self._line = None
+            self._need = []
+
+def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy: bool = True) -> list:
+    """The payloads of the given sizes that follow each other in ``buf`` from ``pos``
+    (``bytes`` copies, or slices of ``buf`` with ``copy=False``)."""
+    out = []
+    for n in sizes:
+        out.append(bytes(buf[pos : pos + n]) if copy else buf[pos : pos + n])
+        pos += n
+    return out
+
+
+# The plain step reply of a gym server (array observation, finite reward, empty info; see
+# codec.ArrayLeaf.step_line). The pattern admits only valid JSON objects, so a line it matches
+# needs no JSON parser; every other line is parsed.
+_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
+_PLAIN_STEP = re.compile(
+    rb'\{"obs":\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\},"
+    rb'"reward":-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?,'
+    rb'"terminated":(?:true|false),"truncated":(?:true|false),"info":\{\},"_bin":\[(' + _UINT + rb")\]\}\n"
+)
+
+
+def _announced_payloads(line: bytes) -> list[int]:
+    """Validate a reply line; return the byte lengths of the payloads it announces."""
+    plain = _PLAIN_STEP.fullmatch(line)
+    if plain is not None:
+        n = int(plain.group(1))
+        if n > MAX_ENV_PAYLOAD_BYTES:
+            raise EnvFault(f"reply announces {n} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+        return [n]
+    try:
+        msg = parse_json(line)
+    except ValueError:
+        preview = line[:80].decode("utf-8", "replace").rstrip("\n")
+        raise EnvFault(f"malformed reply: not a JSON line (starts with {preview!r})") from None
+    if not isinstance(msg, dict):
+        raise EnvFault(f"malformed reply: expected a JSON object, got {type(msg).__name__}")
+    lengths = msg.get("_bin")
+    if lengths is None:
+        return []
+    if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths):
+        raise EnvFault(f"malformed reply: bad _bin announcement {str(lengths)[:80]}")
+    if sum(lengths) > MAX_ENV_PAYLOAD_BYTES:
+        raise EnvFault(f"reply announces {sum(lengths)} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+    return lengths
