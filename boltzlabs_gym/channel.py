@@ -8,7 +8,9 @@ of a small batch's transport cost (a measured ipc round trip of ~70 us against
 ~15 us over a socketpair on a 2-vCPU VM). Remote workers still use ZeroMQ.
 
 A message is framed as ``u32 count``, ``count`` times ``u64 length`` (little
-endian), then the frames back to back.
+endian), then the frames back to back. The worker may attach file descriptors to a
+message (``SCM_RIGHTS``, riding on its first bytes): the client queues them, in order,
+on :attr:`Channel.fds`, and the message's header says how many are its own.
 
 The client side (:class:`Channel`) blocks like a ZeroMQ socket and mirrors the
 part of its API the pool uses (``send_multipart``, ``poll``, ``recv_multipart``,
@@ -25,7 +27,10 @@ is there and queues what it cannot write yet.
 
 from __future__ import annotations
 
+import array
+import collections
 import errno
+import os
 import select
 import socket
 import struct
@@ -38,6 +43,9 @@ MAX_FRAMES = 1 << 16
 MAX_MESSAGE_BYTES = 4 << 30
 _COUNT = struct.Struct("<I")
 _READ_CHUNK = 1 << 20
+#: Most descriptors one ``sendmsg`` carries (the kernel's SCM_MAX_FD is 253).
+FDS_PER_SEND = 250
+_FD_ANCILLARY = socket.CMSG_SPACE(FDS_PER_SEND * array.array("i").itemsize)
 
 
 class ChannelClosed(ConnectionError):
@@ -92,14 +100,20 @@ class _Reader:
         self._large_have = 0
         self._large_sizes: tuple = ()
 
-    def fill(self, sock: socket.socket) -> int:
-        """One ``recv`` from ``sock`` appended to the buffer; the byte count (0: end of stream)."""
+    def fill(self, sock: socket.socket, fds: collections.deque | None = None) -> int:
+        """One ``recv`` from ``sock`` appended to the buffer; the byte count (0: end of stream).
+
+        With ``fds``, descriptors that came with the bytes are appended to it (close-on-exec).
+        """
+        target = self._large[self._large_have :] if self._large is not None else self._chunk
+        if fds is None:
+            n = sock.recv_into(target)
+        else:
+            n, ancdata, flags, _ = sock.recvmsg_into([target], _FD_ANCILLARY, socket.MSG_CMSG_CLOEXEC)
+            _collect_fds(ancdata, flags, fds)
         if self._large is not None:
-            n = sock.recv_into(self._large[self._large_have :])
             self._large_have += n
-            return n
-        n = sock.recv_into(self._chunk)
-        if n:
+        elif n:
             self.buf += self._view[:n]
         return n
 
@@ -155,14 +169,29 @@ class _Reader:
         return frames
 
 
+def _collect_fds(ancdata: list, flags: int, fds: collections.deque) -> None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(data[: len(data) - len(data) % got.itemsize])
+            fds.extend(got)
+    if flags & socket.MSG_CTRUNC:
+        raise ChannelError("file descriptors sent with a message were cut off (MSG_CTRUNC)")
+
+
 class Channel:
-    """The pool's end: blocking sends and receives, like the ZeroMQ DEALER it replaces."""
+    """The pool's end: blocking sends and receives, like the ZeroMQ DEALER it replaces.
+
+    Descriptors the worker attached to messages wait, in arrival order, on :attr:`fds`
+    until the pool takes them (the header of the message that brought them says how many).
+    """
 
     def __init__(self, sock: socket.socket):
         sock.setblocking(True)
         self._sock = sock
         self._reader = _Reader(large_in_place=True)
         self._messages: list[list[bytes]] = []
+        self.fds: collections.deque[int] = collections.deque()
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -197,7 +226,7 @@ class Channel:
         ready, _, _ = select.select([self._sock], [], [], timeout)
         if not ready:
             return
-        if not self._reader.fill(self._sock):
+        if not self._reader.fill(self._sock, self.fds):
             raise ChannelClosed("the worker closed the channel")
         while True:
             message = self._reader.take()
@@ -205,8 +234,23 @@ class Channel:
                 return
             self._messages.append(message)
 
+    def take_fds(self, count: int) -> list[int]:
+        """The next ``count`` received descriptors (the caller owns them now)."""
+        if count > len(self.fds):
+            raise ChannelError(f"a message claims {count} file descriptors but {len(self.fds)} arrived")
+        return [self.fds.popleft() for _ in range(count)]
+
     def close(self, linger: int = 0) -> None:
         self._sock.close()
+        while self.fds:
+            _close_quietly(self.fds.popleft())
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class WorkerChannel:
@@ -218,6 +262,8 @@ class WorkerChannel:
         self._sock = sock
         self._reader = _Reader()
         self._pending: list[memoryview] = []
+        #: descriptors to attach to the first byte of a pending buffer, by that buffer's identity
+        self._pending_fds: dict[int, list[int]] = {}
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -247,16 +293,31 @@ class WorkerChannel:
                 return out
             out.append(message)
 
-    def send_multipart(self, frames: Sequence) -> None:
-        """Queue one message and write as much as the socket takes now."""
-        self._pending.extend(_buffers(frames))
+    def send_multipart(self, frames: Sequence, fds: Sequence[int] = ()) -> None:
+        """Queue one message and write as much as the socket takes now.
+
+        ``fds`` travel with the message's first bytes (:data:`FDS_PER_SEND` per byte
+        sent); the caller may close its own copies once this returns.
+        """
+        buffers = _buffers(frames)
+        if fds:
+            buffers = _carry_fds(buffers, list(fds), self._pending_fds)
+        self._pending.extend(buffers)
         self.flush()
 
     def flush(self) -> None:
         """Write queued bytes until the socket would block."""
         while self._pending:
+            head = self._pending[0]
+            fds = self._pending_fds.get(id(head))
             try:
-                sent = self._sock.sendmsg(self._pending[:64])
+                if fds is not None:
+                    sent = self._sock.sendmsg([head], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                    del self._pending_fds[id(head)]
+                    for fd in fds:
+                        _close_quietly(fd)
+                else:
+                    sent = self._sock.sendmsg(_until_fds(self._pending, self._pending_fds))
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -265,3 +326,32 @@ class WorkerChannel:
 
     def close(self) -> None:
         self._sock.close()
+        for fds in self._pending_fds.values():
+            for fd in fds:
+                _close_quietly(fd)
+        self._pending_fds.clear()
+
+
+def _carry_fds(buffers: list[memoryview], fds: list[int], table: dict) -> list[memoryview]:
+    """Split off one-byte buffers from the message's start to carry ``fds``, at most
+    :data:`FDS_PER_SEND` on each. The descriptors are duplicated: the caller keeps its own."""
+    chunks = [fds[i : i + FDS_PER_SEND] for i in range(0, len(fds), FDS_PER_SEND)]
+    out: list[memoryview] = []
+    first = buffers[0]  # the framing prefix: 4 + 8 * frames bytes, enough for every chunk
+    if first.nbytes < len(chunks):
+        raise ValueError(f"{len(fds)} descriptors need a message of at least {len(chunks)} bytes")
+    for k, chunk in enumerate(chunks):
+        piece = first[k : k + 1] if k < len(chunks) - 1 else first[k:]
+        table[id(piece)] = [os.dup(fd) for fd in chunk]
+        out.append(piece)
+    return out + buffers[1:]
+
+
+def _until_fds(pending: list[memoryview], table: dict) -> list[memoryview]:
+    """The first buffers to send in one go: up to 64, stopping before one that carries descriptors."""
+    out = []
+    for view in pending[:64]:
+        if out and id(view) in table:
+            break
+        out.append(view)
+    return out

@@ -210,3 +210,47 @@ def test_a_dead_local_worker_is_a_clear_error():
             pool.step([1])
     finally:
         pool.close()
+
+
+def test_descriptors_ride_with_their_message_in_order(pair):
+    client, worker = pair
+    # More than one sendmsg can carry (the kernel's limit is 253 per message), and messages
+    # without descriptors around them.
+    pipes = [os.pipe() for _ in range(300)]
+    sent = [fd for pipe in pipes for fd in pipe]
+    worker.send_multipart([b"before"])
+    worker.send_multipart([b"with fds", b"x" * 100_000], sent)
+    worker.send_multipart([b"after"], sent[:3])
+    got = []
+    while len(got) < 3:
+        worker.flush()
+        if client.poll(100):
+            got.append(client.recv_multipart())
+    assert [m[0] for m in got] == [b"before", b"with fds", b"after"] and bytes(got[1][1]) == b"x" * 100_000
+    mine = client.take_fds(len(sent))
+    again = client.take_fds(3)
+    with pytest.raises(ChannelError, match="claims 1 file descriptors but 0 arrived"):
+        client.take_fds(1)
+    # Duplicates of the sender's, in order, close-on-exec; the sender's own stay open.
+    for theirs, ours in zip(sent + sent[:3], mine + again):
+        assert ours != theirs and os.path.sameopenfile(theirs, ours)
+        assert not os.get_inheritable(ours)
+    os.write(mine[1], b"ping")  # our copy of the first pipe's write end
+    assert os.read(pipes[0][0], 4) == b"ping"
+    for fd in mine + again + sent:
+        os.close(fd)
+
+
+def test_descriptors_of_an_unsent_message_are_closed_with_the_channel():
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    worker = WorkerChannel(a)
+    r, w = os.pipe()
+    worker.send_multipart([b"big" * 500_000])  # fills the socket: the next message waits
+    worker.send_multipart([b"with fds"], [r, w])
+    before = len(os.listdir("/proc/self/fd"))
+    worker.close()
+    b.close()
+    assert len(os.listdir("/proc/self/fd")) == before - 4  # both sockets and the two queued duplicates
+    os.close(r)
+    os.close(w)
