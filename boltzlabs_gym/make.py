@@ -38,6 +38,7 @@ POOL_OPTIONS = (
     "env_vars",
     "busy_poll_us",
     "env_aslr",
+    "direct",
 )
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import zmq
 
 from .archive import pack_dir
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosed, ChannelError
 from .errors import (
     AsyncStateError,
     CapacityError,
@@ -45,8 +45,10 @@ from .errors import (
     WorkerError,
     WorkerTimeout,
 )
+from .lane import DIRECT_OPS, Lane
 from .protocol import (
-    DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, decode_header, encode_header, jsonable, parse_json,
+    DEFAULT_BUSY_POLL_US, ERROR, LENT_FAULT, OK, STRAGGLER, check_poll_us, decode_header, encode_header, jsonable,
+    parse_json,
 )
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
@@ -106,6 +108,8 @@ class _Link:
         self.monitor = None
         self.last_heard = time.monotonic()
         self.last_ping = 0.0
+        #: The envs this (local) worker lent us, stepped on their own pipes; None: no lane.
+        self.lane: Lane | None = None
         if channel is not None:
             self.sock = channel  # same send_multipart/poll/recv_multipart/close as a DEALER
             return
@@ -139,6 +143,9 @@ class _Link:
         return None
 
     def close(self) -> None:
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
         if self.monitor is not None:
             try:
                 self.sock.disable_monitor()
@@ -146,6 +153,50 @@ class _Link:
                 pass
             self.monitor.close(linger=0)
         self.sock.close(linger=0)
+
+
+@dataclass
+class _LanePending:
+    """A batch sent partly on the lane: the worker request's tag (None: nothing sent to
+    it), the batch positions of its items, the batch size, calls that failed at once,
+    when the call started and when its lane part was written (None: no lane part)."""
+
+    seq: int | None
+    via: list[int]
+    size: int
+    failed: list
+    t0: float
+    t_send: float | None
+
+
+def _close_lent(header: dict) -> None:
+    for fd in header.pop("_fds", ()):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _fd_room(need: int) -> bool:
+    """Whether this process may open ``need`` more descriptors, raising its soft limit if it must."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 256
+    want = used + need
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return True
+    if hard != resource.RLIM_INFINITY and want > hard:
+        log.info("direct lane off: %d more descriptors needed, the hard limit is %d", need, hard)
+        return False
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def _cap_counts(counts: list[int], caps: Sequence[int]) -> list[int]:
@@ -207,6 +258,10 @@ class RLPool:
             untrusted code anyway the randomization guards nothing outside it; the
             worker and the trainer keep theirs. In boltz mode it applies to the template,
             whose layout every forked env shares.
+        direct: let a local pool step idle envs on their own pipes (lent by its worker,
+            see :mod:`boltzlabs_gym.lane`) instead of through the worker: one process hop
+            less per step, same limits, deadlines and failure reports. ``False`` sends
+            everything through the worker, as remote pools always do.
     """
 
     def __init__(
@@ -230,6 +285,7 @@ class RLPool:
         lease: float = 600.0,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         env_aslr: bool = False,
+        direct: bool = True,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -241,6 +297,9 @@ class RLPool:
         busy_poll_us = check_poll_us("busy_poll_us", busy_poll_us)
         if not isinstance(env_aslr, bool):
             raise ValueError(f"env_aslr must be True or False, got {env_aslr!r}")
+        if not isinstance(direct, bool):
+            raise ValueError(f"direct must be True or False, got {direct!r}")
+        self.direct = direct
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
         if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
@@ -360,7 +419,10 @@ class RLPool:
             process.kill()
             channel.close()
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
-        self._links.append(_Link(self._ctx, endpoint, 0, self.n, process=process, channel=channel))
+        link = _Link(self._ctx, endpoint, 0, self.n, process=process, channel=channel)
+        self._links.append(link)
+        if self.direct and _fd_room(2 * self.n + 64):
+            link.lane = Lane(self.step_timeout, self.reset_timeout)
 
     def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
         for link in self._links:
@@ -371,6 +433,8 @@ class RLPool:
         seqs = []
         for link in self._links:
             header = dict(config, op="create", hash=digest, n=link.count, index_offset=link.start)
+            if link.lane is not None:
+                header["lend"] = True
             seqs.append(self._send(link, header))
         # Every env may queue behind max_starting others: allow for the whole stagger.
         timeout = self.start_timeout * (1 + self.n / 4) + 30.0
@@ -387,6 +451,7 @@ class RLPool:
             link.session = header["session"]
             link.token = header["token"]
             self.isolation = IsolationReport.from_json(header["isolation"])
+            self._take_lent(link, header)
         if failure is None:
             self.start_progress = (self.n, self.n)
         if self._progress_stream is not None:
@@ -462,7 +527,9 @@ class RLPool:
                 frames = link.sock.recv_multipart()
                 link.last_heard = time.monotonic()
                 header = decode_header(frames[0])
+                self._claim_fds(link, header)
                 if header.get("seq") != seq:
+                    _close_lent(header)  # those envs are taken back when next named
                     continue  # a heartbeat, or a reply to a call that timed out earlier
                 if "progress" in header and "ok" not in header:
                     self._on_progress(link, header)
@@ -472,6 +539,24 @@ class RLPool:
             if failure:
                 raise WorkerError(f"worker {link.address}: {failure}", link.address)
             self._check_worker_alive(link)
+
+    @staticmethod
+    def _claim_fds(link: _Link, header: dict) -> None:
+        """Attach to ``header`` (as ``_fds``) the descriptors its ``lent`` envs came with."""
+        lent = header.get("lent")
+        if not lent:
+            return
+        if link.lane is None or not isinstance(lent, list) or not all(type(i) is int and 0 <= i < link.count for i in lent):
+            raise WorkerError(f"worker {link.address} lent envs this pool did not ask for: {str(lent)[:80]}", link.address)
+        try:
+            header["_fds"] = link.sock.take_fds(2 * len(lent))
+        except ChannelError as exc:
+            raise WorkerError(f"worker {link.address}: {exc}", link.address) from None
+
+    @staticmethod
+    def _take_lent(link: _Link, header: dict) -> None:
+        if header.get("_fds"):
+            link.lane.add(header["lent"], header.pop("_fds"))
 
     def _on_progress(self, link: _Link, header: dict) -> None:
         """An interim start-up count from a worker: keep it, and redraw the bar on a terminal."""
@@ -540,6 +625,9 @@ class RLPool:
         self._check_open()
         if self._state is not _State.IDLE:
             raise AsyncStateError(f"a call is already in flight ({self._state.value}); wait for it first")
+        if len(self._links) == 1 and self._links[0].lane is not None:
+            self._lane_async(self._links[0], items)
+            return
         per_link: list[list] = [[] for _ in self._links]
         frames: list[list] = [[] for _ in self._links]
         # One worker (every local pool) answers in the items' order: nothing to reorder.
@@ -568,9 +656,11 @@ class RLPool:
         self._check_open()
         if self._state is _State.IDLE or self._pending is None:
             raise AsyncStateError("batch_wait()/step_wait() called without a call in flight; call step_async() first")
-        seqs, order, t0 = self._pending
         if timeout is None:
             timeout = self.start_timeout + max(self.step_timeout, self.reset_timeout) + 30.0
+        if isinstance(self._pending, _LanePending):
+            return self._lane_wait(timeout, raw)
+        seqs, order, t0 = self._pending
         per_link: dict[int, list[EnvResult]] = {}
         per_worker_ms = {}
         try:
@@ -590,6 +680,85 @@ class RLPool:
             results = [per_link[id(self._links[li])][pos] for li, pos in order]
         self._record_timing(results, per_worker_ms, t0)
         return results
+
+    # ------------------------------------------------------------------ the direct lane
+    def _lane_async(self, link: _Link, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> None:
+        """Send what the lane holds and may send itself on the envs' pipes, the rest (and
+        envs that failed on our side while idle) to the worker, in one request."""
+        lane = link.lane
+        lane.check_idle()
+        direct, via, frames, seen = [], [], [], set()
+        for pos, (index, op, payloads) in enumerate(items):
+            self._link_of(index)
+            if index in seen:
+                raise ValueError(f"env index {index} appears twice in one batch")
+            seen.add(index)
+            if lane.holds(index) and type(op) is dict and op.get("op") in DIRECT_OPS:
+                direct.append((pos, index - link.start, op, payloads))
+                continue
+            lane.release(index - link.start)  # the worker takes it back with this request
+            via.append((pos, [index - link.start, op, len(payloads)]))
+            frames.extend(payloads)
+        header: dict = {"op": "batch", "items": [item for _, item in via], "lend": True}
+        if lane.idle_faults:
+            header["faults"] = [[i, reason] for i, reason in lane.idle_faults.items()]
+        if lane.abandoned:
+            header["adopt"] = lane.abandoned
+        t0 = time.perf_counter()
+        seq = None
+        if via or "faults" in header or "adopt" in header:
+            seq = self._send(link, header, frames)
+            lane.idle_faults, lane.abandoned = {}, []
+        t_send = time.perf_counter()
+        failed = lane.send(direct)
+        self._pending = _LanePending(seq, [pos for pos, _ in via], len(items), failed, t0, t_send if direct else None)
+        self._state = _State.WAITING_STEP
+
+    def _lane_wait(self, timeout: float, raw: bool) -> list[EnvResult]:
+        link = self._links[0]
+        lane = link.lane
+        pending: _LanePending = self._pending
+        results: list = [None] * pending.size
+        worker_ms = 0.0
+        deadline = time.monotonic() + timeout
+        try:
+            try:
+                done, failed = lane.wait(deadline)
+            except TimeoutError:
+                # Handed back with the next request; for now only the caller stops waiting.
+                for _pos, index, reason, _straggler in pending.failed:
+                    lane.idle_faults[index] = reason
+                raise WorkerTimeout(f"the envs of local worker {link.address} did not answer within {timeout:.1f} s",
+                                    link.address) from None
+            if pending.t_send is not None:  # fan-out to the envs and back, as a worker counts it
+                worker_ms = (time.perf_counter() - pending.t_send) * 1e3
+            failed = pending.failed + failed
+            for pos, index, line, payloads in done:
+                results[pos] = EnvResult(link.start + index, OK, None, payloads, line)
+            if pending.seq is not None:
+                worker_ms = max(worker_ms, self._collect(link, pending.seq, pending.via, results, deadline))
+            if failed:
+                # Our side saw the failure; the worker kills the env, says why, respawns it.
+                items = [[index, {"op": LENT_FAULT, "reason": reason, "straggler": straggler}, 0]
+                         for _pos, index, reason, straggler in failed]
+                seq = self._send(link, {"op": "batch", "items": items, "lend": True})
+                worker_ms += self._collect(link, seq, [pos for pos, *_ in failed], results, deadline)
+        finally:
+            self._pending = None
+            self._state = _State.IDLE
+        if not raw:
+            results = [parse_result(r) for r in results]
+        self._record_timing(results, {link.address: worker_ms}, pending.t0)
+        return results
+
+    def _collect(self, link: _Link, seq: int, positions: list[int], results: list, deadline: float) -> float:
+        """Receive a batch reply into ``results`` at ``positions``; take the envs it lends; its worker_ms."""
+        header, frames = self._recv(link, seq, max(0.0, deadline - time.monotonic()))
+        self._raise_for_error(link, header)
+        self._take_lent(link, header)
+        for pos, result in zip(positions, self._parse_results(link, header, frames, raw=True)):
+            results[pos] = result
+        return float(header.get("worker_ms", 0.0))
 
     def _parse_results(self, link: _Link, header: dict, frames: list, raw: bool = False) -> list[EnvResult]:
         """Split a batch reply's one data frame into per-env results (replies and payload views)."""

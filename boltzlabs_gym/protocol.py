@@ -48,6 +48,10 @@ DEFAULT_BUSY_POLL_US = 300.0
 MAX_POLL_US = 1e6
 
 
+#: The batch op by which a local pool hands back a lent env whose call failed on its side.
+LENT_FAULT = "lent_fault"
+
+
 def check_poll_us(name: str, value: object) -> float:
     """``value`` as a busy-poll window in microseconds, or ValueError naming ``name``.
 

@@ -10,8 +10,9 @@ class Timing:
     """Timing of the pool's last batched call, plus totals since creation.
 
     ``worker_ms`` is the time the batch took on the slowest worker (fan-out to the
-    envs and back); ``roundtrip_ms`` is the trainer's wall clock around the whole
-    call. Their difference is the transport's share, never hidden inside either.
+    envs and back; on a local pool's direct lane, from the first request written to
+    the envs to the last reply read); ``roundtrip_ms`` is the trainer's wall clock
+    around the whole call. Their difference is the transport's share, never hidden inside either.
 
     >>> t = Timing(worker_ms=1.0, roundtrip_ms=1.4)
     >>> round(t.transport_ms, 3)

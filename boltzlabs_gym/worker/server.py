@@ -33,6 +33,7 @@ from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
     DEFAULT_BUSY_POLL_US,
+    LENT_FAULT,
     ERROR,
     OK,
     STRAGGLER,
@@ -54,6 +55,7 @@ log = logging.getLogger("boltzlabs_gym.worker")
 
 #: The client identity of the pool on the local channel (ROUTER identities never start with 0).
 LOCAL_CLIENT = b"\x00local"
+MAX_FAULT_REASON = 2000
 
 #: How many envs may be starting (interpreter boot + first reset) at once per worker.
 DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
@@ -358,7 +360,8 @@ class Worker:
     def _expire_leases(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            if session.create_seq is None and now - session.last_seen > session.cfg.lease_s:
+            lent = any(env.state == "lent" for env in session.envs)  # in use without a request
+            if session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s:
                 log.warning(
                     "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
                     session.sid, now - session.last_seen, session.cfg.lease_s, len(session.envs),
@@ -394,12 +397,12 @@ class Worker:
             reply.setdefault("seq", seq)
             self._send(client, reply)
 
-    def _send(self, client: bytes, header: dict, frames: list = ()) -> None:
+    def _send(self, client: bytes, header: dict, frames: list = (), fds: list = ()) -> None:
         if client == LOCAL_CLIENT:
             if self._local is None:
                 return
             try:
-                self._local.send_multipart([encode_header(header), *frames])
+                self._local.send_multipart([encode_header(header), *frames], fds)
                 self._watch_local_writes()
             except ChannelClosed as exc:
                 self._local_gone(exc)
@@ -494,6 +497,7 @@ class Worker:
         session = Session(sid, client, self.archives[digest], root, cfg, backend)
         session.owner_key = getattr(self, "_current_user", None)
         session.create_seq = header.get("seq")
+        session.lend = header.get("lend") is True and self._may_lend(client, session)
         self.sessions[sid] = session
         for env in session.envs:
             os.makedirs(env.workspace)
@@ -503,7 +507,7 @@ class Worker:
     def _op_batch(self, client, header, payloads):
         session = self._session_for(client, header)
         items = header.get("items")
-        if not isinstance(items, list) or not items:
+        if not isinstance(items, list) or not (items or header.get("faults") or header.get("adopt")):
             raise ValueError("batch needs a non-empty 'items' list")
         calls = []
         used = 0
@@ -520,16 +524,32 @@ class Worker:
             seen.add(index)
             if type(op) is not dict or type(op.get("op")) is not str:
                 raise ValueError(f"env {index}: op must be an object with an 'op' string")
+            if op["op"] == LENT_FAULT and (client != LOCAL_CLIENT or type(op.get("reason")) is not str):
+                raise ValueError(f"env {index}: {LENT_FAULT} is for a local pool's lent envs, with a reason string")
             if type(nframes) is not int or nframes < 0 or used + nframes > n_frames:
                 raise ValueError(f"env {index}: frame count {nframes!r} does not match the frames sent")
             calls.append((index, op, payloads[used : used + nframes] if nframes else ()))
             used += nframes
         if used != len(payloads):
             raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
+        lend = header.get("lend") is True and self._may_lend(client, session)
+        faults = self._lent_faults(session, header.get("faults"))
+        adopted = self._lent_adopted(session, header.get("adopt"))
         batch = Batch(self, client, header.get("seq"), len(calls))
+        batch.lend_from = session if lend else None
+        for env, reason in faults:
+            self._take_back(env)
+            self._fault(session, env, reason)
+        for env, name, left in adopted:
+            self._adopt(session, env, name, left)
         for pos, (index, op, frames) in enumerate(calls):
-            self._submit(session, session.envs[index], op, frames, batch, pos)
+            env = session.envs[index]
+            if op["op"] != LENT_FAULT:
+                self._take_back(env)
+            self._submit(session, env, op, frames, batch, pos)
         self._deadlines.seal(time.monotonic())
+        if not calls:
+            self.send_batch_reply(batch)  # only faults or adoptions: nothing to wait for
         return None
 
     def _op_memory(self, client, header, payloads):
@@ -597,6 +617,9 @@ class Worker:
     # ================================================================== env scheduling
     def _submit(self, session: Session, env: EnvProcess, op: dict, frames: list, batch: Batch, pos: int) -> None:
         name = op["op"]
+        if name == LENT_FAULT:
+            self._submit_lent_fault(session, env, op, batch, pos)
+            return
         cfg = session.cfg
         timeout = cfg.step_timeout if name == "step" else cfg.reset_timeout
         kind = name if name in _CALL_KINDS else "other"
@@ -653,6 +676,96 @@ class Worker:
         while self._gate_waiters and not self._gate_busy:
             session, env = self._gate_waiters.popleft()
             self._pump(session, env)
+
+    # ================================================================== pipes lent to the local pool
+    # A local pool may step its idle envs itself, on their own pipes, while this worker keeps
+    # everything else: their processes, stderr, deadlines' consequences, respawns (see
+    # boltzlabs_gym.lane). A lent env is "lent": its stdout is not watched here, and any
+    # request naming it takes it back first; the pool never uses it again until re-lent.
+    def _may_lend(self, client: bytes, session: Session) -> bool:
+        return client == LOCAL_CLIENT and self._local is not None and not session.cfg.serialize_measurement
+
+    def _lendable(self, env: EnvProcess) -> bool:
+        return (
+            env.state == "idle" and env.current is None and not env.queue and env.stdout_r >= 0
+            and not env.partial_output and not env.write_pending
+        )
+
+    def _lend_idle(self, session: Session) -> tuple[list[int], list[int]]:
+        """Lend every idle env of ``session``: (their indices, their stdin and stdout fds, in pairs)."""
+        indices, fds = [], []
+        if session.closed:
+            return indices, fds
+        for env in session.envs:
+            if self._lendable(env):
+                self._unregister(env.stdout_r)
+                env.state = "lent"
+                indices.append(env.index)
+                fds += (env.stdin_w, env.stdout_r)
+        return indices, fds
+
+    def _take_back(self, env: EnvProcess) -> None:
+        """The pool named a lent env in a request: its pipes are ours again."""
+        if env.state != "lent":
+            return
+        env.state = "idle"
+        self.epoll.register(env.stdout_r, select.EPOLLIN)
+        self._fd_owner[env.stdout_r] = (env, "out")
+
+    def _lent_faults(self, session: Session, faults) -> list[tuple[EnvProcess, str]]:
+        """Validate a request's ``faults``: ``[[index, reason], ...]`` the pool saw on lent,
+        idle envs (output nobody asked for, a closed pipe)."""
+        if faults is None:
+            return []
+        if not isinstance(faults, list) or not all(
+            type(f) is list and len(f) == 2 and type(f[0]) is int and 0 <= f[0] < len(session.envs)
+            and type(f[1]) is str for f in faults
+        ):
+            raise ValueError("faults must be a list of [env index, reason] pairs")
+        # An env that is no longer lent was already killed here (it wrote a second reply, say)
+        # and is being respawned: the pool saw the same fault from its side.
+        return [(session.envs[i], reason[:MAX_FAULT_REASON]) for i, reason in faults if session.envs[i].state == "lent"]
+
+    def _lent_adopted(self, session: Session, adopt) -> list[tuple[EnvProcess, str, float]]:
+        """Validate a request's ``adopt``: ``[[index, op, seconds left], ...]``, calls the pool
+        sent to lent envs and stopped waiting for (its wait timed out)."""
+        if adopt is None:
+            return []
+        if not isinstance(adopt, list) or not all(
+            type(a) is list and len(a) == 3 and type(a[0]) is int and 0 <= a[0] < len(session.envs)
+            and type(a[1]) is str and isinstance(a[2], (int, float)) and 0 < a[2] <= 86400 for a in adopt
+        ):
+            raise ValueError("adopt must be a list of [env index, op, seconds left] triples")
+        return [(session.envs[i], name, float(left)) for i, name, left in adopt if session.envs[i].state == "lent"]
+
+    def _adopt(self, session: Session, env: EnvProcess, name: str, left: float) -> None:
+        """Take back a lent env with a call in flight that nobody waits for any more: its reply
+        is dropped when it comes, its deadline still holds, calls queued behind it wait."""
+        self._take_back(env)
+        timeout = session.cfg.step_timeout if name == "step" else session.cfg.reset_timeout
+        call = Call({"op": name[:40]}, (), timeout, kind="step" if name == "step" else "other", index=env.index)
+        call.token = next(self._tokens)
+        env.current = call
+        env.state = "busy"
+        env.sent_at = time.perf_counter() - max(0.0, timeout - left)
+        self._deadlines.add(left, (session.sid, env.index, call.token))
+
+    def _submit_lent_fault(self, session: Session, env: EnvProcess, op: dict, batch: Batch, pos: int) -> None:
+        """The pool's call to a lent env failed (deadline, crash, bad reply): kill and report it
+        as if the call had been ours, and respawn it."""
+        call = Call(op, (), None, kind="step" if op.get("straggler") is True else "other",
+                    batch=batch, pos=pos, index=env.index)
+        reason = op["reason"][:MAX_FAULT_REASON]  # a string: checked with the request
+        if env.state != "lent":
+            # Not the pool's to hand back: killed here while lent (output nobody asked for, say)
+            # and being respawned, or never lent at all. Either way it is not killed again.
+            call.finish(ERROR, json_error(f"{reason} (env {env.global_index} is not lent to this pool: "
+                                          "the worker restarted it, or never lent it)", index=env.global_index), [])
+            return
+        self._take_back(env)
+        env.current = call
+        env.state = "busy"
+        self._fault(session, env, reason, straggler=op.get("straggler") is True)
 
     # ================================================================== env events
     def _on_env_event(self, env: EnvProcess, kind: str, ev: int) -> None:
@@ -844,17 +957,18 @@ class Worker:
                 self._send(session.client, {"seq": session.create_seq, "progress": session.started, "n": len(session.envs)})
             if session.started == len(session.envs):
                 seq, session.create_seq = session.create_seq, None
-                self._send(
-                    session.client,
-                    {
-                        "seq": seq,
-                        "ok": True,
-                        "session": session.sid,
-                        "token": session.token,
-                        "n": len(session.envs),
-                        "isolation": session.backend.report().to_json(),
-                    },
-                )
+                reply = {
+                    "seq": seq,
+                    "ok": True,
+                    "session": session.sid,
+                    "token": session.token,
+                    "n": len(session.envs),
+                    "isolation": session.backend.report().to_json(),
+                }
+                fds: list[int] = []
+                if session.lend:
+                    reply["lent"], fds = self._lend_idle(session)
+                self._send(session.client, reply, [], fds)
 
     def _start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
         self._start_more()
@@ -1000,7 +1114,10 @@ class Worker:
             results.append([index, status, sizes])
         worker_ms = (time.perf_counter() - batch.t0) * 1e3
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_ms, "results": results}
-        self._send(batch.client, header, [b"".join(parts)])
+        fds: list[int] = []
+        if batch.lend_from is not None:
+            header["lent"], fds = self._lend_idle(batch.lend_from)
+        self._send(batch.client, header, [b"".join(parts)], fds)
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
 

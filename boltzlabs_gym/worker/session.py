@@ -81,6 +81,8 @@ class Batch:
         self.results: list = [None] * size
         self.remaining = size
         self.t0 = time.perf_counter()
+        #: The session whose idle envs are lent to the client with the reply (a local pool's).
+        self.lend_from: Session | None = None
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
         if self.results[pos] is not None:
@@ -113,3 +115,5 @@ class Session:
         self.owner_key: str | None = None
         self.progress_sent = 0.0
         self.token = secrets.token_hex(16)
+        #: Whether the client (a local pool) takes the envs' pipes when they are idle.
+        self.lend = False

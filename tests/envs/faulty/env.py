@@ -6,6 +6,8 @@ Actions: an int (a plain counter step, reward = action) or a dict:
   {"crash": true}        raise SystemExit-free crash: os.abort()
   {"exit": code}         os._exit(code)
   {"garbage": true}      write a non-JSON line to the real stdout fd
+  {"twice": true}        write two whole replies (obs {"t": -1}) at once, then hang
+  {"late_garbage": s}    answer, then write a non-JSON line s seconds later
   {"huge_mib": m}        reply with a line of m MiB
   {"raise": "msg"}       raise an exception inside step
   {"print": "text"}      print() to stdout (must not corrupt the channel)
@@ -48,6 +50,14 @@ def step(action):
         if action.get("garbage"):
             os.write(_REAL_STDOUT, b"this is not json\n")
             time.sleep(5)
+        if action.get("twice"):
+            line = b'{"obs":{"t":-1},"reward":0.0,"terminated":false,"truncated":false,"info":{}}\n'
+            os.write(_REAL_STDOUT, line + line)
+            time.sleep(5)
+        if "late_garbage" in action:
+            import threading
+
+            threading.Timer(action["late_garbage"], os.write, (_REAL_STDOUT, b"late garbage\n")).start()
         if "huge_mib" in action:
             os.write(_REAL_STDOUT, b'{"obs":"' + b"x" * (action["huge_mib"] << 20) + b'"}\n')
             time.sleep(5)

@@ -1,0 +1,240 @@
+"""A local pool's direct lane: steps and resets written straight to the envs' own pipes.
+
+A pool that started its own worker asks it to *lend* idle envs: the worker passes the
+pool its ends of each env's stdin and stdout (``SCM_RIGHTS`` over their socketpair)
+and stops watching that stdout. The pool then writes step and reset lines itself and
+reads the replies with the worker's own parser (:class:`~boltzlabs_gym.envpipe.EnvPipe`:
+the same line and payload limits, the same untrusted-data rules). That takes the worker
+hop, two wake-ups and a second parse of every reply, off each policy step; on a 2-vCPU
+VM the hop was most of a small batch's cost.
+
+Everything else stays with the worker: the env processes, their stderr, every other
+op, and what happens to an env that fails. When an env misses its deadline, closes
+its pipe or breaks the protocol here, the lane closes its copies of the pipes and
+the pool hands the env back in its next request: the worker kills it, reports the
+failure (exit status, OOM, stderr tail) in that env's result slot, and respawns it,
+exactly as if the call had gone through the worker. An env the worker is asked to do
+anything else with is taken back by that request and lent again once idle.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import select
+import time
+from typing import Sequence
+
+from .envpipe import EnvFault, EnvPipe
+from .protocol import env_request_line
+
+__all__ = ["Lane", "DIRECT_OPS"]
+
+#: Ops the lane sends itself; anything else goes through the worker.
+DIRECT_OPS = frozenset(("step", "reset"))
+
+
+class _Lent(EnvPipe):
+    """One lent env: its pipes, and the call in flight on them."""
+
+    def __init__(self, index: int, stdin_w: int, stdout_r: int):
+        super().__init__(stdin_w, stdout_r)
+        self.index = index
+        self.pos = -1  # the in-flight call's position in the batch; -1: idle
+        self.op = ""
+        self.timeout = 0.0
+        self.sent_at = 0.0
+        self.deadline = 0.0
+
+
+class Lane:
+    """The lent envs of one local pool, by env index.
+
+    >>> lane = Lane(step_timeout=30.0, reset_timeout=60.0)     # doctest: +SKIP
+    >>> lane.add([0, 1], [in0, out0, in1, out1])                # from a worker reply
+    >>> lane.send([(0, 0, {"op": "step", "action": 1}, ())])    # (pos, index, op, payloads)
+    >>> done, failed = lane.wait(deadline)                      # replies, and calls to hand back
+    """
+
+    def __init__(self, step_timeout: float, reset_timeout: float):
+        self.step_timeout = step_timeout
+        self.reset_timeout = reset_timeout
+        self._envs: dict[int, _Lent] = {}
+        self._by_fd: dict[int, _Lent] = {}
+        self._epoll = select.epoll()
+        self._inflight: dict[int, _Lent] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        #: index -> reason: lent envs that failed while idle, for the next request's ``faults``.
+        self.idle_faults: dict[int, str] = {}
+        #: [index, op, seconds left]: calls abandoned by a timed-out wait, for the next request's ``adopt``.
+        self.abandoned: list[list] = []
+
+    def __len__(self) -> int:
+        return len(self._envs)
+
+    def holds(self, index: int) -> bool:
+        return index in self._envs
+
+    # ------------------------------------------------------------------ lending
+    def add(self, indices: Sequence[int], fds: Sequence[int]) -> None:
+        """Take the lent envs ``indices`` with their ``(stdin, stdout)`` fds, in pairs."""
+        for k, index in enumerate(indices):
+            if index in self._envs:  # lent again without being taken back: keep the newest pipes
+                self.release(index)
+            env = _Lent(index, fds[2 * k], fds[2 * k + 1])
+            self._envs[index] = env
+            self._by_fd[env.stdout_r] = env
+            self._epoll.register(env.stdout_r, select.EPOLLIN)
+
+    def release(self, index: int) -> None:
+        """Forget env ``index`` and close our copies of its pipes (the worker has its own)."""
+        env = self._envs.pop(index, None)
+        if env is None:
+            return
+        self._inflight.pop(index, None)
+        for fd in (env.stdout_r, env.stdin_w):
+            if self._by_fd.pop(fd, None) is not None:
+                try:
+                    self._epoll.unregister(fd)
+                except (OSError, ValueError):
+                    pass
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for index in list(self._envs):
+            self.release(index)
+        self._epoll.close()
+
+    # ------------------------------------------------------------------ calls
+    def send(self, items: Sequence[tuple[int, int, dict, Sequence[bytes]]]) -> list[tuple[int, int, str, bool]]:
+        """Write each ``(pos, index, op, payloads)`` to its env; the calls that failed at once,
+        as :meth:`wait` returns them."""
+        failed = []
+        now, sent_at = time.monotonic(), time.perf_counter()
+        for pos, index, op, payloads in items:
+            env = self._envs[index]
+            env.pos, env.op = pos, op["op"]
+            env.timeout = self.step_timeout if env.op == "step" else self.reset_timeout
+            env.sent_at, env.deadline = sent_at, now + env.timeout
+            line = env_request_line(op, payloads)
+            try:
+                done = env.write(b"".join([line, *payloads]) if payloads else line)
+            except EnvFault as exc:
+                failed.append(self._fail(env, exc.reason))
+                continue
+            if not done:
+                self._by_fd[env.stdin_w] = env
+                self._epoll.register(env.stdin_w, select.EPOLLOUT)
+            self._inflight[index] = env
+            heapq.heappush(self._deadlines, (env.deadline, index))
+        return failed
+
+    def wait(self, deadline: float) -> tuple[list[tuple[int, int, bytes, list]], list[tuple[int, int, str, bool]]]:
+        """Collect every call in flight, or stop at ``deadline`` (``time.monotonic``).
+
+        Returns ``(done, failed)``: ``(pos, index, reply line, payloads)`` per answered call,
+        ``(pos, index, reason, straggler)`` per call whose env must be handed back to the
+        worker (released here already). Calls still in flight at ``deadline`` move to
+        :attr:`abandoned` and :class:`TimeoutError` is raised.
+        """
+        done: list = []
+        failed: list = []
+        while self._inflight:
+            now = time.monotonic()
+            failed += self._expire(now)
+            if not self._inflight:
+                break
+            if now >= deadline:
+                for _pos, index, reason, _straggler in failed:
+                    self.idle_faults[index] = reason  # reported with the next request
+                self._abandon(now)
+                raise TimeoutError
+            next_deadline = self._deadlines[0][0] if self._deadlines else deadline
+            try:
+                events = self._epoll.poll(max(0.0, min(deadline, next_deadline) - now))
+            except InterruptedError:
+                continue
+            for fd, ev in events:
+                env = self._by_fd.get(fd)
+                if env is None:
+                    continue
+                if fd == env.stdin_w:
+                    self._on_writable(env, failed)
+                else:
+                    self._on_readable(env, done, failed)
+        return done, failed
+
+    def check_idle(self) -> None:
+        """Look for output from lent envs that nobody asked for (or a closed pipe) before a new call."""
+        if not self._envs:
+            return
+        for fd, _ev in self._epoll.poll(0):
+            env = self._by_fd.get(fd)
+            if env is not None and env.pos < 0 and fd == env.stdout_r:
+                self._on_readable(env, [], [])
+
+    def _on_writable(self, env: _Lent, failed: list) -> None:
+        try:
+            flushed = env.flush()
+        except EnvFault as exc:
+            failed.append(self._fail(env, exc.reason))
+            return
+        if flushed:
+            self._by_fd.pop(env.stdin_w, None)
+            self._epoll.unregister(env.stdin_w)
+
+    def _on_readable(self, env: _Lent, done: list, failed: list) -> None:
+        """Read what ``env`` wrote, judged as the worker judges it (``Worker._on_env_event``):
+        the first reply answers the call; a reply nobody asked for, or bytes left over after
+        one, mean the env is handed back to be restarted, the answered call standing."""
+        try:
+            replies = env.read_replies()
+        except EnvFault as exc:
+            if env.pos < 0:
+                self._idle_fault(env, exc.reason)
+            else:
+                failed.append(self._fail(env, exc.reason))
+            return
+        stray = env.partial_output and (bool(replies) or env.pos < 0)
+        for line, payloads in replies:
+            if env.pos < 0:
+                stray = True
+                break
+            done.append((env.pos, env.index, line, payloads))
+            env.pos = -1
+            del self._inflight[env.index]
+        if stray:
+            self._idle_fault(env, "the env wrote output nobody asked for")
+
+    def _expire(self, now: float) -> list:
+        failed = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            when, index = heapq.heappop(heap)
+            env = self._inflight.get(index)
+            if env is None or env.deadline != when:
+                continue  # answered, or a later call's deadline
+            waited = time.perf_counter() - env.sent_at
+            reason = f"missed the {env.timeout:g} s deadline for '{env.op}' (waited {waited:.2f} s); killed"
+            failed.append(self._fail(env, reason, straggler=env.op == "step"))
+        if not self._inflight:
+            heap.clear()
+        return failed
+
+    def _fail(self, env: _Lent, reason: str, straggler: bool = False) -> tuple[int, int, str, bool]:
+        pos = env.pos
+        self.release(env.index)
+        return pos, env.index, reason, straggler
+
+    def _idle_fault(self, env: _Lent, reason: str) -> None:
+        self.idle_faults[env.index] = reason
+        self.release(env.index)
+
+    def _abandon(self, now: float) -> None:
+        for index, env in list(self._inflight.items()):
+            self.abandoned.append([index, env.op, max(0.001, env.deadline - now)])
+            self.release(index)
+        self._deadlines.clear()
