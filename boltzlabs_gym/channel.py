@@ -30,6 +30,7 @@ from __future__ import annotations
 import array
 import collections
 import errno
+import math
 import os
 import select
 import socket
@@ -192,6 +193,9 @@ class Channel:
         self._reader = _Reader(large_in_place=True)
         self._messages: list[list[bytes]] = []
         self.fds: collections.deque[int] = collections.deque()
+        # poll, not select: a trainer holding many envs' pipes has descriptors above 1024.
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -223,8 +227,7 @@ class Channel:
         return self._messages.pop(0)
 
     def _read(self, timeout: float | None) -> None:
-        ready, _, _ = select.select([self._sock], [], [], timeout)
-        if not ready:
+        if not self._poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))):
             return
         if not self._reader.fill(self._sock, self.fds):
             raise ChannelClosed("the worker closed the channel")

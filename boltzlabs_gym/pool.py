@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import itertools
 import logging
+import math
 import os
 import select
 import shutil
@@ -1046,8 +1047,9 @@ def _read_line(stream, timeout: float) -> str:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        poller = select.poll()  # not select(): the fd may be above 1024 in a busy trainer
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(math.ceil(left * 1000)):
             break
         chunk = os.read(fd, 4096)
         if not chunk:

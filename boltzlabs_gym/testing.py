@@ -62,8 +62,9 @@ class WorkerProcess:
         if insecure:
             argv.append("--insecure")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], start_timeout)
-        line = self.proc.stdout.readline() if ready else ""
+        poller = select.poll()
+        poller.register(self.proc.stdout, select.POLLIN)
+        line = self.proc.stdout.readline() if poller.poll(start_timeout * 1000) else ""
         if not line.startswith("READY "):
             self.stop()
             raise RuntimeError(f"worker did not start: {line!r} {self.proc.stderr.read()[-2000:]}")

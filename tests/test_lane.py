@@ -192,3 +192,23 @@ def test_the_lane_stays_off_when_the_descriptor_limit_is_too_low(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["True", "[1]"]
+
+
+def test_a_pool_works_when_its_descriptors_are_above_1024():
+    # Several big pools hold thousands of lent pipes: a later pool's channel and worker pipe
+    # get descriptors select() cannot take (it raised "filedescriptor out of range").
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1400:
+        pytest.skip(f"the descriptor hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1400), hard))
+    null = os.open(os.devnull, os.O_RDONLY)
+    filler = [os.dup(null) for _ in range(1100)]
+    try:
+        with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+            assert pool._links[0].sock.fileno() > 1024
+            obs, *_ = pool.step([1, 1])
+            assert [o["t"] for o in obs] == [1, 1] and _lent(pool) == 2
+    finally:
+        for fd in filler + [null]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
