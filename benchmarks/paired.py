@@ -15,8 +15,10 @@ progress goes to stderr.
 Implementations: ``async`` (gymnasium AsyncVectorEnv, shared memory; the reference),
 ``sync`` (SyncVectorEnv), ``default``, ``boltz``, ``process`` (BoltzLabsVecEnv with
 mode="default" / mode="boltz" / isolation="process"). Append ``@US`` to one of ours to set
-``busy_poll_us`` (``default@0``), and ``+aslr`` for ``env_aslr=True`` (``default+aslr``:
-every env interpreter with its own randomized layout, as before that became the default).
+``busy_poll_us`` (``default@0``), ``+aslr`` for ``env_aslr=True`` (``default+aslr``:
+every env interpreter with its own randomized layout, as before that became the default),
+and ``+hop`` for ``direct=False`` (``default+hop``: every step through the worker, as
+before the direct lane).
 """
 
 from __future__ import annotations
@@ -49,22 +51,24 @@ def make_impl(name: str, factory, n: int):
     """A vector env for ``name`` (see the module docstring)."""
     kind, _, busy_poll = name.partition("@")
     kind, plus, option = kind.partition("+")
-    if plus and option != "aslr":
-        raise SystemExit(f"unknown option {option!r} in {name!r}: only +aslr")
+    if plus and option not in ("aslr", "hop"):
+        raise SystemExit(f"unknown option {option!r} in {name!r}: +aslr or +hop")
     if kind == "async":
         return gym.vector.AsyncVectorEnv([factory] * n, shared_memory=True)
     if kind == "sync":
         return gym.vector.SyncVectorEnv([factory] * n)
     kwargs: dict = {"busy_poll_us": float(busy_poll)} if busy_poll else {}
-    if plus:
+    if option == "aslr":
         kwargs["env_aslr"] = True
+    if option == "hop":
+        kwargs["direct"] = False
     if kind == "default":
         return BoltzLabsVecEnv([factory] * n, **kwargs)
     if kind == "boltz":
         return BoltzLabsVecEnv([factory] * n, mode="boltz", **kwargs)
     if kind == "process":
         return BoltzLabsVecEnv([factory] * n, isolation="process", **kwargs)
-    raise SystemExit(f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr, @US)")
+    raise SystemExit(f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr or +hop, @US)")
 
 
 def measure(names: list[str], factory, n: int, rounds: int, block: int, seed: int = 0) -> dict[str, list[float]]:
