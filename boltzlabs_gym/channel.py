@@ -107,15 +107,17 @@ class _Reader:
         With ``fds``, descriptors that came with the bytes are appended to it (close-on-exec).
         """
         target = self._large[self._large_have :] if self._large is not None else self._chunk
+        ancdata, flags = (), 0
         if fds is None:
             n = sock.recv_into(target)
         else:
             n, ancdata, flags, _ = sock.recvmsg_into([target], _FD_ANCILLARY, socket.MSG_CMSG_CLOEXEC)
-            _collect_fds(ancdata, flags, fds)
         if self._large is not None:
             self._large_have += n
         elif n:
             self.buf += self._view[:n]
+        if ancdata or flags:
+            _collect_fds(ancdata, flags, fds)  # after the bytes are kept: the stream stays framed
         return n
 
     def take(self) -> list | None:
@@ -336,18 +338,34 @@ class WorkerChannel:
 
 
 def _carry_fds(buffers: list[memoryview], fds: list[int], table: dict) -> list[memoryview]:
-    """Split off one-byte buffers from the message's start to carry ``fds``, at most
-    :data:`FDS_PER_SEND` on each. The descriptors are duplicated: the caller keeps its own."""
+    """Cut the message's first bytes into one-byte buffers, each carrying at most
+    :data:`FDS_PER_SEND` of ``fds``. The descriptors are duplicated (the caller keeps its
+    own); if that fails nothing is queued and nothing is left open."""
     chunks = [fds[i : i + FDS_PER_SEND] for i in range(0, len(fds), FDS_PER_SEND)]
-    out: list[memoryview] = []
-    first = buffers[0]  # the framing prefix: 4 + 8 * frames bytes, enough for every chunk
-    if first.nbytes < len(chunks):
+    if sum(b.nbytes for b in buffers) < len(chunks):
         raise ValueError(f"{len(fds)} descriptors need a message of at least {len(chunks)} bytes")
-    for k, chunk in enumerate(chunks):
-        piece = first[k : k + 1] if k < len(chunks) - 1 else first[k:]
-        table[id(piece)] = [os.dup(fd) for fd in chunk]
+    dups: list[list[int]] = []
+    try:
+        for chunk in chunks:
+            dups.append([])
+            for fd in chunk:
+                dups[-1].append(os.dup(fd))
+    except OSError:
+        for fd in (fd for chunk in dups for fd in chunk):
+            _close_quietly(fd)
+        raise
+    rest = list(buffers)
+    out: list[memoryview] = []
+    for k, chunk in enumerate(dups):
+        while not rest[0].nbytes:
+            rest.pop(0)
+        last = k == len(dups) - 1
+        piece = rest.pop(0) if last else rest[0][:1]
+        if not last:
+            rest[0] = rest[0][1:]
+        table[id(piece)] = chunk
         out.append(piece)
-    return out + buffers[1:]
+    return out + rest
 
 
 def _until_fds(pending: list[memoryview], table: dict) -> list[memoryview]:

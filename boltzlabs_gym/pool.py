@@ -156,6 +156,10 @@ class _Link:
         self.sock.close(linger=0)
 
 
+#: The time the worker gets to kill, report and respawn envs that failed on the lane.
+LENT_FAULT_TIMEOUT_S = 30.0
+
+
 @dataclass
 class _LanePending:
     """A batch sent partly on the lane: the worker request's tag (None: nothing sent to
@@ -176,6 +180,15 @@ def _close_lent(header: dict) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+def _sigpipe_ignored() -> bool:
+    """Whether writing to a dead env's pipe raises EPIPE here rather than killing the process
+    (Python ignores SIGPIPE unless the program restored it)."""
+    if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
+        return True
+    log.info("direct lane off: SIGPIPE is not ignored in this process")
+    return False
 
 
 def _fd_room(need: int) -> bool:
@@ -422,7 +435,7 @@ class RLPool:
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
         link = _Link(self._ctx, endpoint, 0, self.n, process=process, channel=channel)
         self._links.append(link)
-        if self.direct and _fd_room(2 * self.n + 64):
+        if self.direct and _sigpipe_ignored() and _fd_room(2 * self.n + 64):
             link.lane = Lane(self.step_timeout, self.reset_timeout)
 
     def _create_sessions(self, archive: bytes, digest: str, config: dict) -> None:
@@ -522,6 +535,8 @@ class RLPool:
                 ready = link.sock.poll(min(left, self.heartbeat_interval / 2) * 1000, zmq.POLLIN)
             except ChannelClosed:
                 self._raise_worker_gone(link)
+            except ChannelError as exc:
+                raise WorkerError(f"the channel to local worker {link.address} broke: {exc}", link.address) from None
             if ready:
                 # Copying receive: zero-copy Frames run cleanup code in __dealloc__, where a
                 # Ctrl-C is "ignored" by the interpreter, and the trainer then never stops.
@@ -694,13 +709,16 @@ class RLPool:
             if index in seen:
                 raise ValueError(f"env index {index} appears twice in one batch")
             seen.add(index)
-            if lane.holds(index) and type(op) is dict and op.get("op") in DIRECT_OPS:
-                direct.append((pos, index - link.start, op, payloads))
-                continue
-            lane.release(index - link.start)  # the worker takes it back with this request
-            via.append((pos, [index - link.start, op, len(payloads)]))
-            frames.extend(payloads)
-        header: dict = {"op": "batch", "items": [item for _, item in via], "lend": True}
+            local = index - link.start
+            if lane.holds(local) and type(op) is dict and op.get("op") in DIRECT_OPS:
+                # Encoded before anything is sent: an op that cannot be, fails the call untouched.
+                direct.append((pos, local, op["op"], lane.request(op, payloads)))
+            else:
+                via.append((pos, local, [local, op, len(payloads)]))
+                frames.extend(payloads)
+        for _pos, local, _item in via:
+            lane.hand_back(local)  # the worker takes it back with this request
+        header: dict = {"op": "batch", "items": [item for *_, item in via], "lend": True}
         if lane.idle_faults:
             header["faults"] = [[i, reason] for i, reason in lane.idle_faults.items()]
         if lane.abandoned:
@@ -709,10 +727,11 @@ class RLPool:
         seq = None
         if via or "faults" in header or "adopt" in header:
             seq = self._send(link, header, frames)
+            # The worker acts on these before it looks at the items, so they are delivered.
             lane.idle_faults, lane.abandoned = {}, []
         t_send = time.perf_counter()
         failed = lane.send(direct)
-        self._pending = _LanePending(seq, [pos for pos, _ in via], len(items), failed, t0, t_send if direct else None)
+        self._pending = _LanePending(seq, [pos for pos, *_ in via], len(items), failed, t0, t_send if direct else None)
         self._state = _State.WAITING_STEP
 
     def _lane_wait(self, timeout: float, raw: bool) -> list[EnvResult]:
@@ -722,28 +741,32 @@ class RLPool:
         results: list = [None] * pending.size
         worker_ms = 0.0
         deadline = time.monotonic() + timeout
+        failed: list = list(pending.failed)
         try:
             try:
-                done, failed = lane.wait(deadline)
+                done, seen_failing = lane.wait(deadline)
             except TimeoutError:
-                # Handed back with the next request; for now only the caller stops waiting.
-                for _pos, index, reason, _straggler in pending.failed:
-                    lane.idle_faults[index] = reason
                 raise WorkerTimeout(f"the envs of local worker {link.address} did not answer within {timeout:.1f} s",
                                     link.address) from None
+            failed += seen_failing
             if pending.t_send is not None:  # fan-out to the envs and back, as a worker counts it
                 worker_ms = (time.perf_counter() - pending.t_send) * 1e3
-            failed = pending.failed + failed
             for pos, index, line, payloads in done:
                 results[pos] = EnvResult(link.start + index, OK, None, payloads, line)
             if pending.seq is not None:
                 worker_ms = max(worker_ms, self._collect(link, pending.seq, pending.via, results, deadline))
             if failed:
-                # Our side saw the failure; the worker kills the env, says why, respawns it.
+                # Our side saw the failure; the worker kills the env, says why, respawns it. Its
+                # own time: a straggler is found at the step deadline, which may be the caller's.
                 items = [[index, {"op": LENT_FAULT, "reason": reason, "straggler": straggler}, 0]
                          for _pos, index, reason, straggler in failed]
                 seq = self._send(link, {"op": "batch", "items": items, "lend": True})
-                worker_ms += self._collect(link, seq, [pos for pos, *_ in failed], results, deadline)
+                failed_positions, failed = [pos for pos, *_ in failed], []
+                worker_ms += self._collect(link, seq, failed_positions, results,
+                                           max(deadline, time.monotonic() + LENT_FAULT_TIMEOUT_S))
+        except BaseException:
+            lane.abandon(failed)  # with the next request: no env stays lent to nobody
+            raise
         finally:
             self._pending = None
             self._state = _State.IDLE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import struct
@@ -214,6 +215,11 @@ def test_a_dead_local_worker_is_a_clear_error():
 
 def test_descriptors_ride_with_their_message_in_order(pair):
     client, worker = pair
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 10_000:
+        pytest.skip(f"needs 10,000 descriptors, the hard limit is {hard}")
+    if soft != resource.RLIM_INFINITY and soft < 10_000:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (10_000, hard))
     # More than one sendmsg can carry (the kernel's limit is 253 per message), and messages
     # without descriptors around them.
     pipes = [os.pipe() for _ in range(300)]
@@ -221,14 +227,17 @@ def test_descriptors_ride_with_their_message_in_order(pair):
     worker.send_multipart([b"before"])
     worker.send_multipart([b"with fds", b"x" * 100_000], sent)
     worker.send_multipart([b"after"], sent[:3])
+    worker.send_multipart([b"tiny"], (sent * 6)[: 12 * 250 + 1])  # 13 carriers: past the 12-byte framing prefix
     got = []
-    while len(got) < 3:
+    while len(got) < 4:
         worker.flush()
         if client.poll(100):
             got.append(client.recv_multipart())
-    assert [m[0] for m in got] == [b"before", b"with fds", b"after"] and bytes(got[1][1]) == b"x" * 100_000
+    assert [m[0] for m in got] == [b"before", b"with fds", b"after", b"tiny"] and bytes(got[1][1]) == b"x" * 100_000
     mine = client.take_fds(len(sent))
     again = client.take_fds(3)
+    for fd in client.take_fds(12 * 250 + 1):
+        os.close(fd)
     with pytest.raises(ChannelError, match="claims 1 file descriptors but 0 arrived"):
         client.take_fds(1)
     # Duplicates of the sender's, in order, close-on-exec; the sender's own stay open.
@@ -239,6 +248,7 @@ def test_descriptors_ride_with_their_message_in_order(pair):
     assert os.read(pipes[0][0], 4) == b"ping"
     for fd in mine + again + sent:
         os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_descriptors_of_an_unsent_message_are_closed_with_the_channel():

@@ -212,3 +212,81 @@ def test_a_pool_works_when_its_descriptors_are_above_1024():
         for fd in filler + [null]:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_env_that_dies_between_steps_is_restarted_as_the_worker_does(direct):
+    with RLPool(FAULTY, n=2, isolation=ISOLATION, direct=direct) as pool:
+        pool.reset(seed=0)
+        obs, *_ = pool.step([{"late_exit": 0.1}, 1])
+        assert [o["t"] for o in obs] == [1, 1]
+        time.sleep(0.8)
+        obs, _, dones, infos = pool.step([1, 1])
+        assert [o["t"] for o in obs] == [1, 2] and not dones.any() and infos == [{"t": 1}, {"t": 2}]
+        obs, *_ = pool.step([1, 1])
+        assert [o["t"] for o in obs] == [2, 3] and _lent(pool) == (2 if direct else 0)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_leaves_nothing_in_flight_on_the_lane():
+    import signal
+    import threading
+
+    def interrupt(*_):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with RLPool(FAULTY, n=3, isolation=ISOLATION, step_timeout=2.0) as pool:
+            pool.reset(seed=0)
+            pool.step_async([{"sleep": 0.6}, 1, {"hang": True}])
+            threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1)).start()
+            with pytest.raises(_Interrupted):
+                pool.step_wait()
+            # The sleeping call is adopted by the worker, its late reply dropped; the hung env is
+            # faulted at its deadline by the worker; env 1 answered and is still the pool's.
+            obs, _, dones, infos = pool.step([1, 1, 1])
+            assert [o["t"] for o in obs] == [2, 2, 1] and not dones.any()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_call_that_cannot_be_encoded_sends_nothing():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(TypeError):
+            pool.batch_async([(0, {"op": "step", "action": 1}, ()), (1, {"op": "step", "action": object()}, ())])
+        obs, *_ = pool.step([1, 1])
+        assert [o["t"] for o in obs] == [1, 1] and _lent(pool) == 2
+
+
+def test_faults_reported_with_a_refused_request_still_reach_the_worker():
+    with RLPool(FAULTY, n=2, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.step([{"late_garbage": 0.1}, 1])
+        time.sleep(0.5)
+        # Env 1's op is not an object: the worker refuses the request, but the stray output
+        # env 0 wrote was reported with it and env 0 is restarted anyway.
+        pool.batch_async([(0, {"op": "step", "action": 1}, ()), (1, "not an op", ())])
+        with pytest.raises(WorkerError, match="op must be an object"):
+            pool.batch_wait()
+        obs, *_ = pool.step([1, 1])
+        assert [o["t"] for o in obs] == [1, 2]
+
+
+def test_the_worker_lifts_its_own_descriptor_limit():
+    # It holds three pipes per env plus the copies it lends: a stock soft limit of 1024
+    # would run out at a few hundred envs.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+    try:
+        with RLPool(FAULTY, n=1, isolation=ISOLATION) as pool:
+            limits = open(f"/proc/{pool._links[0].process.pid}/limits").read()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    line = next(x for x in limits.splitlines() if x.startswith("Max open files")).split()
+    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    assert int(line[3]) == want, line

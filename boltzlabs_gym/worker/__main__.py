@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import shutil
 import signal
 import sys
@@ -22,6 +23,22 @@ def _local_channel(fd: int | None):
     # Never inherited by env processes: a sandboxed env must not reach the trainer's channel.
     os.set_inheritable(fd, False)
     return socket.socket(fileno=fd)
+
+
+def _raise_fd_limit() -> None:
+    """Lift the soft descriptor limit to the hard one (at most 2**20), as servers do.
+
+    The worker holds three pipes per env and, while lending a local pool its idle envs,
+    a duplicate of two of them per env in flight: under a stock soft limit of 1024 a
+    few hundred envs would exhaust it. Envs get their own limit (``Limits.open_files``).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         set_parent_death_signal(signal.SIGTERM)
     set_subreaper()
+    _raise_fd_limit()
     keys = None
     if args.keys:
         from ..keys import KeyFileError, load_worker_keys

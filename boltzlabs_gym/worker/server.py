@@ -397,12 +397,12 @@ class Worker:
             reply.setdefault("seq", seq)
             self._send(client, reply)
 
-    def _send(self, client: bytes, header: dict, frames: list = (), fds: list = ()) -> None:
+    def _send(self, client: bytes, header: dict, frames: list = ()) -> None:
         if client == LOCAL_CLIENT:
             if self._local is None:
                 return
             try:
-                self._local.send_multipart([encode_header(header), *frames], fds)
+                self._local.send_multipart([encode_header(header), *frames])
                 self._watch_local_writes()
             except ChannelClosed as exc:
                 self._local_gone(exc)
@@ -506,6 +506,9 @@ class Worker:
 
     def _op_batch(self, client, header, payloads):
         session = self._session_for(client, header)
+        # What the pool reports about envs it held is acted on first, even if an item below is
+        # refused: the pool has let go of those envs, and they must not stay lent.
+        self._apply_lent_reports(client, session, header)
         items = header.get("items")
         if not isinstance(items, list) or not (items or header.get("faults") or header.get("adopt")):
             raise ValueError("batch needs a non-empty 'items' list")
@@ -532,16 +535,9 @@ class Worker:
             used += nframes
         if used != len(payloads):
             raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
-        lend = header.get("lend") is True and self._may_lend(client, session)
-        faults = self._lent_faults(session, header.get("faults"))
-        adopted = self._lent_adopted(session, header.get("adopt"))
+        lend = header.get("lend") is True and session.lend and self._may_lend(client, session)
         batch = Batch(self, client, header.get("seq"), len(calls))
         batch.lend_from = session if lend else None
-        for env, reason in faults:
-            self._take_back(env)
-            self._fault(session, env, reason)
-        for env, name, left in adopted:
-            self._adopt(session, env, name, left)
         for pos, (index, op, frames) in enumerate(calls):
             env = session.envs[index]
             if op["op"] != LENT_FAULT:
@@ -685,6 +681,20 @@ class Worker:
     def _may_lend(self, client: bytes, session: Session) -> bool:
         return client == LOCAL_CLIENT and self._local is not None and not session.cfg.serialize_measurement
 
+    def _apply_lent_reports(self, client: bytes, session: Session, header: dict) -> None:
+        """A request's ``faults`` and ``adopt``: lent envs the pool let go of (see below)."""
+        if header.get("faults") is None and header.get("adopt") is None:
+            return
+        if client != LOCAL_CLIENT:
+            raise ValueError("faults and adopt are for a local pool's lent envs")
+        faults = self._lent_faults(session, header.get("faults"))
+        adopted = self._lent_adopted(session, header.get("adopt"))
+        for env, reason in faults:
+            self._take_back(env)
+            self._fault(session, env, reason)
+        for env, name, left in adopted:
+            self._adopt(session, env, name, left)
+
     def _lendable(self, env: EnvProcess) -> bool:
         return (
             env.state == "idle" and env.current is None and not env.queue and env.stdout_r >= 0
@@ -703,6 +713,25 @@ class Worker:
                 indices.append(env.index)
                 fds += (env.stdin_w, env.stdout_r)
         return indices, fds
+
+    def _send_lending(self, session: Session, header: dict, frames: list) -> None:
+        """Send a reply to the local pool lending it ``session``'s idle envs; without them if
+        their descriptors cannot go (out of descriptors here)."""
+        header["lent"], fds = self._lend_idle(session)
+        if fds and self._local is not None:
+            try:
+                self._local.send_multipart([encode_header(header), *frames], fds)
+                self._watch_local_writes()
+                return
+            except ChannelClosed as exc:
+                self._local_gone(exc)
+                return
+            except (OSError, ValueError) as exc:
+                log.warning("could not lend %d envs to the local pool: %s", len(header["lent"]), exc)
+                for index in header["lent"]:
+                    self._take_back(session.envs[index])
+                header["lent"] = []
+        self._send(session.client, header, frames)
 
     def _take_back(self, env: EnvProcess) -> None:
         """The pool named a lent env in a request: its pipes are ours again."""
@@ -965,10 +994,10 @@ class Worker:
                     "n": len(session.envs),
                     "isolation": session.backend.report().to_json(),
                 }
-                fds: list[int] = []
                 if session.lend:
-                    reply["lent"], fds = self._lend_idle(session)
-                self._send(session.client, reply, [], fds)
+                    self._send_lending(session, reply, [])
+                else:
+                    self._send(session.client, reply)
 
     def _start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
         self._start_more()
@@ -1065,9 +1094,16 @@ class Worker:
             if not got:
                 break
             self._to_reap.discard(got)
-            if any(env.pid == got for s in self.sessions.values() for env in s.envs):
-                # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
-                self._exit_status[got] = status
+            for s in list(self.sessions.values()):
+                for env in s.envs:
+                    if env.pid == got:
+                        # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
+                        self._exit_status[got] = status
+                        if env.state == "lent":
+                            # Nobody here watches its pipe: fault it now, while its pid is still
+                            # not reused, as its EOF would have (the pool finds the pipe closed).
+                            self._take_back(env)
+                            self._fault(s, env, "the env closed its stdout (exited or crashed)")
 
     def _await_exit(self, pid: int | None, timeout: float) -> bool:
         """Whether our child ``pid`` exits within ``timeout``; it is left unreaped (WNOWAIT)."""
@@ -1114,10 +1150,10 @@ class Worker:
             results.append([index, status, sizes])
         worker_ms = (time.perf_counter() - batch.t0) * 1e3
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_ms, "results": results}
-        fds: list[int] = []
         if batch.lend_from is not None:
-            header["lent"], fds = self._lend_idle(batch.lend_from)
-        self._send(batch.client, header, [b"".join(parts)], fds)
+            self._send_lending(batch.lend_from, header, [b"".join(parts)])
+        else:
+            self._send(batch.client, header, [b"".join(parts)])
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
 

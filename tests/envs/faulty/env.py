@@ -8,6 +8,7 @@ Actions: an int (a plain counter step, reward = action) or a dict:
   {"garbage": true}      write a non-JSON line to the real stdout fd
   {"twice": true}        write two whole replies (obs {"t": -1}) at once, then hang
   {"late_garbage": s}    answer, then write a non-JSON line s seconds later
+  {"late_exit": s}       answer, then exit (status 3) s seconds later
   {"huge_mib": m}        reply with a line of m MiB
   {"raise": "msg"}       raise an exception inside step
   {"print": "text"}      print() to stdout (must not corrupt the channel)
@@ -58,6 +59,10 @@ def step(action):
             import threading
 
             threading.Timer(action["late_garbage"], os.write, (_REAL_STDOUT, b"late garbage\n")).start()
+        if "late_exit" in action:
+            import threading
+
+            threading.Timer(action["late_exit"], os._exit, (3,)).start()
         if "huge_mib" in action:
             os.write(_REAL_STDOUT, b'{"obs":"' + b"x" * (action["huge_mib"] << 20) + b'"}\n')
             time.sleep(5)
