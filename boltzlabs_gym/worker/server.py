@@ -1094,16 +1094,11 @@ class Worker:
             if not got:
                 break
             self._to_reap.discard(got)
-            for s in list(self.sessions.values()):
-                for env in s.envs:
-                    if env.pid == got:
-                        # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
-                        self._exit_status[got] = status
-                        if env.state == "lent":
-                            # Nobody here watches its pipe: fault it now, while its pid is still
-                            # not reused, as its EOF would have (the pool finds the pipe closed).
-                            self._take_back(env)
-                            self._fault(s, env, "the env closed its stdout (exited or crashed)")
+            if any(env.pid == got for s in self.sessions.values() for env in s.envs):
+                # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
+                # (A lent env's EOF reaches the pool, which hands it back with a call in flight
+                # or with its next request; the worker cannot tell which, so it waits for that.)
+                self._exit_status[got] = status
 
     def _await_exit(self, pid: int | None, timeout: float) -> bool:
         """Whether our child ``pid`` exits within ``timeout``; it is left unreaped (WNOWAIT)."""
