@@ -195,6 +195,7 @@ class Channel:
         self._reader = _Reader(large_in_place=True)
         self._messages: list[list[bytes]] = []
         self.fds: collections.deque[int] = collections.deque()
+        self._broken: ChannelError | None = None
         # poll, not select: a trainer holding many envs' pipes has descriptors above 1024.
         self._poller = select.poll()
         self._poller.register(sock, select.POLLIN)
@@ -216,6 +217,8 @@ class Channel:
 
     def poll(self, timeout_ms: float = 0, flags: int = 0) -> bool:
         """Whether a whole message can be received now, waiting up to ``timeout_ms``."""
+        if self._broken is not None:
+            raise self._broken
         if self._messages:
             return True
         self._read(timeout_ms / 1000.0)
@@ -231,8 +234,13 @@ class Channel:
     def _read(self, timeout: float | None) -> None:
         if not self._poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))):
             return
-        if not self._reader.fill(self._sock, self.fds):
-            raise ChannelClosed("the worker closed the channel")
+        try:
+            if not self._reader.fill(self._sock, self.fds):
+                raise ChannelClosed("the worker closed the channel")
+        except ChannelError as exc:
+            # Descriptors were lost: which message owns which can no longer be told. For good.
+            self._broken = exc
+            raise
         while True:
             message = self._reader.take()
             if message is None:

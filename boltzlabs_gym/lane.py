@@ -69,6 +69,7 @@ class Lane:
         self._epoll = select.epoll()
         self._inflight: dict[int, _Lent] = {}
         self._deadlines: list[tuple[float, int]] = []
+        self._streaming = False  # a message larger than a pipe is on the way in this wait
         #: index -> reason: lent envs that failed while idle, for the next request's ``faults``.
         self.idle_faults: dict[int, str] = {}
         #: [index, op, seconds left]: calls abandoned by a timed-out wait, for the next request's ``adopt``.
@@ -134,16 +135,18 @@ class Lane:
         is abandoned (see :meth:`abandon`)."""
         failed = []
         now, sent_at = time.monotonic(), time.perf_counter()
+        self._streaming = False
         try:
             for pos, index, name, data in items:
                 env = self._envs[index]
                 if env.write_pending:
                     # It answered before reading all of its last request: the rest would be read as this one.
+                    env.pos = pos
                     failed.append(self._fail(env, "the env answered before reading its whole request"))
                     continue
                 self._write(env, pos, name, data, now, sent_at, failed)
         except BaseException:
-            self.abandon()
+            self.abandon(failed)
             raise
         return failed
 
@@ -161,6 +164,7 @@ class Lane:
         if not done:
             self._by_fd[env.stdin_w] = env
             self._epoll.register(env.stdin_w, select.EPOLLOUT)
+            self._streaming = True
 
     def wait(self, deadline: float) -> tuple[list[tuple[int, int, bytes, list]], list[tuple[int, int, str, bool]]]:
         """Collect every call in flight, or stop at ``deadline`` (``time.monotonic``).
@@ -185,8 +189,6 @@ class Lane:
         started = time.monotonic()
         while self._inflight:
             now = time.monotonic()
-            if done and len(self._inflight) > NAP_MIN_IN_FLIGHT:
-                now = self._nap(now, started, len(done), deadline)
             failed += self._expire(now)
             if not self._inflight:
                 break
@@ -194,8 +196,12 @@ class Lane:
                 self.abandon(failed)
                 raise TimeoutError
             next_deadline = self._deadlines[0][0] if self._deadlines else deadline
+            timeout = max(0.0, min(deadline, next_deadline) - now)
+            if done and len(self._inflight) > NAP_MIN_IN_FLIGHT and not self._streaming:
+                if self._nap(now, started, len(done), timeout):
+                    timeout = 0.0  # read what came during the nap before any deadline is judged
             try:
-                events = self._epoll.poll(max(0.0, min(deadline, next_deadline) - now))
+                events = self._epoll.poll(timeout)
             except InterruptedError:
                 continue
             for fd, ev in events:
@@ -207,23 +213,24 @@ class Lane:
                 else:
                     self._on_readable(env, done, failed)
 
-    def _nap(self, now: float, started: float, answered: int, deadline: float) -> float:
-        """Sleep through part of the expected wait for the calls still in flight; the new ``now``.
+    def _nap(self, now: float, started: float, answered: int, limit: float) -> bool:
+        """Sleep through part of the expected wait for the calls still in flight (at most
+        ``limit`` seconds); whether it slept.
 
         Woken for each reply as it comes, the pool would take a CPU from the envs a
         few hundred times per large batch, and each wake-up preempts the env that has just
         answered (measured with 256 envs on 2 vCPUs: 160 wake-ups per batch, a quarter more
         env CPU per step than when replies were gathered in rounds). Sleeping for a part of
         the time the rest should take, at the rate replies came so far, gathers them in
-        rounds instead; with few calls left the lane blocks in epoll again.
+        rounds instead; with few calls left the lane blocks in epoll again. Not while a
+        message larger than a pipe is on the way (its env waits for each pipe-full).
         """
         left = len(self._inflight)
-        nap = (now - started) / answered * left / NAP_ROUNDS
-        nap = min(nap, MAX_NAP_S, deadline - now, (self._deadlines[0][0] if self._deadlines else deadline) - now)
+        nap = min((now - started) / answered * left / NAP_ROUNDS, MAX_NAP_S, limit)
         if nap < MIN_NAP_S:
-            return now
+            return False
         time.sleep(nap)
-        return time.monotonic()
+        return True
 
     def check_idle(self) -> None:
         """Look for output from lent envs that nobody asked for (or a closed pipe) before a new call."""
@@ -257,6 +264,8 @@ class Lane:
                 failed.append(self._fail(env, exc.reason))
             return
         stray = env.partial_output and (bool(replies) or env.pos < 0)
+        if env.partial_output and not replies:
+            self._streaming = True  # a reply larger than the pipe: keep reading as it comes
         for line, payloads in replies:
             if env.pos < 0:
                 stray = True

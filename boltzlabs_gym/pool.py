@@ -716,9 +716,11 @@ class RLPool:
             else:
                 via.append((pos, local, [local, op, len(payloads)]))
                 frames.extend(payloads)
+        header: dict = {"op": "batch", "items": [item for *_, item in via], "lend": True}
+        if via:
+            encode_header(dict(header))  # one that cannot be encoded fails here, before envs are let go
         for _pos, local, _item in via:
             lane.hand_back(local)  # the worker takes it back with this request
-        header: dict = {"op": "batch", "items": [item for *_, item in via], "lend": True}
         if lane.idle_faults:
             header["faults"] = [[i, reason] for i, reason in lane.idle_faults.items()]
         if lane.abandoned:

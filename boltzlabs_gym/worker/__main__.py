@@ -26,14 +26,15 @@ def _local_channel(fd: int | None):
 
 
 def _raise_fd_limit() -> None:
-    """Lift the soft descriptor limit to the hard one (at most 2**20), as servers do.
+    """Lift the soft descriptor limit to the hard one (at most 2**16), as servers do.
 
     The worker holds three pipes per env and, while lending a local pool its idle envs,
     a duplicate of two of them per env in flight: under a stock soft limit of 1024 a
     few hundred envs would exhaust it. Envs get their own limit (``Limits.open_files``).
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 20, 1 << 20)
+    # At most 2**16: every env launch closes the inherited range up to the soft limit.
+    want = min(hard if hard != resource.RLIM_INFINITY else 1 << 16, 1 << 16)
     if soft != resource.RLIM_INFINITY and soft < want:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
