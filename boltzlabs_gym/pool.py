@@ -562,8 +562,10 @@ class RLPool:
         lent = header.get("lent")
         if not lent:
             return
-        if link.lane is None or not isinstance(lent, list) or not all(type(i) is int and 0 <= i < link.count for i in lent):
-            raise WorkerError(f"worker {link.address} lent envs this pool did not ask for: {str(lent)[:80]}", link.address)
+        valid = isinstance(lent, list) and all(type(i) is int and 0 <= i < link.count for i in lent)
+        if link.lane is None or not valid:
+            raise WorkerError(f"worker {link.address} lent envs this pool did not ask for: {str(lent)[:80]}",
+                              link.address)
         try:
             header["_fds"] = link.sock.take_fds(2 * len(lent))
         except ChannelError as exc:
