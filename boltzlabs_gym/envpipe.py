@@ -87,6 +87,11 @@ class EnvPipe:
         """Whether part of a reply (a line or its payloads) has been read but not completed."""
         return bool(self._rbuf) or self._line is not None
 
+    @property
+    def mid_transfer(self) -> bool:
+        """Whether a request is half written or a reply half read: the pipes cannot change hands."""
+        return self.write_pending or self.partial_output
+
     # ------------------------------------------------------------------ reading
     def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
         """Read what is available; return every complete reply. Raises EnvFault."""

@@ -26,7 +26,6 @@ import time
 from typing import Sequence
 
 from .envpipe import EnvFault, EnvPipe
-from .protocol import env_request_line
 
 __all__ = ["Lane", "DIRECT_OPS"]
 
@@ -118,17 +117,11 @@ class Lane:
         """Let go of env ``index`` for the worker to take back with the next request; one caught
         mid-transfer (a request half written, a reply half read) is reported as a fault."""
         env = self._envs.get(index)
-        if env is not None and (env.write_pending or env.partial_output):
+        if env is not None and env.mid_transfer:
             self._idle_fault(env, "the env's pipe held a partial message when the pool handed it back")
         self.release(index)
 
     # ------------------------------------------------------------------ calls
-    @staticmethod
-    def request(op: dict, payloads: Sequence[bytes]) -> bytes:
-        """The bytes that carry ``op`` and its payloads to an env (as the worker writes them)."""
-        line = env_request_line(op, payloads)
-        return b"".join([line, *payloads]) if payloads else line
-
     def send(self, items: Sequence[tuple[int, int, str, bytes]]) -> list[tuple[int, int, str, bool]]:
         """Write each ``(pos, index, op name, request bytes)`` to its env; the calls that
         failed at once, as :meth:`wait` returns them. If this raises, every call sent so far
@@ -308,7 +301,7 @@ class Lane:
             self.idle_faults[index] = reason
         now = time.monotonic()
         for index, env in list(self._inflight.items()):
-            if env.write_pending or env.partial_output:
+            if env.mid_transfer:
                 self._idle_fault(env, "the pool stopped waiting with the env's request or reply half sent")
                 continue
             self.abandoned.append([index, env.op, max(0.001, env.deadline - now)])

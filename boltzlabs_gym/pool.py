@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import os
+import resource
 import select
 import shutil
 import signal
@@ -48,8 +49,8 @@ from .errors import (
 )
 from .lane import DIRECT_OPS, Lane
 from .protocol import (
-    DEFAULT_BUSY_POLL_US, ERROR, LENT_FAULT, OK, STRAGGLER, check_poll_us, decode_header, encode_header, jsonable,
-    parse_json,
+    DEFAULT_BUSY_POLL_US, ERROR, LENT_FAULT, OK, STRAGGLER, check_poll_us, decode_header, encode_header,
+    env_request, jsonable, parse_json,
 )
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
@@ -193,8 +194,6 @@ def _sigpipe_ignored() -> bool:
 
 def _fd_room(need: int) -> bool:
     """Whether this process may open ``need`` more descriptors, raising its soft limit if it must."""
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         used = len(os.listdir("/proc/self/fd"))
@@ -714,7 +713,7 @@ class RLPool:
             local = index - link.start
             if lane.holds(local) and type(op) is dict and op.get("op") in DIRECT_OPS:
                 # Encoded before anything is sent: an op that cannot be, fails the call untouched.
-                direct.append((pos, local, op["op"], lane.request(op, payloads)))
+                direct.append((pos, local, op["op"], env_request(op, payloads)))
             else:
                 via.append((pos, local, [local, op, len(payloads)]))
                 frames.extend(payloads)
@@ -1070,12 +1069,12 @@ def _read_line(stream, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     buf = b""
     fd = stream.fileno()
+    poller = select.poll()  # not select(): the fd may be above 1024 in a busy trainer
+    poller.register(fd, select.POLLIN)
     while not buf.endswith(b"\n"):
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        poller = select.poll()  # not select(): the fd may be above 1024 in a busy trainer
-        poller.register(fd, select.POLLIN)
         if not poller.poll(math.ceil(left * 1000)):
             break
         chunk = os.read(fd, 4096)

@@ -137,6 +137,16 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     return _encode_json(op).encode() + b"\n"
 
 
+def env_request(op: dict, payloads: list | tuple = ()) -> bytes:
+    """The bytes that carry ``op`` to an env: its request line, then its payloads.
+
+    >>> env_request({"op": "step", "action": 1})
+    b'{"op":"step","action":1}\\n'
+    """
+    line = env_request_line(op, payloads)
+    return b"".join([line, *payloads]) if payloads else line
+
+
 def parse_discrete_step(data: bytes) -> tuple[int, bool] | None:
     """``(action, autoreset)`` of ``data`` when it is exactly one plain Discrete step line as
     :func:`env_request_line` writes it (a non-negative action), else ``None``.

@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..envpipe import EnvFault, EnvPipe  # noqa: F401 - EnvFault: the worker imports it from here
+from ..envpipe import EnvPipe
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.

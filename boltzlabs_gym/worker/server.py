@@ -40,12 +40,13 @@ from ..protocol import (
     ProtocolError,
     decode_header,
     encode_header,
-    env_request_line,
+    env_request,
     error_reply,
 )
 from . import memory
 from .deadlines import Deadlines
-from .envproc import Call, EnvFault, EnvProcess, describe_exit, json_error
+from ..envpipe import EnvFault
+from .envproc import Call, EnvProcess, describe_exit, json_error
 from .host import drain_fd, sweep_stale_workers, wipe_tree
 from .sandbox import LaunchSpec, SandboxUnavailable, select_backend
 from .session import Batch, Session, SessionConfig, SessionExpired
@@ -397,12 +398,13 @@ class Worker:
             reply.setdefault("seq", seq)
             self._send(client, reply)
 
-    def _send(self, client: bytes, header: dict, frames: list = ()) -> None:
+    def _send(self, client: bytes, header: dict, frames: list = (), fds: list = ()) -> None:
+        """Send a reply; ``fds`` (the local client only) may raise OSError or ValueError, sending nothing."""
         if client == LOCAL_CLIENT:
             if self._local is None:
                 return
             try:
-                self._local.send_multipart([encode_header(header), *frames])
+                self._local.send_multipart([encode_header(header), *frames], fds)
                 self._watch_local_writes()
             except ChannelClosed as exc:
                 self._local_gone(exc)
@@ -453,7 +455,9 @@ class Worker:
             return {"ok": True}
         if not is_archive_hash(digest):
             # It names a directory: checked here, before the thread checks the content.
-            raise ArchiveError(f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)")
+            raise ArchiveError(
+                f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)"
+            )
         dest = os.path.join(self.root, "archives", digest)
         self.uploads.submit(digest, payloads[0], dest, waiter=(client, header.get("seq")))
         return None
@@ -655,8 +659,7 @@ class Worker:
         if call.timeout is not None:
             self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
         try:
-            line = env_request_line(call.op, call.payloads)
-            done = env.write(b"".join([line, *call.payloads]) if call.payloads else line)
+            done = env.write(env_request(call.op, call.payloads))
         except EnvFault as exc:
             self._fault(session, env, exc.reason)
             return
@@ -696,10 +699,8 @@ class Worker:
             self._adopt(session, env, name, left)
 
     def _lendable(self, env: EnvProcess) -> bool:
-        return (
-            env.state == "idle" and env.current is None and not env.queue and env.stdout_r >= 0
-            and not env.partial_output and not env.write_pending
-        )
+        return (env.state == "idle" and env.current is None and not env.queue and env.stdout_r >= 0
+                and not env.mid_transfer)
 
     def _lend_idle(self, session: Session) -> tuple[list[int], list[int]]:
         """Lend every idle env of ``session``: (their indices, their stdin and stdout fds, in pairs)."""
@@ -718,20 +719,14 @@ class Worker:
         """Send a reply to the local pool lending it ``session``'s idle envs; without them if
         their descriptors cannot go (out of descriptors here)."""
         header["lent"], fds = self._lend_idle(session)
-        if fds and self._local is not None:
-            try:
-                self._local.send_multipart([encode_header(header), *frames], fds)
-                self._watch_local_writes()
-                return
-            except ChannelClosed as exc:
-                self._local_gone(exc)
-                return
-            except (OSError, ValueError) as exc:
-                log.warning("could not lend %d envs to the local pool: %s", len(header["lent"]), exc)
-                for index in header["lent"]:
-                    self._take_back(session.envs[index])
-                header["lent"] = []
-        self._send(session.client, header, frames)
+        try:
+            self._send(session.client, header, frames, fds)
+        except (OSError, ValueError) as exc:
+            log.warning("could not lend %d envs to the local pool: %s", len(header["lent"]), exc)
+            for index in header["lent"]:
+                self._take_back(session.envs[index])
+            header["lent"] = []
+            self._send(session.client, header, frames)
 
     def _take_back(self, env: EnvProcess) -> None:
         """The pool named a lent env in a request: its pipes are ours again."""
