@@ -50,8 +50,9 @@ from .errors import (
 from .lane import DIRECT_OPS, Lane
 from .protocol import (
     DEFAULT_BUSY_POLL_US, ERROR, LENT_FAULT, OK, STRAGGLER, check_poll_us, decode_header, encode_header,
-    env_request, jsonable, parse_json,
+    env_request, jsonable,
 )
+from .results import EnvResult, parse_result, reset_fields, step_fields
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
 
@@ -64,34 +65,6 @@ class _State(enum.Enum):
     IDLE = "idle"
     WAITING_STEP = "waiting for step_wait()"
     WAITING_RESET = "waiting for a reset reply"
-
-
-@dataclass
-class EnvResult:
-    """One env's result in a batch: ``status`` is ``"ok"``, ``"straggler"`` or ``"error"``.
-
-    ``reply`` is the env's reply object; from ``batch_wait(raw=True)`` it is ``None`` and
-    ``raw`` holds the reply line as the worker sent it, for :func:`parse_result`.
-    """
-
-    index: int
-    status: str
-    reply: dict | None
-    payloads: list
-    raw: bytes | None = None
-
-
-def parse_result(result: EnvResult) -> EnvResult:
-    """Parse a raw result's reply line in place (a reply that is not a JSON object is an error)."""
-    if result.reply is None:
-        try:
-            reply = parse_json(result.raw)
-        except ValueError:
-            result.status, reply = ERROR, {"message": "reply frame is not JSON"}
-        if not isinstance(reply, dict):
-            result.status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object"}
-        result.reply, result.raw = reply, None
-    return result
 
 
 class _Link:
@@ -1023,42 +996,6 @@ class RLPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._links)} worker(s)"
         return f"RLPool({self.env_dir!r}, n={self.n}, {state})"
-
-
-def step_fields(r: EnvResult, step_timeout: float):
-    """(obs, reward, terminated, truncated, info) of one env's step result."""
-    if r.status == OK:
-        reply = r.reply
-        if "error" in reply and "obs" not in reply:
-            return None, 0.0, True, False, {"boltzlabs_error": {"reason": f"env refused the step: {reply['error']}", "stderr": ""}}
-        info = reply.get("info")
-        info = dict(info) if isinstance(info, dict) else {}
-        try:
-            reward = float(reply.get("reward", 0.0))
-        except (TypeError, ValueError):
-            return None, 0.0, True, False, {"boltzlabs_error": {"reason": f"reward {reply.get('reward')!r} is not a number", "stderr": ""}}
-        terminated = bool(reply.get("terminated", reply.get("done", False)))
-        truncated = bool(reply.get("truncated", False))
-        return reply.get("obs"), reward, terminated, truncated, info
-    return None, 0.0, r.status == ERROR, r.status == STRAGGLER, failure_info(r, step_timeout)
-
-
-def reset_fields(r: EnvResult):
-    """(obs, info) of one env's reset result."""
-    if r.status == OK:
-        if "error" in r.reply and "obs" not in r.reply:
-            return None, {"boltzlabs_error": {"reason": f"env refused the reset: {r.reply['error']}", "stderr": ""}}
-        info = r.reply.get("info")
-        return r.reply.get("obs"), dict(info) if isinstance(info, dict) else {}
-    return None, failure_info(r, None)
-
-
-def failure_info(r: EnvResult, step_timeout: float | None) -> dict:
-    reason = str(r.reply.get("message", "unknown failure"))
-    stderr = str(r.reply.get("stderr", ""))
-    if r.status == STRAGGLER:
-        return {"boltzlabs_straggler": {"reason": reason, "deadline_s": step_timeout}}
-    return {"boltzlabs_error": {"reason": reason, "stderr": stderr}}
 
 
 def _tail_text(stderr: str) -> str:

@@ -33,7 +33,8 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 
 from . import codec
 from .errors import AsyncStateError, PoolClosedError
-from .pool import OK, STRAGGLER, EnvResult, RLPool, parse_result
+from .pool import OK, STRAGGLER, RLPool
+from .results import EnvResult, parse_result
 from .spaces import JsonSpace, space_from_json
 
 __all__ = ["BoltzLabsVecEnv"]
