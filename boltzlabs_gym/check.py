@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 from .errors import BoltzLabsError, EnvStartError
 from .pool import OK, RLPool
+from .results import EnvResult, FailureKind, failure_of
 
 
 def _problems_in_reset(reply: dict) -> list[str]:
+    """What is wrong with a reset reply the env did answer (see :func:`_failure_problem`)."""
     out = []
-    if "error" in reply and "obs" not in reply:
-        out.append(f"reset answered with an error: {reply['error']}")
     if "obs" not in reply:
         out.append("reset reply has no 'obs' key: return the first observation from reset()")
     if "info" in reply and not isinstance(reply["info"], dict):
@@ -30,9 +30,8 @@ def _problems_in_reset(reply: dict) -> list[str]:
 
 
 def _problems_in_step(reply: dict) -> list[str]:
+    """What is wrong with a step reply the env did answer (see :func:`_failure_problem`)."""
     out = []
-    if "error" in reply and "obs" not in reply:
-        return [f"step answered with an error: {reply['error']}"]
     for key in ("obs", "reward"):
         if key not in reply:
             out.append(f"step reply has no {key!r} key")
@@ -103,13 +102,15 @@ def check_env_dir(
         if described.status == OK and "error" not in described.reply:
             out(f"describe: observation_space={described.reply.get('observation_space')} action_space={described.reply.get('action_space')}")
         pool.reset(seed=0)
-        problems += _problems_in_reset(_last_reply(pool, "reset", {"op": "reset", "seed": 0}))
+        r = pool.call_envs({"op": "reset", "seed": 0})[0]
+        failed = _failure_problem(r, "reset")
+        problems += [failed] if failed else _problems_in_reset(r.reply)
         for t in range(steps):
             action = parsed[t % len(parsed)]
             r = pool.call_envs({"op": "step", "action": action})[0]
-            if r.status != OK:
-                problems.append(f"step {t}: the env {r.status}: {r.reply.get('message')}{_hint(str(r.reply.get('message')))}"
-                                f"\n{r.reply.get('stderr', '')}")
+            failed = _failure_problem(r, "step")
+            if failed:
+                problems.append(f"step {t}: {failed}")
                 break
             found = _problems_in_step(r.reply)
             problems += [f"step {t}: {p}" for p in found]
@@ -122,8 +123,11 @@ def check_env_dir(
     return problems
 
 
-def _last_reply(pool: RLPool, what: str, op: dict) -> dict:
-    r = pool.call_envs(op)[0]
-    if r.status != OK:
-        return {"error": f"{what}: {r.reply.get('message')}"}
-    return r.reply
+def _failure_problem(r: EnvResult, op: str) -> str | None:
+    """The env's failure to answer ``op`` as a problem with a hint, or ``None`` if it answered."""
+    failure = failure_of(r, op)
+    if failure is None:
+        return None
+    if failure.kind is FailureKind.REFUSED:
+        return f"{op} answered with an error: {r.reply['error']}"
+    return f"the env {r.status}: {failure.reason}{_hint(failure.reason)}\n{failure.stderr}"

@@ -4,6 +4,8 @@ Each also subclasses the builtin a user would naturally catch::
 
     BoltzLabsError
      ├── EnvStartError (RuntimeError)       an env failed to start: index, stderr tail
+     ├── EnvCallError (RuntimeError)        call/get_attr/set_attr/render failed in an env: index, failure
+     │    └── EnvAttributeError (AttributeError)  the env has no such attribute
      ├── WorkerError (RuntimeError)         a worker died, refused or is unreachable: address
      │    └── WorkerTimeout (TimeoutError)  no reply within the deadline
      ├── PoolClosedError (RuntimeError)     the pool/vector env was used after close()
@@ -30,6 +32,23 @@ class EnvStartError(BoltzLabsError, RuntimeError):
         self.index = index
         self.stderr_tail = stderr_tail
         self.worker = worker
+
+
+class EnvCallError(BoltzLabsError, RuntimeError):
+    """A ``call``, ``get_attr``, ``set_attr`` or ``render`` failed in one env.
+
+    ``index`` is the env's index in the pool; ``failure`` the
+    :class:`~boltzlabs_gym.results.Failure` that describes it.
+    """
+
+    def __init__(self, message: str, index: int | None = None, failure: object = None):
+        super().__init__(message)
+        self.index = index
+        self.failure = failure
+
+
+class EnvAttributeError(EnvCallError, AttributeError):
+    """What an env was asked for raised ``AttributeError`` there (it has no such attribute)."""
 
 
 class WorkerError(BoltzLabsError, RuntimeError):

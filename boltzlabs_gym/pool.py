@@ -52,7 +52,7 @@ from .protocol import (
     DEFAULT_BUSY_POLL_US, ERROR, LENT_FAULT, OK, STRAGGLER, check_poll_us, decode_header, encode_header,
     env_request, jsonable,
 )
-from .results import EnvResult, parse_result, reset_fields, step_fields
+from .results import EnvResult, parse_result, read_reset, read_step
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
 
@@ -831,8 +831,9 @@ class RLPool:
 
         ``obs`` and ``infos`` are lists in index order, ``rewards`` ``np.float32[n]``,
         ``dones`` ``np.bool_[n]``. A straggler's or crashed env's slot holds obs
-        ``None``, reward 0, done True and ``info["boltzlabs_straggler"]`` or
-        ``info["boltzlabs_error"]``.
+        ``None``, reward 0, done True (its episode is truncated) and
+        ``info["boltzlabs_straggler"]`` or ``info["boltzlabs_error"]``, as described in
+        :mod:`boltzlabs_gym.results`.
         """
         results = self.batch_wait(timeout)
         obs = [None] * self.n
@@ -840,8 +841,9 @@ class RLPool:
         dones = np.ones(self.n, dtype=np.bool_)
         infos: list[dict] = [{} for _ in range(self.n)]
         for r in results:
-            o, rew, term, trunc, info = step_fields(r, self.step_timeout)
-            obs[r.index], rewards[r.index], dones[r.index], infos[r.index] = o, rew, term or trunc, info
+            t = read_step(r, self.step_timeout)
+            obs[r.index], rewards[r.index], dones[r.index], infos[r.index] = (
+                t.obs, t.reward, t.terminated or t.truncated, t.info)
         self._last_obs = obs
         return obs, rewards, dones, infos
 
@@ -880,10 +882,9 @@ class RLPool:
         self.batch_async(items)
         results = self.batch_wait()
         obs = list(self._last_obs)
+        deadline_s = self.start_timeout if hard else self.reset_timeout
         for r in results:
-            o, info = reset_fields(r)
-            obs[r.index] = o
-            self.reset_infos[r.index] = info
+            obs[r.index], self.reset_infos[r.index], _ = read_reset(r, deadline_s)
         self._last_obs = obs
         return obs
 

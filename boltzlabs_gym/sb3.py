@@ -28,8 +28,9 @@ Semantics are SB3's (``DummyVecEnv``'s, checked step by step in the tests):
   accepts ``None``, an int, or a list (negative indices count from the end).
 
 Stragglers (an env that misses the pool's ``step_timeout``) and crashed envs end their
-episode by truncation; their info carries ``"boltzlabs_straggler": True`` or
-``"boltzlabs_error": "<reason>"`` and they are counted in :attr:`straggler_count` /
+episode by truncation; their info carries ``"boltzlabs_straggler"`` or ``"boltzlabs_error"``
+(a dict with ``kind``, ``reason``, ``stderr`` and ``deadline_s``, the shape every adapter uses:
+see :mod:`boltzlabs_gym.results`) and they are counted in :attr:`straggler_count` /
 :attr:`error_count`. The env is respawned and reset before ``step_wait`` returns, so
 the returned observation is a genuine reset observation (``terminal_observation`` is a
 zero observation: the real one never arrived).
@@ -56,7 +57,7 @@ from gymnasium.vector import AutoresetMode
 
 from . import codec
 from .factories import SB3EnvFactory
-from .pool import OK
+from .results import read_value
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -229,18 +230,7 @@ class BoltzLabsSB3VecEnv(VecEnv):
             return []
         self._finish_pending()
         results = {r.index: r for r in self.pool.call_envs(op, indices=idx)}
-        values = []
-        for i in idx:
-            r = results[i]
-            if r.status != OK:
-                raise RuntimeError(f"env {i}: {what} failed: {r.status} {r.reply.get('message', '')}")
-            if "error" in r.reply:
-                err = str(r.reply["error"])
-                if "AttributeError" in err:
-                    raise AttributeError(f"env {i}: {what}: {err.strip().splitlines()[-1]}")
-                raise RuntimeError(f"env {i}: {what} failed inside the env:\n{err}")
-            values.append(codec.decode_info(r.reply.get("value", r.reply.get("frame")), r.payloads, copy=True))
-        return values
+        return [read_value(results[i], what, _decode_value) for i in idx]
 
     def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
         """The attribute of each env, never called (SB3 semantics, unlike Gymnasium's ``get_attr``).
@@ -352,6 +342,10 @@ def _env_info(infos: dict, i: int, n: int) -> dict:
         else:
             out[key] = value
     return out
+
+
+def _decode_value(obj: Any, payloads: list) -> Any:
+    return codec.decode_info(obj, payloads, copy=True)
 
 
 def _same(a: dict, b: dict) -> bool:

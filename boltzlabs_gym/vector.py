@@ -13,8 +13,10 @@ Every ``step`` is one batched request: in ``NEXT_STEP`` mode the envs that finis
 on the previous step are reset inside that same request. ``SAME_STEP`` envs reset
 themselves in-process and return the final and the new observation in one reply.
 An env that misses ``step_timeout`` or crashes comes back truncated, with a zero
-observation and ``infos["boltzlabs_straggler"]`` / ``infos["boltzlabs_error"]``; it is
-respawned and reset on the next step without an extra round trip.
+observation and ``infos["boltzlabs_straggler"]`` / ``infos["boltzlabs_error"]`` (dicts of
+arrays ``kind``, ``reason``, ``stderr``, ``deadline_s`` with ``_`` masks, the shape of
+:mod:`boltzlabs_gym.results`); it is respawned and reset on the next step without an
+extra round trip.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
 from . import codec
-from .errors import AsyncStateError, PoolClosedError
-from .pool import OK, STRAGGLER, RLPool
-from .results import EnvResult, parse_result
+from .errors import AsyncStateError, EnvStartError, PoolClosedError
+from .pool import OK, RLPool
+from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
 from .spaces import JsonSpace, space_from_json
 
 __all__ = ["BoltzLabsVecEnv"]
@@ -115,7 +117,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self.num_envs = pool.n
         described = pool.call_envs({"op": "describe"}, indices=[0])[0]
         if described.status != OK or "error" in described.reply:
-            raise RuntimeError(f"env 0 could not describe itself: {described.reply}")
+            raise EnvStartError(f"env 0 could not describe itself: {described.reply}", index=0,
+                                stderr_tail=str(described.reply.get("stderr", "")))
         d = described.reply
         self._gym_server = d.get("server") == "gym"
         self.single_observation_space = space_from_json(d.get("observation_space"))
@@ -168,55 +171,22 @@ class BoltzLabsVecEnv(VectorEnv):
             return codec.encode(self.single_action_space, action)
         return codec.to_json_safe(action), []
 
-    def _failure_info(self, r: EnvResult) -> dict:
-        if r.status == STRAGGLER:
-            return {"boltzlabs_straggler": True}
-        reason = str(r.reply.get("message", "env failed"))
-        tail = str(r.reply.get("stderr", "")).rstrip()
-        return {"boltzlabs_error": reason + (f"\n--- stderr tail ---\n{tail}" if tail else "")}
+    def _decode_value(self, obj: Any, payloads: list) -> Any:
+        return codec.decode_info(obj, payloads, copy=True)
 
-    def _reset_result(self, r: EnvResult) -> tuple[Any, dict]:
-        """(obs, info) of a reset; a failed env gives a zero obs and the failure in its info."""
-        if r.status != OK:
-            return deepcopy(self._zero_obs), self._failure_info(r)
-        if "error" in r.reply and "obs" not in r.reply:
-            return deepcopy(self._zero_obs), {"boltzlabs_error": f"env refused the reset: {r.reply['error']}"}
-        info = self._decode_info(r.reply.get("info"), r.payloads)
-        obs = r.reply.get("obs")
-        if obs is None:
-            return deepcopy(self._zero_obs), info
-        try:
-            return self._decode_obs(obs, r.payloads), info
-        except codec.CodecError as exc:
-            return deepcopy(self._zero_obs), dict(info, boltzlabs_error=f"env {r.index} sent a bad observation: {exc}")
+    def _read_reset(self, r: EnvResult) -> ResetOutcome:
+        """A reset result read by :mod:`~boltzlabs_gym.results`; a failed env's obs is the zero obs."""
+        out = read_reset(r, self._pool.reset_timeout, self._decode_obs, self._decode_info)
+        return out if out.obs is not None else out._replace(obs=deepcopy(self._zero_obs))
 
-    def _step_result(self, r: EnvResult):
-        """(obs, reward, terminated, truncated, info, reset_obs|None, reset_info|None)."""
-        if r.status != OK:
-            # A straggler or crash ends the episode by truncation: nothing the MDP did.
-            return deepcopy(self._zero_obs), 0.0, False, True, self._failure_info(r), None, None
-        reply = r.reply
-        if "error" in reply and "obs" not in reply:
-            return deepcopy(self._zero_obs), 0.0, False, True, {"boltzlabs_error": f"env refused the step: {reply['error']}"}, None, None
-        info = self._decode_info(reply.get("info"), r.payloads)
-        try:
-            reward = float(reply.get("reward", 0.0))
-            terminated = bool(reply.get("terminated", reply.get("done", False)))
-            truncated = bool(reply.get("truncated", False))
-            obs = reply.get("obs")
-            obs = deepcopy(self._zero_obs) if obs is None else self._decode_obs(obs, r.payloads)
-        except (TypeError, ValueError) as exc:
-            return deepcopy(self._zero_obs), 0.0, False, True, dict(info, boltzlabs_error=f"env {r.index} sent a bad step reply: {exc}"), None, None
-        reset_obs = reset_info = None
-        if "reset_obs" in reply or "reset_info" in reply:
-            reset_info = self._decode_info(reply.get("reset_info"), r.payloads)
-            try:
-                ro = reply.get("reset_obs")
-                reset_obs = deepcopy(self._zero_obs) if ro is None else self._decode_obs(ro, r.payloads)
-            except codec.CodecError as exc:
-                reset_obs = deepcopy(self._zero_obs)
-                reset_info = dict(reset_info, boltzlabs_error=f"env {r.index} sent a bad reset observation: {exc}")
-        return obs, reward, terminated, truncated, info, reset_obs, reset_info
+    def _read_step(self, r: EnvResult) -> Transition:
+        """A step result read by :mod:`~boltzlabs_gym.results`, with zero obs where none could be had."""
+        t = read_step(r, self._pool.step_timeout, self._decode_obs, self._decode_info)
+        if t.obs is None:
+            t = t._replace(obs=deepcopy(self._zero_obs))
+        if t.reset_info is not None and t.reset_obs is None:
+            t = t._replace(reset_obs=deepcopy(self._zero_obs))
+        return t
 
     def _batched_obs(self):
         if self._obs_leaf is not None:
@@ -270,9 +240,9 @@ class BoltzLabsVecEnv(VectorEnv):
             self._autoreset_envs[mask] = False
         infos: dict = {}
         for r in results:
-            self._env_obs[r.index], env_info = self._reset_result(r)
+            self._env_obs[r.index], env_info, failure = self._read_reset(r)
             infos = self._add_info(infos, env_info, r.index)
-            if r.status != OK:
+            if failure is not None:
                 self._autoreset_envs[r.index] = self.autoreset_mode != AutoresetMode.DISABLED
         return self._batched_obs(), infos
 
@@ -330,27 +300,27 @@ class BoltzLabsVecEnv(VectorEnv):
             if leaf is not None and r.status == OK and not reset_ops[i] and self._take_plain_step(leaf, r, same_step):
                 continue
             parse_result(r)
-            failed[i] = r.status != OK
             if reset_ops[i]:
-                self._env_obs[i], env_info = self._reset_result(r)
+                self._env_obs[i], env_info, failure = self._read_reset(r)
                 self._rewards[i] = 0.0
                 self._terminations[i] = False
-                self._truncations[i] = r.status != OK
+                self._truncations[i] = failed[i] = failure is not None
                 infos = self._add_info(infos, env_info, i)
                 continue
-            obs, reward, term, trunc, env_info, reset_obs, reset_info = self._step_result(r)
+            obs, reward, term, trunc, env_info, failure, reset_obs, reset_info = self._read_step(r)
             self._env_obs[i], self._rewards[i], self._terminations[i], self._truncations[i] = obs, reward, term, trunc
+            failed[i] = failure is not None
             if same_step and (term or trunc):
                 infos = self._add_info(infos, {"final_obs": obs, "final_info": env_info}, i)
-                if reset_obs is not None:
+                if reset_info is not None:
                     self._env_obs[i], env_info = reset_obs, reset_info
                 else:
-                    # The env died with the step: it is respawned; its reset happens next step.
+                    # The step failed, so the env did not reset itself; its reset happens next step.
                     env_info = {k: v for k, v in env_info.items() if k.startswith("boltzlabs_")}
             infos = self._add_info(infos, env_info, i)
         done = np.logical_or(self._terminations, self._truncations)
         if same_step:
-            # Only envs that could not reset in-process (they crashed) still need one.
+            # Only envs that could not reset in-process (their step failed) still need one.
             self._autoreset_envs = np.logical_and(done, failed)
         else:
             self._autoreset_envs = done
@@ -410,14 +380,7 @@ class BoltzLabsVecEnv(VectorEnv):
     # ------------------------------------------------------------------ attributes
     def _call_all(self, op: dict, what: str) -> tuple:
         results = self._run([(i, op, ()) for i in range(self.num_envs)])
-        values = []
-        for r in results:
-            if r.status != OK:
-                raise RuntimeError(f"env {r.index}: {what} failed: {self._failure_info(r)}")
-            if "error" in r.reply:
-                raise RuntimeError(f"env {r.index}: {what} failed inside the env:\n{r.reply['error']}")
-            values.append(codec.decode_info(r.reply.get("value", r.reply.get("frame")), r.payloads, copy=True))
-        return tuple(values)
+        return tuple(read_value(r, what, self._decode_value) for r in results)
 
     def _require_gym_server(self, what: str) -> None:
         if not self._gym_server:
@@ -452,8 +415,7 @@ class BoltzLabsVecEnv(VectorEnv):
                 raise ValueError(f"set_attr value for env {i}: arrays are not supported; pass a list")
             items.append((i, {"op": "set_attr", "name": name, "value": obj}, ()))
         for r in self._run(items):
-            if r.status != OK or "error" in r.reply:
-                raise RuntimeError(f"env {r.index}: set_attr({name!r}) failed: {r.reply}")
+            read_value(r, f"set_attr({name!r})")
 
     def render(self) -> tuple | None:
         """One frame per env (``render_mode="rgb_array"``), as a tuple."""

@@ -184,7 +184,7 @@ def test_straggler_and_crash_infos_with_masks(fault, mode):
         assert time.monotonic() - t0 < 1.0 + 2.0
         assert infos[f"_{key}"].tolist() == [False, False, True, False]
         if fault == "crash":
-            assert "exited with status 9" in infos[key][2]
+            assert "exited with status 9" in infos[key]["reason"][2]
         assert truncs[2] and not terms[2] and rewards[2] == 0
         np.testing.assert_array_equal(obs[2], np.zeros(4, dtype=np.float32))
         assert not truncs[[0, 1, 3]].any()
