@@ -195,7 +195,7 @@ def main() -> int:
                     if info.get("boltzlabs_straggler"):
                         notes.append("STRAGGLER (missed step_timeout)")
                     if info.get("boltzlabs_error"):
-                        notes.append("ERROR " + str(info["boltzlabs_error"]).splitlines()[0])
+                        notes.append("ERROR " + (info["boltzlabs_error"]["reason"].splitlines() or [""])[0])
                     out = str(info.get("output", ""))
                     if "timed out" in out:
                         notes.append("timed out (env's own limit)")
