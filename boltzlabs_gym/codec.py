@@ -41,6 +41,7 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium import spaces as gs
 
+from .errors import CodecError
 from .spaces import JsonSpace
 
 __all__ = [
@@ -71,10 +72,6 @@ MAX_REPR_CHARS = 1000
 
 _DTYPE_RE = re.compile(r"^[<>|=]?[biuf][1248]$")
 _ARRAY_SPACES = (gs.Box, gs.MultiBinary, gs.MultiDiscrete)
-
-
-class CodecError(ValueError):
-    """A value or payload that does not match its space (or the wire format)."""
 
 
 Payloads = Sequence[Any]  # bytes-like objects: bytes, bytearray, memoryview, zmq frames' buffers

@@ -19,14 +19,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .errors import KeyFileError
+
 __all__ = ["KeyFileError", "WorkerKeys", "ClientKeys", "generate_keys", "load_worker_keys", "load_client_keys"]
 
 WORKER_NAME = "worker"
 CLIENT_NAME = "client"
-
-
-class KeyFileError(ValueError):
-    """A key file is missing, empty or malformed; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import sys
 import time
 import uuid
 
+from .errors import NetnsUnavailable, WorkerError
+
 __all__ = [
     "WorkerProcess",
     "NetnsHost",
@@ -67,7 +69,7 @@ class WorkerProcess:
         line = self.proc.stdout.readline() if poller.poll(start_timeout * 1000) else ""
         if not line.startswith("READY "):
             self.stop()
-            raise RuntimeError(f"worker did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+            raise WorkerError(f"worker did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
         self.address = line.split()[1]
 
     @property
@@ -91,10 +93,6 @@ class WorkerProcess:
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()
-
-
-class NetnsUnavailable(RuntimeError):
-    """Network namespaces or veth pairs cannot be made here (not root, no iproute2)."""
 
 
 class NetnsHost:
