@@ -65,7 +65,8 @@ def generate_keys(directory: str) -> dict[str, str]:
     return written
 
 
-def _load(path: str, want_secret: bool) -> tuple[bytes, bytes | None]:
+def _load(path: str, want_secret: bool) -> tuple[bytes, bytes]:
+    """The (public, secret) keys in ``path``; secret is ``b""`` in a public key file."""
     import zmq.auth
 
     if not os.path.isfile(path):
@@ -80,7 +81,7 @@ def _load(path: str, want_secret: bool) -> tuple[bytes, bytes | None]:
         raise KeyFileError(f"key file {path} has no valid public key")
     if want_secret and (not secret or len(secret) != 40):
         raise KeyFileError(f"key file {path} has no secret key (use the .key_secret file)")
-    return public, secret
+    return public, secret or b""
 
 
 def load_worker_keys(directory: str) -> WorkerKeys:
