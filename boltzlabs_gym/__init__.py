@@ -1,5 +1,8 @@
 """boltzlabs_gym: Gymnasium vector environments over a pool of sandboxed, resident env processes.
 
+Eight counter envs stepped in lockstep (skipped as a doctest: it starts a worker and
+sandboxed env processes; the README's quickstart and ``tests/test_pool.py`` run it):
+
 >>> from boltzlabs_gym import RLPool                      # doctest: +SKIP
 >>> with RLPool("./envs/counter", n=8) as pool:           # doctest: +SKIP
 ...     obs = pool.reset(seed=0)

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ...errors import SandboxUnavailable  # re-exported: the backends and the worker import it from here
+from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
 
 #: personality(2) flag: the next execve lays the process out without randomization.
 ADDR_NO_RANDOMIZE = 0x0040000
