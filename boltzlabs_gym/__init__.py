@@ -1,5 +1,8 @@
 """boltzlabs_gym: Gymnasium vector environments over a pool of sandboxed, resident env processes.
 
+Eight counter envs stepped in lockstep (skipped as a doctest: it starts a worker and
+sandboxed env processes; the README's quickstart and ``tests/test_pool.py`` run it):
+
 >>> from boltzlabs_gym import RLPool                      # doctest: +SKIP
 >>> with RLPool("./envs/counter", n=8) as pool:           # doctest: +SKIP
 ...     obs = pool.reset(seed=0)
@@ -22,15 +25,21 @@ _LAZY = {
     "make_vec": "boltzlabs_gym.make",
     "Limits": "boltzlabs_gym.worker.sandbox.base",
     "IsolationReport": "boltzlabs_gym.worker.sandbox.base",
+    # The exception tree (boltzlabs_gym.errors); NetnsUnavailable stays in boltzlabs_gym.testing.
     "BoltzLabsError": "boltzlabs_gym.errors",
     "EnvStartError": "boltzlabs_gym.errors",
+    "EnvCallError": "boltzlabs_gym.errors",
+    "EnvAttributeError": "boltzlabs_gym.errors",
     "WorkerError": "boltzlabs_gym.errors",
     "WorkerTimeout": "boltzlabs_gym.errors",
     "PoolClosedError": "boltzlabs_gym.errors",
     "AsyncStateError": "boltzlabs_gym.errors",
-    "ArchiveError": "boltzlabs_gym.errors",
     "CapacityError": "boltzlabs_gym.errors",
     "SandboxUnavailable": "boltzlabs_gym.errors",
+    "ArchiveError": "boltzlabs_gym.errors",
+    "CodecError": "boltzlabs_gym.errors",
+    "ProtocolError": "boltzlabs_gym.errors",
+    "KeyFileError": "boltzlabs_gym.errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

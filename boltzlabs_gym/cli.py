@@ -1,5 +1,7 @@
 """The ``boltzlabs-gym`` command.
 
+Commands, by example::
+
     boltzlabs-gym keygen ./keys                       CURVE key pairs for a worker and a client
     boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys   run a worker
     boltzlabs-gym check ./my_env                      run an env dir through reset and steps, explain problems
@@ -19,7 +21,8 @@ __all__ = ["main"]
 def _cmd_worker(args: argparse.Namespace) -> int:
     from .worker.__main__ import main as worker_main
 
-    argv = [a for ep in args.bind for a in ("--bind", ep)] + ["--capacity", str(args.capacity), "--log-level", args.log_level]
+    argv = [a for ep in args.bind for a in ("--bind", ep)]
+    argv += ["--capacity", str(args.capacity), "--log-level", args.log_level]
     if args.keys:
         argv += ["--keys", args.keys]
     if args.insecure:
@@ -37,7 +40,10 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
         return 2
     for name, path in written.items():
         print(f"{name:14s} {path}")
-    print("copy worker.key_secret and client.key to each worker host; keep client.key_secret and worker.key with the trainer")
+    print(
+        "copy worker.key_secret and client.key to each worker host; "
+        "keep client.key_secret and worker.key with the trainer"
+    )
     return 0
 
 
@@ -54,7 +60,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
             from .keys import load_client_keys
 
             keys = load_client_keys(args.keys)
-            sock.curve_secretkey, sock.curve_publickey, sock.curve_serverkey = keys.secret, keys.public, keys.server_public
+            sock.curve_secretkey = keys.secret
+            sock.curve_publickey = keys.public
+            sock.curve_serverkey = keys.server_public
         sock.connect(args.address)
         sock.send_multipart([encode_header({"op": "status", "seq": 1})])
         if not sock.poll(args.timeout * 1000):
@@ -87,11 +95,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("worker", help="run a worker")
-    p.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555")
+    p.add_argument(
+        "--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555"
+    )
     p.add_argument("--capacity", type=int, default=512, help="most envs this worker hosts at once")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")

@@ -20,9 +20,8 @@ space's. Anything else raises :class:`CodecError` (a :class:`ValueError`) saying
 what was wrong and where.
 
 Arrays are decoded with ``np.frombuffer``: zero-copy, and therefore **read-only**
-views on the payload (``copy=True`` gives writable copies). The batched vector
-path uses :func:`decode_into`, which writes one env's value straight into a
-preallocated batch (:func:`empty_batch`): one copy, from the payload to the batch.
+views on the payload (``copy=True`` gives writable copies). For an observation
+that is one array, :class:`ArrayLeaf` decodes it as strictly and faster.
 
 Infos (schemaless dicts) use :func:`encode_info` / :func:`decode_info`: JSON
 values pass through; numpy arrays of bool/int/uint/float dtype become ``__nd__``
@@ -41,15 +40,13 @@ from typing import Any, Sequence
 import numpy as np
 from gymnasium import spaces as gs
 
+from .errors import CodecError
 from .spaces import JsonSpace
 
 __all__ = [
     "CodecError",
     "encode",
     "decode",
-    "decode_into",
-    "empty_batch",
-    "freeze_batch",
     "encode_info",
     "decode_info",
     "to_json_safe",
@@ -71,10 +68,6 @@ MAX_REPR_CHARS = 1000
 
 _DTYPE_RE = re.compile(r"^[<>|=]?[biuf][1248]$")
 _ARRAY_SPACES = (gs.Box, gs.MultiBinary, gs.MultiDiscrete)
-
-
-class CodecError(ValueError):
-    """A value or payload that does not match its space (or the wire format)."""
 
 
 Payloads = Sequence[Any]  # bytes-like objects: bytes, bytearray, memoryview, zmq frames' buffers
@@ -370,79 +363,6 @@ _STEP_FLAGS_BYTES = {
     for t in (False, True) for u in (False, True)
 }
 _STEP_FLAGS = {v: k for k, v in _STEP_FLAGS_BYTES.items()}
-
-
-# --------------------------------------------------------------------------- batches
-
-
-def empty_batch(space: gs.Space, n: int) -> Any:
-    """A preallocated batch for ``n`` values of ``space``, for :func:`decode_into`.
-
-    Like ``gymnasium.vector.utils.create_empty_array(space, n)`` (zeros), except
-    that leaves Gymnasium batches as tuples (Text, JsonSpace) are *lists*, so they
-    can be filled in place; :func:`freeze_batch` turns them into tuples.
-    """
-    if isinstance(space, _ARRAY_SPACES) or isinstance(space, gs.Discrete):
-        return np.zeros((n,) + space.shape, dtype=space.dtype)
-    if isinstance(space, gs.Dict):
-        return {key: empty_batch(sub, n) for key, sub in space.spaces.items()}
-    if isinstance(space, gs.Tuple):
-        return tuple(empty_batch(sub, n) for sub in space.spaces)
-    if isinstance(space, gs.Text):
-        return [space.characters[0] * space.min_length if space.characters else ""] * n
-    if isinstance(space, JsonSpace):
-        return [None] * n
-    raise CodecError(f"cannot batch values of space type {type(space).__name__}")
-
-
-def freeze_batch(space: gs.Space, batch: Any) -> Any:
-    """Turn the list leaves of an :func:`empty_batch` structure into tuples, as Gymnasium
-    batches them (arrays are shared, not copied)."""
-    if isinstance(space, gs.Dict):
-        return {key: freeze_batch(sub, batch[key]) for key, sub in space.spaces.items()}
-    if isinstance(space, gs.Tuple):
-        return tuple(freeze_batch(sub, b) for sub, b in zip(space.spaces, batch))
-    if isinstance(batch, list):
-        return tuple(batch)
-    return batch
-
-
-def decode_into(space: gs.Space, obj: Any, payloads: Payloads, out: Any, i: int) -> None:
-    """Decode one value (validated like :func:`decode`) straight into slot ``i`` of a batch.
-
-    ``out`` is an :func:`empty_batch` structure (or ``create_empty_array``'s, as long as
-    the space has no Text/JsonSpace leaves, which Gymnasium batches as immutable
-    tuples). Array leaves are copied once, from the payload into ``out[...][i]``.
-    Raises :class:`CodecError`; on error, slots of other leaves of this value may
-    already have been written.
-    """
-    _decode_into(space, obj, payloads, out, i, "value")
-
-
-def _decode_into(space: gs.Space, obj: Any, payloads: Payloads, out: Any, i: int, path: str) -> None:
-    if isinstance(space, _ARRAY_SPACES):
-        k, shape = _check_array(space, obj, payloads, path)
-        out[i] = np.frombuffer(payloads[k], dtype=space.dtype).reshape(shape)
-    elif isinstance(space, gs.Discrete):
-        out[i] = _decode_discrete(space, obj, path)
-    elif isinstance(space, gs.Dict):
-        if not isinstance(obj, dict):
-            raise CodecError(f"{path}: Dict value must be a JSON object, got {type(obj).__name__}")
-        if len(obj) != len(space.spaces) or any(key not in obj for key in space.spaces):
-            raise CodecError(f"{path}: Dict keys {sorted(obj)[:20]} do not match the space's {list(space.spaces)}")
-        for key, sub in space.spaces.items():
-            _decode_into(sub, obj[key], payloads, out[key], i, f"{path}[{key!r}]")
-    elif isinstance(space, gs.Tuple):
-        if not isinstance(obj, list) or len(obj) != len(space.spaces):
-            raise CodecError(f"{path}: Tuple value must be a list of length {len(space.spaces)}")
-        for j, (sub, v) in enumerate(zip(space.spaces, obj)):
-            _decode_into(sub, v, payloads, out[j], i, f"{path}[{j}]")
-    elif isinstance(space, (gs.Text, JsonSpace)):
-        if isinstance(out, tuple):
-            raise TypeError(f"{path}: batch leaf for {type(space).__name__} is a tuple; build the batch with empty_batch()")
-        out[i] = _decode(space, obj, payloads, False, False, path)
-    else:
-        raise CodecError(f"{path}: cannot decode values of space type {type(space).__name__}")
 
 
 # --------------------------------------------------------------------------- infos

@@ -1,27 +1,77 @@
-"""The library's exceptions.
+"""The library's exceptions: one tree, in one standard-library-only module.
 
-Each also subclasses the builtin a user would naturally catch::
+Every exception the library raises on purpose is a :class:`BoltzLabsError` and also
+subclasses the builtin a user would naturally catch (``except ValueError`` keeps
+working around a codec check, ``except TimeoutError`` around a slow worker)::
 
     BoltzLabsError
-     ├── EnvStartError (RuntimeError)       an env failed to start: index, stderr tail
-     ├── EnvCallError (RuntimeError)        call/get_attr/set_attr/render failed in an env: index, failure
+     ├── EnvStartError (RuntimeError)         an env failed to start: index, stderr tail, worker
+     ├── EnvCallError (RuntimeError)          call/get_attr/set_attr/render failed in an env: index, failure
      │    └── EnvAttributeError (AttributeError)  the env has no such attribute
-     ├── WorkerError (RuntimeError)         a worker died, refused or is unreachable: address
-     │    └── WorkerTimeout (TimeoutError)  no reply within the deadline
-     ├── PoolClosedError (RuntimeError)     the pool/vector env was used after close()
-     ├── AsyncStateError (RuntimeError)     step_wait without step_async, and the like
-     ├── ArchiveError (ValueError)          an env directory archive was refused
-     ├── CapacityError (RuntimeError)       workers have fewer free env slots than asked
-     └── SandboxUnavailable (RuntimeError)  the requested isolation cannot be had here
+     ├── WorkerError (RuntimeError)           a worker died, refused or is unreachable: worker address
+     │    └── WorkerTimeout (TimeoutError)    no reply within the deadline
+     ├── PoolClosedError (RuntimeError)       the pool/vector env was used after close()
+     ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
+     ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
+     ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
+     ├── NetnsUnavailable (RuntimeError)      a test network namespace cannot be made (boltzlabs_gym.testing)
+     ├── ArchiveError (ValueError)            an env directory archive was refused
+     ├── CodecError (ValueError)              a value or payload does not match its space
+     ├── ProtocolError (ValueError)           a malformed message on the worker or env wire
+     └── KeyFileError (ValueError)            a CURVE key file is missing, empty or malformed
+
+The classes are also importable where they are used (``boltzlabs_gym.codec.CodecError``,
+``boltzlabs_gym.keys.KeyFileError``, ``boltzlabs_gym.protocol.ProtocolError``,
+``boltzlabs_gym.worker.sandbox.SandboxUnavailable``, ``boltzlabs_gym.testing.NetnsUnavailable``):
+those are the same objects, not copies.
+
+This module imports nothing from the package, so any part of it (the env side, which
+runs inside every sandbox, included) may import it without an import circle.
+
+Exceptions that never reach a user stay private to their module and outside this tree:
+they are control flow between two parts of the library, caught and turned into one of
+the errors above (or into an env's error result) before a call returns. They are
+``channel.ChannelClosed``/``ChannelError`` (the local pool's socket pair; become a
+:class:`WorkerError`), ``envpipe.EnvFault`` (an env broke its pipe protocol; the env is
+killed and reported as crashed), ``worker.session.SessionExpired`` (becomes an
+``expired`` error reply, then a :class:`WorkerError`) and ``worker.template.TemplateError``
+(a boltz-mode template failed; becomes the env's start failure reason).
+
+>>> issubclass(CodecError, ValueError) and issubclass(CodecError, BoltzLabsError)
+True
+>>> try:
+...     raise WorkerTimeout("no reply in 5 s", worker="tcp://10.0.0.2:5555")
+... except TimeoutError as exc:
+...     print(exc, "from", exc.worker)
+no reply in 5 s from tcp://10.0.0.2:5555
 """
 
 from __future__ import annotations
 
-from .worker.sandbox.base import SandboxUnavailable as _SandboxUnavailable
+__all__ = [
+    "BoltzLabsError",
+    "EnvStartError",
+    "EnvCallError",
+    "EnvAttributeError",
+    "WorkerError",
+    "WorkerTimeout",
+    "PoolClosedError",
+    "AsyncStateError",
+    "CapacityError",
+    "SandboxUnavailable",
+    "NetnsUnavailable",
+    "ArchiveError",
+    "CodecError",
+    "ProtocolError",
+    "KeyFileError",
+]
 
 
 class BoltzLabsError(Exception):
     """Base class of every error this library raises on purpose."""
+
+
+# --------------------------------------------------------------------------- RuntimeError: something failed
 
 
 class EnvStartError(BoltzLabsError, RuntimeError):
@@ -71,26 +121,32 @@ class AsyncStateError(BoltzLabsError, RuntimeError):
     """An asynchronous call was made in the wrong state (e.g. ``step_wait`` without ``step_async``)."""
 
 
-class ArchiveError(BoltzLabsError, ValueError):
-    """An env directory or archive was refused (unsafe path, link escape, too big)."""
-
-
 class CapacityError(BoltzLabsError, RuntimeError):
     """The workers cannot host as many envs as were asked for."""
 
 
-class SandboxUnavailable(BoltzLabsError, _SandboxUnavailable):
-    """The requested isolation cannot be had on this host."""
+class SandboxUnavailable(BoltzLabsError, RuntimeError):
+    """The requested isolation cannot be had on this host; the message says why and how."""
 
 
-__all__ = [
-    "BoltzLabsError",
-    "EnvStartError",
-    "WorkerError",
-    "WorkerTimeout",
-    "PoolClosedError",
-    "AsyncStateError",
-    "ArchiveError",
-    "CapacityError",
-    "SandboxUnavailable",
-]
+class NetnsUnavailable(BoltzLabsError, RuntimeError):
+    """Network namespaces or veth pairs cannot be made here (not root, no iproute2); test helpers only."""
+
+
+# --------------------------------------------------------------------------- ValueError: input was refused
+
+
+class ArchiveError(BoltzLabsError, ValueError):
+    """An env directory or archive was refused (unsafe path, link escape, too big)."""
+
+
+class CodecError(BoltzLabsError, ValueError):
+    """A value or payload that does not match its space (or the wire format)."""
+
+
+class ProtocolError(BoltzLabsError, ValueError):
+    """A malformed message on the trainer <-> worker hop or on an env's channel."""
+
+
+class KeyFileError(BoltzLabsError, ValueError):
+    """A key file is missing, empty or malformed; the message names it."""

@@ -19,14 +19,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .errors import KeyFileError
+
 __all__ = ["KeyFileError", "WorkerKeys", "ClientKeys", "generate_keys", "load_worker_keys", "load_client_keys"]
 
 WORKER_NAME = "worker"
 CLIENT_NAME = "client"
-
-
-class KeyFileError(ValueError):
-    """A key file is missing, empty or malformed; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,8 @@ def generate_keys(directory: str) -> dict[str, str]:
     return written
 
 
-def _load(path: str, want_secret: bool) -> tuple[bytes, bytes | None]:
+def _load(path: str, want_secret: bool) -> tuple[bytes, bytes]:
+    """The (public, secret) keys in ``path``; secret is ``b""`` in a public key file."""
     import zmq.auth
 
     if not os.path.isfile(path):
@@ -82,7 +81,7 @@ def _load(path: str, want_secret: bool) -> tuple[bytes, bytes | None]:
         raise KeyFileError(f"key file {path} has no valid public key")
     if want_secret and (not secret or len(secret) != 40):
         raise KeyFileError(f"key file {path} has no secret key (use the .key_secret file)")
-    return public, secret
+    return public, secret or b""
 
 
 def load_worker_keys(directory: str) -> WorkerKeys:

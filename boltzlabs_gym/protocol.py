@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .errors import ProtocolError  # re-exported: raised by decode_header and the worker's handlers
+
 PROTOCOL_VERSION = 2
 
 #: Statuses of one env's result, set by the worker.
@@ -81,10 +83,6 @@ WORKER_ENV_OPS = ("hard_reset",)
 # Prebuilt: json.dumps with non-default arguments builds a new encoder per call.
 _encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 _decode_json = json.JSONDecoder().decode
-
-
-class ProtocolError(ValueError):
-    """A malformed message on the trainer <-> worker hop."""
 
 
 def encode_header(header: dict) -> bytes:

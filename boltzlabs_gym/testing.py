@@ -1,9 +1,13 @@
 """Helpers for testing and benchmarking with real workers: worker processes and test hosts.
 
->>> from boltzlabs_gym.testing import WorkerProcess     # doctest: +SKIP
->>> w = WorkerProcess()                                  # a worker on tcp://127.0.0.1:<free port>
->>> pool = RLPool("envs/counter", n=8, workers=[w.address])
->>> ...; pool.close(); w.stop()
+A worker on ``tcp://127.0.0.1:<free port>`` serving a pool (skipped as a doctest: it
+starts a worker process and sandboxed envs; ``tests/test_remote.py`` runs it for real):
+
+>>> from boltzlabs_gym import RLPool                                   # doctest: +SKIP
+>>> from boltzlabs_gym.testing import WorkerProcess                    # doctest: +SKIP
+>>> w = WorkerProcess()                                                # doctest: +SKIP
+>>> pool = RLPool("envs/counter", n=8, workers=[w.address])            # doctest: +SKIP
+>>> pool.close(); w.stop()                                             # doctest: +SKIP
 
 ``NetnsHost`` makes a network namespace joined to this host by a veth pair, so a
 worker started in it is reached across a real network device. Its addresses come
@@ -20,6 +24,8 @@ import subprocess
 import sys
 import time
 import uuid
+
+from .errors import NetnsUnavailable, WorkerError
 
 __all__ = [
     "WorkerProcess",
@@ -54,25 +60,47 @@ CODE_ENV_BROKEN = "def add(a, b) return a + b\n"
 class WorkerProcess:
     """A ``python -m boltzlabs_gym.worker`` child; ``address`` is the endpoint it bound."""
 
-    def __init__(self, bind: str = "tcp://127.0.0.1:*", *, keys: str | None = None, capacity: int = 64,
-                 prefix: list[str] | None = None, insecure: bool = False, start_timeout: float = 30.0):
-        argv = [*(prefix or []), sys.executable, "-m", "boltzlabs_gym.worker", "--bind", bind, "--capacity", str(capacity)]
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:*",
+        *,
+        keys: str | None = None,
+        capacity: int = 64,
+        prefix: list[str] | None = None,
+        insecure: bool = False,
+        start_timeout: float = 30.0,
+    ):
+        argv = [*(prefix or []), sys.executable, "-m", "boltzlabs_gym.worker"]
+        argv += ["--bind", bind, "--capacity", str(capacity)]
         if keys:
             argv += ["--keys", keys]
         if insecure:
             argv.append("--insecure")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = self.proc.stdout, self.proc.stderr
+        assert stdout is not None and stderr is not None  # both are pipes: tells the type checker
         poller = select.poll()
-        poller.register(self.proc.stdout, select.POLLIN)
-        line = self.proc.stdout.readline() if poller.poll(start_timeout * 1000) else ""
+        poller.register(stdout, select.POLLIN)
+        line = stdout.readline() if poller.poll(start_timeout * 1000) else ""
         if not line.startswith("READY "):
+            self._terminate()
+            tail = stderr.read()[-2000:]  # before stop() closes the pipe (read after close raised ValueError)
             self.stop()
-            raise RuntimeError(f"worker did not start: {line!r} {self.proc.stderr.read()[-2000:]}")
+            raise WorkerError(f"worker did not start: {line!r} {tail}")
         self.address = line.split()[1]
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def _terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
     def kill(self) -> None:
         """SIGKILL: the worker gets no chance to clean up."""
@@ -81,20 +109,10 @@ class WorkerProcess:
 
     def stop(self) -> None:
         """SIGTERM and wait: the worker closes every session first."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self._terminate()
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()
-
-
-class NetnsUnavailable(RuntimeError):
-    """Network namespaces or veth pairs cannot be made here (not root, no iproute2)."""
 
 
 class NetnsHost:

@@ -17,6 +17,11 @@ COUNTER = os.path.join(ROOT, "envs", "counter")
 CODE_ENV = os.path.join(ROOT, "envs", "code_env")
 FAULTY = os.path.join(ENVS, "faulty")
 
+# The env directories are programs a worker runs, not test modules: importing one (as
+# --doctest-modules would, to look for doctests) may start serving, and their env.py
+# names clash.
+collect_ignore = ["envs"]
+
 # Every pool, worker and temp file of this test run lives under one private TMPDIR, so
 # the leak check sees only what this run made (not other processes on the machine).
 _RUN_TMP = tempfile.mkdtemp(prefix="bltests-")

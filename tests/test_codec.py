@@ -1,4 +1,4 @@
-"""Values <-> (JSON skeleton, raw payloads): round trips, batches, infos, hostile input."""
+"""Values <-> (JSON skeleton, raw payloads): round trips, infos, hostile input."""
 
 from __future__ import annotations
 
@@ -7,18 +7,14 @@ import json
 import numpy as np
 import pytest
 from gymnasium import spaces as gs
-from gymnasium.vector.utils import create_empty_array
 
 from boltzlabs_gym.codec import (
     ArrayLeaf,
     CodecError,
     decode,
     decode_info,
-    decode_into,
-    empty_batch,
     encode,
     encode_info,
-    freeze_batch,
     to_json_safe,
 )
 from boltzlabs_gym.spaces import JsonSpace
@@ -167,42 +163,6 @@ def test_lenient_decode_accepts_plain_json_for_arrays():
         decode(space, [1, [0.5]], [], lenient=True)
 
 
-# --------------------------------------------------------------------------- batches
-
-
-def test_decode_into_matches_decode():
-    space = NESTED
-    space.seed(4)
-    n = 3
-    out = empty_batch(space, n)
-    values = [space.sample() for _ in range(n)]
-    for i, v in enumerate(values):
-        decode_into(space, *_wire(*encode(space, v)), out, i)
-    for i, v in enumerate(values):
-        np.testing.assert_array_equal(out["pos"][i], v["pos"])
-        np.testing.assert_array_equal(out["img"][i], v["img"])
-        assert out["mode"][i] == v["mode"] and out["mode"].dtype == np.int64
-        np.testing.assert_array_equal(out["pair"][0][i], v["pair"][0])
-        np.testing.assert_array_equal(out["pair"][1][i], v["pair"][1])
-        assert out["name"][i] == v["name"]
-    frozen = freeze_batch(space, out)
-    assert isinstance(frozen["name"], tuple) and frozen["img"] is out["img"]
-    ref = create_empty_array(space, n)
-    assert type(frozen["pair"]) is type(ref["pair"]) and frozen["img"].shape == ref["img"].shape
-
-
-def test_decode_into_gymnasium_empty_array_and_errors():
-    space = gs.Dict([("a", gs.Box(0, 1, (2,), np.float32)), ("b", gs.Discrete(3))])
-    out = create_empty_array(space, 2)
-    decode_into(space, *_wire(*encode(space, {"a": np.ones(2), "b": 2})), out, 1)
-    np.testing.assert_array_equal(out["a"], [[0, 0], [1, 1]])
-    np.testing.assert_array_equal(out["b"], [0, 2])
-    with pytest.raises(CodecError, match="dtype"):
-        decode_into(space, {"a": {"__nd__": [0, "<f8", [2]]}, "b": 0}, [bytes(16)], out, 0)
-    with pytest.raises(TypeError, match="empty_batch"):
-        decode_into(gs.Text(3), "ab", [], create_empty_array(gs.Text(3), 2), 0)
-
-
 # --------------------------------------------------------------------------- hostile payloads
 
 BOX = gs.Box(0, 1, (2, 3), np.float32)
@@ -241,9 +201,6 @@ HOSTILE = [
 def test_hostile_array_refused(obj, payloads, match):
     with pytest.raises(CodecError, match=match):
         decode(BOX, obj, payloads)
-    out = empty_batch(BOX, 2)
-    with pytest.raises(CodecError, match=match):
-        decode_into(BOX, obj, payloads, out, 0)
 
 
 def test_good_array_accepted():

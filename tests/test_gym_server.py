@@ -319,18 +319,6 @@ def test_dict_env_matches_local_env(dict_env):
     assert i == 8
 
 
-def test_dict_env_decode_into_batch(dict_env):
-    from boltzlabs_gym.codec import decode_into, empty_batch
-
-    space = dict_env.obs_space
-    batch = empty_batch(space, 2)
-    reply, payloads = dict_env.rpc({"op": "reset", "seed": 3})
-    decode_into(space, reply["obs"], payloads, batch, 1)
-    single = decode(space, reply["obs"], payloads)
-    np.testing.assert_array_equal(batch["grid"][1], single["grid"])
-    assert batch["name"][1] == single["name"]
-
-
 def test_dict_env_render_call_get_set_attr(dict_env):
     dict_env.rpc({"op": "reset", "seed": 0})
     dict_env.step((1, np.zeros(2, np.float32)))

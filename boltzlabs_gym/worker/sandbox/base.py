@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
+
 #: personality(2) flag: the next execve lays the process out without randomization.
 ADDR_NO_RANDOMIZE = 0x0040000
 try:  # resolved here, not in a forked child: no ctypes lookups between fork and exec
@@ -34,10 +36,6 @@ SANDBOX_ENV_DIR = "/env"
 SANDBOX_WORKSPACE = "/workspace"
 #: The library's own runtime (the env-side helper) is mounted here, read-only.
 SANDBOX_RUNTIME = "/opt/boltzlabs"
-
-
-class SandboxUnavailable(RuntimeError):
-    """The requested isolation cannot be had on this host; the message says why and how."""
 
 
 @dataclass(frozen=True)

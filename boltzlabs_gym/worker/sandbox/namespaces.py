@@ -58,6 +58,7 @@ from .base import (
     Launched,
     LaunchSpec,
     Limits,
+    SandboxUnavailable,
     _max_fd,
     apply_rlimits,
     launched_tree,
@@ -175,7 +176,7 @@ def _ensure_newroot() -> str:
         pass
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise RuntimeError(f"{path} is not a directory owned by uid {os.geteuid()} (someone squatted it?)")
+        raise SandboxUnavailable(f"{path} is not a directory owned by uid {os.geteuid()} (someone squatted it?)")
     return path
 
 
@@ -656,8 +657,6 @@ class NamespaceBackend:
     def launch(self, spec: LaunchSpec) -> Launched:
         mode, why = self.mode()
         if mode is None:
-            from .base import SandboxUnavailable
-
             raise SandboxUnavailable(f"isolation='namespaces' is not available on this host: {why}")
         return self._launch(spec, mode)
 
