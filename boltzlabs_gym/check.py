@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import BoltzLabsError, EnvStartError
-from .pool import OK, RLPool
+from .pool import RLPool
+from .protocol import OK
 from .results import EnvResult, FailureKind, failure_of
 
 
@@ -49,17 +51,25 @@ def _problems_in_step(reply: dict) -> list[str]:
 
 #: Worker failure reasons an env author can fix, and what to change.
 _HINTS = (
-    (("not a JSON line", "expected a JSON object", "bad _bin announcement", "nobody asked for"),
-     "something wrote to the env's stdout outside serve(): stdout is the reply channel and every byte "
-     "on it must be a reply. Write logs to stderr; print() inside reset/step is safe (serve() sends it "
-     "to stderr), but output before serve() starts (at import time, from a library or a subprocess "
-     "started earlier) or to a saved copy of fd 1 corrupts the channel"),
-    (("longer than",), "a reply line exceeded the worker's limit: return smaller observations, or send "
-     "arrays as binary payloads"),
-    (("exceeded its memory limit",), "the env used more memory than its limit: use less, or raise "
-     "Limits(memory_bytes=...)"),
-    (("closed its stdout", "closed its stdin", "exited with status", "killed by signal"),
-     "the env process died or closed its channel: see its stderr above; env.py must keep serve() running"),
+    (
+        ("not a JSON line", "expected a JSON object", "bad _bin announcement", "nobody asked for"),
+        "something wrote to the env's stdout outside serve(): stdout is the reply channel and every byte "
+        "on it must be a reply. Write logs to stderr; print() inside reset/step is safe (serve() sends it "
+        "to stderr), but output before serve() starts (at import time, from a library or a subprocess "
+        "started earlier) or to a saved copy of fd 1 corrupts the channel",
+    ),
+    (
+        ("longer than",),
+        "a reply line exceeded the worker's limit: return smaller observations, or send arrays as binary payloads",
+    ),
+    (
+        ("exceeded its memory limit",),
+        "the env used more memory than its limit: use less, or raise Limits(memory_bytes=...)",
+    ),
+    (
+        ("closed its stdout", "closed its stdin", "exited with status", "killed by signal"),
+        "the env process died or closed its channel: see its stderr above; env.py must keep serve() running",
+    ),
     (("deadline",), "the env did not answer in time: make it faster or raise the pool's timeouts"),
 )
 
@@ -99,12 +109,16 @@ def check_env_dir(
     with pool:
         out(f"started 1 env: {pool.isolation}")
         described = pool.call_envs({"op": "describe"})[0]
-        if described.status == OK and "error" not in described.reply:
-            out(f"describe: observation_space={described.reply.get('observation_space')} action_space={described.reply.get('action_space')}")
+        spaces = described.reply or {}
+        if described.status == OK and "error" not in spaces:
+            out(
+                f"describe: observation_space={spaces.get('observation_space')} "
+                f"action_space={spaces.get('action_space')}"
+            )
         pool.reset(seed=0)
         r = pool.call_envs({"op": "reset", "seed": 0})[0]
         failed = _failure_problem(r, "reset")
-        problems += [failed] if failed else _problems_in_reset(r.reply)
+        problems += [failed] if failed else _problems_in_reset(r.reply or {})
         for t in range(steps):
             action = parsed[t % len(parsed)]
             r = pool.call_envs({"op": "step", "action": action})[0]
@@ -112,10 +126,10 @@ def check_env_dir(
             if failed:
                 problems.append(f"step {t}: {failed}")
                 break
-            found = _problems_in_step(r.reply)
-            problems += [f"step {t}: {p}" for p in found]
-            if r.reply.get("terminated") or r.reply.get("truncated") or r.reply.get("done"):
-                out(f"step {t}: episode ended (reward {r.reply.get('reward')})")
+            reply = r.reply or {}
+            problems += [f"step {t}: {p}" for p in _problems_in_step(reply)]
+            if reply.get("terminated") or reply.get("truncated") or reply.get("done"):
+                out(f"step {t}: episode ended (reward {reply.get('reward')})")
                 break
     for p in problems:
         out(f"PROBLEM: {p}")
@@ -129,5 +143,5 @@ def _failure_problem(r: EnvResult, op: str) -> str | None:
     if failure is None:
         return None
     if failure.kind is FailureKind.REFUSED:
-        return f"{op} answered with an error: {r.reply['error']}"
+        return f"{op} answered with an error: {(r.reply or {}).get('error')}"
     return f"the env {r.status}: {failure.reason}{_hint(failure.reason)}\n{failure.stderr}"

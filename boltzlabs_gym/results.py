@@ -25,8 +25,9 @@ result means the same thing everywhere:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from .errors import EnvAttributeError, EnvCallError
 from .protocol import ERROR, OK, STRAGGLER, parse_json
@@ -142,14 +143,23 @@ def parse_result(result: EnvResult) -> EnvResult:
     """Parse a raw result's reply line in place (a reply that is not a JSON object is a bad reply)."""
     if result.reply is None:
         try:
-            reply = parse_json(result.raw)
+            reply = parse_json(result.raw or b"")
         except ValueError:
             result.status, reply = ERROR, {"message": "reply frame is not JSON", "bad_reply": True}
         if not isinstance(reply, dict):
-            result.status, reply = ERROR, {"message": f"reply is a {type(reply).__name__}, not an object",
-                                           "bad_reply": True}
+            result.status, reply = (
+                ERROR,
+                {"message": f"reply is a {type(reply).__name__}, not an object", "bad_reply": True},
+            )
         result.reply, result.raw = reply, None
     return result
+
+
+def _reply_of(r: EnvResult) -> dict:
+    """The result's reply object, parsing a raw result first."""
+    if r.reply is None:
+        parse_result(r)
+    return cast(dict, r.reply)
 
 
 def _plain_obs(obj: Any, payloads: list) -> Any:
@@ -161,8 +171,8 @@ def _plain_info(obj: Any, payloads: list) -> dict:
 
 
 def failure_of(r: EnvResult, op: str, deadline_s: float | None = None) -> Failure | None:
-    """The failure in a parsed ``reset`` or ``step`` result, or ``None`` if the env answered it."""
-    reply = r.reply
+    """The failure in a ``reset`` or ``step`` result, or ``None`` if the env answered it."""
+    reply = _reply_of(r)
     if r.status == OK:
         if "error" in reply and "obs" not in reply:
             return Failure(r.index, FailureKind.REFUSED, f"env refused the {op}: {reply['error']}")
@@ -185,7 +195,7 @@ def read_step(
     decode_obs: Decoder = _plain_obs,
     decode_info: Decoder = _plain_info,
 ) -> Transition:
-    """Read one env's step result (parsed with :func:`parse_result`).
+    """Read one env's step result (a raw one is parsed first, see :func:`parse_result`).
 
     ``decode_obs``/``decode_info`` turn the reply's objects and payloads into the
     adapter's form (the defaults keep JSON values as they are); a decoder that raises
@@ -194,7 +204,7 @@ def read_step(
     failure = failure_of(r, "step", deadline_s)
     if failure is not None:
         return _failed_step(failure)
-    reply = r.reply
+    reply = _reply_of(r)
     info = decode_info(reply.get("info"), r.payloads)
     try:
         reward = float(reply.get("reward", 0.0))
@@ -221,11 +231,12 @@ def read_reset(
     decode_obs: Decoder = _plain_obs,
     decode_info: Decoder = _plain_info,
 ) -> ResetOutcome:
-    """Read one env's reset result (parsed with :func:`parse_result`); see :func:`read_step`."""
+    """Read one env's reset result; see :func:`read_step`."""
     failure = failure_of(r, "reset", deadline_s)
     if failure is not None:
         return ResetOutcome(None, failure.as_info(), failure)
-    return _read_reset_reply(r, r.reply.get("obs"), r.reply.get("info"), decode_obs, decode_info)
+    reply = _reply_of(r)
+    return _read_reset_reply(r, reply.get("obs"), reply.get("info"), decode_obs, decode_info)
 
 
 def _read_reset_reply(r: EnvResult, obs: Any, info: Any, decode_obs: Decoder, decode_info: Decoder) -> ResetOutcome:
@@ -247,11 +258,12 @@ def read_value(r: EnvResult, what: str, decode: Decoder = _plain_obs) -> Any:
     ``AttributeError``) when what raised there was an ``AttributeError``, as Gymnasium's
     and SB3's vectorizers do for a missing attribute.
     """
-    reply = r.reply
+    reply = _reply_of(r)
     if r.status != OK:
-        failure = failure_of(r, what)
-        raise EnvCallError(f"env {r.index}: {what} failed ({failure.kind.value}): {failure.describe()}",
-                           index=r.index, failure=failure)
+        failure = cast(Failure, failure_of(r, what))
+        raise EnvCallError(
+            f"env {r.index}: {what} failed ({failure.kind.value}): {failure.describe()}", index=r.index, failure=failure
+        )
     if "error" in reply:
         err = str(reply["error"])
         failure = Failure(r.index, FailureKind.REFUSED, err)

@@ -41,7 +41,8 @@ Stable-Baselines3 is imported only by this module (``pip install boltzlabs-gym[s
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class BoltzLabsSB3VecEnv(VecEnv):
         venv: the underlying Gymnasium vector env; ``pool`` its :class:`RLPool`.
     """
 
-    def __init__(self, venv: "BoltzLabsVecEnv"):
+    def __init__(self, venv: BoltzLabsVecEnv):
         if getattr(venv, "autoreset_mode", None) != AutoresetMode.SAME_STEP:
             raise ValueError(
                 "BoltzLabsSB3VecEnv needs a BoltzLabsVecEnv built with autoreset_mode=AutoresetMode.SAME_STEP "
@@ -253,9 +254,11 @@ class BoltzLabsSB3VecEnv(VecEnv):
         kwargs, payloads = codec.encode_info(dict(method_kwargs), payloads)
         if payloads:
             raise ValueError("env_method: array arguments are not supported; pass lists")
-        return self._ask({"op": "call", "name": method_name, "args": args, "kwargs": kwargs}, indices, f"env_method({method_name!r})")
+        return self._ask(
+            {"op": "call", "name": method_name, "args": args, "kwargs": kwargs}, indices, f"env_method({method_name!r})"
+        )
 
-    def env_is_wrapped(self, wrapper_class: "type[gym.Wrapper]", indices: Any = None) -> list[bool]:
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: Any = None) -> list[bool]:
         """Whether each env's wrapper chain holds a wrapper of this class *name*.
 
         The class objects live in the sandbox and cannot be compared across it, so
@@ -275,7 +278,10 @@ class BoltzLabsSB3VecEnv(VecEnv):
         if self.render_mode != "rgb_array":
             import warnings
 
-            warnings.warn(f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images.")
+            warnings.warn(
+                f"The render mode is {self.render_mode}, but this method assumes it is `rgb_array` to obtain images.",
+                stacklevel=2,
+            )
             return [None] * self.num_envs
         self._finish_pending()
         return list(self.venv.render())
@@ -289,7 +295,7 @@ class BoltzLabsSB3VecEnv(VecEnv):
 
 
 def make_sb3_vec_env(
-    env_id_or_factory: "str | Callable[[], gym.Env]",
+    env_id_or_factory: str | Callable[[], gym.Env],
     n_envs: int = 1,
     seed: int | None = None,
     *,

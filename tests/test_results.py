@@ -185,8 +185,7 @@ def test_vector_env_reports_failures_in_the_shared_shape(no_leaks, mode):
 def test_sb3_adapter_reports_failures_in_the_shared_shape(no_leaks):
     from boltzlabs_gym.sb3 import BoltzLabsSB3VecEnv
 
-    venv = BoltzLabsVecEnv(_factories(), autoreset_mode=AutoresetMode.SAME_STEP, isolation=ISOLATION,
-                           step_timeout=1.0)
+    venv = BoltzLabsVecEnv(_factories(), autoreset_mode=AutoresetMode.SAME_STEP, isolation=ISOLATION, step_timeout=1.0)
     env = BoltzLabsSB3VecEnv(venv)
     try:
         env.reset()
