@@ -20,7 +20,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 __all__ = [
     "ENV_DIR",
@@ -34,6 +34,8 @@ __all__ = [
     "MAX_LINE_BYTES",
     "MAX_TRACEBACK_CHARS",
     "ProtocolError",
+    "MessageReader",
+    "MessageWriter",
     "encode_json",
     "decode_json",
     "read_message",
@@ -124,7 +126,23 @@ class ProtocolError(Exception):  # one class with errors.ProtocolError at merge
     """A malformed line or payload on the env channel."""
 
 
-def read_message(stream: BinaryIO, max_bytes: int = MAX_LINE_BYTES) -> tuple[dict, list[bytes]] | None:
+class MessageReader(Protocol):
+    """What :func:`read_message` reads from: a binary stream, or an :class:`FdReader`."""
+
+    def readline(self, limit: int = -1, /) -> bytes: ...
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+class MessageWriter(Protocol):
+    """What :func:`write_message` writes to: a binary stream, or an :class:`FdWriter`."""
+
+    def write(self, data: Any, /) -> Any: ...
+
+    def flush(self) -> None: ...
+
+
+def read_message(stream: MessageReader, max_bytes: int = MAX_LINE_BYTES) -> tuple[dict, list[bytes]] | None:
     """Read one message (a JSON object line plus announced binary payloads).
 
     Returns ``None`` at end of stream. Raises :class:`ProtocolError` for a line
@@ -157,7 +175,7 @@ def read_message(stream: BinaryIO, max_bytes: int = MAX_LINE_BYTES) -> tuple[dic
     return msg, payloads
 
 
-def write_message(stream: BinaryIO, msg: dict, payloads: list[bytes] | tuple = ()) -> None:
+def write_message(stream: MessageWriter, msg: dict, payloads: list[bytes] | tuple = ()) -> None:
     """Write one message: a compact JSON line, then the binary payloads it announces."""
     if payloads:
         msg = dict(msg, _bin=[len(p) for p in payloads])

@@ -57,7 +57,7 @@ import pickle
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 from gymnasium import spaces as gs
 
@@ -67,6 +67,7 @@ from .envside import (
     MAX_TRACEBACK_CHARS,
     FdReader,
     FdWriter,
+    MessageWriter,
     ProtocolError,
     error_transition,
     failed_transition,
@@ -298,7 +299,7 @@ _OTHER_OPS = {
 }
 
 
-def _write(stream: BinaryIO, reply: dict, payloads: list) -> None:
+def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
     try:
         write_message(stream, reply, payloads)
     except (TypeError, ValueError) as exc:  # nothing was written: the line is built first
@@ -415,7 +416,7 @@ def _warm_up(factories: Any) -> None:
     parent, so lazily imported modules (Gymnasium entry points, env checkers, codecs) are loaded once
     here and shared by every fork instead of imported again, privately, in each env. The envs the
     pool serves are still built in the forks. A factory that fails here is left to fail there."""
-    seen = []
+    seen: list[Any] = []
     for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
         if not callable(factory) or any(factory is f for f in seen):
             continue
