@@ -41,6 +41,7 @@ import numpy as np
 from gymnasium import spaces as gs
 
 from .errors import CodecError
+from .protocol import STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
 from .spaces import JsonSpace
 
 __all__ = [
@@ -297,8 +298,8 @@ class ArrayLeaf:
         self.skeleton = {ND: [0, self.dtype.str, list(self.shape)]}
         self.skeleton_json = json.dumps(self.skeleton, separators=(",", ":"))
         # The bytes around the reward and done flags of a plain step reply line (see step_line).
-        self.step_prefix = ('{"obs":' + self.skeleton_json + ',"reward":').encode()
-        self.step_suffix = (',"info":{},"_bin":[%d]}\n' % self.nbytes).encode()
+        self.step_prefix = step_reply_prefix(self.skeleton_json.encode())
+        self.step_suffix = step_reply_suffix(self.nbytes)
 
     @classmethod
     def of(cls, space: gs.Space) -> "ArrayLeaf | None":
@@ -312,8 +313,8 @@ class ArrayLeaf:
         return decode(self.space, obj, payloads, copy=True)
 
     # A step with an empty info and no autoreset is the hot path of every rollout. Its reply
-    # line has one fixed shape, written by the env's gym server and read back by the vector
-    # env without a JSON parser; both ends use these two methods, so the shape lives here.
+    # line has one fixed shape (protocol.STEP_REPLY_LAYOUT), written by the env's gym server and
+    # read back by the vector env without a JSON parser; both ends use these methods.
     def step_line(self, reward: float, terminated: bool, truncated: bool) -> bytes:
         """The reply line of a plain step (a finite ``reward``); the payload follows it.
 
@@ -358,10 +359,8 @@ class ArrayLeaf:
             return None
 
 
-_STEP_FLAGS_BYTES = {
-    (t, u): (',"terminated":%s,"truncated":%s' % (str(t).lower(), str(u).lower())).encode()
-    for t in (False, True) for u in (False, True)
-}
+_STEP_FLAGS_BYTES = STEP_REPLY_FLAGS
+# The flags back from their bytes: in the layout they run from the first comma after the reward.
 _STEP_FLAGS = {v: k for k, v in _STEP_FLAGS_BYTES.items()}
 
 

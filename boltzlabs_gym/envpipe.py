@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 
-from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, parse_json
+from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, STEP_REPLY_PATTERN, parse_json
 
 __all__ = ["EnvFault", "EnvPipe"]
 
@@ -162,15 +161,9 @@ def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy
     return out
 
 
-# The plain step reply of a gym server (array observation, finite reward, empty info; see
-# codec.ArrayLeaf.step_line). The pattern admits only valid JSON objects, so a line it matches
-# needs no JSON parser; every other line is parsed.
-_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
-_PLAIN_STEP = re.compile(
-    rb'\{"obs":\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\},"
-    rb'"reward":-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?,'
-    rb'"terminated":(?:true|false),"truncated":(?:true|false),"info":\{\},"_bin":\[(' + _UINT + rb")\]\}\n"
-)
+# The plain step reply of a gym server (protocol.STEP_REPLY_LAYOUT): the pattern admits only
+# valid JSON objects, so a line it matches needs no JSON parser; every other line is parsed.
+_PLAIN_STEP = STEP_REPLY_PATTERN
 
 
 def _announced_payloads(line: bytes) -> list[int]:

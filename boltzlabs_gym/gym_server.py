@@ -56,14 +56,27 @@ import os
 import pickle
 import sys
 import traceback
-from typing import Any, BinaryIO, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gymnasium import spaces as gs
 
-from . import env as _envmod
+from . import envside
 from .codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
-from .env import (FdReader, FdWriter, ProtocolError, _error_transition, _protect_channel_fds, freeze_heap,
-                  read_message, write_all, write_message)
+from .envside import (
+    MAX_TRACEBACK_CHARS,
+    FdReader,
+    FdWriter,
+    MessageWriter,
+    ProtocolError,
+    error_transition,
+    failed_transition,
+    freeze_heap,
+    protect_channel_fds,
+    read_message,
+    write_all,
+    write_message,
+)
 from .protocol import parse_discrete_step
 from .spaces import JsonSpace, space_to_json
 
@@ -75,7 +88,6 @@ FACTORIES_FILE = "factories.pkl"
 ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factories()\n"
 #: Pickle protocol for ``factories.pkl`` (fixed, so the same factories give the same bytes).
 PICKLE_PROTOCOL = 5
-_MAX_TRACEBACK_CHARS = 8000
 # ProtocolErrors after which the line stream is still in sync (the whole line was read).
 _RECOVERABLE = ("line is not JSON", "expected a JSON object")
 
@@ -89,7 +101,7 @@ def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
 
 
 def _traceback() -> str:
-    tb = traceback.format_exc()[-_MAX_TRACEBACK_CHARS:]
+    tb = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
     sys.stderr.write(tb)
     sys.stderr.flush()
     return tb
@@ -137,13 +149,13 @@ class GymServer:
                 raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
             obs, info = self.env.reset(seed=seed, options=options)
         except Exception:
-            return None, _error_transition("reset")["info"]
+            return None, error_transition("reset")["info"]
         try:
             obs_j, _ = encode(self.obs_space, obs, out, zero_copy=True)
             info_j, _ = encode_info(info, out, zero_copy=True)
         except Exception:
             del out[start:]
-            return None, _error_transition("encode")["info"]
+            return None, error_transition("encode")["info"]
         return obs_j, info_j
 
     def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
@@ -168,7 +180,7 @@ class GymServer:
         try:
             action = self._decode_action(msg.get("action"), payloads)
         except Exception:
-            return self._autoreset(_error_transition("action"), [], autoreset)
+            return self._autoreset(error_transition("action"), [], autoreset)
         return self.step_action(action, autoreset)
 
     def step_discrete(self, action: int, autoreset: bool = False) -> tuple[dict, list] | bytes | None:
@@ -188,7 +200,7 @@ class GymServer:
             obs, reward, terminated, truncated, info = self.env.step(action)
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         except Exception:
-            return self._autoreset(_error_transition("step"), [], autoreset)
+            return self._autoreset(error_transition("step"), [], autoreset)
         resets_now = autoreset and (terminated or truncated)
         leaf = self._obs_leaf
         if leaf is not None and not resets_now and not info and type(info) is dict:
@@ -203,7 +215,7 @@ class GymServer:
             reply["obs"], _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
             reply["info"], _ = encode_info(info, out, zero_copy=zero_copy)
         except Exception:
-            reply, out = _error_transition("encode"), []
+            reply, out = error_transition("encode"), []
         return self._autoreset(reply, out, autoreset)
 
     def _autoreset(self, reply: dict, out: list, autoreset: bool) -> tuple[dict, list]:
@@ -287,15 +299,14 @@ _OTHER_OPS = {
 }
 
 
-def _write(stream: BinaryIO, reply: dict, payloads: list) -> None:
+def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
     try:
         write_message(stream, reply, payloads)
     except (TypeError, ValueError) as exc:  # nothing was written: the line is built first
         tb = f"reply is not JSON-serialisable: {exc}"
         sys.stderr.write(tb + "\n")
         if "obs" in reply:
-            fallback = {"obs": None, "reward": 0.0, "terminated": True, "truncated": False,
-                        "info": {"boltzlabs_exception": {"where": "encode", "traceback": tb}}}
+            fallback = failed_transition("encode", tb)
         else:
             fallback = {"error": tb}
         write_message(stream, fallback)
@@ -358,7 +369,7 @@ def serve_env(env_factory: Callable[[], Any]) -> None:
     output from building the env never corrupts replies. An exception while building
     the env propagates (its traceback goes to stderr, the process exits non-zero).
     """
-    proto_in, proto_out = _protect_channel_fds()
+    proto_in, proto_out = protect_channel_fds()
     server = GymServer(env_factory())
     freeze_heap()
     _serve_loop(server, proto_in, proto_out)
@@ -373,16 +384,16 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     inside the sandbox, after the channel is protected.
     """
     preloaded = None
-    if _envmod._TEMPLATE:
+    if envside.in_template():
         # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
-        with open(os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR), FACTORIES_FILE),
+        with open(os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE),
                   "rb") as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
-        _envmod._template_fork()  # returns in each forked env
-    proto_in, proto_out = _protect_channel_fds()
+        envside.template_fork()  # returns in each forked env
+    proto_in, proto_out = protect_channel_fds()
     if env_dir is None:
-        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", _envmod.ENV_DIR)
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR)
     if index is None:
         index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
     if preloaded is not None:
@@ -405,7 +416,7 @@ def _warm_up(factories: Any) -> None:
     parent, so lazily imported modules (Gymnasium entry points, env checkers, codecs) are loaded once
     here and shared by every fork instead of imported again, privately, in each env. The envs the
     pool serves are still built in the forks. A factory that fails here is left to fail there."""
-    seen = []
+    seen: list[Any] = []
     for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
         if not callable(factory) or any(factory is f for f in seen):
             continue

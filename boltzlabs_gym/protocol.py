@@ -27,6 +27,7 @@ Errors: ``{"v": 2, "seq": 17, "ok": false, "error": {"kind": "...", "message": "
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .errors import ProtocolError  # re-exported: raised by decode_header and the worker's handlers
@@ -110,12 +111,82 @@ def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
     return {"seq": seq, "ok": False, "error": {"kind": kind, "message": message, **extra}}
 
 
+# --------------------------------------------------------------------------- the plain step lines
+# The commonest request and reply of all each have one fixed byte layout, written and read
+# without a JSON encoder or parser (a line of any other shape goes through JSON). Each layout
+# is defined here, once; every writer and reader uses these pieces.
+
 #: How a plain Discrete step request line starts; the action's digits and then
 #: :data:`DISCRETE_STEP_TAIL` (or :data:`DISCRETE_AUTORESET_TAIL`, SAME_STEP autoreset)
-#: end it. The gym server recognises these exact shapes without a JSON parser.
+#: end it. Written by :func:`env_request_line`, recognised by the gym server with
+#: :func:`parse_discrete_step`.
 DISCRETE_STEP_HEAD = b'{"op":"step","action":'
 DISCRETE_STEP_TAIL = b"}\n"
 DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
+
+#: The plain step reply line: a step of an env with an array observation space, a finite reward,
+#: an empty info and no reset in the reply. ``<obs>`` is the observation's array skeleton
+#: (``{"__nd__":[0,dtype,shape]}``, :class:`boltzlabs_gym.codec.ArrayLeaf`), ``<reward>`` is
+#: ``repr(float)``, the flags are JSON booleans and ``<nbytes>`` is the length of the one payload
+#: (the observation's bytes) that follows the line. The gym server writes it
+#: (``ArrayLeaf.step_reply``); the worker and the lane recognise it without a JSON parser
+#: (:data:`STEP_REPLY_PATTERN`, in :mod:`boltzlabs_gym.envpipe`); the vector env reads it back
+#: (``ArrayLeaf.parse_step_line``).
+STEP_REPLY_LAYOUT = (
+    b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
+)
+# The layout's fixed text around its five fields (unpacking fails at import if the layout loses one).
+(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD,
+ _REPLY_END) = re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+_JSON_BOOL = {False: b"false", True: b"true"}
+
+#: The bytes between the reward and the info of a plain step reply, by ``(terminated, truncated)``.
+STEP_REPLY_FLAGS = {
+    (t, u): _REPLY_TERMINATED_HEAD + _JSON_BOOL[t] + _REPLY_TRUNCATED_HEAD + _JSON_BOOL[u]
+    for t in (False, True)
+    for u in (False, True)
+}
+
+
+def step_reply_prefix(obs_skeleton: bytes) -> bytes:
+    """A plain step reply's bytes up to its reward, for observations with this (compact JSON) skeleton.
+
+    >>> step_reply_prefix(b'{"__nd__":[0,"<f4",[2]]}')
+    b'{"obs":{"__nd__":[0,"<f4",[2]]},"reward":'
+    """
+    return _REPLY_OBS_HEAD + obs_skeleton + _REPLY_REWARD_HEAD
+
+
+def step_reply_suffix(nbytes: int) -> bytes:
+    """A plain step reply's bytes after its flags, for an observation payload of ``nbytes``.
+
+    >>> step_reply_suffix(8)
+    b',"info":{},"_bin":[8]}\\n'
+    """
+    return _REPLY_NBYTES_HEAD + b"%d" % nbytes + _REPLY_END
+
+
+_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
+# What each field of the layout may hold; only valid JSON, so a line that matches needs no parser.
+_REPLY_FIELD_PATTERNS = (
+    rb'\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
+    rb"-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?",  # reward
+    rb"(?:true|false)",  # terminated
+    rb"(?:true|false)",  # truncated
+    rb"(" + _UINT + rb")",  # nbytes: the pattern's one group
+)
+#: Matches (``fullmatch``) exactly the lines of :data:`STEP_REPLY_LAYOUT` with any array skeleton of
+#: up to 32 dimensions; group 1 is ``<nbytes>``. The reader of untrusted env output uses it.
+STEP_REPLY_PATTERN = re.compile(
+    b"".join(
+        re.escape(text) + field
+        for text, field in zip(
+            (_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD),
+            _REPLY_FIELD_PATTERNS,
+        )
+    )
+    + re.escape(_REPLY_END)
+)
 
 
 def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:

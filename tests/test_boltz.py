@@ -266,3 +266,22 @@ def test_gymnasium_factories_in_boltz_mode():
         assert np.array_equal(again[0], ref.reset(seed=0)[0])
     finally:
         envs.close()
+
+
+def test_serve_forks_only_through_the_hook_the_template_bootstrap_installs(tmp_path):
+    """The env side imports no worker code: with BOLTZLABS_TEMPLATE set but no fork loop installed
+    (not started by the template's bootstrap), serve() says so and exits instead of serving or forking."""
+    import subprocess
+    import sys
+
+    (tmp_path / "env.py").write_text(
+        "from boltzlabs_gym.env import serve\nserve(reset=lambda seed: 0, step=lambda a: (0, 1.0, False, {}))\n"
+    )
+    env = dict(os.environ, BOLTZLABS_TEMPLATE="process", BOLTZLABS_ENV_DIR=str(tmp_path), BOLTZLABS_ENV_INDEX="0")
+    run = [sys.executable, str(tmp_path / "env.py")]
+    proc = subprocess.run(run, env=env, input=b"", capture_output=True, timeout=60)
+    assert proc.returncode == 1
+    assert b"no fork loop installed" in proc.stderr
+    imports = "import sys, boltzlabs_gym.env, boltzlabs_gym.gym_server; print(sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", imports], env=env, capture_output=True, timeout=60, check=True)
+    assert b"boltzlabs_gym.worker" not in loaded.stdout

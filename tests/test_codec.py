@@ -17,6 +17,7 @@ from boltzlabs_gym.codec import (
     encode_info,
     to_json_safe,
 )
+from boltzlabs_gym.protocol import STEP_REPLY_LAYOUT, STEP_REPLY_PATTERN
 from boltzlabs_gym.spaces import JsonSpace
 
 
@@ -327,6 +328,28 @@ def test_step_line_is_the_json_it_claims(space, reward, flags):
     assert msg == {"obs": leaf.skeleton, "reward": reward, "terminated": flags[0], "truncated": flags[1],
                    "info": {}, "_bin": [leaf.nbytes]}
     assert leaf.parse_step_line(line) == (reward, *flags)
+
+
+@pytest.mark.parametrize(
+    "space", [gs.Box(-1, 1, (4,), np.float32), gs.Box(0, 255, (3, 2), np.uint8), gs.MultiBinary(5)]
+)
+@pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True), (True, True)])
+def test_step_line_is_the_one_layout_in_protocol(space, flags):
+    """The writer (codec) and the reader of env output (envpipe's pattern) use protocol's one layout."""
+    leaf = ArrayLeaf.of(space)
+    line = leaf.step_line(-3.25, *flags)
+    fields = {
+        b"<obs>": leaf.skeleton_json.encode(),
+        b"<reward>": b"-3.25",
+        b"<terminated>": json.dumps(flags[0]).encode(),
+        b"<truncated>": json.dumps(flags[1]).encode(),
+        b"<nbytes>": b"%d" % leaf.nbytes,
+    }
+    expected = STEP_REPLY_LAYOUT
+    for field, value in fields.items():
+        expected = expected.replace(field, value)
+    assert line == expected
+    assert int(STEP_REPLY_PATTERN.fullmatch(line).group(1)) == leaf.nbytes
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,14 @@
 """The boltz template's own side: the fork loop it runs and the steps that turn a fork into an env.
 
 This module runs inside the template process (a fresh interpreter started by
-:class:`~boltzlabs_gym.worker.template.TemplateLauncher`), never in the worker:
-:func:`boltzlabs_gym.env.serve` enters :func:`template_main` once the env is imported. It
-imports nothing of the worker's launcher, so the template and every env forked from it
-carry only what serving needs. The protocol and the sandbox each fork builds are
-described in :mod:`boltzlabs_gym.worker.template`.
+:class:`~boltzlabs_gym.worker.template.TemplateLauncher`), never in the worker. It is the
+template's entry point: :data:`TEMPLATE_BOOTSTRAP` installs :func:`template_main` as the env
+side's fork hook (:func:`boltzlabs_gym.envside.install_template_hook`) and then runs the env's
+``env.py``, whose :func:`boltzlabs_gym.env.serve` enters the hook once the env is imported. The
+env side never imports this module: dependencies point from here to it. It imports nothing
+of the worker's launcher, so the template and every env forked from it carry only what
+serving needs. The protocol and the sandbox each fork builds are described in
+:mod:`boltzlabs_gym.worker.template`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 import socket
 import sys
 
+from .. import envside
 from .sandbox.base import SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlimits
 
 #: fds the template finds its control socket and the worker's lifeline on.
@@ -29,8 +33,29 @@ SPARE_COMM = "boltz-spare"
 #: inside the template's user namespace: the template is uid 0, its envs uid ENV_INSIDE_UID.
 ENV_INSIDE_UID = 1000
 
+#: The template's interpreter (``python -c``): install the fork loop as the env side's hook, then
+#: run env.py as __main__ (like a spawned env); its serve() forks.
+TEMPLATE_BOOTSTRAP = (
+    "import os,runpy,sys\n"
+    "from boltzlabs_gym.worker.forkserver import install\n"
+    "install()\n"
+    "d=os.environ['BOLTZLABS_ENV_DIR']\n"
+    "sys.path.insert(0,d)\n"
+    "sys.argv=[os.path.join(d,'env.py')]\n"
+    "runpy.run_path(sys.argv[0],run_name='__main__')\n"
+    "sys.stderr.write('boltzlabs boltz template: env.py returned without calling "
+    "boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode=\"boltz\" needs one of them "
+    "(use mode=\"default\" for an env that speaks the line protocol itself)\\n')\n"
+    "sys.exit(3)\n"
+)
 
-def _readable(fds: list[int], timeout: float) -> set[int]:
+
+def install() -> None:
+    """Make :func:`template_main` the fork loop that ``serve()`` enters (see :mod:`boltzlabs_gym.envside`)."""
+    envside.install_template_hook(template_main)
+
+
+def readable(fds: list[int], timeout: float) -> set[int]:
     """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
     worker with a thousand envs has fds above select's limit of 1024."""
     p = select.poll()
@@ -279,7 +304,7 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
             import ctypes
 
             ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if _readable([LIFELINE_FD], 0):
+        if readable([LIFELINE_FD], 0):
             os._exit(125)  # the worker is gone (its lifeline closed) before PDEATHSIG was armed
         os.close(LIFELINE_FD)
         have_cg = bool(req.get("cgroup"))
@@ -336,28 +361,27 @@ def _per_env_bindings() -> list[tuple[dict, str, int]]:
     Scanning here rather than in each fork matters: touching every module global in a fork
     would copy the pages of all those objects (reference counts) into every env.
     """
-    from .. import env as envmod
-
-    which = {id(envmod.ENV_INDEX): 0, id(envmod.ENV_DIR): 1, id(envmod.WORKSPACE): 2}
+    which = {id(envside.ENV_INDEX): 0, id(envside.ENV_DIR): 1, id(envside.WORKSPACE): 2}
     found = []
     for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(d, dict):
             continue
         for key, value in list(d.items()):
-            if isinstance(value, (envmod._PerEnvInt, envmod._PerEnvStr)) and id(value) in which:
+            if isinstance(value, (envside.PerEnvInt, envside.PerEnvStr)) and id(value) in which:
                 found.append((d, key, which[id(value)]))
     return found
 
 
 def _rebind(bindings: list[tuple[dict, str, int]], index: int, env_dir: str, workspace: str) -> None:
-    """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (and every module global bound to them at import) at this env's values."""
-    from .. import env as envmod
+    """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (every module global bound to them at import) at this env's values.
 
+    The env side itself (:mod:`boltzlabs_gym.envside`) is one of those modules; it leaves template mode
+    when the fork loop returns into ``serve()``.
+    """
     values = (index, env_dir, workspace)
     for d, key, which in bindings:
         d[key] = values[which]
-    envmod._TEMPLATE = ""
 
 
 def _reseed() -> None:
@@ -372,4 +396,4 @@ def _reseed() -> None:
             pass
 
 
-__all__ = ["template_main"]
+__all__ = ["TEMPLATE_BOOTSTRAP", "install", "readable", "template_main"]

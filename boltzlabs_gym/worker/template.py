@@ -10,7 +10,8 @@ How an env gets served (both backends)
 --------------------------------------
 The template is a fresh interpreter (``exec``, scrubbed environment: no worker memory, keys or
 descriptors are inherited) started with ``BOLTZLABS_TEMPLATE=<kind>`` and a control socket on
-fd 3. It runs the env directory's ``env.py`` as usual; when that calls
+fd 3. Its bootstrap (:data:`~boltzlabs_gym.worker.forkserver.TEMPLATE_BOOTSTRAP`) installs the fork
+loop as the env side's hook and runs the env directory's ``env.py`` as usual; when that calls
 :func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.gym_server.serve_factories`, which first
 unpickles the factories so Gymnasium and the env classes are imported in the template), serve
 does not serve: it enters :func:`~boltzlabs_gym.worker.forkserver.template_main`, the fork loop
@@ -122,7 +123,7 @@ from .sandbox.base import (
     set_layout_randomization,
 )
 
-from .forkserver import ENV_INSIDE_UID, _readable
+from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 
 log = logging.getLogger("boltzlabs_gym.worker.template")
 
@@ -146,20 +147,6 @@ _TEMPLATE_UID_LO, _TEMPLATE_UID_SPAN = 1_000_000_000, 1_000_000_000
 _CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN = 6, 7, 8, 21
 _KEEP_CAPS = (_CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN)
 
-#: The template's interpreter runs env.py as __main__ (like a spawned env); serve() forks.
-TEMPLATE_BOOTSTRAP = (
-    "import os,runpy,sys\n"
-    "d=os.environ['BOLTZLABS_ENV_DIR']\n"
-    "sys.path.insert(0,d)\n"
-    "sys.argv=[os.path.join(d,'env.py')]\n"
-    "runpy.run_path(sys.argv[0],run_name='__main__')\n"
-    "sys.stderr.write('boltzlabs boltz template: env.py returned without calling "
-    "boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode=\"boltz\" needs one of them "
-    "(use mode=\"default\" for an env that speaks the line protocol itself)\\n')\n"
-    "sys.exit(3)\n"
-)
-
-
 # ============================================================================================ worker side
 class _Template:
     """One running template process as the worker sees it."""
@@ -176,7 +163,7 @@ class _Template:
     def alive(self) -> bool:
         if self.pidfd < 0:
             return False
-        return not _readable([self.pidfd], 0)
+        return not readable([self.pidfd], 0)
 
     def log_tail(self, limit: int = 4000) -> str:
         try:
@@ -194,7 +181,7 @@ class _Template:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
             except (ProcessLookupError, OSError):
                 pass
-            _readable([self.pidfd], wait)
+            readable([self.pidfd], wait)
             try:
                 os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
@@ -440,7 +427,7 @@ class TemplateLauncher:
                 deadline = time.monotonic() + 30
                 while True:
                     left = deadline - time.monotonic()
-                    if left <= 0 or not _readable([status_r], left):
+                    if left <= 0 or not readable([status_r], left):
                         data += b"!template sandbox setup timed out"
                         os.kill(pid, signal.SIGKILL)
                         break
@@ -690,14 +677,14 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
     """One message and the kernel-stamped pid of its sender (SO_PASSCRED)."""
     deadline = time.monotonic() + FORK_TIMEOUT
     while True:
-        ready = _readable([sock.fileno(), tpl.pidfd] if tpl.pidfd >= 0 else [sock.fileno()],
-                          max(0.0, deadline - time.monotonic()))
+        ready = readable([sock.fileno(), tpl.pidfd] if tpl.pidfd >= 0 else [sock.fileno()],
+                         max(0.0, deadline - time.monotonic()))
         if sock.fileno() in ready:
             break
         if not ready:
             raise socket.timeout()
         # the template died; an env it already forked may still have answered
-        if not _readable([sock.fileno()], 0.05):
+        if not readable([sock.fileno()], 0.05):
             raise _TemplateGone("the template died while forking")
         break
     msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
