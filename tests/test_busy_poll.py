@@ -19,7 +19,7 @@ from conftest import COUNTER, ISOLATION
 @pytest.fixture
 def worker(tmp_path):
     ours, theirs = socket.socketpair()
-    w = Worker([f"ipc://{tmp_path}/w.sock"], capacity=4, local_channel=theirs, local_spin_s=0.05)
+    w = Worker([f"ipc://{tmp_path}/w.sock"], capacity=4, local_channel=theirs, busy_poll_us=50_000)
     yield w
     w.shutdown()
     ours.close()
@@ -42,7 +42,7 @@ def test_spins_only_after_a_pool_that_came_back_within_the_window(worker):
 
 
 def test_zero_window_never_spins(worker):
-    worker.local_spin_s = 0.0
+    worker.busy_poll_us = 0.0
     for _ in range(3):
         worker._local_request_arrived()
         worker._local_replied()
