@@ -103,8 +103,9 @@ class EnvProcess(EnvPipe):
         self._stderr = bytearray()
         self.restarts = 0
         self.starting = False
-        self.session = None
-        self.pending_start = None
+        self.session: Any = None  # its Session (which imports this module)
+        #: ``(call, reset_op)`` for the start it is queued for: the call waiting for its first reset, and that reset.
+        self.pending_start: Any = None
 
     # ------------------------------------------------------------------ process life
     def spawn(self, backend, make_spec: Callable[..., LaunchSpec]) -> None:

@@ -18,6 +18,7 @@ from ..lending import STEP
 from ..protocol import ADOPT, ERROR, FAULTS, LENT
 from .envproc import BUSY, IDLE, Call, EnvProcess, json_error
 from .envproc import LENT as LENT_STATE  # the env state; LENT is the reply's wire word
+from .parts import WorkerParts
 from .session import LOCAL_CLIENT, Batch, Session
 
 log = logging.getLogger("boltzlabs_gym.worker")
@@ -26,7 +27,7 @@ log = logging.getLogger("boltzlabs_gym.worker")
 MAX_FAULT_REASON = 2000
 
 
-class Lending:
+class Lending(WorkerParts):
     """The worker's side of lending (``lend``, ``lent``, ``faults``, ``adopt``, ``lent_fault``)."""
 
     def _may_lend(self, client: bytes, session: Session) -> bool:
@@ -52,7 +53,8 @@ class Lending:
 
     def _lend_idle(self, session: Session) -> tuple[list[int], list[int]]:
         """Lend every idle env of ``session``: (their indices, their stdin and stdout fds, in pairs)."""
-        indices, fds = [], []
+        indices: list[int] = []
+        fds: list[int] = []
         if session.closed:
             return indices, fds
         for env in session.envs:

@@ -15,11 +15,12 @@ from ..archive import is_archive_hash
 from ..errors import ArchiveError
 from ..protocol import ADOPT, FAULTS, LEND, LENT_FAULT, error_reply
 from . import memory
+from .parts import WorkerParts
 from .sandbox import select_backend
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
 
 
-class OpHandlers:
+class OpHandlers(WorkerParts):
     """``_op_<name>`` for each op of :data:`~boltzlabs_gym.protocol.WORKER_OPS`; :attr:`HANDLERS` maps names to them."""
 
     def _op_ping(self, client, header, payloads):

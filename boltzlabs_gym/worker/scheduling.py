@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import select
 import time
+from typing import Sequence
 
 from ..envpipe import EnvFault
 from ..lending import STEP, STRAY_OUTPUT, leftover_is_stray, missed_deadline
 from ..protocol import ERROR, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error
+from .parts import WorkerParts
 from .session import Batch, Session
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
 
 
-class Scheduling:
+class Scheduling(WorkerParts):
     """The worker's env calls: submit, pump, send, reply, fault, deadlines, start results."""
 
     # ================================================================== sending calls
-    def _submit(self, session: Session, env: EnvProcess, op: dict, frames: list, batch: Batch, pos: int) -> None:
+    def _submit(
+        self, session: Session, env: EnvProcess, op: dict, frames: Sequence[bytes], batch: Batch, pos: int
+    ) -> None:
         name = op["op"]
         if name == LENT_FAULT:
             self._submit_lent_fault(session, env, op, batch, pos)
@@ -156,6 +160,8 @@ class Scheduling:
             session = self.sessions[sid]
             env = session.envs[index]
             call = env.current
+            if call is None:  # a live key's env has a call in flight: for the type checker
+                continue
             waited = time.perf_counter() - env.sent_at
             op = None if call.kind == "start" else call.op.get("op")
             self._fault(session, env, missed_deadline(call.timeout, op, waited), straggler=call.kind == STEP)

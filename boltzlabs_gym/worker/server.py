@@ -34,6 +34,7 @@ import signal
 import socket
 import tempfile
 import time
+from typing import TYPE_CHECKING, Sequence
 
 import zmq
 
@@ -59,6 +60,9 @@ from .scheduling import Scheduling
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
 from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
 from .uploads import Uploads
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 __all__ = ["Worker", "LOCAL_CLIENT", "DEFAULT_MAX_STARTING", "is_local_endpoint"]
 
@@ -134,10 +138,10 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self._in_start_more = False
         self.runtime = runtime_packages()
         self._expired: dict[str, float] = {}
-        self._current_user: bytes | None = None  # the CURVE key of the request being handled
+        self._current_user: str | None = None  # the CURVE key of the request being handled
         self.keys = keys
         self.ctx = zmq.Context()
-        self._authenticator = None
+        self._authenticator: ThreadAuthenticator | None = None
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
@@ -371,7 +375,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             reply.setdefault("seq", seq)
             self._send(client, reply)
 
-    def _send(self, client: bytes, header: dict, frames: list = (), fds: list = ()) -> None:
+    def _send(self, client: bytes, header: dict, frames: Sequence = (), fds: Sequence[int] = ()) -> None:
         """Send a reply; ``fds`` (the local client only) may raise OSError or ValueError, sending nothing."""
         if client == LOCAL_CLIENT:
             if self._local is None:

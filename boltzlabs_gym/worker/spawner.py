@@ -16,6 +16,7 @@ import time
 
 from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
 from .host import wipe_tree
+from .parts import WorkerParts
 from .sandbox import LaunchSpec
 from .session import Session
 
@@ -55,7 +56,7 @@ def oom_killed(env: EnvProcess) -> bool:
         return False
 
 
-class Spawning:
+class Spawning(WorkerParts):
     """The worker's env processes: start queue, launch, kill, reap, wipe."""
 
     # ================================================================== starting envs
