@@ -18,6 +18,9 @@ worker's state (parts, not objects of their own: no call layer added on the hot 
 * :mod:`.scheduling`: env calls: queue, send, reply, deadlines, faults, first resets;
 * :mod:`.lender`: lending idle envs to the local pool, taking them back, its reports;
 * :mod:`.spawner`: starting, killing and reaping env processes, and why one died.
+
+:mod:`.parts` declares what the parts share (state and the methods one calls in another).
+Batches (:mod:`.session`) reply through a callback; no part imports this module.
 """
 
 from __future__ import annotations
