@@ -180,7 +180,8 @@ class Scheduling(WorkerParts):
             if session.started < len(session.envs) and now - session.progress_sent >= 0.2:
                 # Interim reply under the create's tag: the pool shows start-up progress.
                 session.progress_sent = now
-                self._send(session.client, {"seq": session.create_seq, "progress": session.started, "n": len(session.envs)})
+                progress = {"seq": session.create_seq, "progress": session.started, "n": len(session.envs)}
+                self._send(session.client, progress)
             if session.started == len(session.envs):
                 seq, session.create_seq = session.create_seq, None
                 reply = {
