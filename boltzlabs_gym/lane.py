@@ -26,6 +26,7 @@ import time
 from typing import Sequence
 
 from .envpipe import EnvFault, EnvPipe
+from .lending import STRAY_OUTPUT, OpTimeouts, is_straggler_op, leftover_is_stray, missed_deadline
 
 __all__ = ["Lane", "DIRECT_OPS"]
 
@@ -63,6 +64,7 @@ class Lane:
     def __init__(self, step_timeout: float, reset_timeout: float):
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
+        self._timeouts = OpTimeouts(step_timeout, reset_timeout)  # the worker's rule (boltzlabs_gym.lending)
         self._envs: dict[int, _Lent] = {}
         self._by_fd: dict[int, _Lent] = {}
         self._epoll = select.epoll()
@@ -145,7 +147,7 @@ class Lane:
 
     def _write(self, env: _Lent, pos: int, name: str, data: bytes, now: float, sent_at: float, failed: list) -> None:
         env.pos, env.op = pos, name
-        env.timeout = self.step_timeout if name == "step" else self.reset_timeout
+        env.timeout = self._timeouts[name]
         env.sent_at, env.deadline = sent_at, now + env.timeout
         self._inflight[env.index] = env  # before writing: whatever happens, the call is accounted for
         heapq.heappush(self._deadlines, (env.deadline, env.index))
@@ -256,7 +258,7 @@ class Lane:
             else:
                 failed.append(self._fail(env, exc.reason))
             return
-        stray = env.partial_output and (bool(replies) or env.pos < 0)
+        stray = env.partial_output and leftover_is_stray(bool(replies), env.pos < 0)
         if env.partial_output and not replies:
             self._streaming = True  # a reply larger than the pipe: keep reading as it comes
         for line, payloads in replies:
@@ -267,7 +269,7 @@ class Lane:
             env.pos = -1
             del self._inflight[env.index]
         if stray:
-            self._idle_fault(env, "the env wrote output nobody asked for")
+            self._idle_fault(env, STRAY_OUTPUT)
 
     def _expire(self, now: float) -> list:
         failed = []
@@ -278,8 +280,8 @@ class Lane:
             if env is None or env.deadline != when:
                 continue  # answered, or a later call's deadline
             waited = time.perf_counter() - env.sent_at
-            reason = f"missed the {env.timeout:g} s deadline for '{env.op}' (waited {waited:.2f} s); killed"
-            failed.append(self._fail(env, reason, straggler=env.op == "step"))
+            reason = missed_deadline(env.timeout, env.op, waited)
+            failed.append(self._fail(env, reason, straggler=is_straggler_op(env.op)))
         if not self._inflight:
             heap.clear()
         return failed

@@ -22,6 +22,33 @@ result lists. ``status`` is set by the worker, never by the env: ``"ok"``,
 frames cost several microseconds each on both sides.)
 
 Errors: ``{"v": 2, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
+
+Lending (a local pool only: the pool that started the worker, over their socketpair; see
+:mod:`boltzlabs_gym.lane`). The worker may hand such a pool the pipes of idle envs so that
+the pool steps them itself; everything else about those envs stays with the worker.
+
+* ``"lend": true`` (:data:`LEND`), in a ``create`` or ``batch`` request: the pool asks
+  for the session's idle envs with the reply.
+* ``"lent": [index, ...]`` (:data:`LENT`), in that reply: the envs lent. Their stdin and
+  stdout descriptors, two per env in that order, travel with the reply's bytes
+  (``SCM_RIGHTS``); the pool keeps them on the header under ``"_fds"`` (:data:`LENT_FDS`,
+  never sent on the wire). A lent env is the pool's until a request names it: any item
+  for it takes it back first.
+* ``"faults": [[index, reason], ...]`` (:data:`FAULTS`), in a ``batch`` request: lent envs
+  the pool let go of after seeing them fail while idle (output nobody asked for, a closed
+  pipe). The worker kills, reports and respawns each one still lent.
+* ``"adopt": [[index, op, seconds_left], ...]`` (:data:`ADOPT`), in a ``batch`` request:
+  calls the pool sent to lent envs and stopped waiting for (its wait timed out). The
+  worker takes each env back with that call in flight: the reply is dropped when it comes,
+  the deadline still holds.
+* An item ``{"op": "lent_fault", "reason": str, "straggler": bool}`` (:data:`LENT_FAULT`)
+  in a ``batch`` request: the pool's call to a lent env failed (a deadline, a crash, a bad
+  reply). The worker kills the env and reports it in that item's result as if the call had
+  been its own (``"straggler"`` status when ``straggler``), then respawns it.
+
+A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
+an env by (its deadline, a late call's message, stray output) are in
+:mod:`boltzlabs_gym.lending`.
 """
 
 from __future__ import annotations
@@ -45,13 +72,22 @@ MAX_ENV_LINE_BYTES = 16 << 20
 MAX_ENV_PAYLOAD_BYTES = 256 << 20
 
 #: How long a local pool's worker busy-polls for the next request after answering one
-#: (``RLPool(busy_poll_us=...)``, worker ``--local-spin-us``); see Worker._local_replied.
+#: (``RLPool(busy_poll_us=...)``, worker ``--busy-poll-us``); see Worker._local_replied.
 DEFAULT_BUSY_POLL_US = 300.0
 #: The longest busy-poll window ``busy_poll_us`` takes, in microseconds.
 MAX_POLL_US = 1e6
 
-
-#: The batch op by which a local pool hands back a lent env whose call failed on its side.
+#: The lending words (see "Lending" above). Request header key: the pool asks for idle envs.
+LEND = "lend"
+#: Reply header key: the indices of the envs lent with this reply.
+LENT = "lent"
+#: Pool-side only: the header key under which a received reply keeps its lent envs' descriptors.
+LENT_FDS = "_fds"
+#: Batch request key: ``[[index, reason], ...]``, lent envs that failed while idle.
+FAULTS = "faults"
+#: Batch request key: ``[[index, op, seconds_left], ...]``, lent envs' calls nobody waits for.
+ADOPT = "adopt"
+#: The batch item op by which a local pool hands back a lent env whose call failed on its side.
 LENT_FAULT = "lent_fault"
 
 
@@ -67,7 +103,7 @@ def check_poll_us(name: str, value: object) -> float:
 
 
 def poll_us_argument(text: str) -> float:
-    """The argparse ``type`` of a busy-poll option (the worker's ``--local-spin-us``)."""
+    """The argparse ``type`` of a busy-poll option (the worker's ``--busy-poll-us``)."""
     import argparse
 
     try:

@@ -19,7 +19,7 @@ from conftest import COUNTER, ISOLATION
 @pytest.fixture
 def worker(tmp_path):
     ours, theirs = socket.socketpair()
-    w = Worker([f"ipc://{tmp_path}/w.sock"], capacity=4, local_channel=theirs, local_spin_s=0.05)
+    w = Worker([f"ipc://{tmp_path}/w.sock"], capacity=4, local_channel=theirs, busy_poll_us=50_000)
     yield w
     w.shutdown()
     ours.close()
@@ -42,7 +42,7 @@ def test_spins_only_after_a_pool_that_came_back_within_the_window(worker):
 
 
 def test_zero_window_never_spins(worker):
-    worker.local_spin_s = 0.0
+    worker.busy_poll_us = 0.0
     for _ in range(3):
         worker._local_request_arrived()
         worker._local_replied()
@@ -79,15 +79,26 @@ def _worker_args(pool):
     return psutil.Process(pool._links[0].process.pid).cmdline()
 
 
+def _poll_option(args):
+    """The worker's busy-poll option as the pool passed it (``--local-spin-us`` is its old name)."""
+    return "--busy-poll-us" if "--busy-poll-us" in args else "--local-spin-us"
+
+
+def test_worker_checks_its_busy_poll_window_as_the_pool_does(tmp_path):
+    for bad in (-1, 2e6, "fast", None, True, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="busy_poll_us"):
+            Worker([f"ipc://{tmp_path}/w.sock"], busy_poll_us=bad)
+
+
 def test_pool_hands_its_busy_poll_to_its_worker():
     with RLPool(COUNTER, n=1, isolation=ISOLATION, busy_poll_us=0) as pool:
         args = _worker_args(pool)
-        assert args[args.index("--local-spin-us") + 1] == "0.0"
+        assert args[args.index(_poll_option(args)) + 1] == "0.0"
         pool.reset(seed=0)
         assert pool.step([1])[0] == [{"t": 1}]
     with RLPool(COUNTER, n=1, isolation=ISOLATION) as pool:
         args = _worker_args(pool)
-        assert float(args[args.index("--local-spin-us") + 1]) == pool.busy_poll_us == 300.0
+        assert float(args[args.index(_poll_option(args)) + 1]) == pool.busy_poll_us == 300.0
     for bad in (-1, 2e6, "fast", None, True, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="busy_poll_us"):
             RLPool(COUNTER, n=1, busy_poll_us=bad)

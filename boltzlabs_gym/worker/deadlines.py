@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator
 
 #: The heap is compacted only past this many entries: small heaps are cheap as they are.
 _COMPACT_MIN = 256
@@ -30,7 +30,7 @@ class Deadlines:
     """Keys (any hashable naming one call) due at a deadline; ``is_live(key)`` says whether
     the call is still in flight (a key whose call answered is stale and skipped)."""
 
-    def __init__(self, is_live: Callable[[Hashable], bool]):
+    def __init__(self, is_live: Callable[[Any], bool]):
         self._is_live = is_live
         self._heap: list = []  # (deadline, tiebreak, [keys])
         self._open: dict[float, list] = {}  # timeout -> keys added since the last seal
@@ -64,7 +64,7 @@ class Deadlines:
         """The earliest sealed deadline (possibly of stale calls only), or ``None``."""
         return self._heap[0][0] if self._heap else None
 
-    def pop_expired(self, now: float) -> Iterator[Hashable]:
+    def pop_expired(self, now: float) -> Iterator[Any]:
         """Yield the live keys whose deadline is at or before ``now``, removing their entries."""
         # self._heap, not a local: handling a key may send calls, seal, and compact the heap.
         while self._heap and self._heap[0][0] <= now:

@@ -6,13 +6,14 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Callable
 
+from ..lending import OpTimeouts
 from .envproc import EnvProcess
 from .sandbox import Limits
 
-if TYPE_CHECKING:
-    from .server import Worker
+#: The client identity of the pool on the local channel (ROUTER identities never start with 0).
+LOCAL_CLIENT = b"\x00local"
 
 
 @dataclass
@@ -72,10 +73,11 @@ class SessionExpired(Exception):
 
 
 class Batch:
-    """Collects one result per item of a client request; replies when complete."""
+    """Collects one result per item of a client request; hands itself to ``on_complete`` (the
+    worker's reply) when the last one is in."""
 
-    def __init__(self, worker: Worker, client: bytes, seq, size: int):
-        self.worker = worker
+    def __init__(self, client: bytes, seq, size: int, on_complete: Callable[[Batch], None]):
+        self.on_complete = on_complete
         self.client = client
         self.seq = seq
         self.results: list = [None] * size
@@ -90,7 +92,7 @@ class Batch:
         self.results[pos] = (index, status, reply, payloads)
         self.remaining -= 1
         if self.remaining == 0:
-            self.worker.send_batch_reply(self)
+            self.on_complete(self)
 
 
 class Session:
@@ -102,6 +104,8 @@ class Session:
         self.env_dir = env_dir
         self.root = root
         self.cfg = cfg
+        #: Op name -> its deadline in seconds (the rule the lane follows too).
+        self.timeouts = OpTimeouts(cfg.step_timeout, cfg.reset_timeout)
         self.backend = backend
         self.envs = [
             EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)

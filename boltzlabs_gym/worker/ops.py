@@ -1,0 +1,192 @@
+"""The worker's request handlers, one per op, and the table that dispatches to them.
+
+A part of :class:`~boltzlabs_gym.worker.server.Worker`. A handler takes ``(client,
+header, payloads)`` and returns the reply header, or ``None`` when the reply comes later
+(an upload unpacked on a thread, a ``create`` whose envs are starting, a ``batch`` whose
+calls are in flight). Errors it raises become error replies (``Worker._handle_request``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..archive import is_archive_hash
+from ..errors import ArchiveError
+from ..protocol import ADOPT, FAULTS, LEND, LENT_FAULT, error_reply
+from . import memory
+from .parts import WorkerParts
+from .sandbox import select_backend
+from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
+
+
+class OpHandlers(WorkerParts):
+    """``_op_<name>`` for each op of :data:`~boltzlabs_gym.protocol.WORKER_OPS`; :attr:`HANDLERS` maps names to them."""
+
+    def _op_ping(self, client, header, payloads):
+        if header.get("session") is not None:
+            try:
+                self._session_for(client, header)  # a heartbeat renews the session's lease
+            except (ValueError, SessionExpired):
+                pass
+        return {"ok": True, "pid": os.getpid(), "endpoints": self.endpoints}
+
+    def _op_has_archive(self, client, header, payloads):
+        digest = header.get("hash")
+        return {"ok": True, "have": isinstance(digest, str) and digest in self.archives}
+
+    def _op_upload(self, client, header, payloads):
+        """Start unpacking an archive on a thread; the reply comes when it is done (see
+        :mod:`~boltzlabs_gym.worker.uploads`), so other sessions are served meanwhile."""
+        digest = header.get("hash")
+        if not isinstance(digest, str) or len(payloads) != 1:
+            raise ValueError("upload needs a 'hash' and exactly one archive frame")
+        if digest in self.archives:
+            return {"ok": True}
+        if not is_archive_hash(digest):
+            # It names a directory: checked here, before the thread checks the content.
+            raise ArchiveError(
+                f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)"
+            )
+        dest = os.path.join(self.root, "archives", digest)
+        self.uploads.submit(digest, payloads[0], dest, waiter=(client, header.get("seq")))
+        return None
+
+    def _op_create(self, client, header, payloads):
+        digest = header.get("hash")
+        if digest not in self.archives:
+            raise ValueError(f"archive {digest!r} was not uploaded to this worker")
+        cfg = SessionConfig.from_header(header)
+        in_use = sum(len(s.envs) for s in self.sessions.values())
+        if in_use + cfg.n > self.capacity:
+            return error_reply(
+                header.get("seq"),
+                "capacity",
+                f"worker has {self.capacity - in_use} free env slots of {self.capacity}; asked for {cfg.n}",
+                free=self.capacity - in_use,
+            )
+        backend = select_backend(cfg.isolation)
+        sid = f"s{next(self._sid_counter)}"
+        root = os.path.join(self.root, "sessions", sid)
+        os.makedirs(os.path.join(root, "ws"))
+        if cfg.mode == "boltz":
+            # Envs are forked from a warm template that imported the env once; the
+            # template launcher has the same launch()/report() shape as a backend.
+            from .template import TemplateLauncher
+
+            backend = TemplateLauncher(backend, env_dir=self.archives[digest], root=root, runtime=self.runtime)
+        session = Session(sid, client, self.archives[digest], root, cfg, backend)
+        session.owner_key = getattr(self, "_current_user", None)
+        session.create_seq = header.get("seq")
+        session.lend = header.get(LEND) is True and self._may_lend(client, session)
+        self.sessions[sid] = session
+        for env in session.envs:
+            os.makedirs(env.workspace)
+            self._queue_start(session, env, None)
+        return None  # the reply goes out when every env answered its first reset
+
+    def _op_batch(self, client, header, payloads):
+        session = self._session_for(client, header)
+        # What the pool reports about envs it held is acted on first, even if an item below is
+        # refused: the pool has let go of those envs, and they must not stay lent.
+        self._apply_lent_reports(client, session, header)
+        items = header.get("items")
+        if not isinstance(items, list) or not (items or header.get(FAULTS) or header.get(ADOPT)):
+            raise ValueError("batch needs a non-empty 'items' list")
+        calls = []
+        used = 0
+        seen = set()
+        n_envs, n_frames = len(session.envs), len(payloads)
+        for item in items:
+            if type(item) is not list or len(item) != 3:
+                raise ValueError(f"batch item must be [index, op, n_frames], got {str(item)[:80]}")
+            index, op, nframes = item
+            if type(index) is not int or not 0 <= index < n_envs:
+                raise ValueError(f"env index {index!r} out of range 0..{n_envs - 1}")
+            if index in seen:
+                raise ValueError(f"env index {index} appears twice in one batch")
+            seen.add(index)
+            if type(op) is not dict or type(op.get("op")) is not str:
+                raise ValueError(f"env {index}: op must be an object with an 'op' string")
+            if op["op"] == LENT_FAULT and (client != LOCAL_CLIENT or type(op.get("reason")) is not str):
+                raise ValueError(f"env {index}: {LENT_FAULT} is for a local pool's lent envs, with a reason string")
+            if type(nframes) is not int or nframes < 0 or used + nframes > n_frames:
+                raise ValueError(f"env {index}: frame count {nframes!r} does not match the frames sent")
+            calls.append((index, op, payloads[used : used + nframes] if nframes else ()))
+            used += nframes
+        if used != len(payloads):
+            raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
+        lend = header.get(LEND) is True and session.lend and self._may_lend(client, session)
+        batch = Batch(client, header.get("seq"), len(calls), self._reply_batch)
+        batch.lend_from = session if lend else None
+        for pos, (index, op, frames) in enumerate(calls):
+            env = session.envs[index]
+            if op["op"] != LENT_FAULT:
+                self._take_back(env)
+            self._submit(session, env, op, frames, batch, pos)
+        self._deadlines.seal(time.monotonic())
+        if not calls:
+            self._reply_batch(batch)  # only faults or adoptions: nothing to wait for
+        return None
+
+    def _op_memory(self, client, header, payloads):
+        session = self._session_for(client, header)
+        pss = [memory.tree_pss(env.pid) if env.pid else 0 for env in session.envs]
+        template_pss = getattr(session.backend, "pss", lambda: 0)()
+        return {
+            "ok": True,
+            "pss": pss,
+            "template_pss": template_pss,
+            "worker_pss": memory.tree_pss(os.getpid(), children=False),
+        }
+
+    def _op_close(self, client, header, payloads):
+        sid = header.get("session")
+        session = self.sessions.get(sid) if isinstance(sid, str) else None
+        if session is not None:
+            # Whoever holds the session's token (and CURVE key) may close it, as for every other
+            # op; the ROUTER identity is only where the last reply went, not who owns the session.
+            self._session_for(client, header)
+            self._close_session(session)
+        return {"ok": True}
+
+    def _op_status(self, client, header, payloads):
+        sessions = []
+        for s in self.sessions.values():
+            pss = sum(memory.tree_pss(env.pid) for env in s.envs if env.pid)
+            template_pss = getattr(s.backend, "pss", lambda: 0)()
+            sessions.append(
+                {
+                    "session": s.sid,
+                    "envs": len(s.envs),
+                    "mode": s.cfg.mode,
+                    "pss_bytes": pss,
+                    "template_pss_bytes": template_pss,
+                    "envs_per_gib": len(s.envs) / ((pss + template_pss) / 2**30) if pss else None,
+                    "isolation": s.backend.report().to_json(),
+                    "idle_s": round(time.monotonic() - s.last_seen, 1),
+                }
+            )
+        in_use = sum(len(s.envs) for s in self.sessions.values())
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "endpoints": self.endpoints,
+            "authenticated": self.keys is not None,
+            "capacity": self.capacity,
+            "in_use": in_use,
+            "free": self.capacity - in_use,
+            "worker_pss_bytes": memory.tree_pss(os.getpid(), children=False),
+            "sessions": sessions,
+        }
+
+    HANDLERS = {
+        "ping": _op_ping,
+        "has_archive": _op_has_archive,
+        "upload": _op_upload,
+        "create": _op_create,
+        "batch": _op_batch,
+        "memory": _op_memory,
+        "close": _op_close,
+        "status": _op_status,
+    }

@@ -1,0 +1,228 @@
+"""Env calls: queueing them, sending them, reading replies, deadlines and faults.
+
+A part of :class:`~boltzlabs_gym.worker.server.Worker`. Each env runs one call at a
+time; more wait in its queue. A reply finishes the call in flight; a missed deadline, a
+closed pipe or a reply that breaks the protocol is a fault: the env is killed, the call
+answered with the reason, and the env respawned. An env's first reset after a start is
+a call too (kind ``start``), and its answer completes a ``create``.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from typing import Sequence
+
+from ..envpipe import EnvFault
+from ..lending import STEP, STRAY_OUTPUT, leftover_is_stray, missed_deadline
+from ..protocol import ERROR, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
+from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error
+from .parts import WorkerParts
+from .session import Batch, Session
+
+#: Call kinds the scheduler treats apart; any other op is "other".
+_CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
+
+
+class Scheduling(WorkerParts):
+    """The worker's env calls: submit, pump, send, reply, fault, deadlines, start results."""
+
+    # ================================================================== sending calls
+    def _submit(
+        self, session: Session, env: EnvProcess, op: dict, frames: Sequence[bytes], batch: Batch, pos: int
+    ) -> None:
+        name = op["op"]
+        if name == LENT_FAULT:
+            self._submit_lent_fault(session, env, op, batch, pos)
+            return
+        kind = name if name in _CALL_KINDS else "other"
+        env.queue.append(Call(op, frames, session.timeouts[name], kind=kind, batch=batch, pos=pos, index=env.index))
+        if env.state is DEAD:
+            self._queue_start(session, env, None)
+        self._pump(session, env)
+
+    def _pump(self, session: Session, env: EnvProcess) -> None:
+        """Send the env its next queued call if it is free to take one."""
+        if env.state is not IDLE or not env.queue or session.closed:
+            return
+        call = env.queue[0]
+        if call.kind == "hard_reset":
+            env.queue.popleft()
+            self._kill_env(session, env)
+            self._wipe(env.workspace)
+            reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
+            self._queue_start(session, env, call, reset_op)
+            return
+        if call.kind == STEP and session.cfg.serialize_measurement:
+            if self._gate_busy:
+                if not any(e is env for _, e in self._gate_waiters):
+                    self._gate_waiters.append((session, env))
+                return
+            self._gate_busy = True
+            call.op = dict(call.op)
+            call.gated = True
+        env.queue.popleft()
+        self._send_call(session, env, call)
+
+    def _send_call(self, session: Session, env: EnvProcess, call: Call) -> None:
+        call.token = next(self._tokens)
+        env.current = call
+        env.state = BUSY
+        env.sent_at = time.perf_counter()
+        if call.timeout is not None:
+            self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
+        try:
+            done = env.write(env_request(call.op, call.payloads))
+        except EnvFault as exc:
+            self._fault(session, env, exc.reason)
+            return
+        if not done:
+            self.epoll.register(env.stdin_w, select.EPOLLOUT)
+            self._fd_owner[env.stdin_w] = (env, "in")
+
+    def _release_gate(self, call: Call) -> None:
+        if not call.gated:
+            return
+        call.gated = False
+        self._gate_busy = False
+        while self._gate_waiters and not self._gate_busy:
+            session, env = self._gate_waiters.popleft()
+            self._pump(session, env)
+
+    # ================================================================== env events
+    def _on_env_event(self, env: EnvProcess, kind: str, ev: int) -> None:
+        session = self._session_of(env)
+        if session is None:
+            return
+        try:
+            if kind == "err":
+                env.drain_stderr()
+                if ev & (select.EPOLLHUP | select.EPOLLERR) and not ev & select.EPOLLIN:
+                    self._unregister(env.stderr_r)
+            elif kind == "in":
+                if env.flush():
+                    self._unregister(env.stdin_w)
+            else:
+                replies = env.read_replies()
+                stray = env.partial_output and leftover_is_stray(bool(replies), env.current is None)
+                for reply, payloads in replies:
+                    self._on_reply(session, env, reply, payloads)
+                if stray:
+                    raise EnvFault(STRAY_OUTPUT)
+        except EnvFault as exc:
+            self._fault(session, env, exc.reason)
+
+    def _on_reply(self, session: Session, env: EnvProcess, reply: bytes, payloads: list) -> None:
+        call = env.current
+        if call is None:
+            raise EnvFault(STRAY_OUTPUT)
+        env.current = None
+        env.state = IDLE
+        self._release_gate(call)
+        if call.kind == "start":
+            self._start_finished(session, env, call, reply, payloads)
+        else:
+            call.finish(OK, reply, payloads)
+        if env.queue:
+            self._pump(session, env)
+
+    def _fault(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None:
+        """Kill a misbehaving env, report its current call, respawn it in the background."""
+        call = env.current
+        env.current = None
+        reason = self._kill_and_explain(session, env, reason, straggler)
+        detail = json_error(
+            reason,
+            index=env.global_index,
+            stderr=env.stderr_tail(),
+            straggler=straggler,
+        )
+        if call is not None:
+            self._release_gate(call)
+            if call.kind == "start":
+                self._start_failed(session, env, call, reason)
+                return
+            call.finish(STRAGGLER if straggler else ERROR, detail, [])
+        if not session.closed:
+            self._wipe(env.workspace)
+            self._queue_start(session, env, None)
+
+    def _in_flight(self, key: tuple) -> bool:
+        """Whether the call a deadline names, ``(sid, index, token)``, is still unanswered."""
+        session = self.sessions.get(key[0])
+        if session is None:
+            return False
+        current = session.envs[key[1]].current
+        return current is not None and current.token == key[2]
+
+    def _expire_deadlines(self) -> None:
+        for sid, index, _token in self._deadlines.pop_expired(time.monotonic()):
+            session = self.sessions[sid]
+            env = session.envs[index]
+            call = env.current
+            if call is None:  # a live key's env has a call in flight: for the type checker
+                continue
+            waited = time.perf_counter() - env.sent_at
+            op = None if call.kind == "start" else call.op.get("op")
+            self._fault(session, env, missed_deadline(call.timeout, op, waited), straggler=call.kind == STEP)
+
+    # ================================================================== first resets
+    def _start_finished(self, session: Session, env: EnvProcess, call: Call, reply: bytes, payloads: list) -> None:
+        env.starting = False
+        self._starting -= 1
+        self._start_more()
+        user_call = call.user_call
+        if user_call is not None:
+            user_call.finish(OK, reply, payloads)
+        if session.create_seq is not None:
+            session.started += 1
+            now = time.monotonic()
+            if session.started < len(session.envs) and now - session.progress_sent >= 0.2:
+                # Interim reply under the create's tag: the pool shows start-up progress.
+                session.progress_sent = now
+                progress = {"seq": session.create_seq, "progress": session.started, "n": len(session.envs)}
+                self._send(session.client, progress)
+            if session.started == len(session.envs):
+                seq, session.create_seq = session.create_seq, None
+                reply = {
+                    "seq": seq,
+                    "ok": True,
+                    "session": session.sid,
+                    "token": session.token,
+                    "n": len(session.envs),
+                    "isolation": session.backend.report().to_json(),
+                }
+                if session.lend:
+                    self._send_lending(session, reply, [])
+                else:
+                    self._send(session.client, reply)
+
+    def _start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
+        self._start_more()
+        env.state = DEAD
+        tail = env.stderr_tail()
+        if session.create_seq is not None:
+            # A pool is all or nothing: tear the whole session down and say which env failed.
+            seq, session.create_seq = session.create_seq, None
+            self._close_session(session)
+            self._send(
+                session.client,
+                error_reply(
+                    seq,
+                    "env_start",
+                    f"env {env.global_index} failed to start: {reason}",
+                    index=env.global_index,
+                    stderr=tail,
+                ),
+            )
+            return
+        detail = json_error(f"env failed to restart: {reason}", index=env.global_index, stderr=tail)
+        if call.user_call is not None:
+            call.user_call.finish(ERROR, detail, [])
+        while env.queue:
+            env.queue.popleft().finish(ERROR, detail, [])
+
+    @staticmethod
+    def _session_of(env: EnvProcess) -> Session | None:
+        session = getattr(env, "session", None)
+        return None if session is None or session.closed else session

@@ -1,0 +1,248 @@
+"""Starting, killing and reaping env processes, and saying why one died.
+
+A part of :class:`~boltzlabs_gym.worker.server.Worker` (which holds the state these
+methods use): envs wait in a start queue for one of ``max_starting`` slots (an
+interpreter boot and a first reset each), are launched through the session's isolation
+backend, and are killed, reaped and wiped here. :meth:`Spawning._kill_and_explain` turns
+an env's death into the words a trainer sees (its exit status, the OOM killer).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
+from .host import wipe_tree
+from .parts import WorkerParts
+from .sandbox import LaunchSpec
+from .session import Session
+
+log = logging.getLogger("boltzlabs_gym.worker")
+
+#: How many envs may be starting (interpreter boot + first reset) at once per worker.
+DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
+#: How long the worker waits for an env whose pipe closed to exit by itself.
+EXIT_GRACE_S = 0.5
+
+#: Run the env directory's env.py as __main__ with the env dir importable.
+ENV_BOOTSTRAP = (
+    "import os,runpy,sys\n"
+    "d=os.environ['BOLTZLABS_ENV_DIR']\n"
+    "sys.path.insert(0,d)\n"
+    "sys.argv=[os.path.join(d,'env.py')]\n"
+    "runpy.run_path(sys.argv[0],run_name='__main__')\n"
+)
+
+
+def runtime_packages() -> dict[str, str]:
+    """The library's own packages, which every env imports its helper from."""
+    import boltzlabs
+    import boltzlabs_gym
+
+    return {
+        "boltzlabs_gym": os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)),
+        "boltzlabs": os.path.dirname(os.path.abspath(boltzlabs.__file__)),
+    }
+
+
+def oom_killed(env: EnvProcess) -> bool:
+    """Whether the kernel's OOM killer killed ``env`` (its cgroup says so)."""
+    try:
+        return env.launched is not None and bool(env.launched.oom_killed())
+    except Exception:  # noqa: BLE001 - a missing cgroup file is not a verdict
+        return False
+
+
+class Spawning(WorkerParts):
+    """The worker's env processes: start queue, launch, kill, reap, wipe."""
+
+    # ================================================================== starting envs
+    def _queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
+        """Spawn ``env`` when a start slot is free; ``call`` gets the first reset's result."""
+        env.state = QUEUED
+        env.pending_start = (call, reset_op or {"op": "reset", "seed": None})
+        self._start_queue.append((session, env))
+        self._start_more()
+
+    def _start_more(self) -> None:
+        # Iterative and not re-entrant: a launch that fails calls back into here
+        # (through _start_failed), which must not recurse once per queued env.
+        if self._in_start_more:
+            return
+        self._in_start_more = True
+        try:
+            answered = time.monotonic()
+            while self._start_queue and self._starting < self.max_starting:
+                session, env = self._start_queue.popleft()
+                if session.closed or env.state is not QUEUED:
+                    continue
+                self._spawn(session, env)
+                if time.monotonic() - answered > 0.2:
+                    # Long start-ups (hundreds of envs, a template importing the env) must
+                    # not starve other clients' requests and heartbeats.
+                    self._drain_clients()
+                    answered = time.monotonic()
+        finally:
+            self._in_start_more = False
+
+    def _spawn(self, session: Session, env: EnvProcess) -> None:
+        user_call, reset_op = env.pending_start
+        start_call = Call(op=reset_op, timeout=session.cfg.start_timeout, kind="start", user_call=user_call)
+        try:
+            env.spawn(session.backend, lambda e, i, o, r: self._launch_spec(session, e, i, o, r))
+        except Exception as exc:  # noqa: BLE001 - a failed launch is that env's failure
+            env.state = DEAD
+            self._start_failed(session, env, start_call, f"could not launch: {type(exc).__name__}: {exc}")
+            return
+        self._starting += 1
+        env.starting = True
+        self._register_env(env)
+        env.restarts += 1
+        self._send_call(session, env, start_call)
+        self._deadlines.seal(time.monotonic())  # a long start-up must not delay its deadline
+
+    def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
+        python_bin = os.path.dirname(sys.executable)
+        return LaunchSpec(
+            argv=[sys.executable, "-B", "-s", "-c", ENV_BOOTSTRAP],
+            env_dir=session.env_dir,
+            workspace=env.workspace,
+            stdin_fd=stdin_fd,
+            stdout_fd=stdout_fd,
+            stderr_fd=stderr_fd,
+            env={
+                "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "BOLTZLABS_ENV_INDEX": str(env.global_index),
+                # Host paths; a namespace backend replaces them with /env, /workspace, /opt/boltzlabs.
+                "BOLTZLABS_ENV_DIR": session.env_dir,
+                "BOLTZLABS_WORKSPACE": env.workspace,
+                "HOME": env.workspace,
+                "PYTHONPATH": os.path.dirname(self.runtime["boltzlabs_gym"]),
+                **session.cfg.env_vars,
+            },
+            limits=session.cfg.limits,
+            ro_binds={},
+            index=env.global_index,
+            aslr=session.cfg.env_aslr,
+            **({"runtime": self.runtime} if "runtime" in LaunchSpec.__dataclass_fields__ else {}),
+        )
+
+    # ================================================================== killing and reaping
+    def _kill_and_explain(self, session: Session, env: EnvProcess, reason: str, straggler: bool) -> str:
+        """Kill and reap ``env``, which failed for ``reason``; the reason to report, in the
+        words of its own death where the kernel has them (an exit status, the OOM killer)."""
+        # An env whose pipe closed is usually exiting: let it finish (bounded, without reaping, so
+        # its pid cannot be reused before the kill) so that its own exit status is reported, not
+        # our SIGKILL, even on a loaded host. Read the OOM flag before the cgroup goes away.
+        exited = not straggler and ("closed its stdout" in reason or "closed its stdin" in reason)
+        oom = not straggler and oom_killed(env)
+        natural = exited and self._await_exit(env.pid, EXIT_GRACE_S)
+        pid = self._kill_env(session, env)
+        status = self._reap_now(pid)
+        if oom:
+            limit = session.cfg.limits.memory_bytes
+            reason = "the env exceeded its memory limit" + (f" of {limit >> 20} MiB" if limit else "") + (
+                f" and was killed by the kernel's OOM killer ({describe_exit(status)})"
+            )
+        elif natural and status is not None:
+            reason = f"the env {describe_exit(status)}"
+        elif exited:
+            reason = f"{reason.split(' (')[0]} but did not exit within {EXIT_GRACE_S:g} s; killed"
+        return reason
+
+    def _kill_env(self, session: Session, env: EnvProcess) -> int | None:
+        for fd in (env.stdin_w, env.stdout_r, env.stderr_r):
+            if fd >= 0:
+                self._unregister(fd)
+        if env.starting:
+            env.starting = False
+            self._starting -= 1
+        pid = env.kill()
+        if pid:
+            self._to_reap.add(pid)
+        env.state = DEAD
+        env.current = None
+        self._cleanup_launch(env)
+        return pid
+
+    def _cleanup_launch(self, env: EnvProcess) -> None:
+        try:
+            env.cleanup()
+        except Exception:  # noqa: BLE001
+            log.exception("cleanup of env %s failed", env.global_index)
+
+    def _reap_now(self, pid: int | None) -> int | None:
+        if not pid:
+            return None
+        if pid in self._exit_status:
+            self._to_reap.discard(pid)
+            return self._exit_status.pop(pid)
+        for _ in range(20):
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                self._to_reap.discard(pid)
+                return None
+            if got:
+                self._to_reap.discard(pid)
+                return status
+            time.sleep(0.001)
+        return None
+
+    def _reap(self) -> None:
+        for pid in list(self._to_reap):
+            try:
+                got, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got = pid
+            if got:
+                self._to_reap.discard(pid)
+        # Orphans re-parented to us (we are a subreaper): reap whatever is left.
+        while True:
+            try:
+                got, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if not got:
+                break
+            self._to_reap.discard(got)
+            if any(env.pid == got for s in self.sessions.values() for env in s.envs):
+                # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
+                # (A lent env's EOF reaches the pool, which hands it back with a call in flight
+                # or with its next request; the worker cannot tell which, so it waits for that.)
+                self._exit_status[got] = status
+
+    def _await_exit(self, pid: int | None, timeout: float) -> bool:
+        """Whether our child ``pid`` exits within ``timeout``; it is left unreaped (WNOWAIT)."""
+        if not pid:
+            return False
+        deadline = time.monotonic() + timeout
+        while pid not in self._exit_status:
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def _wipe(self, path: str) -> None:
+        try:
+            from .sandbox.base import wipe_workspace
+        except ImportError:
+            wipe_workspace = wipe_tree
+        try:
+            wipe_workspace(path)
+        except Exception:  # noqa: BLE001
+            log.exception("could not wipe workspace %s", path)
