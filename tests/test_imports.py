@@ -127,13 +127,8 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-#: Circles another part of issue #19 removes (worker/session.py calling back into worker/server.py);
-#: the lead empties this at merge.
-_BEING_REMOVED = [["boltzlabs_gym.worker.server", "boltzlabs_gym.worker.session"]]
-
-
 def test_the_package_has_no_import_circle():
-    assert [c for c in find_cycles(_package_edges(import_graph())) if c not in _BEING_REMOVED] == []
+    assert find_cycles(_package_edges(import_graph())) == []
 
 
 def test_the_graph_sees_lazy_and_dynamic_imports():
