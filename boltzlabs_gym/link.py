@@ -294,7 +294,7 @@ def start_local_worker(n: int, busy_poll_us: float, *, heartbeat_interval: float
             [
                 sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
                 "--parent-pid", str(os.getpid()), "--remove-on-exit", tmpdir,
-                "--local-fd", str(theirs.fileno()), "--local-spin-us", repr(busy_poll_us),
+                "--local-fd", str(theirs.fileno()), "--busy-poll-us", repr(busy_poll_us),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

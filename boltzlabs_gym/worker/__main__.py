@@ -53,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
     parser.add_argument("--local-fd", type=int, default=None,
                         help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)")
-    parser.add_argument("--local-spin-us", type=poll_us_argument, default=DEFAULT_BUSY_POLL_US,
+    parser.add_argument("--busy-poll-us", type=poll_us_argument, default=DEFAULT_BUSY_POLL_US,
                         help="busy-poll this long for the local pool's next request (0: always sleep)")
+    # The option's old name, for a pool of the previous release that starts this worker: drop it after one release.
+    parser.add_argument("--local-spin-us", dest="busy_poll_us", type=poll_us_argument,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(
             args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid,
             keys=keys, insecure=args.insecure, local_channel=_local_channel(args.local_fd),
-            local_spin_s=args.local_spin_us * 1e-6,
+            local_spin_s=args.busy_poll_us * 1e-6,
         )
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
         print(f"boltzlabs worker: {exc}", file=sys.stderr)
