@@ -133,7 +133,11 @@ class _ProgressBar:
 
 
 def _cap_counts(counts: list[int], caps: Sequence[int]) -> list[int]:
-    """Move envs from workers over their free capacity to workers with room left."""
+    """Move envs from workers over their free capacity to workers with room left.
+
+    >>> _cap_counts([5, 5], caps=[3, 10])
+    [3, 7]
+    """
     counts = list(counts)
     extra = sum(max(0, c - cap) for c, cap in zip(counts, caps))
     counts = [min(c, cap) for c, cap in zip(counts, caps)]
@@ -145,6 +149,11 @@ def _cap_counts(counts: list[int], caps: Sequence[int]) -> list[int]:
 
 
 def _split_counts(n: int, weights: Sequence[int]) -> list[int]:
+    """``n`` envs split in proportion to ``weights`` (free slots), the remainder from the first on.
+
+    >>> _split_counts(10, [1, 1, 2])
+    [3, 2, 5]
+    """
     total = sum(weights)
     counts = [n * w // total for w in weights]
     for i in range(n - sum(counts)):
