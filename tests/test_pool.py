@@ -478,7 +478,13 @@ def test_split_route_sends_one_request_per_worker_and_splices_replies_in_item_or
 def test_routes_refuse_a_bad_env_index_before_sending_anything():
     from boltzlabs_gym.routes import SplitRoute, WorkerRoute
 
-    for make in (lambda links: WorkerRoute(links[0], 3), lambda links: SplitRoute([WorkerRoute(x, 3) for x in links], 3)):
+    def one_worker(links):
+        return WorkerRoute(links[0], 3)
+
+    def two_workers(links):
+        return SplitRoute([WorkerRoute(x, 3) for x in links], 3)
+
+    for make in (one_worker, two_workers):
         links = [_EchoLink("a", 0, 2), _EchoLink("b", 2, 1)]
         route = make(links)
         with pytest.raises(IndexError, match="env index 3 out of range for a pool of 3"):
