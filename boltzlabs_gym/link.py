@@ -37,10 +37,22 @@ class WorkerLink:
     """One worker: its DEALER socket (or, for the pool's own worker, a :class:`Channel`),
     the envs it hosts, its session."""
 
-    def __init__(self, ctx: zmq.Context | None, address: str, start: int, count: int, *,
-                 heartbeat_interval: float, heartbeat_timeout: float, seq: Iterator[int] | None = None,
-                 process: subprocess.Popen | None = None, keys=None, send_timeout: float = 10.0,
-                 channel: Channel | None = None, tmpdir: str | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context | None,
+        address: str,
+        start: int,
+        count: int,
+        *,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        seq: Iterator[int] | None = None,
+        process: subprocess.Popen | None = None,
+        keys=None,
+        send_timeout: float = 10.0,
+        channel: Channel | None = None,
+        tmpdir: str | None = None,
+    ):
         self.address = address
         self.start = start
         self.count = count
@@ -203,8 +215,9 @@ class WorkerLink:
         err = header.get("error") or {}
         kind, message = err.get("kind"), err.get("message", "unknown error")
         if kind == "env_start":
-            raise EnvStartError(message + _tail_text(err.get("stderr", "")), err.get("index"), err.get("stderr", ""),
-                                self.address)
+            raise EnvStartError(
+                message + _tail_text(err.get("stderr", "")), err.get("index"), err.get("stderr", ""), self.address
+            )
         if kind == "capacity":
             raise CapacityError(f"worker {self.address}: {message}")
         if kind == "sandbox":
@@ -256,8 +269,9 @@ class WorkerLink:
             return
         valid = isinstance(lent, list) and all(type(i) is int and 0 <= i < self.count for i in lent)
         if self.lane is None or not valid:
-            raise WorkerError(f"worker {self.address} lent envs this pool did not ask for: {str(lent)[:80]}",
-                              self.address)
+            raise WorkerError(
+                f"worker {self.address} lent envs this pool did not ask for: {str(lent)[:80]}", self.address
+            )
         try:
             header["_fds"] = self.sock.take_fds(2 * len(lent))
         except ChannelError as exc:
@@ -279,8 +293,14 @@ def close_lent(header: dict) -> None:
 
 
 # ---------------------------------------------------------------------- the local worker
-def start_local_worker(n: int, busy_poll_us: float, *, heartbeat_interval: float, heartbeat_timeout: float,
-                       seq: Iterator[int] | None = None) -> WorkerLink:
+def start_local_worker(
+    n: int,
+    busy_poll_us: float,
+    *,
+    heartbeat_interval: float,
+    heartbeat_timeout: float,
+    seq: Iterator[int] | None = None,
+) -> WorkerLink:
     """Start the pool's own worker as a child process and return its link (hosting all ``n`` envs).
 
     The worker binds an ``ipc://`` socket in a fresh directory (removed when the link
@@ -289,13 +309,11 @@ def start_local_worker(n: int, busy_poll_us: float, *, heartbeat_interval: float
     tmpdir = tempfile.mkdtemp(prefix="boltzlabs-pool-")
     endpoint = f"ipc://{tmpdir}/worker.sock"
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    argv = [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint, "--parent-pid", str(os.getpid())]
+    argv += ["--remove-on-exit", tmpdir, "--local-fd", str(theirs.fileno()), "--busy-poll-us", repr(busy_poll_us)]
     try:
         process = subprocess.Popen(
-            [
-                sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint,
-                "--parent-pid", str(os.getpid()), "--remove-on-exit", tmpdir,
-                "--local-fd", str(theirs.fileno()), "--busy-poll-us", repr(busy_poll_us),
-            ],
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             start_new_session=True,
@@ -307,8 +325,18 @@ def start_local_worker(n: int, busy_poll_us: float, *, heartbeat_interval: float
         raise
     finally:
         theirs.close()
-    link = WorkerLink(None, endpoint, 0, n, process=process, channel=Channel(ours), tmpdir=tmpdir, seq=seq,
-                      heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
+    link = WorkerLink(
+        None,
+        endpoint,
+        0,
+        n,
+        process=process,
+        channel=Channel(ours),
+        tmpdir=tmpdir,
+        seq=seq,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
+    )
     try:
         line = _read_line(process.stdout, timeout=30.0)
         if not line.startswith("READY "):

@@ -431,7 +431,7 @@ class RLPool:
             link.close()  # a local worker's link also stops the worker
         ctx.term()
 
-    def __enter__(self) -> "RLPool":
+    def __enter__(self) -> RLPool:
         return self
 
     def __exit__(self, *exc) -> None:

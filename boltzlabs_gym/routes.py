@@ -107,8 +107,9 @@ class WorkerRoute:
         link = self.link
         entries = header.get("results")
         if not isinstance(entries, list) or len(frames) != 1:
-            raise WorkerError(f"worker {link.address} sent a malformed batch reply (results or data frame missing)",
-                              link.address)
+            raise WorkerError(
+                f"worker {link.address} sent a malformed batch reply (results or data frame missing)", link.address
+            )
         data = memoryview(frames[0])
         out = []
         pos = 0
@@ -119,8 +120,9 @@ class WorkerRoute:
                 if not sizes or min(sizes) < 0 or end > len(data):
                     raise ValueError
             except (TypeError, ValueError):
-                raise WorkerError(f"worker {link.address} sent a malformed batch result {str(entry)[:80]}",
-                                  link.address) from None
+                raise WorkerError(
+                    f"worker {link.address} sent a malformed batch result {str(entry)[:80]}", link.address
+                ) from None
             reply_end = pos + sizes[0]
             payloads = []
             start = reply_end
@@ -257,8 +259,9 @@ class LaneRoute(WorkerRoute):
             try:
                 done, seen_failing = lane.wait(deadline)
             except TimeoutError:
-                raise WorkerTimeout(f"the envs of local worker {link.address} did not answer within {timeout:.1f} s",
-                                    link.address) from None
+                raise WorkerTimeout(
+                    f"the envs of local worker {link.address} did not answer within {timeout:.1f} s", link.address
+                ) from None
             failed += seen_failing
             if pending.t_send is not None:  # fan-out to the envs and back, as a worker counts it
                 worker_ms = (time.perf_counter() - pending.t_send) * 1e3
@@ -269,12 +272,15 @@ class LaneRoute(WorkerRoute):
             if failed:
                 # Our side saw the failure; the worker kills the env, says why, respawns it. Its
                 # own time: a straggler is found at the step deadline, which may be the caller's.
-                items = [[index, {"op": LENT_FAULT, "reason": reason, "straggler": straggler}, 0]
-                         for _pos, index, reason, straggler in failed]
+                items = [
+                    [index, {"op": LENT_FAULT, "reason": reason, "straggler": straggler}, 0]
+                    for _pos, index, reason, straggler in failed
+                ]
                 seq = link.send({"op": "batch", "items": items, "lend": True})
                 failed_positions, failed = [pos for pos, *_ in failed], []
-                worker_ms += self._collect(seq, failed_positions, results,
-                                           max(deadline, time.monotonic() + LENT_FAULT_TIMEOUT_S))
+                worker_ms += self._collect(
+                    seq, failed_positions, results, max(deadline, time.monotonic() + LENT_FAULT_TIMEOUT_S)
+                )
         except BaseException:
             lane.abandon(failed)  # with the next request: no env stays lent to nobody
             raise

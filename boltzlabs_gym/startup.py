@@ -23,16 +23,37 @@ log = logging.getLogger("boltzlabs_gym.pool")
 __all__ = ["connect_workers", "open_sessions"]
 
 
-def connect_workers(ctx: zmq.Context, addresses: Sequence[str], n: int, split: Sequence[int] | None, links: list,
-                    *, keys, heartbeat_interval: float, heartbeat_timeout: float, seq: Iterator[int]) -> None:
+def connect_workers(
+    ctx: zmq.Context,
+    addresses: Sequence[str],
+    n: int,
+    split: Sequence[int] | None,
+    links: list,
+    *,
+    keys,
+    heartbeat_interval: float,
+    heartbeat_timeout: float,
+    seq: Iterator[int],
+) -> None:
     """Connect to the workers at ``addresses`` and put into ``links`` those that get envs (``n`` split
     by their free capacity, or by ``split``), with their envs' index ranges.
 
     ``links`` holds every link opened, whatever happens: the caller closes them.
     """
-    probes = [WorkerLink(ctx, address, 0, 0, keys=keys, send_timeout=heartbeat_timeout, seq=seq,
-                         heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
-              for address in addresses]
+    probes = [
+        WorkerLink(
+            ctx,
+            address,
+            0,
+            0,
+            keys=keys,
+            send_timeout=heartbeat_timeout,
+            seq=seq,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+        )
+        for address in addresses
+    ]
     links.extend(probes)
     free = [int(link.call({"op": "status"}, timeout=heartbeat_timeout)["free"]) for link in probes]
     if split is None:
@@ -59,8 +80,9 @@ def connect_workers(ctx: zmq.Context, addresses: Sequence[str], n: int, split: S
         start += count
 
 
-def open_sessions(links: Sequence[WorkerLink], archive: bytes, digest: str, config: dict, n: int,
-                  start_timeout: float) -> IsolationReport | None:
+def open_sessions(
+    links: Sequence[WorkerLink], archive: bytes, digest: str, config: dict, n: int, start_timeout: float
+) -> IsolationReport | None:
     """Create a session of envs on every link's worker (uploading the archive where it is
     missing, asking for lent envs where the link has a lane); the isolation they run under.
 
