@@ -79,14 +79,16 @@ class WorkerRoute:
         return self.send_entries(entries, frames)
 
     def send_entries(self, entries: list, frames: list) -> float:
-        """Send ready-made ``[local index, op, n_frames]`` entries (from :class:`SplitRoute`)."""
+        """Send ready-made ``[local index, op, n_frames]`` entries (from :class:`SplitRoute`);
+        none: nothing is sent (the worker refuses an empty batch) and the wait returns none."""
         t0 = time.perf_counter()
-        self._seq = self.link.send({"op": "batch", "items": entries}, frames)
+        self._seq = self.link.send({"op": "batch", "items": entries}, frames) if entries else None
         return t0
 
     def wait(self, timeout: float, raw: bool) -> tuple[list[EnvResult], dict[str, float]]:
         seq, self._seq = self._seq, None
-        assert seq is not None, "wait() without send()"
+        if seq is None:
+            return [], {}
         link = self.link
         header, frames = link.recv(seq, timeout)
         link.raise_for_error(header)

@@ -493,3 +493,13 @@ def test_routes_refuse_a_bad_env_index_before_sending_anything():
             route.send([("0", {"op": "step"}, ())])
         assert all(not link.sent for link in links)
         route.send([(np.int64(2), {"op": "step"}, ())])  # numpy ints are indices too
+
+
+def test_an_empty_batch_sends_nothing_and_returns_nothing():
+    from boltzlabs_gym.routes import SplitRoute, WorkerRoute
+
+    links = [_EchoLink("a", 0, 2), _EchoLink("b", 2, 1)]
+    for route in (WorkerRoute(links[0], 2), SplitRoute([WorkerRoute(x, 3) for x in links], 3)):
+        route.send([])
+        assert route.wait(5.0, raw=False) == ([], {})
+    assert all(not link.sent for link in links)  # the worker refuses an empty batch
