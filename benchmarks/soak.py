@@ -201,7 +201,7 @@ def run_soak(
     worker = psutil.Process(pool._links[0].process.pid)
     worker_root = [d for d in glob.glob(os.path.join(tmp, "boltzlabs-worker-*"))
                    if _read(os.path.join(d, "owner.pid")) == str(worker.pid)]
-    pool_tmp = pool._tmpdir
+    pool_tmp = pool._links[0].tmpdir
     socket_path = pool._links[0].address[len("ipc://"):]
     trainer_fds0 = _fds(os.getpid())
     closed = False

@@ -79,11 +79,6 @@ def _worker_args(pool):
     return psutil.Process(pool._links[0].process.pid).cmdline()
 
 
-def _poll_option(args):
-    """The worker's busy-poll option as the pool passed it (``--local-spin-us`` is its old name)."""
-    return "--busy-poll-us" if "--busy-poll-us" in args else "--local-spin-us"
-
-
 def test_worker_checks_its_busy_poll_window_as_the_pool_does(tmp_path):
     for bad in (-1, 2e6, "fast", None, True, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="busy_poll_us"):
@@ -93,12 +88,12 @@ def test_worker_checks_its_busy_poll_window_as_the_pool_does(tmp_path):
 def test_pool_hands_its_busy_poll_to_its_worker():
     with RLPool(COUNTER, n=1, isolation=ISOLATION, busy_poll_us=0) as pool:
         args = _worker_args(pool)
-        assert args[args.index(_poll_option(args)) + 1] == "0.0"
+        assert args[args.index("--busy-poll-us") + 1] == "0.0"
         pool.reset(seed=0)
         assert pool.step([1])[0] == [{"t": 1}]
     with RLPool(COUNTER, n=1, isolation=ISOLATION) as pool:
         args = _worker_args(pool)
-        assert float(args[args.index(_poll_option(args)) + 1]) == pool.busy_poll_us == 300.0
+        assert float(args[args.index("--busy-poll-us") + 1]) == pool.busy_poll_us == 300.0
     for bad in (-1, 2e6, "fast", None, True, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="busy_poll_us"):
             RLPool(COUNTER, n=1, busy_poll_us=bad)

@@ -66,9 +66,9 @@ def test_worker_refuses_public_bind_without_auth():
     assert out.returncode == 2 and "CURVE" in out.stderr
 
 
-@pytest.mark.parametrize("option", ["--busy-poll-us", "--local-spin-us"])  # the second: its old name, hidden
 @pytest.mark.parametrize("bad", ["inf", "-1", "nan", "2e6", "soon"])
-def test_worker_refuses_a_busy_poll_window_it_could_spin_forever_in(tmp_path, bad, option):
+def test_worker_refuses_a_busy_poll_window_it_could_spin_forever_in(tmp_path, bad):
+    option = "--busy-poll-us"
     out = subprocess.run([sys.executable, "-m", "boltzlabs_gym.worker", "--bind", f"ipc://{tmp_path}/w.sock",
                           option, bad], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert out.returncode == 2 and option in out.stderr and "microseconds" in out.stderr, out.stderr
@@ -77,4 +77,4 @@ def test_worker_refuses_a_busy_poll_window_it_could_spin_forever_in(tmp_path, ba
 def test_worker_help_names_the_busy_poll_knob_once():
     out = subprocess.run([sys.executable, "-m", "boltzlabs_gym.worker", "--help"], capture_output=True, text=True,
                          timeout=30, cwd=ROOT)
-    assert out.returncode == 0 and "--busy-poll-us" in out.stdout and "--local-spin-us" not in out.stdout
+    assert out.returncode == 0 and "--busy-poll-us" in out.stdout and "spin" not in out.stdout

@@ -158,21 +158,21 @@ def test_only_envs_the_local_pool_holds_can_be_handed_back():
     with RLPool(FAULTY, n=1, isolation=ISOLATION, direct=False) as pool:
         link = pool._links[0]
         # Over the local channel, but nothing is lent with direct=False: the env is not killed.
-        header = pool._call(link, {"op": "batch", "items": [[0, {"op": LENT_FAULT, "reason": "x"}, 0]]})
+        header = link.call({"op": "batch", "items": [[0, {"op": LENT_FAULT, "reason": "x"}, 0]]})
         assert header["results"][0][1] == "error"
         pool.step([1])
         obs, *_ = pool.step([1])
         assert obs[0]["t"] == 2
         with pytest.raises(WorkerError, match="bad_request"):
-            pool._call(link, {"op": "batch", "items": [[0, {"op": LENT_FAULT}, 0]]})
+            link.call({"op": "batch", "items": [[0, {"op": LENT_FAULT}, 0]]})
         with pytest.raises(WorkerError, match="bad_request"):
-            pool._call(link, {"op": "batch", "items": [], "faults": [[0, 5]]})
+            link.call({"op": "batch", "items": [], "faults": [[0, 5]]})
     worker = WorkerProcess(capacity=4)
     try:
         with RLPool(FAULTY, n=1, isolation=ISOLATION, workers=[worker.address]) as pool:
             assert _lane(pool) is None
             with pytest.raises(WorkerError, match="bad_request.*local pool"):
-                pool._call(pool._links[0], {"op": "batch", "items": [[0, {"op": LENT_FAULT, "reason": "x"}, 0]]})
+                pool._links[0].call({"op": "batch", "items": [[0, {"op": LENT_FAULT, "reason": "x"}, 0]]})
             obs, *_ = pool.step([1])
             assert obs[0]["t"] == 1
     finally:

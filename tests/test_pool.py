@@ -435,3 +435,71 @@ def wait_until_gone(procs, timeout: float) -> bool:
     from boltzlabs_gym.testing import alive, wait_until
 
     return wait_until(lambda: not alive(procs), timeout)
+
+
+class _EchoLink:
+    """A stand-in for a WorkerLink whose worker answers each batch item with its op, tagged with
+    the worker's name (no sockets, no envs): enough to test how routes split and splice batches."""
+
+    def __init__(self, address, start, count):
+        self.address, self.start, self.count = address, start, count
+        self.sent = []
+
+    def send(self, header, frames=()):
+        self.sent.append(header)
+        return len(self.sent)
+
+    def recv(self, seq, timeout):
+        items = self.sent[seq - 1]["items"]
+        lines = [f'{{"w": "{self.address}", "i": {local}, "op": "{op["op"]}"}}'.encode() for local, op, _ in items]
+        results = [[local, "ok", [len(line)]] for (local, _, _), line in zip(items, lines)]
+        return {"ok": True, "results": results, "worker_ms": float(self.start)}, [b"".join(lines)]
+
+    def raise_for_error(self, header):
+        pass
+
+
+def test_split_route_sends_one_request_per_worker_and_splices_replies_in_item_order():
+    from boltzlabs_gym.routes import SplitRoute, WorkerRoute
+
+    links = [_EchoLink("a", 0, 3), _EchoLink("b", 3, 2), _EchoLink("c", 5, 2)]
+    route = SplitRoute([WorkerRoute(link, 7) for link in links], 7)
+    order = [4, 0, 6, 3, 1]  # nothing for env 2 and 5; "c" gets env 6 only
+    route.send([(i, {"op": f"op{i}"}, ()) for i in order])
+    assert [len(link.sent) for link in links] == [1, 1, 1]
+    assert links[1].sent[0]["items"] == [[1, {"op": "op4"}, 0], [0, {"op": "op3"}, 0]]
+    results, per_worker_ms = route.wait(5.0, raw=False)
+    assert [r.index for r in results] == order
+    assert [r.reply["op"] for r in results] == [f"op{i}" for i in order]
+    assert [r.reply["w"] for r in results] == ["b", "a", "c", "b", "a"]
+    assert per_worker_ms == {"a": 0.0, "b": 3.0, "c": 5.0}
+
+
+def test_routes_refuse_a_bad_env_index_before_sending_anything():
+    from boltzlabs_gym.routes import SplitRoute, WorkerRoute
+
+    def one_worker(links):
+        return WorkerRoute(links[0], 3)
+
+    def two_workers(links):
+        return SplitRoute([WorkerRoute(x, 3) for x in links], 3)
+
+    for make in (one_worker, two_workers):
+        links = [_EchoLink("a", 0, 2), _EchoLink("b", 2, 1)]
+        route = make(links)
+        with pytest.raises(IndexError, match="env index 3 out of range for a pool of 3"):
+            route.send([(0, {"op": "step"}, ()), (3, {"op": "step"}, ())])
+        with pytest.raises(TypeError, match="env index must be an int, got str"):
+            route.send([("0", {"op": "step"}, ())])
+        assert all(not link.sent for link in links)
+        route.send([(np.int64(2), {"op": "step"}, ())])  # numpy ints are indices too
+
+
+def test_an_empty_batch_sends_nothing_and_returns_nothing():
+    from boltzlabs_gym.routes import SplitRoute, WorkerRoute
+
+    links = [_EchoLink("a", 0, 2), _EchoLink("b", 2, 1)]
+    for route in (WorkerRoute(links[0], 2), SplitRoute([WorkerRoute(x, 3) for x in links], 3)):
+        route.send([])
+        assert route.wait(5.0, raw=False) == ([], {})
+    assert all(not link.sent for link in links)  # the worker refuses an empty batch

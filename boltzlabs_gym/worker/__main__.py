@@ -55,9 +55,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)")
     parser.add_argument("--busy-poll-us", type=poll_us_argument, default=DEFAULT_BUSY_POLL_US,
                         help="busy-poll this long for the local pool's next request (0: always sleep)")
-    # The option's old name, for a pool of the previous release that starts this worker: drop it after one release.
-    parser.add_argument("--local-spin-us", dest="busy_poll_us", type=poll_us_argument,
-                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
