@@ -223,7 +223,9 @@ def _safe_target(root: str, norm: str, name: str) -> str:
             continue
         if not stat.S_ISDIR(st.st_mode):
             what = "symlink" if stat.S_ISLNK(st.st_mode) else "file"
-            raise ArchiveError(f"archive entry {name!r} would be written through the {what} {'/'.join(parts[:depth])!r}")
+            raise ArchiveError(
+                f"archive entry {name!r} would be written through the {what} {'/'.join(parts[:depth])!r}"
+            )
     return os.path.join(path, parts[-1])
 
 
@@ -302,7 +304,9 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits, cancel: threa
         stream.next_entry()
         if tar.pax_headers:
             # Global headers pile up in tarfile across entries; pack_dir never writes one.
-            raise ArchiveError("archive has a global PAX header; pack env directories with boltzlabs_gym.archive.pack_dir")
+            raise ArchiveError(
+                "archive has a global PAX header; pack env directories with boltzlabs_gym.archive.pack_dir"
+            )
         tar.members.clear()  # entries are handled one at a time; keep none of them
         count += 1
         if count > limits.max_files:

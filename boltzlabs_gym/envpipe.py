@@ -151,6 +151,7 @@ class EnvPipe:
             self._line = None
             self._need = []
 
+
 def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy: bool = True) -> list:
     """The payloads of the given sizes that follow each other in ``buf`` from ``pos``
     (``bytes`` copies, or slices of ``buf`` with ``copy=False``)."""

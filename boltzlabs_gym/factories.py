@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["make_env", "SB3EnvFactory"]
 

@@ -111,6 +111,7 @@ def poll_us_argument(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of microseconds in [0, {MAX_POLL_US:.0e}]: {text!r}") from None
 
+
 #: Ops the worker understands.
 WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status")
 #: Per-env ops the worker handles itself rather than forwarding to the env.
@@ -172,8 +173,9 @@ STEP_REPLY_LAYOUT = (
     b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
 )
 # The layout's fixed text around its five fields (unpacking fails at import if the layout loses one).
-(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD,
- _REPLY_END) = re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD, _REPLY_END) = (
+    re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+)
 _JSON_BOOL = {False: b"false", True: b"true"}
 
 #: The bytes between the reward and the info of a plain step reply, by ``(terminated, truncated)``.

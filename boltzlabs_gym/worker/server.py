@@ -37,7 +37,8 @@ import signal
 import socket
 import tempfile
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -470,7 +471,10 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             if session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s:
                 log.warning(
                     "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
-                    session.sid, now - session.last_seen, session.cfg.lease_s, len(session.envs),
+                    session.sid,
+                    now - session.last_seen,
+                    session.cfg.lease_s,
+                    len(session.envs),
                 )
                 self._expired[session.sid] = session.cfg.lease_s
                 self._close_session(session)

@@ -150,8 +150,10 @@ class Spawning(WorkerParts):
         status = self._reap_now(pid)
         if oom:
             limit = session.cfg.limits.memory_bytes
-            reason = "the env exceeded its memory limit" + (f" of {limit >> 20} MiB" if limit else "") + (
-                f" and was killed by the kernel's OOM killer ({describe_exit(status)})"
+            reason = (
+                "the env exceeded its memory limit"
+                + (f" of {limit >> 20} MiB" if limit else "")
+                + (f" and was killed by the kernel's OOM killer ({describe_exit(status)})")
             )
         elif natural and status is not None:
             reason = f"the env {describe_exit(status)}"
