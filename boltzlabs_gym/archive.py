@@ -289,7 +289,10 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits, cancel: threa
     """Stream the archive into ``root``, checking each entry before it is written."""
     stream = _GunzippedTar(data, limits, cancel)
     try:
-        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
+        # No `with`: the TarFile reads a stream this function owns and drains itself; closing a
+        # read-mode TarFile over a passed-in fileobj releases nothing. The ignore: typeshed's
+        # overloads want an IO[bytes], and _GunzippedTar is a duck-typed forward-only reader.
+        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]  # noqa: SIM115
     except tarfile.TarError as exc:
         raise ArchiveError(f"archive is not a valid tar: {exc}") from None
     count = total = 0

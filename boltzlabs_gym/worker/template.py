@@ -20,20 +20,20 @@ single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the 
 ``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
 env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
 
-The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``;
-the worker asks for the next one as soon as it has the current env's pid, so the template's next
-fork overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once, so the spare is re-parented to the
-worker (a child subreaper), and the spare already makes its own PID/mount/net/IPC/UTS namespaces
-and ``/proc``, then blocks. A launch hands the request to the spare, so a start or hard reset
-waits for no fork. The worker ``waitpid``-s its envs, sees their real exit status, and they
-outlive a dead template (a spare exits when its template's socket closes). The env sends one
-message on its socketpair; the worker's
-end has ``SO_PASSCRED``, so the kernel stamps it with the env's *host* pid (unforgeable: the
-sender can only name a process in its own PID namespace). That pid is ``Launched.pid``: the
-env's top process. The worker checks it has been re-parented, moves it into the env's own
-cgroup, answers ``go``; the env finishes its sandbox, answers ``ok`` and returns from
-``serve()``'s hook into the normal serving loop with fds 0/1/2 on the worker's pipes, its own
-environment, ``ENV_INDEX`` and RNG state. A hard reset or straggler respawn is just another launch.
+The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``; the
+worker asks for the next one as soon as it has the current env's pid, so the template's next fork
+overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once,
+so the spare is re-parented to the worker (a child subreaper), and the spare already makes its own
+PID/mount/net/IPC/UTS namespaces and ``/proc``, then blocks. A launch hands the request to the
+spare, so a start or hard reset waits for no fork. The worker ``waitpid``-s its envs, sees their
+real exit status, and they outlive a dead template (a spare exits when its template's socket
+closes). The env sends one message on its socketpair; the worker's end has ``SO_PASSCRED``, so the
+kernel stamps it with the env's *host* pid (unforgeable: the sender can only name a process in its
+own PID namespace). That pid is ``Launched.pid``: the env's top process. The worker checks it has
+been re-parented, moves it into the env's own cgroup, answers ``go``; the env finishes its
+sandbox, answers ``ok`` and returns from ``serve()``'s hook into the normal serving loop with fds
+0/1/2 on the worker's pipes, its own environment, ``ENV_INDEX`` and RNG state. A hard reset or
+straggler respawn is just another launch.
 
 Nesting with the ``namespaces`` backend (root mode)
 ---------------------------------------------------
@@ -91,8 +91,9 @@ nested namespace without root); there is no automatic fallback to ``mode="defaul
 A dead template (killed, crashed) is noticed at the next ``launch()`` (a pidfd) and restarted;
 its envs live on. While a template imports the env (the first launch of a session, or after a
 restart) the worker waits for it: a slow import stalls the worker for that long.
-``launcher.pss()`` is the template's own PSS (its one idle spare, ~1-2 MiB, is not counted). ``close()`` kills it and removes its cgroup; its directories live in the
-session root, which the worker removes.
+``launcher.pss()`` is the template's own PSS (its one idle spare, ~1-2 MiB, is not counted).
+``close()`` kills it and removes its cgroup; its directories live in the session root, which the
+worker removes.
 """
 
 from __future__ import annotations

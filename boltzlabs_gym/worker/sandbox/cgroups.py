@@ -226,9 +226,9 @@ class EnvCgroup:
         try:
             if self.kind == "v2":
                 with open(f"{self.paths[0]}/memory.events") as f:
-                    return any(l.split()[0] == "oom_kill" and int(l.split()[1]) > 0 for l in f)
+                    return any(line.split()[0] == "oom_kill" and int(line.split()[1]) > 0 for line in f)
             with open(f"{self.paths[0]}/memory.oom_control") as f:
-                return any(l.startswith("oom_kill ") and int(l.split()[1]) > 0 for l in f)
+                return any(line.startswith("oom_kill ") and int(line.split()[1]) > 0 for line in f)
         except (OSError, IndexError, ValueError):
             return False
 
