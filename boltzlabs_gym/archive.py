@@ -241,6 +241,8 @@ def _refuse_existing(target: str, name: str, is_dir: bool) -> None:
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, stream: _GunzippedTar, target: str) -> None:
     src = tar.extractfile(member)
+    if src is None:  # _check_member lets only regular files reach here, and those have data
+        raise ArchiveError(f"archive entry {member.name!r} is not a regular file")
     # O_EXCL | O_NOFOLLOW: never through a link, never over something already there.
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     stream.in_data = True

@@ -94,7 +94,7 @@ class EnvPipe:
     # ------------------------------------------------------------------ reading
     def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
         """Read what is available; return every complete reply. Raises EnvFault."""
-        replies = []
+        replies: list[tuple[bytes, list[bytes]]] = []
         while True:
             try:
                 chunk = os.read(self.stdout_r, _READ_CHUNK)

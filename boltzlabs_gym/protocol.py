@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import ProtocolError  # re-exported: raised by decode_header and the worker's handlers
@@ -227,7 +228,7 @@ STEP_REPLY_PATTERN = re.compile(
 )
 
 
-def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
+def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     """The line the worker writes to an env's stdin (payloads follow it).
 
     >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
@@ -244,7 +245,7 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     return _encode_json(op).encode() + b"\n"
 
 
-def env_request(op: dict, payloads: list | tuple = ()) -> bytes:
+def env_request(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     """The bytes that carry ``op`` to an env: its request line, then its payloads.
 
     >>> env_request({"op": "step", "action": 1})

@@ -514,8 +514,8 @@ class TemplateLauncher:
             )
             workspace = spec.workspace
         cg = None
-        if self.kind == "ns" and cgroups.probe()[0] is not None:
-            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+        if self.kind == "ns" and (cg_kind := cgroups.probe()[0]) is not None:
+            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
             self._grow_template_limit(tpl, spec.limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -604,7 +604,7 @@ class TemplateLauncher:
             if cg is not None:
                 cg.signal_all()
 
-        done = []
+        done: list[bool] = []
 
         def cleanup() -> None:
             if not done:

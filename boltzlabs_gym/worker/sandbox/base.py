@@ -17,17 +17,20 @@ import resource
 import signal
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
 
 #: personality(2) flag: the next execve lays the process out without randomization.
 ADDR_NO_RANDOMIZE = 0x0040000
+_personality: Callable[[int], int] | None
 try:  # resolved here, not in a forked child: no ctypes lookups between fork and exec
-    _personality = ctypes.CDLL(None, use_errno=True).personality
-    _personality.argtypes = [ctypes.c_ulong]
-    _personality.restype = ctypes.c_int
+    _libc_personality = ctypes.CDLL(None, use_errno=True).personality
+    _libc_personality.argtypes = [ctypes.c_ulong]
+    _libc_personality.restype = ctypes.c_int
+    _personality = _libc_personality
 except (OSError, AttributeError):  # not Linux
     _personality = None
 
@@ -147,16 +150,28 @@ class Launched:
     """
 
     pid: int
-    kill_tree: callable
-    cleanup: callable = lambda: None
+    kill_tree: Callable[[], object]
+    cleanup: Callable[[], object] = lambda: None
     setup_ms: float = 0.0
     setup_error: str | None = None
-    oom_killed: callable = lambda: False
+    oom_killed: Callable[[], bool] = lambda: False
     #: paths as the env sees them: {"env_dir": ..., "workspace": ...}
     paths: dict = field(default_factory=dict)
 
     def kill(self) -> None:
         self.kill_tree()
+
+
+class Backend(Protocol):
+    """What the worker needs of an isolation backend (a boltz-mode ``TemplateLauncher`` has it too)."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def report(self) -> IsolationReport: ...
+
+    def launch(self, spec: LaunchSpec) -> Launched: ...
 
 
 #: first uid handed to envs when the worker runs as root (uid = ENV_UID_BASE + index).
@@ -218,7 +233,7 @@ def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = No
     )
 
 
-def probe_launch(launch: callable, uid: int | None = None) -> tuple[bool, str, float]:
+def probe_launch(launch: Callable[[LaunchSpec], Launched], uid: int | None = None) -> tuple[bool, str, float]:
     """Start ``python -S -c 'stat /env'`` through ``launch(spec)`` in a throwaway env dir.
 
     Returns ``(ok, what went wrong, setup_ms)``: the cheap, real test every backend's

@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from . import _linux as L
 from . import cgroups, seccomp
@@ -107,7 +108,8 @@ class _LauncherThread:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="boltzlabs-sandbox-launcher", daemon=True)
                 self._thread.start()
-        done, box = threading.Event(), {}
+        done = threading.Event()
+        box: dict[str, Any] = {}  # "value" or "error", filled by the launcher thread
         self._q.put((fn, done, box))
         done.wait()
         if "error" in box:
@@ -157,7 +159,7 @@ def _python_paths(argv0: str | None) -> list[str]:
         real = os.path.realpath(argv0)
         paths.add(os.path.dirname(os.path.dirname(real)))
         paths.add(os.path.dirname(os.path.dirname(argv0)))
-    keep = []
+    keep: list[str] = []
     for p in sorted(paths, key=len):
         if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
             continue
@@ -335,7 +337,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
         seccomp.install(plan.seccomp_prog)
 
 
-def _exec(plan: SandboxPlan, status_fd: int | None) -> None:
+def _exec(plan: SandboxPlan, status_fd: int | None) -> NoReturn:
     wire_std_fds(*plan.fds)
     top = _max_fd()
     if status_fd is not None and status_fd > 2:
@@ -567,7 +569,7 @@ class NamespaceBackend:
             return IsolationReport(self.name, {"available": False}, (why,))
         cg, cg_why = cgroups.probe() if mode == "root" else (None, "no cgroup delegation without root")
         sec = self.use_seccomp and seccomp.supported()
-        props = {
+        props: dict[str, bool | str] = {
             "mode": mode,
             "readonly_env_dir": True,
             "private_workspace": True,
@@ -652,8 +654,8 @@ class NamespaceBackend:
             spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
         )
         cg = None
-        if mode == "root" and use_cgroup and cgroups.probe()[0] is not None:
-            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+        if mode == "root" and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
+            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         try:
             policy = os.sched_getscheduler(0)
             sched = (policy, os.sched_getparam(0).sched_priority)
