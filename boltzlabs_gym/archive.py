@@ -223,7 +223,9 @@ def _safe_target(root: str, norm: str, name: str) -> str:
             continue
         if not stat.S_ISDIR(st.st_mode):
             what = "symlink" if stat.S_ISLNK(st.st_mode) else "file"
-            raise ArchiveError(f"archive entry {name!r} would be written through the {what} {'/'.join(parts[:depth])!r}")
+            raise ArchiveError(
+                f"archive entry {name!r} would be written through the {what} {'/'.join(parts[:depth])!r}"
+            )
     return os.path.join(path, parts[-1])
 
 
@@ -239,6 +241,8 @@ def _refuse_existing(target: str, name: str, is_dir: bool) -> None:
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, stream: _GunzippedTar, target: str) -> None:
     src = tar.extractfile(member)
+    if src is None:  # _check_member lets only regular files reach here, and those have data
+        raise ArchiveError(f"archive entry {member.name!r} is not a regular file")
     # O_EXCL | O_NOFOLLOW: never through a link, never over something already there.
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     stream.in_data = True
@@ -287,7 +291,10 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits, cancel: threa
     """Stream the archive into ``root``, checking each entry before it is written."""
     stream = _GunzippedTar(data, limits, cancel)
     try:
-        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]
+        # No `with`: the TarFile reads a stream this function owns and drains itself; closing a
+        # read-mode TarFile over a passed-in fileobj releases nothing. The ignore: typeshed's
+        # overloads want an IO[bytes], and _GunzippedTar is a duck-typed forward-only reader.
+        tar = tarfile.open(fileobj=stream, mode="r:")  # type: ignore[call-overload]  # noqa: SIM115
     except tarfile.TarError as exc:
         raise ArchiveError(f"archive is not a valid tar: {exc}") from None
     count = total = 0
@@ -302,7 +309,9 @@ def _unpack_checked(data: bytes, root: str, limits: ArchiveLimits, cancel: threa
         stream.next_entry()
         if tar.pax_headers:
             # Global headers pile up in tarfile across entries; pack_dir never writes one.
-            raise ArchiveError("archive has a global PAX header; pack env directories with boltzlabs_gym.archive.pack_dir")
+            raise ArchiveError(
+                "archive has a global PAX header; pack env directories with boltzlabs_gym.archive.pack_dir"
+            )
         tar.members.clear()  # entries are handled one at a time; keep none of them
         count += 1
         if count > limits.max_files:

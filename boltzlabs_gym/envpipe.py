@@ -94,7 +94,7 @@ class EnvPipe:
     # ------------------------------------------------------------------ reading
     def read_replies(self) -> list[tuple[bytes, list[bytes]]]:
         """Read what is available; return every complete reply. Raises EnvFault."""
-        replies = []
+        replies: list[tuple[bytes, list[bytes]]] = []
         while True:
             try:
                 chunk = os.read(self.stdout_r, _READ_CHUNK)
@@ -150,6 +150,7 @@ class EnvPipe:
             out.append((self._line, payloads))
             self._line = None
             self._need = []
+
 
 def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy: bool = True) -> list:
     """The payloads of the given sizes that follow each other in ``buf`` from ``pos``

@@ -13,7 +13,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["make_env", "SB3EnvFactory"]
 
@@ -65,8 +66,12 @@ def sb3_monitor_class() -> type:
         return private.Monitor
     try:
         package = importlib.util.find_spec("stable_baselines3")
+        if package is None or package.origin is None:  # not installed: the plain import below says so
+            raise ImportError("stable_baselines3 has no file to load monitor.py beside")
         path = os.path.join(os.path.dirname(package.origin), "common", "monitor.py")
         spec = importlib.util.spec_from_file_location("_boltzlabs_sb3_monitor", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)

@@ -386,8 +386,9 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     preloaded = None
     if envside.in_template():
         # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
-        with open(os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE),
-                  "rb") as f:
+        with open(
+            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE), "rb"
+        ) as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
         envside.template_fork()  # returns in each forked env

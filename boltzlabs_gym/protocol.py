@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import ProtocolError  # re-exported: raised by decode_header and the worker's handlers
@@ -110,6 +111,7 @@ def poll_us_argument(text: str) -> float:
         return check_poll_us("the value", float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of microseconds in [0, {MAX_POLL_US:.0e}]: {text!r}") from None
+
 
 #: Ops the worker understands.
 WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status")
@@ -172,8 +174,9 @@ STEP_REPLY_LAYOUT = (
     b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
 )
 # The layout's fixed text around its five fields (unpacking fails at import if the layout loses one).
-(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD,
- _REPLY_END) = re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD, _REPLY_END) = (
+    re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+)
 _JSON_BOOL = {False: b"false", True: b"true"}
 
 #: The bytes between the reward and the info of a plain step reply, by ``(terminated, truncated)``.
@@ -225,7 +228,7 @@ STEP_REPLY_PATTERN = re.compile(
 )
 
 
-def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
+def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     """The line the worker writes to an env's stdin (payloads follow it).
 
     >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
@@ -242,7 +245,7 @@ def env_request_line(op: dict, payloads: list | tuple = ()) -> bytes:
     return _encode_json(op).encode() + b"\n"
 
 
-def env_request(op: dict, payloads: list | tuple = ()) -> bytes:
+def env_request(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     """The bytes that carry ``op`` to an env: its request line, then its payloads.
 
     >>> env_request({"op": "step", "action": 1})

@@ -62,6 +62,7 @@ from .results import read_value
 
 if TYPE_CHECKING:
     import gymnasium as gym
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
 
     from .vector import BoltzLabsVecEnv
 
@@ -104,7 +105,7 @@ class BoltzLabsSB3VecEnv(VecEnv):
         return self.venv.pool
 
     # ------------------------------------------------------------------ reset / step
-    def reset(self):
+    def reset(self) -> VecEnvObs:
         """Reset every env with the stored seeds/options (used once); return the observations."""
         n = self.num_envs
         seeds = [None if s is None else int(s) for s in self._seeds]
@@ -284,7 +285,10 @@ class BoltzLabsSB3VecEnv(VecEnv):
             )
             return [None] * self.num_envs
         self._finish_pending()
-        return list(self.venv.render())
+        frames = self.venv.render()
+        if frames is None:  # the envs answered render_mode="rgb_array", the vector env was built without one
+            raise ValueError("get_images: the vector env has no render_mode, though its envs report 'rgb_array'")
+        return list(frames)
 
     def render(self, mode: str | None = None) -> np.ndarray | None:
         """Tile the envs' frames (SB3's ``VecEnv.render``)."""

@@ -51,10 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None, help="CURVE key directory (boltzlabs-gym keygen DIR)")
     parser.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without keys")
     parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
-    parser.add_argument("--local-fd", type=int, default=None,
-                        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)")
-    parser.add_argument("--busy-poll-us", type=poll_us_argument, default=DEFAULT_BUSY_POLL_US,
-                        help="busy-poll this long for the local pool's next request (0: always sleep)")
+    parser.add_argument(
+        "--local-fd",
+        type=int,
+        default=None,
+        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)",
+    )
+    parser.add_argument(
+        "--busy-poll-us",
+        type=poll_us_argument,
+        default=DEFAULT_BUSY_POLL_US,
+        help="busy-poll this long for the local pool's next request (0: always sleep)",
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -73,8 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:
         worker = Worker(
-            args.bind, capacity=args.capacity, workdir=args.workdir, parent_pid=args.parent_pid,
-            keys=keys, insecure=args.insecure, local_channel=_local_channel(args.local_fd),
+            args.bind,
+            capacity=args.capacity,
+            workdir=args.workdir,
+            parent_pid=args.parent_pid,
+            keys=keys,
+            insecure=args.insecure,
+            local_channel=_local_channel(args.local_fd),
             busy_poll_us=args.busy_poll_us,
         )
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint

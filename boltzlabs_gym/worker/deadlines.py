@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 #: The heap is compacted only past this many entries: small heaps are cheap as they are.
 _COMPACT_MIN = 256

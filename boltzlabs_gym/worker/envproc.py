@@ -13,8 +13,9 @@ import enum
 import json
 import os
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..envpipe import EnvPipe
 from .sandbox import Launched, LaunchSpec
@@ -70,7 +71,7 @@ class Call:
     #: Holds the measurement gate (``serialize_measurement``) while in flight.
     gated: bool = False
     #: A start's: the call waiting for the env's first reset (a hard reset's, a respawn's).
-    user_call: "Call | None" = None
+    user_call: Call | None = None
     #: The client request this call is item ``pos`` of, for env ``index`` (no closure per call).
     batch: Any = None
     pos: int = 0

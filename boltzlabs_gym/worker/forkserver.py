@@ -44,8 +44,8 @@ TEMPLATE_BOOTSTRAP = (
     "sys.argv=[os.path.join(d,'env.py')]\n"
     "runpy.run_path(sys.argv[0],run_name='__main__')\n"
     "sys.stderr.write('boltzlabs boltz template: env.py returned without calling "
-    "boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode=\"boltz\" needs one of them "
-    "(use mode=\"default\" for an env that speaks the line protocol itself)\\n')\n"
+    'boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode="boltz" needs one of them '
+    '(use mode="default" for an env that speaks the line protocol itself)\\n\')\n'
     "sys.exit(3)\n"
 )
 
@@ -121,9 +121,11 @@ def template_main() -> None:
     gc.freeze()
     n = _threads()
     if n > 1:
-        ctl.send(f"!the template has {n} threads after importing the env; a fork keeps only the calling "
-                 "thread, so forked envs would be broken. Do not start threads at import (set "
-                 "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode())
+        ctl.send(
+            f"!the template has {n} threads after importing the env; a fork keeps only the calling "
+            "thread, so forked envs would be broken. Do not start threads at import (set "
+            "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode()
+        )
         os._exit(4)
     ctl.send(b"ready")
     spare: socket.socket | None = None
@@ -159,8 +161,11 @@ def template_main() -> None:
         csock_fd = fds[3]
         n = _threads()
         if n > 1:
-            _send_fd(csock_fd, f"!the template has {n} threads at fork time (something started a thread "
-                               "after import); refusing to fork a broken env. Use mode='default'".encode())
+            _send_fd(
+                csock_fd,
+                f"!the template has {n} threads at fork time (something started a thread "
+                "after import); refusing to fork a broken env. Use mode='default'".encode(),
+            )
         else:
             for attempt in range(2):
                 if spare is None:
@@ -258,8 +263,9 @@ def _send_fd(fd: int, data: bytes) -> None:
         pass
 
 
-def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int], import_std: dict[int, int],
-                bindings: list) -> None:
+def _become_env(
+    req: dict, fds: list[int], ns: bool, filt, import_fds: set[int], import_std: dict[int, int], bindings: list
+) -> None:
     """In the forked env: finish its sandbox, then become an ordinary env process."""
     stdin_fd, stdout_fd, stderr_fd, csock_fd = fds[:4]
     tree = fds[4] if ns and len(fds) > 4 else -1
@@ -280,8 +286,11 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
             # carry those mounts over onto the new tmpfs.
             from .sandbox.namespaces import _python_paths
 
-            under_tmp = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable)
-                         if p.startswith("/tmp/")]
+            under_tmp = [
+                (p, os.open(p, os.O_PATH | os.O_CLOEXEC))
+                for p in _python_paths(sys.executable)
+                if p.startswith("/tmp/")
+            ]
             L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
             for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
                 os.makedirs(path, exist_ok=True)
@@ -349,8 +358,12 @@ def _become_env(req: dict, fds: list[int], ns: bool, filt, import_fds: set[int],
     env = req["env"]
     os.environ.clear()
     os.environ.update(env)
-    _rebind(bindings, int(req["index"]), env.get("BOLTZLABS_ENV_DIR", SANDBOX_ENV_DIR),
-            env.get("BOLTZLABS_WORKSPACE", SANDBOX_WORKSPACE))
+    _rebind(
+        bindings,
+        int(req["index"]),
+        env.get("BOLTZLABS_ENV_DIR", SANDBOX_ENV_DIR),
+        env.get("BOLTZLABS_WORKSPACE", SANDBOX_WORKSPACE),
+    )
     _reseed()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
 

@@ -50,7 +50,7 @@ def drain_fd(fd: int) -> None:
 
 def make_tree_readable(path: str) -> None:
     """Unpacked archives are shared read-only by every env (which may run as another uid)."""
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, _dirnames, filenames in os.walk(path):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             full = os.path.join(dirpath, name)

@@ -48,8 +48,9 @@ class Lending(WorkerParts):
             self._adopt(session, env, name, left)
 
     def _lendable(self, env: EnvProcess) -> bool:
-        return (env.state is IDLE and env.current is None and not env.queue and env.stdout_r >= 0
-                and not env.mid_transfer)
+        return (
+            env.state is IDLE and env.current is None and not env.queue and env.stdout_r >= 0 and not env.mid_transfer
+        )
 
     def _lend_idle(self, session: Session) -> tuple[list[int], list[int]]:
         """Lend every idle env of ``session``: (their indices, their stdin and stdout fds, in pairs)."""
@@ -92,8 +93,12 @@ class Lending(WorkerParts):
         if faults is None:
             return []
         if not isinstance(faults, list) or not all(
-            type(f) is list and len(f) == 2 and type(f[0]) is int and 0 <= f[0] < len(session.envs)
-            and type(f[1]) is str for f in faults
+            type(f) is list
+            and len(f) == 2
+            and type(f[0]) is int
+            and 0 <= f[0] < len(session.envs)
+            and type(f[1]) is str
+            for f in faults
         ):
             raise ValueError(f"{FAULTS} must be a list of [env index, reason] pairs")
         # An env that is no longer lent was already killed here (it wrote a second reply, say)
@@ -107,8 +112,14 @@ class Lending(WorkerParts):
         if adopt is None:
             return []
         if not isinstance(adopt, list) or not all(
-            type(a) is list and len(a) == 3 and type(a[0]) is int and 0 <= a[0] < len(session.envs)
-            and type(a[1]) is str and isinstance(a[2], (int, float)) and 0 < a[2] <= 86400 for a in adopt
+            type(a) is list
+            and len(a) == 3
+            and type(a[0]) is int
+            and 0 <= a[0] < len(session.envs)
+            and type(a[1]) is str
+            and isinstance(a[2], (int, float))
+            and 0 < a[2] <= 86400
+            for a in adopt
         ):
             raise ValueError(f"{ADOPT} must be a list of [env index, op, seconds left] triples")
         envs = session.envs
@@ -129,14 +140,22 @@ class Lending(WorkerParts):
     def _submit_lent_fault(self, session: Session, env: EnvProcess, op: dict, batch: Batch, pos: int) -> None:
         """The pool's call to a lent env failed (deadline, crash, bad reply): kill and report it
         as if the call had been ours, and respawn it."""
-        call = Call(op, (), None, kind=STEP if op.get("straggler") is True else "other",
-                    batch=batch, pos=pos, index=env.index)
+        call = Call(
+            op, (), None, kind=STEP if op.get("straggler") is True else "other", batch=batch, pos=pos, index=env.index
+        )
         reason = op["reason"][:MAX_FAULT_REASON]  # a string: checked with the request
         if env.state is not LENT_STATE:
             # Not the pool's to hand back: killed here while lent (output nobody asked for, say)
             # and being respawned, or never lent at all. Either way it is not killed again.
-            call.finish(ERROR, json_error(f"{reason} (env {env.global_index} is not lent to this pool: "
-                                          "the worker restarted it, or never lent it)", index=env.global_index), [])
+            call.finish(
+                ERROR,
+                json_error(
+                    f"{reason} (env {env.global_index} is not lent to this pool: "
+                    "the worker restarted it, or never lent it)",
+                    index=env.global_index,
+                ),
+                [],
+            )
             return
         self._take_back(env)
         env.current = call

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from typing import ClassVar
 
 from ..archive import is_archive_hash
 from ..errors import ArchiveError
@@ -180,7 +182,8 @@ class OpHandlers(WorkerParts):
             "sessions": sessions,
         }
 
-    HANDLERS = {
+    #: Looked up with whatever JSON value a request's ``op`` holds (a miss is an unknown op).
+    HANDLERS: ClassVar[dict[object, Callable[..., dict | None]]] = {
         "ping": _op_ping,
         "has_archive": _op_has_archive,
         "upload": _op_upload,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import select
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..envpipe import EnvFault
 from ..lending import STEP, STRAY_OUTPUT, leftover_is_stray, missed_deadline

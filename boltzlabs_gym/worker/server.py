@@ -37,7 +37,8 @@ import signal
 import socket
 import tempfile
 import time
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import zmq
 
@@ -153,14 +154,14 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.endpoints = []
         for ep in endpoints:
             self.sock.bind(ep)
-            self.endpoints.append(self.sock.getsockopt(zmq.LAST_ENDPOINT).decode())
+            self.endpoints.append(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self.epoll = select.epoll()
         # ZeroMQ's FD is edge-like: it fires when the socket's events may have changed, and a
         # send can consume that signal. So the socket is checked after it fired or after a
         # send, not on every loop turn (a getsockopt per env reply, for nothing, on a busy
         # local pool).
         self._zmq_check = True
-        self._zmq_fd = self.sock.getsockopt(zmq.FD)
+        self._zmq_fd = cast(int, self.sock.getsockopt(zmq.FD))  # an int option (pyzmq types every option int | bytes)
         self.epoll.register(self._zmq_fd, select.EPOLLIN)
         # The pool that started this worker talks over a socketpair (see boltzlabs_gym.channel).
         self._local: WorkerChannel | None = None
@@ -291,17 +292,19 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
 
     # ================================================================== clients
     def _drain_socket(self) -> None:
-        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # EVENTS is an int option (pyzmq types every option int | bytes); no cast() call per turn here.
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type,operator]
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return  # checked again next turn
             if len(frames) < 2:
                 continue  # nothing to answer: not even a header
-            user = None
+            user: str | None = None
             if self.keys is not None:
                 try:
-                    user = frames[1].get("User-Id")
+                    # a ZAP metadata property: always a str (pyzmq types a str-named property int | str)
+                    user = frames[1].get("User-Id")  # type: ignore[assignment]
                 except (zmq.ZMQError, AttributeError):
                     user = None
             self._current_user = user
@@ -311,14 +314,17 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
 
     def _on_local_event(self, ev: int) -> None:
         """The local pool's channel: write what is queued, answer every whole request."""
+        local = self._local
+        if local is None:  # dropped: its fd is unregistered, so only a stale caller gets here
+            return
         try:
             if ev & select.EPOLLOUT:
-                self._local.flush()
+                local.flush()
                 self._watch_local_writes()
             if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
                 self._local_request_arrived()
                 self._current_user = None
-                for frames in self._local.read_messages():
+                for frames in local.read_messages():
                     if len(frames) >= 1:
                         self._handle_request(LOCAL_CLIENT, frames[0], frames[1:])
         except (ChannelClosed, ChannelError) as exc:
@@ -470,7 +476,10 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             if session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s:
                 log.warning(
                     "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
-                    session.sid, now - session.last_seen, session.cfg.lease_s, len(session.envs),
+                    session.sid,
+                    now - session.last_seen,
+                    session.cfg.lease_s,
+                    len(session.envs),
                 )
                 self._expired[session.sid] = session.cfg.lease_s
                 self._close_session(session)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ..lending import OpTimeouts
 from .envproc import EnvProcess
@@ -34,7 +34,7 @@ class SessionConfig:
     env_aslr: bool = False
 
     @classmethod
-    def from_header(cls, h: dict) -> "SessionConfig":
+    def from_header(cls, h: dict) -> SessionConfig:
         n = h.get("n")
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -107,9 +107,7 @@ class Session:
         #: Op name -> its deadline in seconds (the rule the lane follows too).
         self.timeouts = OpTimeouts(cfg.step_timeout, cfg.reset_timeout)
         self.backend = backend
-        self.envs = [
-            EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)
-        ]
+        self.envs = [EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)]
         for env in self.envs:
             env.session = self
         self.started = 0

@@ -15,9 +15,9 @@ import sys
 import time
 
 from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
-from .host import wipe_tree
 from .parts import WorkerParts
 from .sandbox import LaunchSpec
+from .sandbox.base import wipe_workspace
 from .session import Session
 
 log = logging.getLogger("boltzlabs_gym.worker")
@@ -133,7 +133,7 @@ class Spawning(WorkerParts):
             ro_binds={},
             index=env.global_index,
             aslr=session.cfg.env_aslr,
-            **({"runtime": self.runtime} if "runtime" in LaunchSpec.__dataclass_fields__ else {}),
+            runtime=self.runtime,
         )
 
     # ================================================================== killing and reaping
@@ -150,8 +150,10 @@ class Spawning(WorkerParts):
         status = self._reap_now(pid)
         if oom:
             limit = session.cfg.limits.memory_bytes
-            reason = "the env exceeded its memory limit" + (f" of {limit >> 20} MiB" if limit else "") + (
-                f" and was killed by the kernel's OOM killer ({describe_exit(status)})"
+            reason = (
+                "the env exceeded its memory limit"
+                + (f" of {limit >> 20} MiB" if limit else "")
+                + (f" and was killed by the kernel's OOM killer ({describe_exit(status)})")
             )
         elif natural and status is not None:
             reason = f"the env {describe_exit(status)}"
@@ -238,10 +240,6 @@ class Spawning(WorkerParts):
         return True
 
     def _wipe(self, path: str) -> None:
-        try:
-            from .sandbox.base import wipe_workspace
-        except ImportError:
-            wipe_workspace = wipe_tree
         try:
             wipe_workspace(path)
         except Exception:  # noqa: BLE001

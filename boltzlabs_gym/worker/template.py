@@ -20,20 +20,20 @@ single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the 
 ``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
 env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
 
-The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``;
-the worker asks for the next one as soon as it has the current env's pid, so the template's next
-fork overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once, so the spare is re-parented to the
-worker (a child subreaper), and the spare already makes its own PID/mount/net/IPC/UTS namespaces
-and ``/proc``, then blocks. A launch hands the request to the spare, so a start or hard reset
-waits for no fork. The worker ``waitpid``-s its envs, sees their real exit status, and they
-outlive a dead template (a spare exits when its template's socket closes). The env sends one
-message on its socketpair; the worker's
-end has ``SO_PASSCRED``, so the kernel stamps it with the env's *host* pid (unforgeable: the
-sender can only name a process in its own PID namespace). That pid is ``Launched.pid``: the
-env's top process. The worker checks it has been re-parented, moves it into the env's own
-cgroup, answers ``go``; the env finishes its sandbox, answers ``ok`` and returns from
-``serve()``'s hook into the normal serving loop with fds 0/1/2 on the worker's pipes, its own
-environment, ``ENV_INDEX`` and RNG state. A hard reset or straggler respawn is just another launch.
+The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``; the
+worker asks for the next one as soon as it has the current env's pid, so the template's next fork
+overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once,
+so the spare is re-parented to the worker (a child subreaper), and the spare already makes its own
+PID/mount/net/IPC/UTS namespaces and ``/proc``, then blocks. A launch hands the request to the
+spare, so a start or hard reset waits for no fork. The worker ``waitpid``-s its envs, sees their
+real exit status, and they outlive a dead template (a spare exits when its template's socket
+closes). The env sends one message on its socketpair; the worker's end has ``SO_PASSCRED``, so the
+kernel stamps it with the env's *host* pid (unforgeable: the sender can only name a process in its
+own PID namespace). That pid is ``Launched.pid``: the env's top process. The worker checks it has
+been re-parented, moves it into the env's own cgroup, answers ``go``; the env finishes its
+sandbox, answers ``ok`` and returns from ``serve()``'s hook into the normal serving loop with fds
+0/1/2 on the worker's pipes, its own environment, ``ENV_INDEX`` and RNG state. A hard reset or
+straggler respawn is just another launch.
 
 Nesting with the ``namespaces`` backend (root mode)
 ---------------------------------------------------
@@ -91,8 +91,9 @@ nested namespace without root); there is no automatic fallback to ``mode="defaul
 A dead template (killed, crashed) is noticed at the next ``launch()`` (a pidfd) and restarted;
 its envs live on. While a template imports the env (the first launch of a session, or after a
 restart) the worker waits for it: a slow import stalls the worker for that long.
-``launcher.pss()`` is the template's own PSS (its one idle spare, ~1-2 MiB, is not counted). ``close()`` kills it and removes its cgroup; its directories live in the
-session root, which the worker removes.
+``launcher.pss()`` is the template's own PSS (its one idle spare, ~1-2 MiB, is not counted).
+``close()`` kills it and removes its cgroup; its directories live in the session root, which the
+worker removes.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ import sys
 import time
 from dataclasses import replace
 
+from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
@@ -122,8 +124,6 @@ from .sandbox.base import (
     kill_process_group,
     set_layout_randomization,
 )
-
-from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 
 log = logging.getLogger("boltzlabs_gym.worker.template")
 
@@ -146,6 +146,7 @@ _TEMPLATE_UID_LO, _TEMPLATE_UID_SPAN = 1_000_000_000, 1_000_000_000
 # capability numbers the template keeps (inside its own user namespace only)
 _CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN = 6, 7, 8, 21
 _KEEP_CAPS = (_CAP_SETGID, _CAP_SETUID, _CAP_SETPCAP, _CAP_SYS_ADMIN)
+
 
 # ============================================================================================ worker side
 class _Template:
@@ -288,17 +289,19 @@ class TemplateLauncher:
         ws = os.path.join(self._dir, "ws")
         os.makedirs(ws, exist_ok=True)
         env = dict(spec.env)
-        env.update({
-            "BOLTZLABS_TEMPLATE": self.kind,
-            "BOLTZLABS_ENV_INDEX": "-1",
-            "BOLTZLABS_WORKSPACE": ws,
-            "HOME": ws,
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "NUMEXPR_NUM_THREADS": "1",
-            "VECLIB_MAXIMUM_THREADS": "1",
-        })
+        env.update(
+            {
+                "BOLTZLABS_TEMPLATE": self.kind,
+                "BOLTZLABS_ENV_INDEX": "-1",
+                "BOLTZLABS_WORKSPACE": ws,
+                "HOME": ws,
+                "OPENBLAS_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "NUMEXPR_NUM_THREADS": "1",
+                "VECLIB_MAXIMUM_THREADS": "1",
+            }
+        )
         argv = [sys.executable, "-B", "-s", "-c", TEMPLATE_BOOTSTRAP, "boltzlabs-template"]
         return replace(spec, argv=argv, env=env, workspace=ws, uid=ENV_INSIDE_UID, index=-1)
 
@@ -309,8 +312,9 @@ class TemplateLauncher:
         # distinct files for the template's fds 0/1/2, so that copies the env's import makes of them
         # (``os.dup(1)``) can be recognised and pointed at each forked env's own channel
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        out_fd = os.open(os.path.join(self._dir, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                         0o600)
+        out_fd = os.open(
+            os.path.join(self._dir, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
         null_fd, w = os.pipe2(os.O_CLOEXEC)  # an empty stdin of its own
         os.close(w)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -333,14 +337,12 @@ class TemplateLauncher:
         ours.settimeout(TEMPLATE_START_TIMEOUT)
         try:
             msg = ours.recv(4096)
-        except (socket.timeout, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             msg = b"!" + f"no answer ({exc})".encode()
         if msg != b"ready":
             tpl.kill()
             why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "it exited"
-            raise TemplateError(
-                f"the boltz template could not import the env ({why}); its output:\n{tpl.log_tail()}"
-            )
+            raise TemplateError(f"the boltz template could not import the env ({why}); its output:\n{tpl.log_tail()}")
         ours.settimeout(None)
         self.template_starts += 1
         self.template_start_ms.append((time.perf_counter() - start) * 1e3)
@@ -349,8 +351,9 @@ class TemplateLauncher:
     def _start_process(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int) -> int:
         from .sandbox.process import runtime_pythonpath
 
-        env = child_environment(tspec, env_dir=tspec.env_dir, workspace=tspec.workspace,
-                                pythonpath=runtime_pythonpath(tspec.runtime))
+        env = child_environment(
+            tspec, env_dir=tspec.env_dir, workspace=tspec.workspace, pythonpath=runtime_pythonpath(tspec.runtime)
+        )
         life_r = self._life_r
 
         def body() -> None:
@@ -380,8 +383,8 @@ class TemplateLauncher:
         return LAUNCHER.call(fork)
 
     def _start_ns(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int):
-        from .sandbox import cgroups, seccomp
         from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
+        from .sandbox import cgroups, seccomp
         from .sandbox.namespaces import LAUNCHER
 
         backend = self.backend
@@ -390,8 +393,9 @@ class TemplateLauncher:
         plan.fds = (null_fd, out_fd, log_fd)
         plan.seccomp_prog = (
             seccomp.build_filter(
-                deny=tuple(n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount",
-                                                                 "mount_setattr")),
+                deny=tuple(
+                    n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
+                ),
                 unshare_deny_flags=L.CLONE_NEWUSER,
             )
             if backend.use_seccomp
@@ -489,8 +493,8 @@ class TemplateLauncher:
             return _failed_launch(spec, str(exc), start)
 
     def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
-        from .sandbox import cgroups
         from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
+        from .sandbox import cgroups
 
         if self._graveyard:
             self._graveyard = [g for g in self._graveyard if not _try_remove(g)]
@@ -498,19 +502,20 @@ class TemplateLauncher:
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
             os.chmod(spec.workspace, 0o700)
-            env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
-                                    pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+            env = child_environment(
+                spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
+            )
             workspace = SANDBOX_WORKSPACE
         else:
             from .sandbox.process import runtime_pythonpath
 
-            env = child_environment(spec, env_dir=spec.env_dir, workspace=spec.workspace,
-                                    pythonpath=runtime_pythonpath(spec.runtime))
+            env = child_environment(
+                spec, env_dir=spec.env_dir, workspace=spec.workspace, pythonpath=runtime_pythonpath(spec.runtime)
+            )
             workspace = spec.workspace
         cg = None
-        if self.kind == "ns" and cgroups.probe()[0] is not None:
-            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids,
-                                   tag=str(spec.index))
+        if self.kind == "ns" and (cg_kind := cgroups.probe()[0]) is not None:
+            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
             self._grow_template_limit(tpl, spec.limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -560,8 +565,10 @@ class TemplateLauncher:
             msg = ours.recv(65536)
             t_ok = time.perf_counter()
             self.last_phases_ms = {
-                "prepare": (t_sent - start) * 1e3, "fork": (t_forked - t_sent) * 1e3,
-                "reparent": (t_reparented - t_forked) * 1e3, "sandbox": (t_ok - t_reparented) * 1e3,
+                "prepare": (t_sent - start) * 1e3,
+                "fork": (t_forked - t_sent) * 1e3,
+                "reparent": (t_reparented - t_forked) * 1e3,
+                "sandbox": (t_ok - t_reparented) * 1e3,
             }
             if msg != b"ok":
                 why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "the env died during set-up"
@@ -597,7 +604,7 @@ class TemplateLauncher:
             if cg is not None:
                 cg.signal_all()
 
-        done = []
+        done: list[bool] = []
 
         def cleanup() -> None:
             if not done:
@@ -626,7 +633,7 @@ class TemplateLauncher:
         if want <= tpl.mem_limit:
             return
         tpl.mem_limit = want + 64 * TEMPLATE_HEADROOM_PER_ENV  # in steps: not one write per launch
-        files = (["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"] if cg.kind == "v1" else ["memory.max"])
+        files = ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes"] if cg.kind == "v1" else ["memory.max"]
         for name in files:  # v1: memsw >= limit at all times, so raise memsw first
             try:
                 with open(os.path.join(cg.paths[0], name), "w") as f:
@@ -677,12 +684,13 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
     """One message and the kernel-stamped pid of its sender (SO_PASSCRED)."""
     deadline = time.monotonic() + FORK_TIMEOUT
     while True:
-        ready = readable([sock.fileno(), tpl.pidfd] if tpl.pidfd >= 0 else [sock.fileno()],
-                         max(0.0, deadline - time.monotonic()))
+        ready = readable(
+            [sock.fileno(), tpl.pidfd] if tpl.pidfd >= 0 else [sock.fileno()], max(0.0, deadline - time.monotonic())
+        )
         if sock.fileno() in ready:
             break
         if not ready:
-            raise socket.timeout()
+            raise TimeoutError()
         # the template died; an env it already forked may still have answered
         if not readable([sock.fileno()], 0.05):
             raise _TemplateGone("the template died while forking")
@@ -724,8 +732,7 @@ def _failed_launch(spec: LaunchSpec, message: str, start: float) -> Launched:
             os.write(spec.stderr_fd, text[-60000:])
         finally:
             os._exit(3)
-    return Launched(pid=pid, kill_tree=lambda: None, setup_ms=(time.perf_counter() - start) * 1e3,
-                    setup_error=message)
+    return Launched(pid=pid, kill_tree=lambda: None, setup_ms=(time.perf_counter() - start) * 1e3, setup_error=message)
 
 
 def _place_fds(fds: list[int]) -> None:
@@ -753,7 +760,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
     """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
     from .sandbox import _linux as L
     from .sandbox import seccomp
-    from .sandbox.namespaces import HOSTNAME, _build_root, _NS_FLAGS, adopt_sched_and_cgroup
+    from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root, adopt_sched_and_cgroup
 
     try:
         import fcntl

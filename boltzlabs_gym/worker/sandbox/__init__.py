@@ -12,6 +12,7 @@ from .base import (
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
+    Backend,
     IsolationReport,
     Launched,
     LaunchSpec,
@@ -36,8 +37,8 @@ __all__ = [
 log = logging.getLogger("boltzlabs_gym.sandbox")
 
 
-def _backends() -> dict:
-    found = {}
+def _backends() -> dict[str, Backend]:
+    found: dict[str, Backend] = {}
     try:
         from .namespaces import NamespaceBackend
 
@@ -58,7 +59,7 @@ BACKENDS = ("namespaces", "bwrap", "process")
 ISOLATION_CHOICES = ("auto", "strict") + BACKENDS
 
 
-def select_backend(isolation: str = "auto"):
+def select_backend(isolation: str = "auto") -> Backend:
     """Return the backend object for ``isolation`` or raise :class:`SandboxUnavailable`."""
     if isolation not in ISOLATION_CHOICES:
         raise ValueError(f"isolation={isolation!r} is not one of {ISOLATION_CHOICES}")
@@ -66,10 +67,10 @@ def select_backend(isolation: str = "auto"):
     if isolation in BACKENDS:
         backend = backends.get(isolation)
         ok, why = backend.available() if backend else (False, "backend not shipped")
-        if not ok:
+        if backend is None or not ok:
             raise SandboxUnavailable(f"isolation={isolation!r} is not available on this host: {why}")
         return backend
-    reasons = []
+    reasons: list[str] = []
     for name in BACKENDS:
         backend = backends.get(name)
         if backend is None:

@@ -16,10 +16,28 @@ import platform
 MACHINE = platform.machine()
 
 _SYSCALLS = {
-    "x86_64": {"pivot_root": 155, "unshare": 272, "setns": 308, "capset": 126, "mount_setattr": 442,
-               "pidfd_open": 434, "seccomp": 317, "open_tree": 428, "move_mount": 429},
-    "aarch64": {"pivot_root": 41, "unshare": 97, "setns": 268, "capset": 91, "mount_setattr": 442,
-                "pidfd_open": 434, "seccomp": 277, "open_tree": 428, "move_mount": 429},
+    "x86_64": {
+        "pivot_root": 155,
+        "unshare": 272,
+        "setns": 308,
+        "capset": 126,
+        "mount_setattr": 442,
+        "pidfd_open": 434,
+        "seccomp": 317,
+        "open_tree": 428,
+        "move_mount": 429,
+    },
+    "aarch64": {
+        "pivot_root": 41,
+        "unshare": 97,
+        "setns": 268,
+        "capset": 91,
+        "mount_setattr": 442,
+        "pidfd_open": 434,
+        "seccomp": 277,
+        "open_tree": 428,
+        "move_mount": 429,
+    },
 }
 SUPPORTED = MACHINE in _SYSCALLS
 _NR = _SYSCALLS.get(MACHINE, {})
@@ -130,8 +148,12 @@ def drop_bounding_caps(cap_last: int, keep: frozenset[int] | set[int] = frozense
 
 
 class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
 
 
 def mount_setattr_recursive_ro(path: str) -> bool:
@@ -140,8 +162,7 @@ def mount_setattr_recursive_ro(path: str) -> bool:
     Returns False when the call is not available (ENOSYS/EINVAL); raises on other errors.
     """
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
-    rc = _libc.syscall(_NR["mount_setattr"], AT_FDCWD, _b(path), AT_RECURSIVE, ctypes.byref(attr),
-                       ctypes.sizeof(attr))
+    rc = _libc.syscall(_NR["mount_setattr"], AT_FDCWD, _b(path), AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
     if rc == 0:
         return True
     e = ctypes.get_errno()
@@ -200,8 +221,12 @@ def move_mount_fd(fd: int, target: str) -> None:
 def mount_setattr_fd(fd: int, attr_set: int) -> None:
     """Set mount attributes (``MOUNT_ATTR_*``) on the (detached) mount ``fd``, recursively."""
     attr = _MountAttr(attr_set, 0, 0, 0)
-    if _libc.syscall(_NR["mount_setattr"], fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr),
-                     ctypes.sizeof(attr)) != 0:
+    if (
+        _libc.syscall(
+            _NR["mount_setattr"], fd, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)
+        )
+        != 0
+    ):
         raise _err("mount_setattr(fd)")
 
 

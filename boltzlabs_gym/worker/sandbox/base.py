@@ -17,17 +17,20 @@ import resource
 import signal
 import stat
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Protocol
 
 from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
 
 #: personality(2) flag: the next execve lays the process out without randomization.
 ADDR_NO_RANDOMIZE = 0x0040000
+_personality: Callable[[int], int] | None
 try:  # resolved here, not in a forked child: no ctypes lookups between fork and exec
-    _personality = ctypes.CDLL(None, use_errno=True).personality
-    _personality.argtypes = [ctypes.c_ulong]
-    _personality.restype = ctypes.c_int
+    _libc_personality = ctypes.CDLL(None, use_errno=True).personality
+    _libc_personality.argtypes = [ctypes.c_ulong]
+    _libc_personality.restype = ctypes.c_int
+    _personality = _libc_personality
 except (OSError, AttributeError):  # not Linux
     _personality = None
 
@@ -72,7 +75,7 @@ class Limits:
         return dict(self.__dict__)
 
     @classmethod
-    def from_json(cls, data: Mapping | None) -> "Limits":
+    def from_json(cls, data: Mapping | None) -> Limits:
         if not data:
             return cls()
         unknown = set(data) - set(cls.__dataclass_fields__)
@@ -97,7 +100,7 @@ class IsolationReport:
         return {"backend": self.backend, "properties": dict(self.properties), "notes": list(self.notes)}
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "IsolationReport":
+    def from_json(cls, data: Mapping) -> IsolationReport:
         return cls(data["backend"], dict(data["properties"]), tuple(data.get("notes", ())))
 
     def __str__(self) -> str:
@@ -147,11 +150,11 @@ class Launched:
     """
 
     pid: int
-    kill_tree: "callable"
-    cleanup: "callable" = lambda: None
+    kill_tree: Callable[[], object]
+    cleanup: Callable[[], object] = lambda: None
     setup_ms: float = 0.0
     setup_error: str | None = None
-    oom_killed: "callable" = lambda: False
+    oom_killed: Callable[[], bool] = lambda: False
     #: paths as the env sees them: {"env_dir": ..., "workspace": ...}
     paths: dict = field(default_factory=dict)
 
@@ -159,17 +162,30 @@ class Launched:
         self.kill_tree()
 
 
+class Backend(Protocol):
+    """What the worker needs of an isolation backend (a boltz-mode ``TemplateLauncher`` has it too)."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def report(self) -> IsolationReport: ...
+
+    def launch(self, spec: LaunchSpec) -> Launched: ...
+
+
 #: first uid handed to envs when the worker runs as root (uid = ENV_UID_BASE + index).
 ENV_UID_BASE = 960000
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-def env_uid(spec: "LaunchSpec") -> int:
+def env_uid(spec: LaunchSpec) -> int:
     return spec.uid if spec.uid is not None else ENV_UID_BASE + (spec.index % 1_000_000)
 
 
-def child_environment(spec: "LaunchSpec", *, env_dir: str, workspace: str, pythonpath: str,
-                      tmpdir: str | None = None) -> dict[str, str]:
+def child_environment(
+    spec: LaunchSpec, *, env_dir: str, workspace: str, pythonpath: str, tmpdir: str | None = None
+) -> dict[str, str]:
     """The env's environment: the worker's scrubbed ``spec.env`` plus what every backend sets itself.
 
     ``BOLTZLABS_ENV_DIR``, ``BOLTZLABS_WORKSPACE`` and ``PYTHONPATH`` always win over ``spec.env``;
@@ -217,7 +233,7 @@ def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = No
     )
 
 
-def probe_launch(launch: "callable", uid: int | None = None) -> tuple[bool, str, float]:
+def probe_launch(launch: Callable[[LaunchSpec], Launched], uid: int | None = None) -> tuple[bool, str, float]:
     """Start ``python -S -c 'stat /env'`` through ``launch(spec)`` in a throwaway env dir.
 
     Returns ``(ok, what went wrong, setup_ms)``: the cheap, real test every backend's
@@ -235,9 +251,16 @@ def probe_launch(launch: "callable", uid: int | None = None) -> tuple[bool, str,
         os.chmod(path, 0o755)
     r, w = os.pipe()
     try:
-        spec = LaunchSpec(argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"], env_dir=env_dir,
-                          workspace=ws, stdin_fd=r, stdout_fd=w, stderr_fd=w,
-                          limits=Limits(memory_bytes=None), uid=uid)
+        spec = LaunchSpec(
+            argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"],
+            env_dir=env_dir,
+            workspace=ws,
+            stdin_fd=r,
+            stdout_fd=w,
+            stderr_fd=w,
+            limits=Limits(memory_bytes=None),
+            uid=uid,
+        )
         launched = launch(spec)
         os.close(w)
         w = -1
@@ -250,8 +273,11 @@ def probe_launch(launch: "callable", uid: int | None = None) -> tuple[bool, str,
         _, status = os.waitpid(launched.pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if launched.setup_error or code != 0:
-            return False, (launched.setup_error or out.decode("utf-8", "replace").strip()
-                           or f"probe exited with {code}"), launched.setup_ms
+            return (
+                False,
+                (launched.setup_error or out.decode("utf-8", "replace").strip() or f"probe exited with {code}"),
+                launched.setup_ms,
+            )
         return True, "", launched.setup_ms
     except OSError as exc:
         return False, f"{type(exc).__name__}: {exc}", 0.0

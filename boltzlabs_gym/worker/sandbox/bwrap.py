@@ -33,10 +33,10 @@ from .base import (
     SandboxUnavailable,
     _max_fd,
     apply_rlimits,
-    launched_tree,
-    probe_launch,
     child_environment,
     env_uid,
+    launched_tree,
+    probe_launch,
     set_layout_randomization,
     wire_std_fds,
 )
@@ -78,7 +78,7 @@ class BwrapBackend:
         if self.bwrap is None:
             return None, "bwrap is not on PATH (apt-get install bubblewrap)"
         modes = ["drop", "root"] if os.geteuid() == 0 else ["user"]
-        reasons = []
+        reasons: list[str] = []
         for mode in modes:
             ok, why = self._try(mode)
             if ok:
@@ -97,7 +97,7 @@ class BwrapBackend:
             return IsolationReport(self.name, {"available": False}, (why,))
         cg = cgroups.probe()[0] if os.geteuid() == 0 else None
         sec = self.use_seccomp and seccomp.supported()
-        props = {
+        props: dict[str, bool | str] = {
             "mode": mode,
             "readonly_env_dir": True,
             "private_workspace": True,
@@ -119,9 +119,11 @@ class BwrapBackend:
         }
         notes = [why]
         if mode == "root":
-            notes.append("bwrap could not run as the env's own uid (see above; e.g. the Python lives under a mode-700"
-                         " /root): bwrap runs as root and the env is host uid 0 mapped to the env uid, with no"
-                         " capabilities")
+            notes.append(
+                "bwrap could not run as the env's own uid (see above; e.g. the Python lives under a mode-700"
+                " /root): bwrap runs as root and the env is host uid 0 mapped to the env uid, with no"
+                " capabilities"
+            )
         if mode == "user":
             notes.append("runs as the worker's own uid; limits by rlimits only")
         return IsolationReport(self.name, props, tuple(notes))
@@ -161,21 +163,24 @@ class BwrapBackend:
 
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()
+        bwrap = self.bwrap
+        if bwrap is None:  # _do_probe finds no mode without bwrap, so nothing launches
+            raise SandboxUnavailable("isolation='bwrap' is not available on this host: bwrap is not on PATH")
         root = os.geteuid() == 0
         uid = env_uid(spec) if root else os.getuid()
         layout = self._layout(spec)
-        env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
-                                pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+        env = child_environment(
+            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
+        )
         cg = None
-        if root and use_cgroup and cgroups.probe()[0] is not None:
-            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
+        if root and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
+            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
         if mode in ("drop", "root"):  # in "root" mode the env is host uid 0 (mapped), without capabilities
             owner = uid if mode == "drop" else 0
             os.chown(spec.workspace, owner, owner)
             os.chmod(spec.workspace, 0o700)
         prog = self._seccomp_prog()
         tmpfs = str(int(spec.limits.tmpfs_bytes))
-        bwrap = self.bwrap
         cap_last = L.cap_last_cap()
         try:
             policy = os.sched_getscheduler(0)
@@ -209,9 +214,22 @@ class BwrapBackend:
                     args += ["--ro-bind-fd" if kind == "ro" else "--bind-fd", str(fd), dst]
                 else:
                     args += ["--ro-bind" if kind == "ro" else "--bind", src, dst]
-            args += ["--proc", "/proc", "--dev", "/dev",
-                     "--perms", "1777", "--size", tmpfs, "--tmpfs", "/dev/shm",
-                     "--remount-ro", "/", "--chdir", SANDBOX_WORKSPACE]
+            args += [
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--perms",
+                "1777",
+                "--size",
+                tmpfs,
+                "--tmpfs",
+                "/dev/shm",
+                "--remount-ro",
+                "/",
+                "--chdir",
+                SANDBOX_WORKSPACE,
+            ]
             if prog is not None:
                 r, w = os.pipe()
                 os.write(w, prog[0])

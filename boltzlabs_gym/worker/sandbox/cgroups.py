@@ -132,7 +132,10 @@ class EnvCgroup:
         self.paths: list[str] = []
         try:
             if kind == "v2":
-                parent = _v2_root() + (own.get("<v2>", "/") if own.get("<v2>", "/") != "/" else "")
+                v2 = _v2_root()
+                if v2 is None:  # probe() found a cgroup2 mount for kind "v2"; it cannot just vanish
+                    raise OSError("no cgroup2 mount in /proc/self/mountinfo")
+                parent = v2 + (own.get("<v2>", "/") if own.get("<v2>", "/") != "/" else "")
                 p = f"{parent}/{name}"
                 os.mkdir(p)
                 self.paths = [p]
@@ -226,9 +229,9 @@ class EnvCgroup:
         try:
             if self.kind == "v2":
                 with open(f"{self.paths[0]}/memory.events") as f:
-                    return any(l.split()[0] == "oom_kill" and int(l.split()[1]) > 0 for l in f)
+                    return any(line.split()[0] == "oom_kill" and int(line.split()[1]) > 0 for line in f)
             with open(f"{self.paths[0]}/memory.oom_control") as f:
-                return any(l.startswith("oom_kill ") and int(l.split()[1]) > 0 for l in f)
+                return any(line.startswith("oom_kill ") and int(line.split()[1]) > 0 for line in f)
         except (OSError, IndexError, ValueError):
             return False
 
@@ -265,7 +268,8 @@ def sweep_stale() -> list[str]:
     import signal as _signal
 
     removed = []
-    roots = [os.path.join(_CG, c) for c in ("memory", "pids")] + ([_v2_root()] if _v2_root() else [])
+    v2 = _v2_root()
+    roots = [os.path.join(_CG, c) for c in ("memory", "pids")] + ([v2] if v2 else [])
     for root in roots:
         for path in glob.glob(os.path.join(root, "**", "boltzlabs-*-*"), recursive=True):
             try:

@@ -44,16 +44,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, NoReturn
 
 from . import _linux as L
 from . import cgroups, seccomp
 from .base import (
+    ENV_UID_BASE,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
-    ENV_UID_BASE,
     IsolationReport,
     Launched,
     LaunchSpec,
@@ -61,10 +62,10 @@ from .base import (
     SandboxUnavailable,
     _max_fd,
     apply_rlimits,
-    launched_tree,
-    probe_launch,
     child_environment,
     env_uid,
+    launched_tree,
+    probe_launch,
     set_layout_randomization,
     wire_std_fds,
 )
@@ -107,7 +108,8 @@ class _LauncherThread:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="boltzlabs-sandbox-launcher", daemon=True)
                 self._thread.start()
-        done, box = threading.Event(), {}
+        done = threading.Event()
+        box: dict[str, Any] = {}  # "value" or "error", filled by the launcher thread
         self._q.put((fn, done, box))
         done.wait()
         if "error" in box:
@@ -157,7 +159,7 @@ def _python_paths(argv0: str | None) -> list[str]:
         real = os.path.realpath(argv0)
         paths.add(os.path.dirname(os.path.dirname(real)))
         paths.add(os.path.dirname(os.path.dirname(argv0)))
-    keep = []
+    keep: list[str] = []
     for p in sorted(paths, key=len):
         if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
             continue
@@ -195,8 +197,9 @@ def _make_ro(path: str) -> None:
             if mp == path or mp.startswith(path.rstrip("/") + "/"):
                 targets.append(mp)
     for mp in targets:
-        L.mount(None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV
-                | L.locked_mount_flags(mp))
+        L.mount(
+            None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags(mp)
+        )
 
 
 def _bind(src: str, dst: str, ro: bool) -> None:
@@ -238,12 +241,20 @@ def _build_root(plan: SandboxPlan) -> None:
             continue
         os.close(os.open(f"{dev}/{node}", os.O_WRONLY | os.O_CREAT, 0o666))
         L.mount(f"/dev/{node}", f"{dev}/{node}", None, L.MS_BIND)
-        L.mount(None, f"{dev}/{node}", None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NOEXEC
-                | L.locked_mount_flags(f"{dev}/{node}"))
+        L.mount(
+            None,
+            f"{dev}/{node}",
+            None,
+            L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NOEXEC | L.locked_mount_flags(f"{dev}/{node}"),
+        )
     os.mkdir(f"{dev}/shm", 0o1777)
     L.mount("tmpfs", f"{dev}/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={tmpfs_size},mode=1777")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{dev}/{name}")
     # /proc must be mounted by a process inside the new PID namespace and, in a user namespace,
     # while a fully visible /proc is still mounted here (the kernel's mount_too_revealing rule).
@@ -262,8 +273,9 @@ def _build_root(plan: SandboxPlan) -> None:
         os.chroot(".")
     os.chdir("/")
     # the root tmpfs itself read-only (not recursive: /workspace, /tmp, /dev/shm stay writable)
-    L.mount(None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV
-            | L.locked_mount_flags("/"))
+    L.mount(
+        None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags("/")
+    )
 
 
 def _drop_privileges(plan: SandboxPlan) -> None:
@@ -281,7 +293,7 @@ def _drop_privileges(plan: SandboxPlan) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)  # the uid change made us non-dumpable: /proc/self/* would be root's
 
 
-def adopt_sched_and_cgroup(plan: "SandboxPlan") -> None:
+def adopt_sched_and_cgroup(plan: SandboxPlan) -> None:
     """In the fresh child: take the launcher's scheduling policy and join the env's cgroup."""
     if plan.sched is not None:
         try:
@@ -325,7 +337,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
         seccomp.install(plan.seccomp_prog)
 
 
-def _exec(plan: SandboxPlan, status_fd: int | None) -> None:
+def _exec(plan: SandboxPlan, status_fd: int | None) -> NoReturn:
     wire_std_fds(*plan.fds)
     top = _max_fd()
     if status_fd is not None and status_fd > 2:
@@ -557,7 +569,7 @@ class NamespaceBackend:
             return IsolationReport(self.name, {"available": False}, (why,))
         cg, cg_why = cgroups.probe() if mode == "root" else (None, "no cgroup delegation without root")
         sec = self.use_seccomp and seccomp.supported()
-        props = {
+        props: dict[str, bool | str] = {
             "mode": mode,
             "readonly_env_dir": True,
             "private_workspace": True,
@@ -583,8 +595,11 @@ class NamespaceBackend:
         if not cg and mode == "root":
             notes.append(f"no per-env cgroup: {cg_why}")
         if not sec:
-            notes.append("seccomp filter off" + ("" if self.use_seccomp else " (disabled)") +
-                         ("" if seccomp.supported() else f" (no filter for {L.MACHINE})"))
+            notes.append(
+                "seccomp filter off"
+                + ("" if self.use_seccomp else " (disabled)")
+                + ("" if seccomp.supported() else f" (no filter for {L.MACHINE})")
+            )
         return IsolationReport(self.name, props, tuple(notes))
 
     # ---------------------------------------------------------------- launch
@@ -630,28 +645,43 @@ class NamespaceBackend:
         binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
         files = {
             "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
-                           f"env:x:{uid}:{gid}:boltzlabs env:{SANDBOX_WORKSPACE}:/usr/sbin/nologin\n",
+            f"env:x:{uid}:{gid}:boltzlabs env:{SANDBOX_WORKSPACE}:/usr/sbin/nologin\n",
             "/etc/group": f"root:x:0:\nenv:x:{gid}:\n",
             "/etc/hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost\n",
             "/etc/hostname": HOSTNAME + "\n",
         }
-        env = child_environment(spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE,
-                                pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp")
+        env = child_environment(
+            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
+        )
         cg = None
-        if mode == "root" and use_cgroup and cgroups.probe()[0] is not None:
-            cg = cgroups.EnvCgroup(cgroups.probe()[0], spec.limits.memory_bytes, spec.limits.pids,
-                                   tag=str(spec.index))
+        if mode == "root" and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
+            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         try:
             policy = os.sched_getscheduler(0)
             sched = (policy, os.sched_getparam(0).sched_priority)
         except (AttributeError, OSError):
             sched = None
         return SandboxPlan(
-            mode=mode, newroot=st["newroot"], binds=binds, files=files, symlinks=st["symlinks"], uid=uid, gid=gid,
-            outer_uid=os.getuid(), outer_gid=os.getgid(), limits=spec.limits, env=env, argv=list(spec.argv),
-            fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd), cgroup=cg, seccomp_prog=st["seccomp"],
-            cap_last=st["cap_last"], sched=sched, worker_pid=os.getpid(),
-            extra_mkdirs=[SANDBOX_RUNTIME], aslr=spec.aslr,
+            mode=mode,
+            newroot=st["newroot"],
+            binds=binds,
+            files=files,
+            symlinks=st["symlinks"],
+            uid=uid,
+            gid=gid,
+            outer_uid=os.getuid(),
+            outer_gid=os.getgid(),
+            limits=spec.limits,
+            env=env,
+            argv=list(spec.argv),
+            fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd),
+            cgroup=cg,
+            seccomp_prog=st["seccomp"],
+            cap_last=st["cap_last"],
+            sched=sched,
+            worker_pid=os.getpid(),
+            extra_mkdirs=[SANDBOX_RUNTIME],
+            aslr=spec.aslr,
         )
 
     def launch(self, spec: LaunchSpec) -> Launched:

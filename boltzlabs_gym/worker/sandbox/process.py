@@ -59,9 +59,7 @@ class ProcessBackend:
                 "dedicated_uid": False,
                 "tree_kill": "process group",
             },
-            notes=(
-                "not a sandbox: env code can read host files, reach the network and signal same-uid processes",
-            ),
+            notes=("not a sandbox: env code can read host files, reach the network and signal same-uid processes",),
         )
 
     def launch(self, spec: LaunchSpec) -> Launched:

@@ -34,29 +34,118 @@ _OFF_NR, _OFF_ARCH, _OFF_ARG0_LO = 0, 4, 16
 
 #: x86_64 syscall numbers.
 NR_X86_64 = dict(
-    socket=41, clone=56, clone3=435, ptrace=101, syslog=103, uselib=134, personality=135, vhangup=153,
-    pivot_root=155, acct=163, settimeofday=164, mount=165, umount2=166, swapon=167, swapoff=168, reboot=169,
-    iopl=172, ioperm=173, init_module=175, delete_module=176, quotactl=179, lookup_dcookie=212,
-    clock_settime=227, kexec_load=246, add_key=248, request_key=249, keyctl=250, unshare=272,
-    perf_event_open=298, fanotify_init=300, name_to_handle_at=303, open_by_handle_at=304, setns=308,
-    process_vm_readv=310, process_vm_writev=311, kcmp=312, finit_module=313, kexec_file_load=320,
-    bpf=321, userfaultfd=323, io_uring_setup=425, io_uring_enter=426, io_uring_register=427,
-    open_tree=428, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
+    socket=41,
+    clone=56,
+    clone3=435,
+    ptrace=101,
+    syslog=103,
+    uselib=134,
+    personality=135,
+    vhangup=153,
+    pivot_root=155,
+    acct=163,
+    settimeofday=164,
+    mount=165,
+    umount2=166,
+    swapon=167,
+    swapoff=168,
+    reboot=169,
+    iopl=172,
+    ioperm=173,
+    init_module=175,
+    delete_module=176,
+    quotactl=179,
+    lookup_dcookie=212,
+    clock_settime=227,
+    kexec_load=246,
+    add_key=248,
+    request_key=249,
+    keyctl=250,
+    unshare=272,
+    perf_event_open=298,
+    fanotify_init=300,
+    name_to_handle_at=303,
+    open_by_handle_at=304,
+    setns=308,
+    process_vm_readv=310,
+    process_vm_writev=311,
+    kcmp=312,
+    finit_module=313,
+    kexec_file_load=320,
+    bpf=321,
+    userfaultfd=323,
+    io_uring_setup=425,
+    io_uring_enter=426,
+    io_uring_register=427,
+    open_tree=428,
+    move_mount=429,
+    fsopen=430,
+    fsconfig=431,
+    fsmount=432,
+    fspick=433,
+    mount_setattr=442,
     chroot=161,
 )
 
 DENY = (
-    "ptrace", "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "keyctl", "add_key",
-    "request_key", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
-    "process_vm_readv", "process_vm_writev", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "swapon",
-    "swapoff", "reboot", "acct", "syslog", "quotactl", "settimeofday", "clock_settime", "iopl",
-    "ioperm", "uselib", "fanotify_init", "kcmp", "lookup_dcookie", "vhangup",
+    "ptrace",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "process_vm_readv",
+    "process_vm_writev",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "acct",
+    "syslog",
+    "quotactl",
+    "settimeofday",
+    "clock_settime",
+    "iopl",
+    "ioperm",
+    "uselib",
+    "fanotify_init",
+    "kcmp",
+    "lookup_dcookie",
+    "vhangup",
 )
 
-_CLONE_NS_FLAGS = (_linux.CLONE_NEWUSER | _linux.CLONE_NEWPID | _linux.CLONE_NEWNET | _linux.CLONE_NEWIPC
-                   | _linux.CLONE_NEWUTS | _linux.CLONE_NEWCGROUP | _linux.CLONE_NEWNS)
+_CLONE_NS_FLAGS = (
+    _linux.CLONE_NEWUSER
+    | _linux.CLONE_NEWPID
+    | _linux.CLONE_NEWNET
+    | _linux.CLONE_NEWIPC
+    | _linux.CLONE_NEWUTS
+    | _linux.CLONE_NEWCGROUP
+    | _linux.CLONE_NEWNS
+)
 
 AF_UNIX = 1
 
@@ -65,8 +154,9 @@ def supported() -> bool:
     return _linux.MACHINE == "x86_64"
 
 
-def build_filter(socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str, ...] = DENY,
-                 unshare_deny_flags: int = 0):
+def build_filter(
+    socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str, ...] = DENY, unshare_deny_flags: int = 0
+):
     """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
 
     ``unshare_deny_flags``: when ``unshare`` is not in ``deny``, an ``unshare`` whose flags
