@@ -35,7 +35,7 @@ import os
 import select
 import socket
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["Channel", "WorkerChannel", "ChannelClosed", "ChannelError", "MAX_FRAMES", "MAX_MESSAGE_BYTES"]
 
@@ -107,7 +107,8 @@ class _Reader:
         With ``fds``, descriptors that came with the bytes are appended to it (close-on-exec).
         """
         target = self._large[self._large_have :] if self._large is not None else self._chunk
-        ancdata, flags = (), 0
+        ancdata: list[tuple[int, int, bytes]] = []
+        flags = 0
         if fds is None:
             n = sock.recv_into(target)
         else:
@@ -116,7 +117,7 @@ class _Reader:
             self._large_have += n
         elif n:
             self.buf += self._view[:n]
-        if ancdata or flags:
+        if fds is not None and (ancdata or flags):
             _collect_fds(ancdata, flags, fds)  # after the bytes are kept: the stream stays framed
         return n
 
@@ -160,7 +161,7 @@ class _Reader:
 
     def _take_large(self) -> list | None:
         large = self._large
-        if self._large_have < len(large):
+        if large is None or self._large_have < len(large):
             return None
         self._large = None
         frames: list = []
@@ -299,7 +300,7 @@ class WorkerChannel:
                 raise ChannelClosed("the pool closed the channel")
             if n < _READ_CHUNK:
                 break
-        out = []
+        out: list[list] = []
         while True:
             message = self._reader.take()
             if message is None:
@@ -378,7 +379,7 @@ def _carry_fds(buffers: list[memoryview], fds: list[int], table: dict) -> list[m
 
 def _until_fds(pending: list[memoryview], table: dict) -> list[memoryview]:
     """The first buffers to send in one go: up to 64, stopping before one that carries descriptors."""
-    out = []
+    out: list[memoryview] = []
     for view in pending[:64]:
         if out and id(view) in table:
             break

@@ -23,7 +23,7 @@ import heapq
 import os
 import select
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from .envpipe import EnvFault, EnvPipe
 from .lending import STRAY_OUTPUT, OpTimeouts, is_straggler_op, leftover_is_stray, missed_deadline
@@ -55,10 +55,13 @@ class _Lent(EnvPipe):
 class Lane:
     """The lent envs of one local pool, by env index.
 
-    >>> lane = Lane(step_timeout=30.0, reset_timeout=60.0)     # doctest: +SKIP
-    >>> lane.add([0, 1], [in0, out0, in1, out1])                # from a worker reply
-    >>> lane.send([(0, 0, {"op": "step", "action": 1}, ())])    # (pos, index, op, payloads)
-    >>> done, failed = lane.wait(deadline)                      # replies, and calls to hand back
+    Its descriptors come only from a worker's lending reply, so this sketch is not a
+    doctest (:class:`~boltzlabs_gym.routes.LaneRoute` is the real user)::
+
+        lane = Lane(step_timeout=30.0, reset_timeout=60.0)
+        lane.add([0, 1], [in0, out0, in1, out1])        # the pipes lent with a worker reply
+        failed = lane.send([(0, 0, "step", line)])      # (batch pos, env index, op name, request line)
+        done, failed = lane.wait(deadline)              # replies, and calls to hand back to the worker
     """
 
     def __init__(self, step_timeout: float, reset_timeout: float):
@@ -192,14 +195,14 @@ class Lane:
                 raise TimeoutError
             next_deadline = self._deadlines[0][0] if self._deadlines else deadline
             timeout = max(0.0, min(deadline, next_deadline) - now)
-            if done and len(self._inflight) > NAP_MIN_IN_FLIGHT and not self._streaming:
-                if self._nap(now, started, len(done), timeout):
-                    timeout = 0.0  # read what came during the nap before any deadline is judged
+            may_nap = done and len(self._inflight) > NAP_MIN_IN_FLIGHT and not self._streaming
+            if may_nap and self._nap(now, started, len(done), timeout):
+                timeout = 0.0  # read what came during the nap before any deadline is judged
             try:
                 events = self._epoll.poll(timeout)
             except InterruptedError:
                 continue
-            for fd, ev in events:
+            for fd, _ev in events:
                 env = self._by_fd.get(fd)
                 if env is None:
                     continue

@@ -290,7 +290,11 @@ class RLPool:
         for r in results:
             t = read_step(r, self.step_timeout)
             obs[r.index], rewards[r.index], dones[r.index], infos[r.index] = (
-                t.obs, t.reward, t.terminated or t.truncated, t.info)
+                t.obs,
+                t.reward,
+                t.terminated or t.truncated,
+                t.info,
+            )
         self._last_obs = obs
         return obs, rewards, dones, infos
 
