@@ -6,7 +6,8 @@ list of raw payloads; :func:`decode` turns them back. The skeleton, by space:
 * Box, MultiBinary, MultiDiscrete: ``{"__nd__": [k, dtype, shape]}``, where ``k``
   indexes the payload list, ``dtype`` is the numpy dtype string (``"<f4"``) and
   ``shape`` a list of ints; payload ``k`` holds the C-order bytes of the array.
-* Discrete: a JSON int. Text: a JSON string.
+* Discrete: a JSON int for a Python int, ``{"__np__": [dtype, value]}`` for a numpy
+  integer (decoded back to the same type). Text: a JSON string.
 * Dict: a JSON object (the space's keys, in its order). Tuple: a JSON list.
 * :class:`~boltzlabs_gym.spaces.JsonSpace`: the value itself; on encode, numpy
   scalars and arrays inside it are converted to plain JSON (arrays to nested lists).
@@ -128,10 +129,13 @@ def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: 
         return _encode_array(arr, payloads, zero_copy)
     if isinstance(space, gs.Discrete):
         if isinstance(value, np.ndarray) and value.shape == ():
-            value = value.item()
+            value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
             raise CodecError(f"{path}: Discrete value must be an integer, got {type(value).__name__}")
-        return int(value)
+        if type(value) is int:
+            return value
+        # A numpy integer keeps its type across (SAME_STEP's final_obs shows the env's own value).
+        return {NP: [value.dtype.str, int(value)]}
     if isinstance(space, gs.Text):
         if not isinstance(value, str):
             raise CodecError(f"{path}: Text value must be a str, got {type(value).__name__}")
@@ -220,12 +224,20 @@ def _check_array(space: gs.Space, obj: Any, payloads: Payloads, path: str) -> tu
 
 
 def _decode_discrete(space: gs.Discrete, obj: Any, path: str):
-    if not isinstance(obj, int) or isinstance(obj, bool):
+    """A Python int for a JSON int, a numpy integer for ``{"__np__": [dtype, value]}``: the type
+    the sender's value had (Gymnasium's vectorizers hand the env's own value on, in ``final_obs``)."""
+    scalar = None
+    if isinstance(obj, dict) and len(obj) == 1 and NP in obj:
+        scalar = _decode_np_scalar(obj[NP], path)
+        if scalar.dtype.kind not in "iu":
+            raise CodecError(f"{path}: Discrete value must be an integer, got {scalar.dtype.name}")
+        obj = int(scalar)
+    elif not isinstance(obj, int) or isinstance(obj, bool):
         raise CodecError(f"{path}: Discrete value must be an int, got {type(obj).__name__}")
     start = int(space.start)
     if not start <= obj < start + int(space.n):
         raise CodecError(f"{path}: Discrete value {obj} out of range [{start}, {start + int(space.n)})")
-    return space.dtype.type(obj)
+    return obj if scalar is None else scalar
 
 
 def _decode_lenient_array(space: gs.Space, obj: Any, path: str) -> np.ndarray:
@@ -244,7 +256,8 @@ def decode(space: gs.Space, obj: Any, payloads: Payloads = (), *, copy: bool = F
 
     Validates strictly (see the module docs) and raises :class:`CodecError`. Arrays
     are zero-copy read-only ``np.frombuffer`` views on the payloads unless
-    ``copy=True``. Discrete values come back as numpy scalars of the space's dtype,
+    ``copy=True``. Discrete values come back as they were sent (a Python int, or a numpy
+    integer of the sender's dtype),
     Tuple values as tuples, Dict values as dicts in the space's key order, JSON-space
     values as they are. ``lenient=True`` (for data from a trusted sender, e.g. actions
     arriving at an env) also accepts plain JSON numbers/lists for array spaces.

@@ -132,8 +132,13 @@ def test_encode_casts_to_space_dtype_and_checks_shape():
         encode(gs.Discrete(3), 1.5)
     with pytest.raises(CodecError, match="Discrete value must be an integer"):
         encode(gs.Discrete(3), True)
-    assert encode(gs.Discrete(3), np.int64(2))[0] == 2
-    assert encode(gs.Discrete(3), np.array(2))[0] == 2
+    # A Python int stays a JSON int; a numpy integer keeps its type (issue #20 item 5: SAME_STEP's
+    # final_obs holds the env's own value, as in SyncVectorEnv).
+    assert encode(gs.Discrete(3), 2)[0] == 2 and type(decode(gs.Discrete(3), 2)) is int
+    assert encode(gs.Discrete(3), np.int64(2))[0] == {"__np__": ["<i8", 2]}
+    assert encode(gs.Discrete(3), np.array(2, np.int32))[0] == {"__np__": ["<i4", 2]}
+    back = decode(gs.Discrete(3), *_wire(*encode(gs.Discrete(3), np.int32(2))))
+    assert type(back) is np.int32 and back == 2
     with pytest.raises(CodecError, match="Text"):
         encode(gs.Text(3), b"ab")
     with pytest.raises(CodecError, match="lacks key"):
@@ -261,6 +266,9 @@ def test_good_array_accepted():
         (gs.Discrete(3), True, "must be an int"),
         (gs.Discrete(3), "1", "must be an int"),
         (gs.Discrete(3), {"__nd__": [0, "<i8", []]}, "must be an int"),
+        (gs.Discrete(3), {"__np__": ["<i8", 3]}, "out of range"),
+        (gs.Discrete(3), {"__np__": ["<f8", 1.0]}, "must be an integer"),
+        (gs.Discrete(3), {"__np__": ["<i8", 1.5]}, "not a valid int64"),
         (gs.Text(3), 5, "Text value must be a string"),
         (NESTED, [], "Dict value must be a JSON object"),
         (gs.Dict([("a", gs.Discrete(2))]), {"a": 0, "b": 1}, "do not match"),
