@@ -13,7 +13,9 @@ reference the reply's payloads)::
     {"op": "describe"}
         -> {"server": "gym", "observation_space": <space json>, "action_space": <space json>,
             "metadata": <json>, "render_mode": str|null, "spec_id": str|null,
-            "max_episode_steps": int|null}
+            "max_episode_steps": int|null,
+            "observation_space_rng": <rng json>, "action_space_rng": <rng json>}
+           (the spaces' random generators: boltzlabs_gym.spaces.rng_state_to_json)
     {"op": "reset", "seed": int|null, "options": {...}|null}
         -> {"obs": enc(obs), "info": info(info)}
     {"op": "step", "action": enc(action), "autoreset": bool}
@@ -65,7 +67,7 @@ from .codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_
 from .env import (FdReader, FdWriter, ProtocolError, _error_transition, _protect_channel_fds, freeze_heap,
                   read_message, write_all, write_message)
 from .protocol import parse_discrete_step
-from .spaces import JsonSpace, space_to_json
+from .spaces import JsonSpace, rng_state_to_json, space_to_json
 
 __all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
 
@@ -125,6 +127,8 @@ class GymServer:
             "render_mode": to_json_safe(getattr(env, "render_mode", None)),
             "spec_id": getattr(spec, "id", None),
             "max_episode_steps": getattr(spec, "max_episode_steps", None),
+            "observation_space_rng": rng_state_to_json(env.observation_space),
+            "action_space_rng": rng_state_to_json(env.action_space),
         }, []
 
     def _reset(self, seed: Any, options: Any, out: list) -> tuple[Any, Any]:

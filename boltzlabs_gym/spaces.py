@@ -23,8 +23,16 @@ A ``<bound>`` (and ``<ints>``) is either one scalar, when every element is equal
 or a flat C-order list with one entry per element. JSON has no infinities, so
 non-finite floats are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 
-Seeding: :func:`space_from_json` returns unseeded spaces; calling ``space.seed()``
-for reproducible sampling is the caller's job.
+Seeding: :func:`space_from_json` returns unseeded spaces. A space's random generator
+crosses separately, because ``SyncVectorEnv`` batches env 0's own spaces (``batch_space``
+copies their generators), so a seed the env's factory gave its action space carries over
+to the batched space: :func:`rng_state_to_json` describes the generators of a space and
+its subspaces (Dict, Tuple)::
+
+    {"state": <PCG64 bit_generator.state> | null, "spaces": [<rng json>, ...]}  # "spaces" optional
+
+and :func:`seed_space_from_json` gives a rebuilt space those generators (``null``: the
+space was never seeded and stays unseeded, as it was there).
 
 :class:`JsonSpace` is the honest space of an env that does not declare one: its
 elements are arbitrary JSON values. It cannot be sampled
@@ -53,6 +61,8 @@ __all__ = [
     "space_to_json",
     "space_from_json",
     "batch_json_space",
+    "rng_state_to_json",
+    "seed_space_from_json",
     "MAX_ELEMENTS",
     "MAX_NODES",
     "MAX_DEPTH",
@@ -496,6 +506,59 @@ _BUILDERS = {
     "Tuple": _tuple,
     "Json": _json,
 }
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def _subspaces(space: gs.Space) -> list:
+    if isinstance(space, gs.Dict):
+        return list(space.spaces.values())
+    if isinstance(space, gs.Tuple):
+        return list(space.spaces)
+    return []
+
+
+def rng_state_to_json(space: gs.Space) -> dict:
+    """The state of ``space``'s random generator and its subspaces' (see the module docs).
+
+    A generator that was never created (the space was never seeded or sampled) is ``null``:
+    reading ``space.np_random`` would seed it, a side effect this must not have. Only
+    Gymnasium's own bit generator (PCG64) is described; any other is ``null``.
+    """
+    rng = getattr(space, "_np_random", None)
+    state = None
+    if isinstance(rng, np.random.Generator) and type(rng.bit_generator) is np.random.PCG64:
+        state = rng.bit_generator.state
+    out: dict[str, Any] = {"state": state}
+    subs = _subspaces(space)
+    if subs:
+        out["spaces"] = [rng_state_to_json(sub) for sub in subs]
+    return out
+
+
+def seed_space_from_json(space: gs.Space, data: Any) -> None:
+    """Give ``space`` (and its subspaces) the generator states :func:`rng_state_to_json` described.
+
+    The data comes from the sandbox: anything malformed leaves that (sub)space unseeded
+    rather than failing, since a generator's state is a convenience, not a contract.
+    """
+    if not isinstance(data, dict):
+        return
+    state = data.get("state")
+    if isinstance(state, dict) and state.get("bit_generator") == "PCG64":
+        bit_generator = np.random.PCG64()
+        try:
+            bit_generator.state = state
+        except (TypeError, ValueError, KeyError, OverflowError):
+            pass
+        else:
+            # Space has no public setter for its generator; seed() cannot set a given state.
+            space._np_random = np.random.Generator(bit_generator)
+    subs, children = _subspaces(space), data.get("spaces")
+    if subs and isinstance(children, list) and len(children) == len(subs):
+        for sub, child in zip(subs, children):
+            seed_space_from_json(sub, child)
 
 
 def space_from_json(data: dict | None, *, max_elements: int = MAX_ELEMENTS, max_nodes: int = MAX_NODES) -> gs.Space:
