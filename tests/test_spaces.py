@@ -12,7 +12,8 @@ import pytest
 from gymnasium import spaces as gs
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from boltzlabs_gym.spaces import JsonSpace, batch_json_space, space_from_json, space_to_json
+from boltzlabs_gym.spaces import (JsonSpace, batch_json_space, rng_state_to_json, seed_space_from_json, space_from_json,
+                                   space_to_json)
 
 
 def _wire(data):
@@ -252,3 +253,24 @@ def test_json_space_works_in_gymnasium_sync_vector_env():
     assert obs == ({"t": 1, "echo": "a"}, {"t": 1, "echo": {"b": [1]}})
     np.testing.assert_array_equal(rew, [1.0, 1.0])
     envs.close()
+
+
+def test_generator_states_cross_as_json():
+    space = gs.Dict({"a": gs.Box(0, 1, (2,), np.float32), "b": gs.Tuple((gs.Discrete(3), gs.MultiBinary(4)))})
+    space.seed(5)
+    data = json.loads(json.dumps(rng_state_to_json(space)))
+    rebuilt = space_from_json(space_to_json(space))
+    seed_space_from_json(rebuilt, data)
+    for _ in range(5):
+        a, b = space.sample(), rebuilt.sample()
+        assert np.array_equal(a["a"], b["a"]) and a["b"][0] == b["b"][0] and np.array_equal(a["b"][1], b["b"][1])
+
+
+def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
+    space = gs.Box(0, 1, (2,))
+    assert rng_state_to_json(space) == {"state": None} and space._np_random is None  # no side effect
+    for bad in (None, [], {"state": "x"}, {"state": {"bit_generator": "PCG64", "state": "nope"}},
+                {"state": {"bit_generator": "MT19937", "state": {}}}, {"state": None, "spaces": [1, 2, 3]}):
+        target = gs.Tuple((gs.Discrete(2), gs.Discrete(3)))
+        seed_space_from_json(target, bad)
+        assert target._np_random is None
