@@ -34,8 +34,8 @@ reference the reply's payloads)::
                                                  (an rgb_array frame is a uint8 __nd__ array)
     {"op": "close"}                           -> {} and the process exits
 
-Observations/actions of a space with no JSON form (Graph, Sequence, OneOf, custom)
-are described as ``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
+Observations/actions of a space with no JSON form (a custom space) are described as
+``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
 
 Failures: an exception in ``reset``/``step`` (or in decoding the action, or
 encoding the result) does not kill the server: the reply is a terminal transition

@@ -17,6 +17,9 @@ The JSON forms (all keys required unless marked optional)::
     {"type": "Text", "max_length": 8, "min_length": 1, "charset": "abc"}
     {"type": "Dict", "spaces": [["key", <space>], ...]}   # order preserved
     {"type": "Tuple", "spaces": [<space>, ...]}
+    {"type": "Sequence", "space": <space>, "stack": false}   # "stack" optional
+    {"type": "OneOf", "spaces": [<space>, ...]}
+    {"type": "Graph", "node_space": <Box|Discrete>, "edge_space": <Box|Discrete>|null}
     {"type": "Json"}                                 # any JSON value
 
 A ``<bound>`` (and ``<ints>``) is either one scalar, when every element is equal,
@@ -27,7 +30,7 @@ Seeding: :func:`space_from_json` returns unseeded spaces. A space's random gener
 crosses separately, because ``SyncVectorEnv`` batches env 0's own spaces (``batch_space``
 copies their generators), so a seed the env's factory gave its action space carries over
 to the batched space: :func:`rng_state_to_json` describes the generators of a space and
-its subspaces (Dict, Tuple)::
+its subspaces (Dict, Tuple, OneOf; a Sequence's feature space; a Graph's node and edge spaces)::
 
     {"state": <PCG64 bit_generator.state> | null, "spaces": [<rng json>, ...]}  # "spaces" optional
 
@@ -218,9 +221,9 @@ def space_to_json(space: gs.Space) -> dict:
     """Describe a Gymnasium space as a JSON-serialisable dict (see the module docs).
 
     Supports Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict (string keys,
-    order kept), Tuple and :class:`JsonSpace`. Raises :class:`ValueError` for any
-    other space (Graph, Sequence, OneOf, custom spaces) or a Dict with non-string keys.
-    Seeds are not part of the description.
+    order kept), Tuple, Sequence, OneOf, Graph and :class:`JsonSpace`. Raises
+    :class:`ValueError` for any other (custom) space or a Dict with non-string keys.
+    Seeds are not part of the description (see :func:`rng_state_to_json`).
     """
     if isinstance(space, JsonSpace):
         return {"type": "Json"}
@@ -261,8 +264,15 @@ def space_to_json(space: gs.Space) -> dict:
         return {"type": "Dict", "spaces": pairs}
     if isinstance(space, gs.Tuple):
         return {"type": "Tuple", "spaces": [space_to_json(sub) for sub in space.spaces]}
+    if isinstance(space, gs.Sequence):
+        return {"type": "Sequence", "space": space_to_json(space.feature_space), "stack": bool(space.stack)}
+    if isinstance(space, gs.OneOf):
+        return {"type": "OneOf", "spaces": [space_to_json(sub) for sub in space.spaces]}
+    if isinstance(space, gs.Graph):
+        edge = None if space.edge_space is None else space_to_json(space.edge_space)
+        return {"type": "Graph", "node_space": space_to_json(space.node_space), "edge_space": edge}
     raise ValueError(f"space type {type(space).__name__} has no JSON form (supported: Box, Discrete, "
-                     "MultiDiscrete, MultiBinary, Text, Dict, Tuple, JsonSpace)")
+                     "MultiDiscrete, MultiBinary, Text, Dict, Tuple, Sequence, OneOf, Graph, JsonSpace)")
 
 
 # --------------------------------------------------------------------------- from JSON
@@ -491,6 +501,38 @@ def _tuple(data, path, budget, depth):
     return _guard(path, lambda: gs.Tuple(subs))
 
 
+def _sequence(data, path, budget, depth):
+    _check_fields(data, path, {"space"}, {"stack"})
+    stack = data.get("stack", False)
+    if not isinstance(stack, bool):
+        raise ValueError(f"{path}.stack: expected a boolean, got {type(stack).__name__}")
+    feature = _from_json(data["space"], f"{path}.space", budget, depth + 1)
+    return _guard(path, lambda: gs.Sequence(feature, stack=stack))
+
+
+def _oneof(data, path, budget, depth):
+    _check_fields(data, path, {"spaces"})
+    items = data["spaces"]
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{path}.spaces: expected a non-empty list of spaces")
+    subs = [_from_json(item, f"{path}[{i}]", budget, depth + 1) for i, item in enumerate(items)]
+    return _guard(path, lambda: gs.OneOf(subs))
+
+
+def _graph_part(data, name, path, budget, depth) -> gs.Space:
+    part = _from_json(data[name], f"{path}.{name}", budget, depth + 1)
+    if not isinstance(part, (gs.Box, gs.Discrete)):
+        raise ValueError(f"{path}.{name}: must be a Box or a Discrete space, got {type(part).__name__}")
+    return part
+
+
+def _graph(data, path, budget, depth):
+    _check_fields(data, path, {"node_space", "edge_space"})
+    node = _graph_part(data, "node_space", path, budget, depth)
+    edge = None if data["edge_space"] is None else _graph_part(data, "edge_space", path, budget, depth)
+    return _guard(path, lambda: gs.Graph(node, edge))
+
+
 def _json(data, path, budget, depth):
     _check_fields(data, path, set())
     return JsonSpace()
@@ -504,6 +546,9 @@ _BUILDERS = {
     "Text": _text,
     "Dict": _dict,
     "Tuple": _tuple,
+    "Sequence": _sequence,
+    "OneOf": _oneof,
+    "Graph": _graph,
     "Json": _json,
 }
 
@@ -514,8 +559,12 @@ _BUILDERS = {
 def _subspaces(space: gs.Space) -> list:
     if isinstance(space, gs.Dict):
         return list(space.spaces.values())
-    if isinstance(space, gs.Tuple):
+    if isinstance(space, (gs.Tuple, gs.OneOf)):
         return list(space.spaces)
+    if isinstance(space, gs.Sequence):
+        return [space.feature_space]
+    if isinstance(space, gs.Graph):
+        return [space.node_space] + ([] if space.edge_space is None else [space.edge_space])
     return []
 
 

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from gymnasium import spaces as gs
+from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector.utils import create_empty_array
 
 from boltzlabs_gym.codec import (
@@ -398,3 +399,65 @@ def test_step_line_is_the_json_it_claims(space, reward, flags):
 )
 def test_parse_step_line_leaves_every_other_shape_to_json(line):
     assert ArrayLeaf.of(gs.Box(-1, 1, (4,), np.float32)).parse_step_line(line) is None
+
+
+# --------------------------------------------------------------------------- Sequence, OneOf, Graph (issue #20 item 9)
+
+VARIABLE_SPACES = {
+    "sequence": gs.Sequence(gs.Discrete(3)),
+    "sequence_stacked_box": gs.Sequence(gs.Box(0, 1, (2,), np.float32), stack=True),
+    "sequence_stacked_dict": gs.Sequence(gs.Dict({"a": gs.Discrete(2), "b": gs.Box(0, 1, (2,))}), stack=True),
+    "oneof": gs.OneOf([gs.Discrete(2), gs.Box(0, 1, (2,), np.float32)]),
+    "graph": gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4)),
+    "graph_no_edges": gs.Graph(gs.Discrete(5), None),
+    "nested": gs.Tuple([gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLE_SPACES))
+def test_variable_spaces_round_trip(name):
+    space = VARIABLE_SPACES[name]
+    space.seed(3)
+    for _ in range(5):
+        value = space.sample()
+        back = decode(space, *_wire(*encode(space, value)), copy=True)
+        assert back in space and data_equivalence(back, value, exact=True)
+    if isinstance(space, gs.Sequence) and space.stack:
+        empty = decode(space, [], [])
+        assert empty in space
+
+
+@pytest.mark.parametrize(
+    "space,obj,match",
+    [
+        (gs.Sequence(gs.Discrete(2)), {"0": 1}, "Sequence value must be a list"),
+        (gs.Sequence(gs.Discrete(2)), [0, 2], r"value\[1\]: Discrete value 2 out of range"),
+        (gs.OneOf([gs.Discrete(2)]), [1, 0], "OneOf index 1 out of range"),
+        (gs.OneOf([gs.Discrete(2)]), [True, 0], "OneOf index must be an int"),
+        (gs.OneOf([gs.Discrete(2)]), [0], "list \\[index, value\\]"),
+        (gs.Graph(gs.Discrete(2), None), {"nodes": None}, "nodes, edges and edge_links"),
+        (gs.Graph(gs.Discrete(2), None), {"nodes": {"__nd__": [1, "<i8", [1]]}, "edges": None, "edge_links": None},
+         "payload index 1 out of range"),
+        (gs.Graph(gs.Discrete(2), None),
+         {"nodes": {"__nd__": [0, "<i8", [1]]}, "edges": {"__nd__": [0, "<i8", [1]]}, "edge_links": None},
+         "go together"),
+    ],
+)
+def test_hostile_variable_values_refused(space, obj, match):
+    with pytest.raises(CodecError, match=match):
+        decode(space, obj, [bytes(8)])
+
+
+def test_graph_values_are_checked_against_the_space():
+    space = gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4))
+    nodes = np.zeros((2, 3), np.float32)
+    bad_links = gs.GraphInstance(nodes, np.array([1, 2]), np.array([0, 1]))
+    with pytest.raises(CodecError, match="edge_links"):
+        encode(space, bad_links)
+    wrong_rows = {"nodes": {"__nd__": [0, "<f4", [2, 2]]}, "edges": None, "edge_links": None}
+    with pytest.raises(CodecError, match=r"is not \(k, \*\(3,\)\)"):
+        decode(space, wrong_rows, [bytes(16)])
+    links = {"__nd__": [2, "<f8", [1, 2]]}
+    obj = {"nodes": {"__nd__": [0, "<f4", [2, 3]]}, "edges": {"__nd__": [1, "<i8", [1]]}, "edge_links": links}
+    with pytest.raises(CodecError, match="expected integers of shape"):
+        decode(space, obj, [bytes(24), bytes(8), bytes(16)])

@@ -126,6 +126,11 @@ SPACES = {
             "grid": Box(np.array([[-1.0, 0.0], [0.0, -1.0]]), np.ones((2, 2)), dtype=np.float64),
         }
     ),
+    # JSON-expressible, so they cross as themselves (issue #20 item 9).
+    "sequence": gym.spaces.Sequence(Tuple((Discrete(3), Box(0, 1, (2,), np.float32)))),
+    "sequence_stacked": gym.spaces.Sequence(Box(0, 1, (2,), np.float32), stack=True),
+    "oneof": gym.spaces.OneOf([Discrete(2), Box(0, 1, (2,), np.float32)]),
+    "graph": gym.spaces.Graph(Box(-1, 1, (3,), np.float32), Discrete(4)),
 }
 
 
@@ -437,15 +442,21 @@ def test_scalar_box_actions_reach_the_env_in_the_callers_dtype():
         ref.close()
 
 
-def test_spaces_without_json_form_are_refused_honestly():
-    """Graph/Sequence/OneOf cross as JsonSpace (documented): values pass, sampling says why not."""
-    space = gym.spaces.Sequence(Discrete(3))
-    envs = BoltzLabsVecEnv([functools.partial(SpacesEnv, space, Discrete(2))] * 2, isolation=ISOLATION)
+class NoJsonSpace(gym.Space):
+    """A space of the user's own: it has no JSON form."""
+
+    def contains(self, x):
+        return isinstance(x, int)
+
+
+def test_custom_spaces_cross_as_json_space():
+    """A custom space has no JSON form: values cross as JSON, sampling says why it cannot."""
+    envs = BoltzLabsVecEnv([functools.partial(SpacesEnv, Discrete(3), NoJsonSpace())] * 2, isolation=ISOLATION)
     try:
-        assert isinstance(envs.single_observation_space, boltzlabs_gym.spaces.JsonSpace)
-        obs, _ = envs.reset(seed=0)
-        assert len(obs) == 2 and all(isinstance(o, list) for o in obs)
+        assert isinstance(envs.single_action_space, boltzlabs_gym.spaces.JsonSpace)
+        envs.reset(seed=0)
+        envs.step([1, 2])
         with pytest.raises(NotImplementedError, match="cannot be sampled"):
-            envs.observation_space.sample()
+            envs.action_space.sample()
     finally:
         envs.close()

@@ -100,9 +100,13 @@ def test_none_means_json_space():
     assert space_to_json(JsonSpace()) == {"type": "Json"}
 
 
+class CustomSpace(gs.Space):
+    """A space of the user's own: no JSON form."""
+
+
 def test_unsupported_spaces_refused_on_encode():
-    with pytest.raises(ValueError, match="Sequence"):
-        space_to_json(gs.Sequence(gs.Discrete(2)))
+    with pytest.raises(ValueError, match="CustomSpace has no JSON form"):
+        space_to_json(CustomSpace())
     with pytest.raises(ValueError, match="not a string"):
         space_to_json(gs.Dict({1: gs.Discrete(2)}))
 
@@ -274,3 +278,38 @@ def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
         target = gs.Tuple((gs.Discrete(2), gs.Discrete(3)))
         seed_space_from_json(target, bad)
         assert target._np_random is None
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gs.Sequence(gs.Discrete(3)),
+        gs.Sequence(gs.Box(0, 1, (2,), np.float32), stack=True),
+        gs.OneOf([gs.Discrete(2), gs.Dict({"a": gs.Text(4)})]),
+        gs.Graph(gs.Box(-1, 1, (3,), np.float32), gs.Discrete(4)),
+        gs.Graph(gs.Discrete(5), None),
+    ],
+    ids=repr,
+)
+def test_sequence_oneof_graph_cross_as_json(space):
+    """Issue #20 item 9: JSON-expressible spaces cross as themselves, samplable, not as JsonSpace."""
+    back = space_from_json(_wire(space_to_json(space)))
+    assert back == space and type(back) is type(space)
+    back.seed(0)
+    assert back.sample() in space
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"type": "Sequence", "space": {"type": "Discrete", "n": 2}, "stack": 1}, "stack: expected a boolean"),
+        ({"type": "Sequence"}, "missing field 'space'"),
+        ({"type": "OneOf", "spaces": []}, "non-empty list"),
+        ({"type": "Graph", "node_space": {"type": "Text", "max_length": 2}, "edge_space": None},
+         "node_space: must be a Box or a Discrete"),
+        ({"type": "Graph", "node_space": {"type": "Discrete", "n": 2}}, "missing field 'edge_space'"),
+    ],
+)
+def test_hostile_sequence_oneof_graph_refused(data, match):
+    with pytest.raises(ValueError, match=match):
+        space_from_json(data)
