@@ -10,8 +10,9 @@ list of raw payloads; :func:`decode` turns them back. The skeleton, by space:
   integer (decoded back to the same type). Text: a JSON string.
 * Dict: a JSON object (the space's keys, in its order). Tuple: a JSON list.
 * Sequence: a JSON list of its elements (a stacked one is unstacked on the wire).
-  OneOf: ``[index, value]``. Graph: ``{"nodes": <array>, "edges": <array>|null,
-  "edge_links": <array>|null}``, arrays as above with a leading dimension of any length.
+  OneOf: ``[index, value]``. Graph: ``{"nodes": <rows>, "edges": <rows>|null,
+  "edge_links": <array>|null}``, where rows of an array or Discrete space are one array
+  with a leading dimension of any length, and rows of any other space a list of values.
 * :class:`~boltzlabs_gym.spaces.JsonSpace`: the value itself; on encode, numpy
   scalars and arrays inside it are converted to plain JSON (arrays to nested lists).
 
@@ -182,8 +183,15 @@ def _encode_int(value: Any, path: str, what: str) -> Any:
     return {NP: [value.dtype.str, int(value)]}
 
 
-def _encode_rows(space: gs.Space, rows: Any, payloads: list, zero_copy: bool, path: str) -> dict:
-    """A Graph's nodes or edges: one array of shape ``(k, *space.shape)`` in the space's dtype."""
+def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, zero_copy: bool, path: str) -> Any:
+    """A Graph's nodes or edges (``k`` values of ``space`` batched as ``batched``): one array of
+    shape ``(k, *space.shape)`` for an array or Discrete space, else a list of the ``k`` values."""
+    if not isinstance(space, _ARRAY_SPACES + (gs.Discrete,)):
+        try:
+            items = list(iterate(batched, rows))
+        except Exception as exc:  # noqa: BLE001 - iterate raises whatever the value provokes
+            raise CodecError(f"{path}: not a batch of {space}: {exc}") from None
+        return [_encode(space, v, payloads, zero_copy, f"{path}[{i}]") for i, v in enumerate(items)]
     try:
         arr = _contiguous(np.asarray(rows, dtype=space.dtype))
     except (TypeError, ValueError) as exc:
@@ -196,15 +204,18 @@ def _encode_rows(space: gs.Space, rows: Any, payloads: list, zero_copy: bool, pa
 def _encode_graph(space: gs.Graph, value: Any, payloads: list, zero_copy: bool, path: str) -> dict:
     if not isinstance(value, gs.GraphInstance):
         raise CodecError(f"{path}: Graph value must be a GraphInstance, got {type(value).__name__}")
-    out: dict = {"nodes": _encode_rows(space.node_space, value.nodes, payloads, zero_copy, f"{path}.nodes"),
+    out: dict = {"nodes": _encode_rows(space.node_space, space.batch_node_space, value.nodes, payloads, zero_copy,
+                                       f"{path}.nodes"),
                  "edges": None, "edge_links": None}
     if value.edges is None and value.edge_links is None:
         return out
     if space.edge_space is None or value.edges is None or value.edge_links is None:
         raise CodecError(f"{path}: edges and edge_links go together, and only with an edge space")
-    out["edges"] = _encode_rows(space.edge_space, value.edges, payloads, zero_copy, f"{path}.edges")
+    edges = out["edges"] = _encode_rows(space.edge_space, space.batch_edge_space, value.edges, payloads, zero_copy,
+                                        f"{path}.edges")
+    n_edges = len(edges) if isinstance(edges, list) else edges[ND][2][0]
     links = _contiguous(np.asarray(value.edge_links))
-    if links.dtype.kind not in "iu" or links.shape != (out["edges"][ND][2][0], 2):
+    if links.dtype.kind not in "iu" or links.shape != (n_edges, 2):
         raise CodecError(f"{path}.edge_links: expected integers of shape (edges, 2), got {links.dtype} {links.shape}")
     out["edge_links"] = _encode_array(links, payloads, zero_copy)
     return out
@@ -367,7 +378,14 @@ def _decode(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, lenient: 
     raise CodecError(f"{path}: cannot decode values of space type {type(space).__name__}")
 
 
-def _decode_rows(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, path: str) -> np.ndarray:
+def _decode_rows(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, path: str) -> Any:
+    """What :func:`_encode_rows` wrote: ``k`` values of ``space``, batched as Gymnasium batches them."""
+    if not isinstance(space, _ARRAY_SPACES + (gs.Discrete,)):
+        if not isinstance(obj, list):
+            raise CodecError(f"{path}: expected a list of values, got {type(obj).__name__}")
+        items = [_decode(space, v, payloads, copy, False, f"{path}[{i}]") for i, v in enumerate(obj)]
+        out = create_empty_array(space, len(items))
+        return concatenate(space, items, out) if items else out
     k, dtype, shape = _parse_nd(obj, payloads, path)
     if dtype != space.dtype:
         raise CodecError(f"{path}: dtype {dtype.str} does not match the space's {space.dtype.str}")
@@ -386,9 +404,10 @@ def _decode_graph(space: gs.Graph, obj: Any, payloads: Payloads, copy: bool, pat
     if space.edge_space is None or obj["edges"] is None or obj["edge_links"] is None:
         raise CodecError(f"{path}: edges and edge_links go together, and only with an edge space")
     edges = _decode_rows(space.edge_space, obj["edges"], payloads, copy, f"{path}.edges")
+    n_edges = len(obj["edges"]) if isinstance(obj["edges"], list) else len(edges)
     k, dtype, shape = _parse_nd(obj["edge_links"], payloads, f"{path}.edge_links")
-    if dtype.kind not in "iu" or shape != (len(edges), 2):
-        raise CodecError(f"{path}.edge_links: expected integers of shape ({len(edges)}, 2), got {dtype.str} {shape}")
+    if dtype.kind not in "iu" or shape != (n_edges, 2):
+        raise CodecError(f"{path}.edge_links: expected integers of shape ({n_edges}, 2), got {dtype.str} {shape}")
     links = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
     return gs.GraphInstance(nodes, edges, links.copy() if copy else links)
 

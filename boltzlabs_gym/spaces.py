@@ -19,7 +19,7 @@ The JSON forms (all keys required unless marked optional)::
     {"type": "Tuple", "spaces": [<space>, ...]}
     {"type": "Sequence", "space": <space>, "stack": false}   # "stack" optional
     {"type": "OneOf", "spaces": [<space>, ...]}
-    {"type": "Graph", "node_space": <Box|Discrete>, "edge_space": <Box|Discrete>|null}
+    {"type": "Graph", "node_space": <space>, "edge_space": <space>|null}
     {"type": "Json"}                                 # any JSON value
 
 A ``<bound>`` (and ``<ints>``) is either one scalar, when every element is equal,
@@ -403,7 +403,7 @@ def _guard(path: str, build):
     """Turn a Gymnasium constructor's TypeError/ValueError into a ValueError naming the path."""
     try:
         return build()
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, AssertionError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
@@ -519,17 +519,12 @@ def _oneof(data, path, budget, depth):
     return _guard(path, lambda: gs.OneOf(subs))
 
 
-def _graph_part(data, name, path, budget, depth) -> gs.Space:
-    part = _from_json(data[name], f"{path}.{name}", budget, depth + 1)
-    if not isinstance(part, (gs.Box, gs.Discrete)):
-        raise ValueError(f"{path}.{name}: must be a Box or a Discrete space, got {type(part).__name__}")
-    return part
-
-
 def _graph(data, path, budget, depth):
     _check_fields(data, path, {"node_space", "edge_space"})
-    node = _graph_part(data, "node_space", path, budget, depth)
-    edge = None if data["edge_space"] is None else _graph_part(data, "edge_space", path, budget, depth)
+    node = _from_json(data["node_space"], f"{path}.node_space", budget, depth + 1)
+    edge = None
+    if data["edge_space"] is not None:
+        edge = _from_json(data["edge_space"], f"{path}.edge_space", budget, depth + 1)
     return _guard(path, lambda: gs.Graph(node, edge))
 
 

@@ -410,6 +410,9 @@ VARIABLE_SPACES = {
     "oneof": gs.OneOf([gs.Discrete(2), gs.Box(0, 1, (2,), np.float32)]),
     "graph": gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4)),
     "graph_no_edges": gs.Graph(gs.Discrete(5), None),
+    "graph_of_dicts": gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
+                               gs.Tuple((gs.Discrete(4), gs.Box(0, 1, (2,))))),
+    "sequence_of_graphs": gs.Sequence(gs.Graph(gs.Box(-1, 1, (2, 2)), gs.Discrete(4))),
     "nested": gs.Tuple([gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]),
 }
 

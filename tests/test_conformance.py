@@ -131,6 +131,7 @@ SPACES = {
     "sequence_stacked": gym.spaces.Sequence(Box(0, 1, (2,), np.float32), stack=True),
     "oneof": gym.spaces.OneOf([Discrete(2), Box(0, 1, (2,), np.float32)]),
     "graph": gym.spaces.Graph(Box(-1, 1, (3,), np.float32), Discrete(4)),
+    "graph_of_dicts": gym.spaces.Graph(Dict({"pos": Box(-1, 1, (3,)), "label": Discrete(5)}), None),
 }
 
 

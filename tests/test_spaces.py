@@ -288,6 +288,7 @@ def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
         gs.OneOf([gs.Discrete(2), gs.Dict({"a": gs.Text(4)})]),
         gs.Graph(gs.Box(-1, 1, (3,), np.float32), gs.Discrete(4)),
         gs.Graph(gs.Discrete(5), None),
+        gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}), gs.Tuple((gs.Discrete(4), gs.Box(0, 1)))),
     ],
     ids=repr,
 )
@@ -305,8 +306,7 @@ def test_sequence_oneof_graph_cross_as_json(space):
         ({"type": "Sequence", "space": {"type": "Discrete", "n": 2}, "stack": 1}, "stack: expected a boolean"),
         ({"type": "Sequence"}, "missing field 'space'"),
         ({"type": "OneOf", "spaces": []}, "non-empty list"),
-        ({"type": "Graph", "node_space": {"type": "Text", "max_length": 2}, "edge_space": None},
-         "node_space: must be a Box or a Discrete"),
+        ({"type": "Graph", "node_space": {"type": "Nope"}, "edge_space": None}, "node_space.type: unknown space"),
         ({"type": "Graph", "node_space": {"type": "Discrete", "n": 2}}, "missing field 'edge_space'"),
     ],
 )
