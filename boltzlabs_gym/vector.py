@@ -22,6 +22,7 @@ extra round trip.
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -38,7 +39,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
 from . import codec
-from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError
+from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
 from .pool import OK, RLPool
 from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
 from .spaces import JsonSpace, seed_space_from_json, space_from_json
@@ -51,6 +52,7 @@ __all__ = [
     "ClosedEnvironmentError",
     "ActionBatchError",
     "SubEnvSpaceError",
+    "VectorTimeoutError",
 ]
 
 
@@ -87,6 +89,11 @@ class ActionBatchError(BoltzLabsError, ValueError, TypeError):
     Both a ``ValueError`` (what the batched-space utilities raise) and a ``TypeError``
     (what a length mismatch is to Gymnasium's vectorizers and to callers that catch it).
     """
+
+
+class VectorTimeoutError(WorkerTimeout, multiprocessing.TimeoutError):
+    """``step_wait``/``reset_wait`` ran out of time: what AsyncVectorEnv raises
+    (``multiprocessing.TimeoutError``), and a :class:`~boltzlabs_gym.errors.WorkerTimeout`."""
 
 
 class SubEnvSpaceError(BoltzLabsError, RuntimeError):
@@ -367,7 +374,7 @@ class BoltzLabsVecEnv(VectorEnv):
                                    AsyncState.WAITING_RESET.value)
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self.pool.batch_wait(timeout)
+        results = self._wait(timeout, raw=False)
         if mask is None:
             self._terminations[:] = False
             self._truncations[:] = False
@@ -432,7 +439,7 @@ class BoltzLabsVecEnv(VectorEnv):
                                    AsyncState.WAITING_STEP.value)
         reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self.pool.batch_wait(timeout, raw=True)
+        results = self._wait(timeout, raw=True)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
@@ -513,6 +520,13 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
 
+    def _wait(self, timeout: float | None, raw: bool) -> list[EnvResult]:
+        """The pool's results; running out of time raises what AsyncVectorEnv raises, too."""
+        try:
+            return self.pool.batch_wait(timeout, raw=raw)
+        except TimeoutError as exc:
+            raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
+
     def _check_idle(self, call: str) -> None:
         """Refuse ``call`` while a ``step_async``/``reset_async`` waits for its ``*_wait``."""
         if self._state is not AsyncState.DEFAULT:
@@ -580,6 +594,10 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ClosedEnvironmentError("this vector env is closed")
 
     def close_extras(self, **kwargs: Any) -> None:
+        if self._state is not AsyncState.DEFAULT:
+            # As AsyncVectorEnv warns; closing the pool is bounded, so nothing is waited for.
+            gym.logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
+            self._state = AsyncState.DEFAULT
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import multiprocessing
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -333,6 +335,36 @@ def test_gymnasiums_exceptions(cartpoles):
         envs.reset_wait()
     obs, *_ = envs.step_wait()
     assert obs.shape == (N, 4)
+
+
+class SlowEnv(CountEnv):
+    """Sleeps ``action / 10`` seconds in every step."""
+
+    def step(self, action):
+        time.sleep(float(action) / 10)
+        return super().step(action)
+
+
+def test_wait_timeouts_and_close_while_pending():
+    """As AsyncVectorEnv: a timed-out wait raises multiprocessing.TimeoutError and ends the call;
+    closing with a call pending warns."""
+    envs = BoltzLabsVecEnv([SlowEnv] * 2, isolation=ISOLATION)
+    try:
+        envs.reset(seed=0)
+        envs.step_async(np.array([0, 4]))
+        with pytest.raises(multiprocessing.TimeoutError) as err:
+            envs.step_wait(timeout=0.1)
+        assert isinstance(err.value, TimeoutError) and isinstance(err.value, BoltzLabsError)
+        with pytest.raises(gym.error.NoAsyncCallError):
+            envs.step_wait()
+        time.sleep(0.5)  # the late reply arrives, and is dropped
+        obs, _ = envs.reset(seed=0)
+        assert obs.tolist() == [0, 0]
+        envs.step_async(np.array([0, 0]))
+        with pytest.warns(UserWarning, match="Calling `close` while waiting for a pending call to `step` to complete"):
+            envs.close()
+    finally:
+        envs.close()
 
 
 def test_wrong_action_count_is_a_type_and_value_error(cartpoles):
