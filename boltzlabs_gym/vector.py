@@ -332,7 +332,9 @@ class BoltzLabsVecEnv(VectorEnv):
         self.reset_async(seed=seed, options=options)
         return self.reset_wait()
 
-    def reset_async(self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None) -> None:
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
         """Send the batched reset of :meth:`reset`; collect it with :meth:`reset_wait`."""
         self._check_open()
         n = self.num_envs
@@ -509,13 +511,15 @@ class BoltzLabsVecEnv(VectorEnv):
     def _split_actions(self, actions: Any) -> list:
         if isinstance(self.single_action_space, JsonSpace):
             if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
-                raise ActionBatchError(f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
+                raise ActionBatchError(
+                    f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
             per_env = list(actions)
         else:
             try:
                 per_env = list(iterate(self.action_space, actions))
             except Exception as exc:  # noqa: BLE001 - say which shape was expected
-                raise ActionBatchError(f"actions do not fit the batched action space {self.action_space}: {exc}") from None
+                raise ActionBatchError(
+                    f"actions do not fit the batched action space {self.action_space}: {exc}") from None
         if len(per_env) != self.num_envs:
             raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
@@ -636,7 +640,8 @@ def _check_env_spaces(observation_mode: Any, single_obs: gym.Space, single_actio
                 raise SubEnvSpaceError(
                     "BoltzLabsVecEnv(..., observation_mode='same') however the sub-environments observation spaces "
                     f"are not equivalent. single_observation_space={single_obs}, sub-environment {i} "
-                    f"observation_space={obs_space}. If this is intentional, use `observation_mode='different'` instead."
+                    f"observation_space={obs_space}. "
+                    "If this is intentional, use `observation_mode='different'` instead."
                 )
         elif not is_space_dtype_shape_equiv(obs_space, single_obs):
             raise SubEnvSpaceError(

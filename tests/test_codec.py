@@ -413,7 +413,9 @@ VARIABLE_SPACES = {
     "graph_of_dicts": gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
                                gs.Tuple((gs.Discrete(4), gs.Box(0, 1, (2,))))),
     "sequence_of_graphs": gs.Sequence(gs.Graph(gs.Box(-1, 1, (2, 2)), gs.Discrete(4))),
-    "nested": gs.Tuple([gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]),
+    "nested": gs.Tuple(
+        [gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]
+    ),
 }
 
 

@@ -288,7 +288,8 @@ def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
         gs.OneOf([gs.Discrete(2), gs.Dict({"a": gs.Text(4)})]),
         gs.Graph(gs.Box(-1, 1, (3,), np.float32), gs.Discrete(4)),
         gs.Graph(gs.Discrete(5), None),
-        gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}), gs.Tuple((gs.Discrete(4), gs.Box(0, 1)))),
+        gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
+                 gs.Tuple((gs.Discrete(4), gs.Box(0, 1)))),
     ],
     ids=repr,
 )
