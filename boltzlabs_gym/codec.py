@@ -6,8 +6,13 @@ list of raw payloads; :func:`decode` turns them back. The skeleton, by space:
 * Box, MultiBinary, MultiDiscrete: ``{"__nd__": [k, dtype, shape]}``, where ``k``
   indexes the payload list, ``dtype`` is the numpy dtype string (``"<f4"``) and
   ``shape`` a list of ints; payload ``k`` holds the C-order bytes of the array.
-* Discrete: a JSON int. Text: a JSON string.
+* Discrete: a JSON int for a Python int, ``{"__np__": [dtype, value]}`` for a numpy
+  integer (decoded back to the same type). Text: a JSON string.
 * Dict: a JSON object (the space's keys, in its order). Tuple: a JSON list.
+* Sequence: a JSON list of its elements (a stacked one is unstacked on the wire).
+  OneOf: ``[index, value]``. Graph: ``{"nodes": <rows>, "edges": <rows>|null,
+  "edge_links": <array>|null}``, where rows of an array or Discrete space are one array
+  with a leading dimension of any length, and rows of any other space a list of values.
 * :class:`~boltzlabs_gym.spaces.JsonSpace`: the value itself; on encode, numpy
   scalars and arrays inside it are converted to plain JSON (arrays to nested lists).
 
@@ -39,6 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from gymnasium import spaces as gs
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from .errors import CodecError
 from .protocol import STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
@@ -121,11 +127,7 @@ def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: 
             raise CodecError(f"{path}: shape {arr.shape} does not match the space's {space.shape}")
         return _encode_array(arr, payloads, zero_copy)
     if isinstance(space, gs.Discrete):
-        if isinstance(value, np.ndarray) and value.shape == ():
-            value = value.item()
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise CodecError(f"{path}: Discrete value must be an integer, got {type(value).__name__}")
-        return int(value)
+        return _encode_int(value, path, "Discrete value")
     if isinstance(space, gs.Text):
         if not isinstance(value, str):
             raise CodecError(f"{path}: Text value must be a str, got {type(value).__name__}")
@@ -142,7 +144,75 @@ def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: 
         return [_encode(sub, v, payloads, zero_copy, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, value))]
     if isinstance(space, JsonSpace):
         return to_json_safe(value)
+    if isinstance(space, gs.Sequence):
+        if space.stack:
+            try:
+                value = list(iterate(space.stacked_feature_space, value))
+            except Exception as exc:  # noqa: BLE001 - iterate raises whatever the value provokes
+                raise CodecError(f"{path}: not a stacked Sequence value: {exc}") from None
+        elif not isinstance(value, (tuple, list)):
+            raise CodecError(f"{path}: Sequence value must be a tuple, got {type(value).__name__}")
+        return [_encode(space.feature_space, v, payloads, zero_copy, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(space, gs.OneOf):
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise CodecError(f"{path}: OneOf value must be a tuple (index, value)")
+        index = _encode_int(value[0], path, "OneOf index")
+        if not 0 <= int(value[0]) < len(space.spaces):
+            raise CodecError(f"{path}: OneOf index {value[0]} out of range [0, {len(space.spaces)})")
+        return [index, _encode(space.spaces[int(value[0])], value[1], payloads, zero_copy, f"{path}[1]")]
+    if isinstance(space, gs.Graph):
+        return _encode_graph(space, value, payloads, zero_copy, path)
     raise CodecError(f"{path}: cannot encode values of space type {type(space).__name__}")
+
+
+def _encode_int(value: Any, path: str, what: str) -> Any:
+    """An integer (a Discrete value, a OneOf index) as a JSON int, or ``{"__np__": [dtype, value]}``
+    for a numpy integer: it keeps its type across (SAME_STEP's final_obs shows the env's own value)."""
+    if isinstance(value, np.ndarray) and value.shape == ():
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise CodecError(f"{path}: {what} must be an integer, got {type(value).__name__}")
+    if type(value) is int:
+        return value
+    return {NP: [value.dtype.str, int(value)]}
+
+
+def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, zero_copy: bool, path: str) -> Any:
+    """A Graph's nodes or edges (``k`` values of ``space`` batched as ``batched``): one array of
+    shape ``(k, *space.shape)`` for an array or Discrete space, else a list of the ``k`` values."""
+    if not isinstance(space, _ARRAY_SPACES + (gs.Discrete,)):
+        try:
+            items = list(iterate(batched, rows))
+        except Exception as exc:  # noqa: BLE001 - iterate raises whatever the value provokes
+            raise CodecError(f"{path}: not a batch of {space}: {exc}") from None
+        return [_encode(space, v, payloads, zero_copy, f"{path}[{i}]") for i, v in enumerate(items)]
+    try:
+        arr = _contiguous(np.asarray(rows, dtype=space.dtype))
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"{path}: cannot convert to a {space.dtype} array: {exc}") from None
+    if arr.ndim != 1 + len(space.shape) or arr.shape[1:] != space.shape:
+        raise CodecError(f"{path}: shape {arr.shape} is not (k, *{space.shape})")
+    return _encode_array(arr, payloads, zero_copy)
+
+
+def _encode_graph(space: gs.Graph, value: Any, payloads: list, zero_copy: bool, path: str) -> dict:
+    if not isinstance(value, gs.GraphInstance):
+        raise CodecError(f"{path}: Graph value must be a GraphInstance, got {type(value).__name__}")
+    out: dict = {"nodes": _encode_rows(space.node_space, space.batch_node_space, value.nodes, payloads, zero_copy,
+                                       f"{path}.nodes"),
+                 "edges": None, "edge_links": None}
+    if value.edges is None and value.edge_links is None:
+        return out
+    if space.edge_space is None or value.edges is None or value.edge_links is None:
+        raise CodecError(f"{path}: edges and edge_links go together, and only with an edge space")
+    edges = out["edges"] = _encode_rows(space.edge_space, space.batch_edge_space, value.edges, payloads, zero_copy,
+                                        f"{path}.edges")
+    n_edges = len(edges) if isinstance(edges, list) else edges[ND][2][0]
+    links = _contiguous(np.asarray(value.edge_links))
+    if links.dtype.kind not in "iu" or links.shape != (n_edges, 2):
+        raise CodecError(f"{path}.edge_links: expected integers of shape (edges, 2), got {links.dtype} {links.shape}")
+    out["edge_links"] = _encode_array(links, payloads, zero_copy)
+    return out
 
 
 def to_json_safe(value: Any, _depth: int = 0) -> Any:
@@ -214,12 +284,24 @@ def _check_array(space: gs.Space, obj: Any, payloads: Payloads, path: str) -> tu
 
 
 def _decode_discrete(space: gs.Discrete, obj: Any, path: str):
-    if not isinstance(obj, int) or isinstance(obj, bool):
-        raise CodecError(f"{path}: Discrete value must be an int, got {type(obj).__name__}")
     start = int(space.start)
-    if not start <= obj < start + int(space.n):
-        raise CodecError(f"{path}: Discrete value {obj} out of range [{start}, {start + int(space.n)})")
-    return space.dtype.type(obj)
+    return _decode_int(obj, start, start + int(space.n), path, "Discrete value")
+
+
+def _decode_int(obj: Any, start: int, stop: int, path: str, what: str):
+    """A Python int for a JSON int, a numpy integer for ``{"__np__": [dtype, value]}``: the type
+    the sender's value had (Gymnasium's vectorizers hand the env's own value on, in ``final_obs``)."""
+    scalar = None
+    if isinstance(obj, dict) and len(obj) == 1 and NP in obj:
+        scalar = _decode_np_scalar(obj[NP], path)
+        if scalar.dtype.kind not in "iu":
+            raise CodecError(f"{path}: {what} must be an integer, got {scalar.dtype.name}")
+        obj = int(scalar)
+    elif not isinstance(obj, int) or isinstance(obj, bool):
+        raise CodecError(f"{path}: {what} must be an int, got {type(obj).__name__}")
+    if not start <= obj < stop:
+        raise CodecError(f"{path}: {what} {obj} out of range [{start}, {stop})")
+    return obj if scalar is None else scalar
 
 
 def _decode_lenient_array(space: gs.Space, obj: Any, path: str) -> np.ndarray:
@@ -238,7 +320,8 @@ def decode(space: gs.Space, obj: Any, payloads: Payloads = (), *, copy: bool = F
 
     Validates strictly (see the module docs) and raises :class:`CodecError`. Arrays
     are zero-copy read-only ``np.frombuffer`` views on the payloads unless
-    ``copy=True``. Discrete values come back as numpy scalars of the space's dtype,
+    ``copy=True``. Discrete values come back as they were sent (a Python int, or a numpy
+    integer of the sender's dtype),
     Tuple values as tuples, Dict values as dicts in the space's key order, JSON-space
     values as they are. ``lenient=True`` (for data from a trusted sender, e.g. actions
     arriving at an env) also accepts plain JSON numbers/lists for array spaces.
@@ -271,7 +354,56 @@ def _decode(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, lenient: 
         return tuple(_decode(sub, v, payloads, copy, lenient, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, obj)))
     if isinstance(space, JsonSpace):
         return obj
+    if isinstance(space, gs.Sequence):
+        if not isinstance(obj, list):
+            raise CodecError(f"{path}: Sequence value must be a list, got {type(obj).__name__}")
+        items = [_decode(space.feature_space, v, payloads, copy, lenient, f"{path}[{i}]") for i, v in enumerate(obj)]
+        if not space.stack:
+            return tuple(items)
+        out = create_empty_array(space.feature_space, len(items))
+        return concatenate(space.feature_space, items, out) if items else out
+    if isinstance(space, gs.OneOf):
+        if not isinstance(obj, list) or len(obj) != 2:
+            raise CodecError(f"{path}: OneOf value must be a list [index, value]")
+        index = _decode_int(obj[0], 0, len(space.spaces), f"{path}[0]", "OneOf index")
+        return index, _decode(space.spaces[int(index)], obj[1], payloads, copy, lenient, f"{path}[1]")
+    if isinstance(space, gs.Graph):
+        return _decode_graph(space, obj, payloads, copy, path)
     raise CodecError(f"{path}: cannot decode values of space type {type(space).__name__}")
+
+
+def _decode_rows(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, path: str) -> Any:
+    """What :func:`_encode_rows` wrote: ``k`` values of ``space``, batched as Gymnasium batches them."""
+    if not isinstance(space, _ARRAY_SPACES + (gs.Discrete,)):
+        if not isinstance(obj, list):
+            raise CodecError(f"{path}: expected a list of values, got {type(obj).__name__}")
+        items = [_decode(space, v, payloads, copy, False, f"{path}[{i}]") for i, v in enumerate(obj)]
+        out = create_empty_array(space, len(items))
+        return concatenate(space, items, out) if items else out
+    k, dtype, shape = _parse_nd(obj, payloads, path)
+    if dtype != space.dtype:
+        raise CodecError(f"{path}: dtype {dtype.str} does not match the space's {space.dtype.str}")
+    if len(shape) != 1 + len(space.shape) or shape[1:] != space.shape:
+        raise CodecError(f"{path}: shape {shape} is not (k, *{space.shape})")
+    arr = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
+    return arr.copy() if copy else arr
+
+
+def _decode_graph(space: gs.Graph, obj: Any, payloads: Payloads, copy: bool, path: str) -> gs.GraphInstance:
+    if not isinstance(obj, dict) or set(obj) != {"nodes", "edges", "edge_links"}:
+        raise CodecError(f"{path}: Graph value must be an object with nodes, edges and edge_links")
+    nodes = _decode_rows(space.node_space, obj["nodes"], payloads, copy, f"{path}.nodes")
+    if obj["edges"] is None and obj["edge_links"] is None:
+        return gs.GraphInstance(nodes, None, None)
+    if space.edge_space is None or obj["edges"] is None or obj["edge_links"] is None:
+        raise CodecError(f"{path}: edges and edge_links go together, and only with an edge space")
+    edges = _decode_rows(space.edge_space, obj["edges"], payloads, copy, f"{path}.edges")
+    n_edges = len(obj["edges"]) if isinstance(obj["edges"], list) else len(edges)
+    k, dtype, shape = _parse_nd(obj["edge_links"], payloads, f"{path}.edge_links")
+    if dtype.kind not in "iu" or shape != (n_edges, 2):
+        raise CodecError(f"{path}.edge_links: expected integers of shape ({n_edges}, 2), got {dtype.str} {shape}")
+    links = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
+    return gs.GraphInstance(nodes, edges, links.copy() if copy else links)
 
 
 class ArrayLeaf:

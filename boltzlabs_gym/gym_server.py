@@ -13,7 +13,9 @@ reference the reply's payloads)::
     {"op": "describe"}
         -> {"server": "gym", "observation_space": <space json>, "action_space": <space json>,
             "metadata": <json>, "render_mode": str|null, "spec_id": str|null,
-            "max_episode_steps": int|null}
+            "max_episode_steps": int|null,
+            "observation_space_rng": <rng json>, "action_space_rng": <rng json>}
+           (the spaces' random generators: boltzlabs_gym.spaces.rng_state_to_json)
     {"op": "reset", "seed": int|null, "options": {...}|null}
         -> {"obs": enc(obs), "info": info(info)}
     {"op": "step", "action": enc(action), "autoreset": bool}
@@ -32,8 +34,8 @@ reference the reply's payloads)::
                                                  (an rgb_array frame is a uint8 __nd__ array)
     {"op": "close"}                           -> {} and the process exits
 
-Observations/actions of a space with no JSON form (Graph, Sequence, OneOf, custom)
-are described as ``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
+Observations/actions of a space with no JSON form (a custom space) are described as
+``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
 
 Failures: an exception in ``reset``/``step`` (or in decoding the action, or
 encoding the result) does not kill the server: the reply is a terminal transition
@@ -78,7 +80,7 @@ from .envside import (
     write_message,
 )
 from .protocol import parse_discrete_step
-from .spaces import JsonSpace, space_to_json
+from .spaces import JsonSpace, rng_state_to_json, space_to_json
 
 __all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
 
@@ -137,6 +139,8 @@ class GymServer:
             "render_mode": to_json_safe(getattr(env, "render_mode", None)),
             "spec_id": getattr(spec, "id", None),
             "max_episode_steps": getattr(spec, "max_episode_steps", None),
+            "observation_space_rng": rng_state_to_json(env.observation_space),
+            "action_space_rng": rng_state_to_json(env.action_space),
         }, []
 
     def _reset(self, seed: Any, options: Any, out: list) -> tuple[Any, Any]:

@@ -1,9 +1,11 @@
 """``make_vec``: build a :class:`BoltzLabsVecEnv` the way ``gymnasium.make_vec`` builds its own.
 
->>> import boltzlabs_gym                                                    # doctest: +SKIP
->>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=16)               # a Gymnasium id
->>> envs = boltzlabs_gym.make_vec(lambda: MyEnv(level=3), num_envs=16)      # a factory
->>> envs = boltzlabs_gym.make_vec("./envs/code_env", num_envs=16)           # an env directory
+Each of these starts a pool of sandboxed envs, so they are not run as doctests::
+
+    import boltzlabs_gym
+    envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=16)               # a Gymnasium id
+    envs = boltzlabs_gym.make_vec(lambda: MyEnv(level=3), num_envs=16)      # a factory
+    envs = boltzlabs_gym.make_vec("./envs/code_env", num_envs=16)           # an env directory
 
 The package also registers its example envs with Gymnasium, so
 ``gym.make_vec("boltzlabs_gym:BoltzLabsCartPole-v0", num_envs=8,
@@ -42,6 +44,10 @@ POOL_OPTIONS = (
 )
 
 
+#: Arguments of the vectorizer itself (as SyncVectorEnv's), not of the envs.
+VECTOR_OPTIONS = ("autoreset_mode", "copy", "observation_mode")
+
+
 def _split_pool_options(kwargs: dict) -> tuple[dict, dict]:
     pool = {k: kwargs.pop(k) for k in POOL_OPTIONS if k in kwargs}
     return pool, kwargs
@@ -62,7 +68,8 @@ def make_vec(
         env_id: a registered Gymnasium id (``"CartPole-v1"``), a callable returning an
             env (cloudpickled into every sandbox), or the path of an env directory.
         num_envs: number of envs.
-        vector_kwargs: extra arguments for :class:`BoltzLabsVecEnv` (``copy``, pool options).
+        vector_kwargs: extra arguments for :class:`BoltzLabsVecEnv` (``autoreset_mode``, ``copy``,
+            ``observation_mode``, pool options), as ``gymnasium.make_vec`` takes them.
         wrappers: Gymnasium wrappers applied to each env *inside* its sandbox.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
@@ -72,6 +79,8 @@ def make_vec(
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
     pool_options, env_kwargs = _split_pool_options(dict(kwargs))
     vector_kwargs = dict(vector_kwargs or {})
+    # gym.make_vec's form: the vectorizer's own arguments in vector_kwargs.
+    autoreset_mode = vector_kwargs.pop("autoreset_mode", autoreset_mode)
     vector_pool, vector_kwargs = _split_pool_options(vector_kwargs)
     pool_options.update(vector_pool)
     if isinstance(env_id, (str, os.PathLike)) and os.path.isdir(os.fspath(env_id)):
@@ -92,11 +101,11 @@ def make_vec(
 def vector_entry_point(env_id: str, num_envs: int = 1, max_episode_steps: int | None = None, **kwargs: Any) -> BoltzLabsVecEnv:
     """What ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` calls for our ids."""
     pool_options, env_kwargs = _split_pool_options(kwargs)
-    autoreset_mode = env_kwargs.pop("autoreset_mode", AutoresetMode.NEXT_STEP)
+    vector_options = {k: env_kwargs.pop(k) for k in VECTOR_OPTIONS if k in env_kwargs}
     if max_episode_steps is not None:
         env_kwargs["max_episode_steps"] = max_episode_steps
     factory = functools.partial(make_env, env_id, env_kwargs, [])
-    return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **pool_options)
+    return BoltzLabsVecEnv([factory] * num_envs, **vector_options, **pool_options)
 
 
 #: Example envs: (Gymnasium id of ours, the env it runs, its own kwargs).

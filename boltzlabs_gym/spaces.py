@@ -17,14 +17,25 @@ The JSON forms (all keys required unless marked optional)::
     {"type": "Text", "max_length": 8, "min_length": 1, "charset": "abc"}
     {"type": "Dict", "spaces": [["key", <space>], ...]}   # order preserved
     {"type": "Tuple", "spaces": [<space>, ...]}
+    {"type": "Sequence", "space": <space>, "stack": false}   # "stack" optional
+    {"type": "OneOf", "spaces": [<space>, ...]}
+    {"type": "Graph", "node_space": <space>, "edge_space": <space>|null}
     {"type": "Json"}                                 # any JSON value
 
 A ``<bound>`` (and ``<ints>``) is either one scalar, when every element is equal,
 or a flat C-order list with one entry per element. JSON has no infinities, so
 non-finite floats are written as the strings ``"inf"``, ``"-inf"`` and ``"nan"``.
 
-Seeding: :func:`space_from_json` returns unseeded spaces; calling ``space.seed()``
-for reproducible sampling is the caller's job.
+Seeding: :func:`space_from_json` returns unseeded spaces. A space's random generator
+crosses separately, because ``SyncVectorEnv`` batches env 0's own spaces (``batch_space``
+copies their generators), so a seed the env's factory gave its action space carries over
+to the batched space: :func:`rng_state_to_json` describes the generators of a space and
+its subspaces (Dict, Tuple, OneOf; a Sequence's feature space; a Graph's node and edge spaces)::
+
+    {"state": <PCG64 bit_generator.state> | null, "spaces": [<rng json>, ...]}  # "spaces" optional
+
+and :func:`seed_space_from_json` gives a rebuilt space those generators (``null``: the
+space was never seeded and stays unseeded, as it was there).
 
 :class:`JsonSpace` is the honest space of an env that does not declare one: its
 elements are arbitrary JSON values. It cannot be sampled
@@ -53,6 +64,8 @@ __all__ = [
     "space_to_json",
     "space_from_json",
     "batch_json_space",
+    "rng_state_to_json",
+    "seed_space_from_json",
     "MAX_ELEMENTS",
     "MAX_NODES",
     "MAX_DEPTH",
@@ -208,9 +221,9 @@ def space_to_json(space: gs.Space) -> dict:
     """Describe a Gymnasium space as a JSON-serialisable dict (see the module docs).
 
     Supports Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict (string keys,
-    order kept), Tuple and :class:`JsonSpace`. Raises :class:`ValueError` for any
-    other space (Graph, Sequence, OneOf, custom spaces) or a Dict with non-string keys.
-    Seeds are not part of the description.
+    order kept), Tuple, Sequence, OneOf, Graph and :class:`JsonSpace`. Raises
+    :class:`ValueError` for any other (custom) space or a Dict with non-string keys.
+    Seeds are not part of the description (see :func:`rng_state_to_json`).
     """
     if isinstance(space, JsonSpace):
         return {"type": "Json"}
@@ -251,8 +264,15 @@ def space_to_json(space: gs.Space) -> dict:
         return {"type": "Dict", "spaces": pairs}
     if isinstance(space, gs.Tuple):
         return {"type": "Tuple", "spaces": [space_to_json(sub) for sub in space.spaces]}
+    if isinstance(space, gs.Sequence):
+        return {"type": "Sequence", "space": space_to_json(space.feature_space), "stack": bool(space.stack)}
+    if isinstance(space, gs.OneOf):
+        return {"type": "OneOf", "spaces": [space_to_json(sub) for sub in space.spaces]}
+    if isinstance(space, gs.Graph):
+        edge = None if space.edge_space is None else space_to_json(space.edge_space)
+        return {"type": "Graph", "node_space": space_to_json(space.node_space), "edge_space": edge}
     raise ValueError(f"space type {type(space).__name__} has no JSON form (supported: Box, Discrete, "
-                     "MultiDiscrete, MultiBinary, Text, Dict, Tuple, JsonSpace)")
+                     "MultiDiscrete, MultiBinary, Text, Dict, Tuple, Sequence, OneOf, Graph, JsonSpace)")
 
 
 # --------------------------------------------------------------------------- from JSON
@@ -383,7 +403,7 @@ def _guard(path: str, build):
     """Turn a Gymnasium constructor's TypeError/ValueError into a ValueError naming the path."""
     try:
         return build()
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, AssertionError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
@@ -481,6 +501,33 @@ def _tuple(data, path, budget, depth):
     return _guard(path, lambda: gs.Tuple(subs))
 
 
+def _sequence(data, path, budget, depth):
+    _check_fields(data, path, {"space"}, {"stack"})
+    stack = data.get("stack", False)
+    if not isinstance(stack, bool):
+        raise ValueError(f"{path}.stack: expected a boolean, got {type(stack).__name__}")
+    feature = _from_json(data["space"], f"{path}.space", budget, depth + 1)
+    return _guard(path, lambda: gs.Sequence(feature, stack=stack))
+
+
+def _oneof(data, path, budget, depth):
+    _check_fields(data, path, {"spaces"})
+    items = data["spaces"]
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{path}.spaces: expected a non-empty list of spaces")
+    subs = [_from_json(item, f"{path}[{i}]", budget, depth + 1) for i, item in enumerate(items)]
+    return _guard(path, lambda: gs.OneOf(subs))
+
+
+def _graph(data, path, budget, depth):
+    _check_fields(data, path, {"node_space", "edge_space"})
+    node = _from_json(data["node_space"], f"{path}.node_space", budget, depth + 1)
+    edge = None
+    if data["edge_space"] is not None:
+        edge = _from_json(data["edge_space"], f"{path}.edge_space", budget, depth + 1)
+    return _guard(path, lambda: gs.Graph(node, edge))
+
+
 def _json(data, path, budget, depth):
     _check_fields(data, path, set())
     return JsonSpace()
@@ -494,8 +541,68 @@ _BUILDERS = {
     "Text": _text,
     "Dict": _dict,
     "Tuple": _tuple,
+    "Sequence": _sequence,
+    "OneOf": _oneof,
+    "Graph": _graph,
     "Json": _json,
 }
+
+
+# --------------------------------------------------------------------------- generators
+
+
+def _subspaces(space: gs.Space) -> list:
+    if isinstance(space, gs.Dict):
+        return list(space.spaces.values())
+    if isinstance(space, (gs.Tuple, gs.OneOf)):
+        return list(space.spaces)
+    if isinstance(space, gs.Sequence):
+        return [space.feature_space]
+    if isinstance(space, gs.Graph):
+        return [space.node_space] + ([] if space.edge_space is None else [space.edge_space])
+    return []
+
+
+def rng_state_to_json(space: gs.Space) -> dict:
+    """The state of ``space``'s random generator and its subspaces' (see the module docs).
+
+    A generator that was never created (the space was never seeded or sampled) is ``null``:
+    reading ``space.np_random`` would seed it, a side effect this must not have. Only
+    Gymnasium's own bit generator (PCG64) is described; any other is ``null``.
+    """
+    rng = getattr(space, "_np_random", None)
+    state = None
+    if isinstance(rng, np.random.Generator) and type(rng.bit_generator) is np.random.PCG64:
+        state = rng.bit_generator.state
+    out: dict[str, Any] = {"state": state}
+    subs = _subspaces(space)
+    if subs:
+        out["spaces"] = [rng_state_to_json(sub) for sub in subs]
+    return out
+
+
+def seed_space_from_json(space: gs.Space, data: Any) -> None:
+    """Give ``space`` (and its subspaces) the generator states :func:`rng_state_to_json` described.
+
+    The data comes from the sandbox: anything malformed leaves that (sub)space unseeded
+    rather than failing, since a generator's state is a convenience, not a contract.
+    """
+    if not isinstance(data, dict):
+        return
+    state = data.get("state")
+    if isinstance(state, dict) and state.get("bit_generator") == "PCG64":
+        bit_generator = np.random.PCG64()
+        try:
+            bit_generator.state = state
+        except (TypeError, ValueError, KeyError, OverflowError):
+            pass
+        else:
+            # Space has no public setter for its generator; seed() cannot set a given state.
+            space._np_random = np.random.Generator(bit_generator)
+    subs, children = _subspaces(space), data.get("spaces")
+    if subs and isinstance(children, list) and len(children) == len(subs):
+        for sub, child in zip(subs, children):
+            seed_space_from_json(sub, child)
 
 
 def space_from_json(data: dict | None, *, max_elements: int = MAX_ELEMENTS, max_nodes: int = MAX_NODES) -> gs.Space:

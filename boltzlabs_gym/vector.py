@@ -21,6 +21,8 @@ extra round trip.
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -29,17 +31,73 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import error as gym_error
+from gymnasium.spaces.utils import is_space_dtype_shape_equiv
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.async_vector_env import AsyncState
+from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
 from . import codec
-from .errors import AsyncStateError, EnvStartError, PoolClosedError
+from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
 from .pool import OK, RLPool
 from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
-from .spaces import JsonSpace, space_from_json
+from .spaces import JsonSpace, seed_space_from_json, space_from_json
 
-__all__ = ["BoltzLabsVecEnv"]
+__all__ = [
+    "BoltzLabsVecEnv",
+    "AsyncState",
+    "NoAsyncCallError",
+    "AlreadyPendingCallError",
+    "ClosedEnvironmentError",
+    "ActionBatchError",
+    "SubEnvSpaceError",
+    "VectorTimeoutError",
+]
+
+
+# Gymnasium's vectorizers raise Gymnasium's exceptions; ours are those same classes (code that
+# catches Gymnasium's catches ours) and also members of our own tree (BoltzLabsError).
+
+
+class NoAsyncCallError(AsyncStateError, gym_error.NoAsyncCallError):
+    """``step_wait``/``reset_wait`` without a pending ``step_async``/``reset_async``.
+
+    ``name`` is the call that was expected (``"step"`` or ``"reset"``), as in Gymnasium's.
+    """
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+class AlreadyPendingCallError(AsyncStateError, gym_error.AlreadyPendingCallError):
+    """A call made while another (``name``: ``"step"`` or ``"reset"``) is still pending."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
+class ClosedEnvironmentError(PoolClosedError, gym_error.ClosedEnvironmentError):
+    """The vector env was used after ``close()``."""
+
+
+class ActionBatchError(BoltzLabsError, ValueError, TypeError):
+    """The batch of actions does not hold one action per env.
+
+    Both a ``ValueError`` (what the batched-space utilities raise) and a ``TypeError``
+    (what a length mismatch is to Gymnasium's vectorizers and to callers that catch it).
+    """
+
+
+class VectorTimeoutError(WorkerTimeout, multiprocessing.TimeoutError):
+    """``step_wait``/``reset_wait`` ran out of time: what AsyncVectorEnv raises
+    (``multiprocessing.TimeoutError``), and a :class:`~boltzlabs_gym.errors.WorkerTimeout`."""
+
+
+class SubEnvSpaceError(BoltzLabsError, RuntimeError):
+    """The envs' spaces do not fit together (``SyncVectorEnv`` raises ``RuntimeError`` alike)."""
 
 
 def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
@@ -61,6 +119,9 @@ class BoltzLabsVecEnv(VectorEnv):
             cloudpickled into its own sandbox and called there.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         copy: return copies of the observation batch (as Gymnasium's vectorizers do).
+        observation_mode: as for ``SyncVectorEnv``: ``"same"`` (every env has env 0's
+            observation space), ``"different"`` (same shape and dtype, other bounds:
+            ``batch_differing_spaces``) or a tuple ``(observation_space, single_observation_space)``.
         pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
             ``step_timeout``, ``workers``, ``limits``, ...).
 
@@ -74,12 +135,15 @@ class BoltzLabsVecEnv(VectorEnv):
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         copy: bool = True,
+        observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         pool: RLPool | None = None,
         **pool_kwargs: Any,
     ):
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.copy = copy
+        self.observation_mode = observation_mode
         self.closed = False
+        self._state = AsyncState.DEFAULT
         self._pool: RLPool | None = None
         if pool is None:
             if env_fns is None or len(env_fns) == 0:
@@ -92,7 +156,7 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ValueError("pass either env_fns (with pool options) or an existing pool=, not both")
         self._pool = pool
         try:
-            self._setup_from_pool()
+            self._setup_from_pool(observation_mode)
         except BaseException:
             pool.close()
             raise
@@ -106,25 +170,40 @@ class BoltzLabsVecEnv(VectorEnv):
         *,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         copy: bool = True,
+        observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         **pool_kwargs: Any,
     ) -> "BoltzLabsVecEnv":
         """A vector env over an env directory (``env.py`` calling ``serve``)."""
         pool = RLPool(env_dir, num_envs, **pool_kwargs)
-        return cls(pool=pool, autoreset_mode=autoreset_mode, copy=copy)
+        return cls(pool=pool, autoreset_mode=autoreset_mode, copy=copy, observation_mode=observation_mode)
 
-    def _setup_from_pool(self) -> None:
+    def _describe_envs(self) -> list[dict]:
+        """Every env's ``describe`` reply, in one batched call."""
+        replies = []
+        for r in self._pool.call_envs({"op": "describe"}):
+            if r.status != OK or "error" in r.reply:
+                raise EnvStartError(f"env {r.index} could not describe itself: {r.reply}", index=r.index,
+                                    stderr_tail=str(r.reply.get("stderr", "")))
+            replies.append(r.reply)
+        return replies
+
+    def _setup_from_pool(self, observation_mode: str | tuple[gym.Space, gym.Space]) -> None:
         pool = self._pool
         self.num_envs = pool.n
-        described = pool.call_envs({"op": "describe"}, indices=[0])[0]
-        if described.status != OK or "error" in described.reply:
-            raise EnvStartError(f"env 0 could not describe itself: {described.reply}", index=0,
-                                stderr_tail=str(described.reply.get("stderr", "")))
-        d = described.reply
+        described = self._describe_envs()
+        d = described[0]
         self._gym_server = d.get("server") == "gym"
-        self.single_observation_space = space_from_json(d.get("observation_space"))
-        self.single_action_space = space_from_json(d.get("action_space"))
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        obs_spaces = _spaces_of(described, "observation_space")
+        action_spaces = _spaces_of(described, "action_space")
+        # As SyncVectorEnv batches env 0's own spaces (batch_space copies their generators), the
+        # batched spaces sample what env 0's would: a seed its factory gave them carries over.
+        seed_space_from_json(obs_spaces[0], d.get("observation_space_rng"))
+        seed_space_from_json(action_spaces[0], d.get("action_space_rng"))
+        self.single_action_space = action_spaces[0]
         self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._set_observation_spaces(observation_mode, obs_spaces)
+        _check_env_spaces(observation_mode, self.single_observation_space, self.single_action_space,
+                          obs_spaces, action_spaces)
         env_meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
         self.metadata = dict(env_meta)
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -133,6 +212,14 @@ class BoltzLabsVecEnv(VectorEnv):
         self._max_episode_steps = d.get("max_episode_steps")
         # Gym servers send array observations as one payload: the fast, equally strict decoder.
         self._obs_leaf = codec.ArrayLeaf.of(self.single_observation_space) if self._gym_server else None
+        # Each env's observations are decoded against its own space (they differ in bounds with
+        # observation_mode="different"); one decoder for all when every env has the same space.
+        self._obs_decoders = [
+            self._decode_obs if space is obs_spaces[0] else functools.partial(self._decode_obs_of, space)
+            for space in obs_spaces
+        ]
+        self._obs_spaces = obs_spaces
+        self._env_seeds: list[int | None] = [None] * self.num_envs
         self._discrete_action = self._gym_server and isinstance(self.single_action_space, gym.spaces.Discrete)
         self._zero_obs = _zero_observation(self.single_observation_space)
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
@@ -142,13 +229,43 @@ class BoltzLabsVecEnv(VectorEnv):
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_reset_ops: np.ndarray | None = None
+        self._pending_reset_mask: np.ndarray | None = None
+
+    def _set_observation_spaces(self, observation_mode: Any, obs_spaces: list) -> None:
+        """``single_observation_space`` and ``observation_space`` as ``SyncVectorEnv`` chooses them."""
+        if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
+            if not isinstance(observation_mode[0], gym.Space) or not isinstance(observation_mode[1], gym.Space):
+                raise TypeError(f"Expected both elements of observation_mode to be Spaces, got "
+                                f"{type(observation_mode[0])} and {type(observation_mode[1])}")
+            self.observation_space, self.single_observation_space = observation_mode
+        elif observation_mode == "same":
+            self.single_observation_space = obs_spaces[0]
+            self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        elif observation_mode == "different":
+            self.single_observation_space = obs_spaces[0]
+            self.observation_space = batch_differing_spaces(obs_spaces)
+        else:
+            raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+                             f"batch observation space, actual got {observation_mode}")
 
     @property
     def pool(self) -> RLPool:
         """The underlying :class:`~boltzlabs_gym.RLPool` (timing, memory, isolation)."""
         if self._pool is None:
-            raise PoolClosedError("this vector env is closed")
+            raise ClosedEnvironmentError("this vector env is closed")
         return self._pool
+
+    @property
+    def np_random_seed(self) -> tuple:
+        """The seed of every env's random generator, as a tuple (what ``SyncVectorEnv`` returns).
+
+        Env directories served by ``serve()`` have no Gymnasium ``np_random_seed``: for them,
+        the seed each env was last reset with (``None`` if it never was).
+        """
+        if self._gym_server:
+            return self.get_attr("np_random_seed")
+        self._check_open()
+        return tuple(self._env_seeds)
 
     @property
     def isolation(self):
@@ -158,7 +275,11 @@ class BoltzLabsVecEnv(VectorEnv):
     def _decode_obs(self, obj: Any, payloads: list) -> Any:
         if self._obs_leaf is not None:
             return self._obs_leaf.decode(obj, payloads)  # validated like codec.decode, faster
-        return codec.decode(self.single_observation_space, obj, payloads, copy=True, lenient=not self._gym_server)
+        return codec.decode(self._obs_spaces[0], obj, payloads, copy=True, lenient=not self._gym_server)
+
+    def _decode_obs_of(self, space: gym.Space, obj: Any, payloads: list) -> Any:
+        """An observation of an env whose space differs from env 0's (``observation_mode="different"``)."""
+        return codec.decode(space, obj, payloads, copy=True, lenient=not self._gym_server)
 
     def _decode_info(self, obj: Any, payloads: list) -> dict:
         if obj is None or (type(obj) is dict and not obj):
@@ -167,6 +288,8 @@ class BoltzLabsVecEnv(VectorEnv):
         return info if isinstance(info, dict) else {"info": info}
 
     def _encode_action(self, i: int, action: Any) -> tuple[Any, list]:
+        if self._discrete_action and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
+            return int(action), []  # the env casts it to its space's dtype, as on the int fast path
         if self._gym_server:
             return codec.encode(self.single_action_space, action)
         return codec.to_json_safe(action), []
@@ -176,12 +299,12 @@ class BoltzLabsVecEnv(VectorEnv):
 
     def _read_reset(self, r: EnvResult) -> ResetOutcome:
         """A reset result read by :mod:`~boltzlabs_gym.results`; a failed env's obs is the zero obs."""
-        out = read_reset(r, self._pool.reset_timeout, self._decode_obs, self._decode_info)
+        out = read_reset(r, self._pool.reset_timeout, self._obs_decoders[r.index], self._decode_info)
         return out if out.obs is not None else out._replace(obs=deepcopy(self._zero_obs))
 
     def _read_step(self, r: EnvResult) -> Transition:
         """A step result read by :mod:`~boltzlabs_gym.results`, with zero obs where none could be had."""
-        t = read_step(r, self._pool.step_timeout, self._decode_obs, self._decode_info)
+        t = read_step(r, self._pool.step_timeout, self._obs_decoders[r.index], self._decode_info)
         if t.obs is None:
             t = t._replace(obs=deepcopy(self._zero_obs))
         if t.reset_info is not None and t.reset_obs is None:
@@ -206,17 +329,24 @@ class BoltzLabsVecEnv(VectorEnv):
         ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one per env.
         ``options`` is passed to each env's reset and is never modified.
         """
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
+        """Send the batched reset of :meth:`reset`; collect it with :meth:`reset_wait`."""
         self._check_open()
         n = self.num_envs
         if seed is None:
             seeds = [None] * n
         elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds = [int(seed) + i for i in range(n)]
-            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
         else:
             seeds = list(seed)
             if len(seeds) != n:
                 raise ValueError(f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}.")
+        self._check_idle("reset_async")
         env_options = dict(options) if options else None  # never mutate the caller's dict
         mask = None
         if env_options is not None and "reset_mask" in env_options:
@@ -229,7 +359,24 @@ class BoltzLabsVecEnv(VectorEnv):
             if op_options:
                 op["options"] = op_options
             items.append((int(i), op, ()))
-        results = self._run(items)
+        self.pool.batch_async(items)
+        self._pending_reset_mask = mask
+        self._state = AsyncState.WAITING_RESET
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+        for i in indices:
+            if seeds[i] is not None:
+                self._env_seeds[i] = seeds[i]
+
+    def reset_wait(self, timeout: float | None = None):
+        """Return ``(obs, infos)`` of :meth:`reset_async`'s reset."""
+        self._check_open()
+        if self._state is not AsyncState.WAITING_RESET:
+            raise NoAsyncCallError("Calling `reset_wait` without any prior call to `reset_async`.",
+                                   AsyncState.WAITING_RESET.value)
+        mask, self._pending_reset_mask = self._pending_reset_mask, None
+        self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
+        results = self._wait(timeout, raw=False)
         if mask is None:
             self._terminations[:] = False
             self._truncations[:] = False
@@ -255,6 +402,7 @@ class BoltzLabsVecEnv(VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Send the batched step; collect it with :meth:`step_wait`."""
         self._check_open()
+        self._check_idle("step_async")
         ints = self._discrete_actions(actions)
         per_env = ints if ints is not None else self._split_actions(actions)
         items = []
@@ -283,14 +431,17 @@ class BoltzLabsVecEnv(VectorEnv):
             items.append((i, op, payloads))
         self.pool.batch_async(items)
         self._pending_reset_ops = reset_ops
+        self._state = AsyncState.WAITING_STEP
 
     def step_wait(self, timeout: float | None = None):
         """Return ``(obs, rewards, terminations, truncations, infos)`` of :meth:`step_async`'s step."""
         self._check_open()
-        if self._pending_reset_ops is None:
-            raise AsyncStateError("step_wait() called without step_async()")
+        if self._state is not AsyncState.WAITING_STEP:
+            raise NoAsyncCallError("Calling `step_wait` without any prior call to `step_async`.",
+                                   AsyncState.WAITING_STEP.value)
         reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
-        results = self.pool.batch_wait(timeout, raw=True)
+        self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
+        results = self._wait(timeout, raw=True)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
@@ -360,26 +511,42 @@ class BoltzLabsVecEnv(VectorEnv):
     def _split_actions(self, actions: Any) -> list:
         if isinstance(self.single_action_space, JsonSpace):
             if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
-                raise ValueError(f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
+                raise ActionBatchError(
+                    f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
             per_env = list(actions)
         else:
             try:
                 per_env = list(iterate(self.action_space, actions))
             except Exception as exc:  # noqa: BLE001 - say which shape was expected
-                raise ValueError(f"actions do not fit the batched action space {self.action_space}: {exc}") from None
+                raise ActionBatchError(
+                    f"actions do not fit the batched action space {self.action_space}: {exc}") from None
         if len(per_env) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
+            raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
 
-    def _run(self, items: list) -> list[EnvResult]:
-        if self._pending_reset_ops is not None:
-            raise AsyncStateError("a step is in flight: call step_wait() first")
+    def _wait(self, timeout: float | None, raw: bool) -> list[EnvResult]:
+        """The pool's results; running out of time raises what AsyncVectorEnv raises, too."""
+        try:
+            return self.pool.batch_wait(timeout, raw=raw)
+        except TimeoutError as exc:
+            raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
+
+    def _check_idle(self, call: str) -> None:
+        """Refuse ``call`` while a ``step_async``/``reset_async`` waits for its ``*_wait``."""
+        if self._state is not AsyncState.DEFAULT:
+            raise AlreadyPendingCallError(
+                f"Calling `{call}` while waiting for a pending call to `{self._state.value}` to complete.",
+                self._state.value,
+            )
+
+    def _run(self, items: list, call: str) -> list[EnvResult]:
+        self._check_idle(call)
         self.pool.batch_async(items)
         return self.pool.batch_wait()
 
     # ------------------------------------------------------------------ attributes
     def _call_all(self, op: dict, what: str) -> tuple:
-        results = self._run([(i, op, ()) for i in range(self.num_envs)])
+        results = self._run([(i, op, ()) for i in range(self.num_envs)], what)
         return tuple(read_value(r, what, self._decode_value) for r in results)
 
     def _require_gym_server(self, what: str) -> None:
@@ -414,7 +581,7 @@ class BoltzLabsVecEnv(VectorEnv):
             if payloads:
                 raise ValueError(f"set_attr value for env {i}: arrays are not supported; pass a list")
             items.append((i, {"op": "set_attr", "name": name, "value": obj}, ()))
-        for r in self._run(items):
+        for r in self._run(items, f"set_attr({name!r})"):
             read_value(r, f"set_attr({name!r})")
 
     def render(self) -> tuple | None:
@@ -428,9 +595,13 @@ class BoltzLabsVecEnv(VectorEnv):
     # ------------------------------------------------------------------ closing
     def _check_open(self) -> None:
         if self.closed or self._pool is None:
-            raise PoolClosedError("this vector env is closed")
+            raise ClosedEnvironmentError("this vector env is closed")
 
     def close_extras(self, **kwargs: Any) -> None:
+        if self._state is not AsyncState.DEFAULT:
+            # As AsyncVectorEnv warns; closing the pool is bounded, so nothing is waited for.
+            gym.logger.warn(f"Calling `close` while waiting for a pending call to `{self._state.value}` to complete.")
+            self._state = AsyncState.DEFAULT
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -450,6 +621,39 @@ def _zero_observation(space: gym.Space) -> Any:
     if isinstance(space, JsonSpace):
         return None
     return next(iter(iterate(batch_space(space, 1), create_empty_array(space, 1, np.zeros))))
+
+
+def _spaces_of(described: list[dict], key: str) -> list:
+    """Every env's space ``key``, rebuilt once per distinct JSON form (envs that announce
+    env 0's space share its object)."""
+    first_json = described[0].get(key)
+    first = space_from_json(first_json)
+    return [first if d.get(key) == first_json else space_from_json(d.get(key)) for d in described]
+
+
+def _check_env_spaces(observation_mode: Any, single_obs: gym.Space, single_action: gym.Space,
+                      obs_spaces: list, action_spaces: list) -> None:
+    """Refuse envs whose spaces differ, as ``SyncVectorEnv`` does (same rules, same words)."""
+    for i, (obs_space, action_space) in enumerate(zip(obs_spaces, action_spaces)):
+        if observation_mode == "same":
+            if obs_space != single_obs:
+                raise SubEnvSpaceError(
+                    "BoltzLabsVecEnv(..., observation_mode='same') however the sub-environments observation spaces "
+                    f"are not equivalent. single_observation_space={single_obs}, sub-environment {i} "
+                    f"observation_space={obs_space}. "
+                    "If this is intentional, use `observation_mode='different'` instead."
+                )
+        elif not is_space_dtype_shape_equiv(obs_space, single_obs):
+            raise SubEnvSpaceError(
+                "BoltzLabsVecEnv(..., observation_mode='different' or custom space) however the sub-environments "
+                f"observation spaces do not share a common shape and dtype, single_observation_space={single_obs}, "
+                f"sub-environment {i} observation space={obs_space}"
+            )
+        if action_space != single_action:
+            raise SubEnvSpaceError(
+                f"Sub-environment {i}'s action space doesn't make the `single_action_space`, "
+                f"action_space={action_space}, single_action_space={single_action}"
+            )
 
 
 def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:

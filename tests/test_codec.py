@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 from gymnasium import spaces as gs
+from gymnasium.utils.env_checker import data_equivalence
 
 from boltzlabs_gym.codec import (
     ArrayLeaf,
@@ -129,8 +130,13 @@ def test_encode_casts_to_space_dtype_and_checks_shape():
         encode(gs.Discrete(3), 1.5)
     with pytest.raises(CodecError, match="Discrete value must be an integer"):
         encode(gs.Discrete(3), True)
-    assert encode(gs.Discrete(3), np.int64(2))[0] == 2
-    assert encode(gs.Discrete(3), np.array(2))[0] == 2
+    # A Python int stays a JSON int; a numpy integer keeps its type (issue #20 item 5: SAME_STEP's
+    # final_obs holds the env's own value, as in SyncVectorEnv).
+    assert encode(gs.Discrete(3), 2)[0] == 2 and type(decode(gs.Discrete(3), 2)) is int
+    assert encode(gs.Discrete(3), np.int64(2))[0] == {"__np__": ["<i8", 2]}
+    assert encode(gs.Discrete(3), np.array(2, np.int32))[0] == {"__np__": ["<i4", 2]}
+    back = decode(gs.Discrete(3), *_wire(*encode(gs.Discrete(3), np.int32(2))))
+    assert type(back) is np.int32 and back == 2
     with pytest.raises(CodecError, match="Text"):
         encode(gs.Text(3), b"ab")
     with pytest.raises(CodecError, match="lacks key"):
@@ -219,6 +225,9 @@ def test_good_array_accepted():
         (gs.Discrete(3), True, "must be an int"),
         (gs.Discrete(3), "1", "must be an int"),
         (gs.Discrete(3), {"__nd__": [0, "<i8", []]}, "must be an int"),
+        (gs.Discrete(3), {"__np__": ["<i8", 3]}, "out of range"),
+        (gs.Discrete(3), {"__np__": ["<f8", 1.0]}, "must be an integer"),
+        (gs.Discrete(3), {"__np__": ["<i8", 1.5]}, "not a valid int64"),
         (gs.Text(3), 5, "Text value must be a string"),
         (NESTED, [], "Dict value must be a JSON object"),
         (gs.Dict([("a", gs.Discrete(2))]), {"a": 0, "b": 1}, "do not match"),
@@ -370,3 +379,70 @@ def test_step_line_is_the_one_layout_in_protocol(space, flags):
 )
 def test_parse_step_line_leaves_every_other_shape_to_json(line):
     assert ArrayLeaf.of(gs.Box(-1, 1, (4,), np.float32)).parse_step_line(line) is None
+
+
+# --------------------------------------------------------------------------- Sequence, OneOf, Graph (issue #20 item 9)
+
+VARIABLE_SPACES = {
+    "sequence": gs.Sequence(gs.Discrete(3)),
+    "sequence_stacked_box": gs.Sequence(gs.Box(0, 1, (2,), np.float32), stack=True),
+    "sequence_stacked_dict": gs.Sequence(gs.Dict({"a": gs.Discrete(2), "b": gs.Box(0, 1, (2,))}), stack=True),
+    "oneof": gs.OneOf([gs.Discrete(2), gs.Box(0, 1, (2,), np.float32)]),
+    "graph": gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4)),
+    "graph_no_edges": gs.Graph(gs.Discrete(5), None),
+    "graph_of_dicts": gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
+                               gs.Tuple((gs.Discrete(4), gs.Box(0, 1, (2,))))),
+    "sequence_of_graphs": gs.Sequence(gs.Graph(gs.Box(-1, 1, (2, 2)), gs.Discrete(4))),
+    "nested": gs.Tuple(
+        [gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIABLE_SPACES))
+def test_variable_spaces_round_trip(name):
+    space = VARIABLE_SPACES[name]
+    space.seed(3)
+    for _ in range(5):
+        value = space.sample()
+        back = decode(space, *_wire(*encode(space, value)), copy=True)
+        assert back in space and data_equivalence(back, value, exact=True)
+    if isinstance(space, gs.Sequence) and space.stack:
+        empty = decode(space, [], [])
+        assert empty in space
+
+
+@pytest.mark.parametrize(
+    "space,obj,match",
+    [
+        (gs.Sequence(gs.Discrete(2)), {"0": 1}, "Sequence value must be a list"),
+        (gs.Sequence(gs.Discrete(2)), [0, 2], r"value\[1\]: Discrete value 2 out of range"),
+        (gs.OneOf([gs.Discrete(2)]), [1, 0], "OneOf index 1 out of range"),
+        (gs.OneOf([gs.Discrete(2)]), [True, 0], "OneOf index must be an int"),
+        (gs.OneOf([gs.Discrete(2)]), [0], "list \\[index, value\\]"),
+        (gs.Graph(gs.Discrete(2), None), {"nodes": None}, "nodes, edges and edge_links"),
+        (gs.Graph(gs.Discrete(2), None), {"nodes": {"__nd__": [1, "<i8", [1]]}, "edges": None, "edge_links": None},
+         "payload index 1 out of range"),
+        (gs.Graph(gs.Discrete(2), None),
+         {"nodes": {"__nd__": [0, "<i8", [1]]}, "edges": {"__nd__": [0, "<i8", [1]]}, "edge_links": None},
+         "go together"),
+    ],
+)
+def test_hostile_variable_values_refused(space, obj, match):
+    with pytest.raises(CodecError, match=match):
+        decode(space, obj, [bytes(8)])
+
+
+def test_graph_values_are_checked_against_the_space():
+    space = gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4))
+    nodes = np.zeros((2, 3), np.float32)
+    bad_links = gs.GraphInstance(nodes, np.array([1, 2]), np.array([0, 1]))
+    with pytest.raises(CodecError, match="edge_links"):
+        encode(space, bad_links)
+    wrong_rows = {"nodes": {"__nd__": [0, "<f4", [2, 2]]}, "edges": None, "edge_links": None}
+    with pytest.raises(CodecError, match=r"is not \(k, \*\(3,\)\)"):
+        decode(space, wrong_rows, [bytes(16)])
+    links = {"__nd__": [2, "<f8", [1, 2]]}
+    obj = {"nodes": {"__nd__": [0, "<f4", [2, 3]]}, "edges": {"__nd__": [1, "<i8", [1]]}, "edge_links": links}
+    with pytest.raises(CodecError, match="expected integers of shape"):
+        decode(space, obj, [bytes(24), bytes(8), bytes(16)])

@@ -87,11 +87,15 @@ class DictTupleEnv(gym.Env):
         return np.asarray(x) * factor
 
 
+class NoJsonSpace(gs.Space):
+    """A space of the user's own: it has no JSON form."""
+
+
 class BufferEnv(gym.Env):
-    """Reuses one observation buffer in place; its action space has no JSON form (Sequence)."""
+    """Reuses one observation buffer in place; its action space has no JSON form (a custom space)."""
 
     observation_space = gs.Box(-10, 10, (3,), np.float32)
-    action_space = gs.Sequence(gs.Discrete(2))
+    action_space = NoJsonSpace()
 
     def __init__(self):
         self.buf = np.zeros(3, np.float32)

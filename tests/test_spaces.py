@@ -12,7 +12,8 @@ import pytest
 from gymnasium import spaces as gs
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from boltzlabs_gym.spaces import JsonSpace, batch_json_space, space_from_json, space_to_json
+from boltzlabs_gym.spaces import (JsonSpace, batch_json_space, rng_state_to_json, seed_space_from_json, space_from_json,
+                                   space_to_json)
 
 
 def _wire(data):
@@ -99,9 +100,13 @@ def test_none_means_json_space():
     assert space_to_json(JsonSpace()) == {"type": "Json"}
 
 
+class CustomSpace(gs.Space):
+    """A space of the user's own: no JSON form."""
+
+
 def test_unsupported_spaces_refused_on_encode():
-    with pytest.raises(ValueError, match="Sequence"):
-        space_to_json(gs.Sequence(gs.Discrete(2)))
+    with pytest.raises(ValueError, match="CustomSpace has no JSON form"):
+        space_to_json(CustomSpace())
     with pytest.raises(ValueError, match="not a string"):
         space_to_json(gs.Dict({1: gs.Discrete(2)}))
 
@@ -252,3 +257,60 @@ def test_json_space_works_in_gymnasium_sync_vector_env():
     assert obs == ({"t": 1, "echo": "a"}, {"t": 1, "echo": {"b": [1]}})
     np.testing.assert_array_equal(rew, [1.0, 1.0])
     envs.close()
+
+
+def test_generator_states_cross_as_json():
+    space = gs.Dict({"a": gs.Box(0, 1, (2,), np.float32), "b": gs.Tuple((gs.Discrete(3), gs.MultiBinary(4)))})
+    space.seed(5)
+    data = json.loads(json.dumps(rng_state_to_json(space)))
+    rebuilt = space_from_json(space_to_json(space))
+    seed_space_from_json(rebuilt, data)
+    for _ in range(5):
+        a, b = space.sample(), rebuilt.sample()
+        assert np.array_equal(a["a"], b["a"]) and a["b"][0] == b["b"][0] and np.array_equal(a["b"][1], b["b"][1])
+
+
+def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
+    space = gs.Box(0, 1, (2,))
+    assert rng_state_to_json(space) == {"state": None} and space._np_random is None  # no side effect
+    for bad in (None, [], {"state": "x"}, {"state": {"bit_generator": "PCG64", "state": "nope"}},
+                {"state": {"bit_generator": "MT19937", "state": {}}}, {"state": None, "spaces": [1, 2, 3]}):
+        target = gs.Tuple((gs.Discrete(2), gs.Discrete(3)))
+        seed_space_from_json(target, bad)
+        assert target._np_random is None
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gs.Sequence(gs.Discrete(3)),
+        gs.Sequence(gs.Box(0, 1, (2,), np.float32), stack=True),
+        gs.OneOf([gs.Discrete(2), gs.Dict({"a": gs.Text(4)})]),
+        gs.Graph(gs.Box(-1, 1, (3,), np.float32), gs.Discrete(4)),
+        gs.Graph(gs.Discrete(5), None),
+        gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
+                 gs.Tuple((gs.Discrete(4), gs.Box(0, 1)))),
+    ],
+    ids=repr,
+)
+def test_sequence_oneof_graph_cross_as_json(space):
+    """Issue #20 item 9: JSON-expressible spaces cross as themselves, samplable, not as JsonSpace."""
+    back = space_from_json(_wire(space_to_json(space)))
+    assert back == space and type(back) is type(space)
+    back.seed(0)
+    assert back.sample() in space
+
+
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"type": "Sequence", "space": {"type": "Discrete", "n": 2}, "stack": 1}, "stack: expected a boolean"),
+        ({"type": "Sequence"}, "missing field 'space'"),
+        ({"type": "OneOf", "spaces": []}, "non-empty list"),
+        ({"type": "Graph", "node_space": {"type": "Nope"}, "edge_space": None}, "node_space.type: unknown space"),
+        ({"type": "Graph", "node_space": {"type": "Discrete", "n": 2}}, "missing field 'edge_space'"),
+    ],
+)
+def test_hostile_sequence_oneof_graph_refused(data, match):
+    with pytest.raises(ValueError, match=match):
+        space_from_json(data)
