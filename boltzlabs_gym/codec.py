@@ -40,7 +40,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -134,14 +135,18 @@ def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: 
         return value
     if isinstance(space, gs.Dict):
         try:
-            return {key: _encode(sub, value[key], payloads, zero_copy, f"{path}[{key!r}]")
-                    for key, sub in space.spaces.items()}
+            return {
+                key: _encode(sub, value[key], payloads, zero_copy, f"{path}[{key!r}]")
+                for key, sub in space.spaces.items()
+            }
         except (KeyError, TypeError, IndexError) as exc:
             raise CodecError(f"{path}: Dict value lacks key {exc}") from None
     if isinstance(space, gs.Tuple):
         if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
             raise CodecError(f"{path}: Tuple value must be a tuple of length {len(space.spaces)}")
-        return [_encode(sub, v, payloads, zero_copy, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, value))]
+        return [
+            _encode(sub, v, payloads, zero_copy, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, value))
+        ]
     if isinstance(space, JsonSpace):
         return to_json_safe(value)
     if isinstance(space, gs.Sequence):
@@ -198,15 +203,20 @@ def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, 
 def _encode_graph(space: gs.Graph, value: Any, payloads: list, zero_copy: bool, path: str) -> dict:
     if not isinstance(value, gs.GraphInstance):
         raise CodecError(f"{path}: Graph value must be a GraphInstance, got {type(value).__name__}")
-    out: dict = {"nodes": _encode_rows(space.node_space, space.batch_node_space, value.nodes, payloads, zero_copy,
-                                       f"{path}.nodes"),
-                 "edges": None, "edge_links": None}
+    out: dict = {
+        "nodes": _encode_rows(
+            space.node_space, space.batch_node_space, value.nodes, payloads, zero_copy, f"{path}.nodes"
+        ),
+        "edges": None,
+        "edge_links": None,
+    }
     if value.edges is None and value.edge_links is None:
         return out
     if space.edge_space is None or value.edges is None or value.edge_links is None:
         raise CodecError(f"{path}: edges and edge_links go together, and only with an edge space")
-    edges = out["edges"] = _encode_rows(space.edge_space, space.batch_edge_space, value.edges, payloads, zero_copy,
-                                        f"{path}.edges")
+    edges = out["edges"] = _encode_rows(
+        space.edge_space, space.batch_edge_space, value.edges, payloads, zero_copy, f"{path}.edges"
+    )
     n_edges = len(edges) if isinstance(edges, list) else edges[ND][2][0]
     links = _contiguous(np.asarray(value.edge_links))
     if links.dtype.kind not in "iu" or links.shape != (n_edges, 2):
@@ -261,8 +271,10 @@ def _parse_nd(obj: Any, payloads: Payloads, path: str) -> tuple[int, np.dtype, t
     if not isinstance(dtype_str, str) or not _DTYPE_RE.match(dtype_str):
         raise CodecError(f"{path}: dtype {dtype_str!r} refused (only bool/int/uint/float dtypes)")
     dtype = np.dtype(dtype_str)
-    if not isinstance(shape, list) or len(shape) > 32 or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 32
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise CodecError(f"{path}: shape {shape!r} is not a list of non-negative ints")
     n = dtype.itemsize
@@ -347,11 +359,17 @@ def _decode(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, lenient: 
             raise CodecError(f"{path}: Dict value must be a JSON object, got {type(obj).__name__}")
         if len(obj) != len(space.spaces) or any(key not in obj for key in space.spaces):
             raise CodecError(f"{path}: Dict keys {sorted(obj)[:20]} do not match the space's {list(space.spaces)}")
-        return {key: _decode(sub, obj[key], payloads, copy, lenient, f"{path}[{key!r}]") for key, sub in space.spaces.items()}
+        return {
+            key: _decode(sub, obj[key], payloads, copy, lenient, f"{path}[{key!r}]")
+            for key, sub in space.spaces.items()
+        }
     if isinstance(space, gs.Tuple):
         if not isinstance(obj, list) or len(obj) != len(space.spaces):
             raise CodecError(f"{path}: Tuple value must be a list of length {len(space.spaces)}")
-        return tuple(_decode(sub, v, payloads, copy, lenient, f"{path}[{i}]") for i, (sub, v) in enumerate(zip(space.spaces, obj)))
+        return tuple(
+            _decode(sub, v, payloads, copy, lenient, f"{path}[{i}]")
+            for i, (sub, v) in enumerate(zip(space.spaces, obj))
+        )
     if isinstance(space, JsonSpace):
         return obj
     if isinstance(space, gs.Sequence):
@@ -434,7 +452,7 @@ class ArrayLeaf:
         self.step_suffix = step_reply_suffix(self.nbytes)
 
     @classmethod
-    def of(cls, space: gs.Space) -> "ArrayLeaf | None":
+    def of(cls, space: gs.Space) -> ArrayLeaf | None:
         """The leaf of ``space`` if it is a top-level array space, else ``None``."""
         return cls(space) if isinstance(space, _ARRAY_SPACES) else None
 
@@ -456,19 +474,31 @@ class ArrayLeaf:
         >>> leaf.parse_step_line(leaf.step_line(0.5, True, False))
         (0.5, True, False)
         """
-        return b"".join((self.step_prefix, repr(float(reward)).encode(), _STEP_FLAGS_BYTES[bool(terminated), bool(truncated)],
-                         self.step_suffix))
+        return b"".join(
+            (
+                self.step_prefix,
+                repr(float(reward)).encode(),
+                _STEP_FLAGS_BYTES[bool(terminated), bool(truncated)],
+                self.step_suffix,
+            )
+        )
 
     def step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool) -> bytes | None:
         """The whole reply of a plain step (:meth:`step_line` and the observation's bytes), or
         ``None`` when ``obs`` is not an array of the space's dtype and shape or ``reward`` is
         not finite (the generic encoders then say what is wrong, or write NaN)."""
-        if type(obs) is not np.ndarray or obs.dtype != self.dtype or obs.shape != self.shape \
-                or not obs.flags.c_contiguous or not math.isfinite(reward):
+        if (
+            type(obs) is not np.ndarray
+            or obs.dtype != self.dtype
+            or obs.shape != self.shape
+            or not obs.flags.c_contiguous
+            or not math.isfinite(reward)
+        ):
             return None
         # The array itself (its buffer) joins the line: no view objects on the hot path.
-        return b"".join((self.step_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated],
-                         self.step_suffix, obs))
+        return b"".join(
+            (self.step_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated], self.step_suffix, obs)
+        )
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.
@@ -549,7 +579,10 @@ def _encode_info(value: Any, payloads: list, zero_copy: bool, depth: int) -> Any
             return _encode_array(_contiguous(value), payloads, zero_copy)
         return _repr(value)
     if isinstance(value, dict):
-        out = {k if isinstance(k, str) else str(k): _encode_info(v, payloads, zero_copy, depth + 1) for k, v in value.items()}
+        out = {
+            k if isinstance(k, str) else str(k): _encode_info(v, payloads, zero_copy, depth + 1)
+            for k, v in value.items()
+        }
         if len(out) == 1 and next(iter(out)) in _MARKERS:
             return {_ESC: out}
         return out

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
@@ -89,7 +90,9 @@ def make_vec(
                 f"an env directory takes no env kwargs or wrappers (got {sorted(env_kwargs)}"
                 f"{' and wrappers' if wrappers else ''}); configure the env in its env.py"
             )
-        return BoltzLabsVecEnv.from_env_dir(env_id, num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options)
+        return BoltzLabsVecEnv.from_env_dir(
+            env_id, num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options
+        )
     if isinstance(env_id, str):
         gym.spec(env_id)  # fail here, with Gymnasium's message, not inside every sandbox
     elif not callable(env_id):
@@ -98,7 +101,9 @@ def make_vec(
     return BoltzLabsVecEnv([factory] * num_envs, autoreset_mode=autoreset_mode, **vector_kwargs, **pool_options)
 
 
-def vector_entry_point(env_id: str, num_envs: int = 1, max_episode_steps: int | None = None, **kwargs: Any) -> BoltzLabsVecEnv:
+def vector_entry_point(
+    env_id: str, num_envs: int = 1, max_episode_steps: int | None = None, **kwargs: Any
+) -> BoltzLabsVecEnv:
     """What ``gym.make_vec(..., vectorization_mode="vector_entry_point")`` calls for our ids."""
     pool_options, env_kwargs = _split_pool_options(kwargs)
     vector_options = {k: env_kwargs.pop(k) for k in VECTOR_OPTIONS if k in env_kwargs}

@@ -91,8 +91,7 @@ MAX_CHARSET = 1 << 16
 
 #: Dtypes an array space may have: booleans, integers and floats only.
 ALLOWED_DTYPES = frozenset(
-    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "float16", "float32", "float64"]
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
 )
 _INT_DTYPES = frozenset(d for d in ALLOWED_DTYPES if "int" in d)
 
@@ -271,8 +270,10 @@ def space_to_json(space: gs.Space) -> dict:
     if isinstance(space, gs.Graph):
         edge = None if space.edge_space is None else space_to_json(space.edge_space)
         return {"type": "Graph", "node_space": space_to_json(space.node_space), "edge_space": edge}
-    raise ValueError(f"space type {type(space).__name__} has no JSON form (supported: Box, Discrete, "
-                     "MultiDiscrete, MultiBinary, Text, Dict, Tuple, Sequence, OneOf, Graph, JsonSpace)")
+    raise ValueError(
+        f"space type {type(space).__name__} has no JSON form (supported: Box, Discrete, "
+        "MultiDiscrete, MultiBinary, Text, Dict, Tuple, Sequence, OneOf, Graph, JsonSpace)"
+    )
 
 
 # --------------------------------------------------------------------------- from JSON
@@ -375,7 +376,9 @@ def _scalar_from_json(v: Any, dtype: np.dtype, where: str) -> Any:
 def _array_from_json(v: Any, shape: tuple[int, ...], size: int, dtype: np.dtype, where: str) -> np.ndarray:
     if isinstance(v, list):
         if len(v) != size:
-            raise ValueError(f"{where}: expected {size} elements (one per element of shape {list(shape)}), got {len(v)}")
+            raise ValueError(
+                f"{where}: expected {size} elements (one per element of shape {list(shape)}), got {len(v)}"
+            )
         vals = [_scalar_from_json(x, dtype, where) for x in v]
         return np.array(vals, dtype=dtype).reshape(shape)
     return np.full(shape, _scalar_from_json(v, dtype, where), dtype=dtype)
@@ -394,8 +397,9 @@ def _from_json(data: Any, path: str, budget: _Budget, depth: int) -> gs.Space:
         return _BUILDERS[kind](data, path, budget, depth)
     except KeyError:
         if kind not in _BUILDERS:
-            raise ValueError(f"{path}.type: unknown space type {kind!r} "
-                             f"(known: {', '.join(sorted(_BUILDERS))})") from None
+            raise ValueError(
+                f"{path}.type: unknown space type {kind!r} (known: {', '.join(sorted(_BUILDERS))})"
+            ) from None
         raise
 
 

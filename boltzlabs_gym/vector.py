@@ -26,8 +26,9 @@ import multiprocessing
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from copy import deepcopy
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -106,9 +107,7 @@ def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
     try:
         return AutoresetMode(mode)
     except ValueError:
-        raise ValueError(
-            f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {mode!r}"
-        ) from None
+        raise ValueError(f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {mode!r}") from None
 
 
 class BoltzLabsVecEnv(VectorEnv):
@@ -150,7 +149,9 @@ class BoltzLabsVecEnv(VectorEnv):
                 raise ValueError("BoltzLabsVecEnv needs a non-empty list of env factories (or pool=...)")
             for i, fn in enumerate(env_fns):
                 if not callable(fn):
-                    raise TypeError(f"env_fns[{i}] must be a callable returning a gymnasium.Env, got {type(fn).__name__}")
+                    raise TypeError(
+                        f"env_fns[{i}] must be a callable returning a gymnasium.Env, got {type(fn).__name__}"
+                    )
             pool = _pool_from_factories(list(env_fns), pool_kwargs)
         elif env_fns is not None or pool_kwargs:
             raise ValueError("pass either env_fns (with pool options) or an existing pool=, not both")
@@ -172,7 +173,7 @@ class BoltzLabsVecEnv(VectorEnv):
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         **pool_kwargs: Any,
-    ) -> "BoltzLabsVecEnv":
+    ) -> BoltzLabsVecEnv:
         """A vector env over an env directory (``env.py`` calling ``serve``)."""
         pool = RLPool(env_dir, num_envs, **pool_kwargs)
         return cls(pool=pool, autoreset_mode=autoreset_mode, copy=copy, observation_mode=observation_mode)
@@ -182,8 +183,11 @@ class BoltzLabsVecEnv(VectorEnv):
         replies = []
         for r in self._pool.call_envs({"op": "describe"}):
             if r.status != OK or "error" in r.reply:
-                raise EnvStartError(f"env {r.index} could not describe itself: {r.reply}", index=r.index,
-                                    stderr_tail=str(r.reply.get("stderr", "")))
+                raise EnvStartError(
+                    f"env {r.index} could not describe itself: {r.reply}",
+                    index=r.index,
+                    stderr_tail=str(r.reply.get("stderr", "")),
+                )
             replies.append(r.reply)
         return replies
 
@@ -202,8 +206,9 @@ class BoltzLabsVecEnv(VectorEnv):
         self.single_action_space = action_spaces[0]
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._set_observation_spaces(observation_mode, obs_spaces)
-        _check_env_spaces(observation_mode, self.single_observation_space, self.single_action_space,
-                          obs_spaces, action_spaces)
+        _check_env_spaces(
+            observation_mode, self.single_observation_space, self.single_action_space, obs_spaces, action_spaces
+        )
         env_meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
         self.metadata = dict(env_meta)
         self.metadata["autoreset_mode"] = self.autoreset_mode
@@ -235,8 +240,10 @@ class BoltzLabsVecEnv(VectorEnv):
         """``single_observation_space`` and ``observation_space`` as ``SyncVectorEnv`` chooses them."""
         if isinstance(observation_mode, tuple) and len(observation_mode) == 2:
             if not isinstance(observation_mode[0], gym.Space) or not isinstance(observation_mode[1], gym.Space):
-                raise TypeError(f"Expected both elements of observation_mode to be Spaces, got "
-                                f"{type(observation_mode[0])} and {type(observation_mode[1])}")
+                raise TypeError(
+                    f"Expected both elements of observation_mode to be Spaces, got "
+                    f"{type(observation_mode[0])} and {type(observation_mode[1])}"
+                )
             self.observation_space, self.single_observation_space = observation_mode
         elif observation_mode == "same":
             self.single_observation_space = obs_spaces[0]
@@ -245,8 +252,10 @@ class BoltzLabsVecEnv(VectorEnv):
             self.single_observation_space = obs_spaces[0]
             self.observation_space = batch_differing_spaces(obs_spaces)
         else:
-            raise ValueError("Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
-                             f"batch observation space, actual got {observation_mode}")
+            raise ValueError(
+                "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+                f"batch observation space, actual got {observation_mode}"
+            )
 
     @property
     def pool(self) -> RLPool:
@@ -345,7 +354,9 @@ class BoltzLabsVecEnv(VectorEnv):
         else:
             seeds = list(seed)
             if len(seeds) != n:
-                raise ValueError(f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}.")
+                raise ValueError(
+                    f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}."
+                )
         self._check_idle("reset_async")
         env_options = dict(options) if options else None  # never mutate the caller's dict
         mask = None
@@ -372,8 +383,9 @@ class BoltzLabsVecEnv(VectorEnv):
         """Return ``(obs, infos)`` of :meth:`reset_async`'s reset."""
         self._check_open()
         if self._state is not AsyncState.WAITING_RESET:
-            raise NoAsyncCallError("Calling `reset_wait` without any prior call to `reset_async`.",
-                                   AsyncState.WAITING_RESET.value)
+            raise NoAsyncCallError(
+                "Calling `reset_wait` without any prior call to `reset_async`.", AsyncState.WAITING_RESET.value
+            )
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
         results = self._wait(timeout, raw=False)
@@ -424,7 +436,9 @@ class BoltzLabsVecEnv(VectorEnv):
                 try:
                     obj, payloads = self._encode_action(i, action)
                 except (codec.CodecError, TypeError, ValueError) as exc:
-                    raise ValueError(f"action for env {i} does not fit the action space {self.single_action_space}: {exc}") from None
+                    raise ValueError(
+                        f"action for env {i} does not fit the action space {self.single_action_space}: {exc}"
+                    ) from None
             op = {"op": "step", "action": obj}
             if mode == AutoresetMode.SAME_STEP:
                 op["autoreset"] = True
@@ -437,8 +451,9 @@ class BoltzLabsVecEnv(VectorEnv):
         """Return ``(obs, rewards, terminations, truncations, infos)`` of :meth:`step_async`'s step."""
         self._check_open()
         if self._state is not AsyncState.WAITING_STEP:
-            raise NoAsyncCallError("Calling `step_wait` without any prior call to `step_async`.",
-                                   AsyncState.WAITING_STEP.value)
+            raise NoAsyncCallError(
+                "Calling `step_wait` without any prior call to `step_async`.", AsyncState.WAITING_STEP.value
+            )
         reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
         results = self._wait(timeout, raw=True)
@@ -503,8 +518,12 @@ class BoltzLabsVecEnv(VectorEnv):
         shape ``(num_envs,)`` (what policies hand over); else ``None`` (the per-env codec
         path, which says what is wrong). Ranges are checked where the codec checks them:
         in the env, which reports an out-of-range action in that env's slot."""
-        if not self._discrete_action or type(actions) is not np.ndarray or actions.dtype.kind not in "iu" \
-                or actions.shape != (self.num_envs,):
+        if (
+            not self._discrete_action
+            or type(actions) is not np.ndarray
+            or actions.dtype.kind not in "iu"
+            or actions.shape != (self.num_envs,)
+        ):
             return None
         return actions.tolist()
 
@@ -512,14 +531,16 @@ class BoltzLabsVecEnv(VectorEnv):
         if isinstance(self.single_action_space, JsonSpace):
             if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__"):
                 raise ActionBatchError(
-                    f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}")
+                    f"actions must be a sequence of {self.num_envs} actions, got {type(actions).__name__}"
+                )
             per_env = list(actions)
         else:
             try:
                 per_env = list(iterate(self.action_space, actions))
             except Exception as exc:  # noqa: BLE001 - say which shape was expected
                 raise ActionBatchError(
-                    f"actions do not fit the batched action space {self.action_space}: {exc}") from None
+                    f"actions do not fit the batched action space {self.action_space}: {exc}"
+                ) from None
         if len(per_env) != self.num_envs:
             raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
@@ -551,7 +572,9 @@ class BoltzLabsVecEnv(VectorEnv):
 
     def _require_gym_server(self, what: str) -> None:
         if not self._gym_server:
-            raise NotImplementedError(f"{what} needs a Gymnasium env; env directories served by serve() do not support it")
+            raise NotImplementedError(
+                f"{what} needs a Gymnasium env; env directories served by serve() do not support it"
+            )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
         """Call ``name(*args, **kwargs)`` on every env (or read it, if not callable)."""
@@ -631,8 +654,9 @@ def _spaces_of(described: list[dict], key: str) -> list:
     return [first if d.get(key) == first_json else space_from_json(d.get(key)) for d in described]
 
 
-def _check_env_spaces(observation_mode: Any, single_obs: gym.Space, single_action: gym.Space,
-                      obs_spaces: list, action_spaces: list) -> None:
+def _check_env_spaces(
+    observation_mode: Any, single_obs: gym.Space, single_action: gym.Space, obs_spaces: list, action_spaces: list
+) -> None:
     """Refuse envs whose spaces differ, as ``SyncVectorEnv`` does (same rules, same words)."""
     for i, (obs_space, action_space) in enumerate(zip(obs_spaces, action_spaces)):
         if observation_mode == "same":
