@@ -99,7 +99,7 @@ def check_env_dir(
     try:
         pool = RLPool(env_dir, 1, isolation=isolation, start_timeout=60, step_timeout=30, reset_timeout=30)
     except EnvStartError as exc:
-        problems.append(f"the env did not start or did not answer its first reset: {exc}{_hint(str(exc))}")
+        problems.append(f"the env did not start or did not answer its first request: {exc}{_hint(str(exc))}")
         out(problems[-1])
         return problems
     except BoltzLabsError as exc:

@@ -75,7 +75,7 @@ class BoltzLabsError(Exception):
 
 
 class EnvStartError(BoltzLabsError, RuntimeError):
-    """An env process failed to start or to answer its first reset."""
+    """An env process failed to start or to answer its first request."""
 
     def __init__(self, message: str, index: int | None = None, stderr_tail: str = "", worker: str | None = None):
         super().__init__(message)

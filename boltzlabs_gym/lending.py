@@ -11,7 +11,7 @@ the client side imports it without the worker's dependencies.
 >>> missed_deadline(1.0, "step", 1.25)
 "missed the 1 s deadline for 'step' (waited 1.25 s); killed"
 >>> missed_deadline(60.0, None, 61.0)
-'missed the 60 s deadline for its first reset (waited 61.00 s); killed'
+'missed the 60 s deadline for its start-up (interpreter start and first request) (waited 61.00 s); killed'
 >>> leftover_is_stray(replied=False, idle=False)  # the rest of a reply still on its way
 False
 """
@@ -50,9 +50,9 @@ def is_straggler_op(name: str) -> bool:
 
 
 def missed_deadline(timeout: float, op: str | None, waited: float) -> str:
-    """The fault reason of an env that did not answer op ``op`` (``None``: its first reset,
-    sent when it started) within ``timeout`` seconds, after ``waited`` seconds."""
-    what = "its first reset" if op is None else f"'{op}'"
+    """The fault reason of an env that did not answer op ``op`` (``None``: the first request
+    of its start-up) within ``timeout`` seconds, after ``waited`` seconds."""
+    what = "its start-up (interpreter start and first request)" if op is None else f"'{op}'"
     return f"missed the {timeout:g} s deadline for {what} (waited {waited:.2f} s); killed"
 
 

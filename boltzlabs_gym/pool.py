@@ -67,7 +67,8 @@ class RLPool:
         step_timeout: per-step deadline in seconds; an env that misses it is killed and
             reported as a straggler (``info["boltzlabs_straggler"]``).
         reset_timeout: deadline for resets and other calls.
-        start_timeout: deadline for an env's interpreter start plus first reset.
+        start_timeout: deadline for an env's interpreter start plus its first request (a
+            ``describe``; a hard reset's seeded reset).
         limits: per-env :class:`~boltzlabs_gym.Limits` (memory, processes, files, ...).
         serialize_measurement: run one env step at a time per worker host (for rewards
             that are timings); resets stay concurrent.

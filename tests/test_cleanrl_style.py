@@ -70,7 +70,6 @@ def assert_identical(a: list, b: list, what: str) -> None:
         assert x.dtype == y.dtype and np.array_equal(x, y), f"{what}: first difference at item {k}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue #20 item 1: start-up reset")
 def test_same_seed_same_run_and_same_as_sync_vector_env():
     fns = [functools.partial(make_env, "Pendulum-v1")] * NUM_ENVS
     first = rollout(BoltzLabsVecEnv(fns, isolation=ISOLATION))

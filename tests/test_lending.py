@@ -29,7 +29,7 @@ def test_lane_and_worker_session_time_calls_by_the_same_table(tmp_path):
 
 def test_deadline_messages_and_stray_output():
     assert lending.missed_deadline(1.0, "step", 1.234) == "missed the 1 s deadline for 'step' (waited 1.23 s); killed"
-    assert lending.missed_deadline(60.0, None, 60.5).startswith("missed the 60 s deadline for its first reset")
+    assert lending.missed_deadline(60.0, None, 60.5).startswith("missed the 60 s deadline for its start-up")
     assert lending.is_straggler_op("step") and not lending.is_straggler_op("reset")
     assert lending.leftover_is_stray(replied=True, idle=False)
     assert lending.leftover_is_stray(replied=False, idle=True)

@@ -28,7 +28,7 @@ _READ_CHUNK = 1 << 16
 class EnvState(enum.Enum):
     """Where one env is in its life, as the worker sees it.
 
-    ``NEW`` -> ``QUEUED`` (waiting for a start slot) -> ``STARTING`` (spawned, first reset in
+    ``NEW`` -> ``QUEUED`` (waiting for a start slot) -> ``STARTING`` (spawned, first request in
     flight) -> ``IDLE`` <-> ``BUSY`` (a call in flight), or ``IDLE`` <-> ``LENT`` (its pipes
     lent to a local pool); ``DEAD`` after a kill until queued again; ``CLOSED`` at the end.
     """
@@ -70,7 +70,7 @@ class Call:
     token: int = 0
     #: Holds the measurement gate (``serialize_measurement``) while in flight.
     gated: bool = False
-    #: A start's: the call waiting for the env's first reset (a hard reset's, a respawn's).
+    #: A start's: the call waiting for the env's first request (a hard reset's; none for a respawn).
     user_call: Call | None = None
     #: The client request this call is item ``pos`` of, for env ``index`` (no closure per call).
     batch: Any = None
@@ -105,7 +105,8 @@ class EnvProcess(EnvPipe):
         self.restarts = 0
         self.starting = False
         self.session: Any = None  # its Session (which imports this module)
-        #: ``(call, reset_op)`` for the start it is queued for: the call waiting for its first reset, and that reset.
+        #: ``(call, first_op)`` for the start it is queued for: the call waiting for its first request,
+        #: and that request.
         self.pending_start: Any = None
 
     # ------------------------------------------------------------------ process life

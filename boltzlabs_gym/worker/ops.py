@@ -85,7 +85,7 @@ class OpHandlers(WorkerParts):
         for env in session.envs:
             os.makedirs(env.workspace)
             self._queue_start(session, env, None)
-        return None  # the reply goes out when every env answered its first reset
+        return None  # the reply goes out when every env answered its first request
 
     def _op_batch(self, client, header, payloads):
         session = self._session_for(client, header)

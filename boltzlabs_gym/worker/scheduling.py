@@ -3,8 +3,9 @@
 A part of :class:`~boltzlabs_gym.worker.server.Worker`. Each env runs one call at a
 time; more wait in its queue. A reply finishes the call in flight; a missed deadline, a
 closed pipe or a reply that breaks the protocol is a fault: the env is killed, the call
-answered with the reason, and the env respawned. An env's first reset after a start is
-a call too (kind ``start``), and its answer completes a ``create``.
+answered with the reason, and the env respawned. An env's first request after a start (a
+``describe``, or a hard reset's seeded reset) is a call too (kind ``start``), and its
+answer completes a ``create``.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ class Scheduling(WorkerParts):
             op = None if call.kind == "start" else call.op.get("op")
             self._fault(session, env, missed_deadline(call.timeout, op, waited), straggler=call.kind == STEP)
 
-    # ================================================================== first resets
+    # ================================================================== first requests
     def _start_finished(self, session: Session, env: EnvProcess, call: Call, reply: bytes, payloads: list) -> None:
         env.starting = False
         self._starting -= 1

@@ -15,7 +15,7 @@ shutdown), composed with one part per job, each in its own module and sharing th
 worker's state (parts, not objects of their own: no call layer added on the hot path):
 
 * :mod:`.ops`: the request handlers, one per op, and the table that dispatches to them;
-* :mod:`.scheduling`: env calls: queue, send, reply, deadlines, faults, first resets;
+* :mod:`.scheduling`: env calls: queue, send, reply, deadlines, faults, first requests;
 * :mod:`.lender`: lending idle envs to the local pool, taking them back, its reports;
 * :mod:`.spawner`: starting, killing and reaping env processes, and why one died.
 

@@ -2,7 +2,7 @@
 
 A part of :class:`~boltzlabs_gym.worker.server.Worker` (which holds the state these
 methods use): envs wait in a start queue for one of ``max_starting`` slots (an
-interpreter boot and a first reset each), are launched through the session's isolation
+interpreter boot and a first request each), are launched through the session's isolation
 backend, and are killed, reaped and wiped here. :meth:`Spawning._kill_and_explain` turns
 an env's death into the words a trainer sees (its exit status, the OOM killer).
 """
@@ -22,7 +22,14 @@ from .session import Session
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
-#: How many envs may be starting (interpreter boot + first reset) at once per worker.
+#: The first request of a started env that no caller is waiting on (a pool's start-up, a
+#: respawn after a fault): proof that it is up and serving, without resetting it. The user's
+#: first ``reset(seed=...)`` must be the env's first reset, or stateful wrappers inside it
+#: (NormalizeObservation, NormalizeReward) see an extra, unseeded episode start and runs
+#: with the same seed stop being reproducible (issue #20). A hard reset's start sends its
+#: seeded reset instead.
+READY_OP = {"op": "describe"}
+#: How many envs may be starting (interpreter boot + first request) at once per worker.
 DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
 #: How long the worker waits for an env whose pipe closed to exit by itself.
 EXIT_GRACE_S = 0.5
@@ -61,9 +68,10 @@ class Spawning(WorkerParts):
 
     # ================================================================== starting envs
     def _queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
-        """Spawn ``env`` when a start slot is free; ``call`` gets the first reset's result."""
+        """Spawn ``env`` when a start slot is free; ``call`` gets the answer to its first request:
+        ``reset_op`` (a hard reset's seeded reset) or, by default, :data:`READY_OP`."""
         env.state = QUEUED
-        env.pending_start = (call, reset_op or {"op": "reset", "seed": None})
+        env.pending_start = (call, reset_op or dict(READY_OP))
         self._start_queue.append((session, env))
         self._start_more()
 

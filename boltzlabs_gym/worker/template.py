@@ -133,7 +133,7 @@ TEMPLATE_START_TIMEOUT = 120.0
 #: its own cgroup stays charged to the template's: ~1.7 MiB user + ~0.3 MiB kernel measured here).
 TEMPLATE_HEADROOM_PER_ENV = 4 << 20
 #: ask for the next spare as soon as the current one has been handed over (True: the template's fork
-#: overlaps this env's last set-up steps and first reset; faster pool start-up on 2+ cores) or once the
+#: overlaps this env's last set-up steps and first request; faster pool start-up on 2+ cores) or once the
 #: launch is complete (False: nothing competes with a launch in flight; lower latency on a busy host).
 #: Measured (1024 envs, 2 cores, load ~2): 7.6 s start-up with True, 9.6 s with False.
 SPARE_EARLY = True
