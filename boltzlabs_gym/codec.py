@@ -41,7 +41,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -76,6 +76,7 @@ MAX_REPR_CHARS = 1000
 
 _DTYPE_RE = re.compile(r"^[<>|=]?[biuf][1248]$")
 _ARRAY_SPACES = (gs.Box, gs.MultiBinary, gs.MultiDiscrete)
+_ArraySpace = gs.Box | gs.MultiBinary | gs.MultiDiscrete
 
 
 Payloads = Sequence[Any]  # bytes-like objects: bytes, bytearray, memoryview, zmq frames' buffers
@@ -84,9 +85,11 @@ Payloads = Sequence[Any]  # bytes-like objects: bytes, bytearray, memoryview, zm
 # --------------------------------------------------------------------------- encode
 
 
+# Numpy's stubs declare ndarray.__buffer__ for Python >= 3.12 only, so on our 3.10 floor the type checker
+# does not see an array as a buffer; memoryview() and bytes.join() take one all the same.
 def _array_payload(arr: np.ndarray, zero_copy: bool) -> Any:
     if zero_copy:
-        return memoryview(arr.reshape(-1).view(np.uint8))
+        return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]  # ndarray is a buffer: see above
     return arr.tobytes()
 
 
@@ -179,7 +182,8 @@ def _encode_int(value: Any, path: str, what: str) -> Any:
         raise CodecError(f"{path}: {what} must be an integer, got {type(value).__name__}")
     if type(value) is int:
         return value
-    return {NP: [value.dtype.str, int(value)]}
+    # Past the plain-int return, a numpy integer: mypy does not narrow on `type(x) is int`.
+    return {NP: [value.dtype.str, int(value)]}  # type: ignore[union-attr]
 
 
 def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, zero_copy: bool, path: str) -> Any:
@@ -195,8 +199,9 @@ def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, 
         arr = _contiguous(np.asarray(rows, dtype=space.dtype))
     except (TypeError, ValueError) as exc:
         raise CodecError(f"{path}: cannot convert to a {space.dtype} array: {exc}") from None
-    if arr.ndim != 1 + len(space.shape) or arr.shape[1:] != space.shape:
-        raise CodecError(f"{path}: shape {arr.shape} is not (k, *{space.shape})")
+    row_shape = cast("tuple[int, ...]", space.shape)  # an array or Discrete space: never None (Discrete's is ())
+    if arr.ndim != 1 + len(row_shape) or arr.shape[1:] != row_shape:
+        raise CodecError(f"{path}: shape {arr.shape} is not (k, *{row_shape})")
     return _encode_array(arr, payloads, zero_copy)
 
 
@@ -286,7 +291,7 @@ def _parse_nd(obj: Any, payloads: Payloads, path: str) -> tuple[int, np.dtype, t
     return k, dtype, tuple(shape)
 
 
-def _check_array(space: gs.Space, obj: Any, payloads: Payloads, path: str) -> tuple[int, tuple[int, ...]]:
+def _check_array(space: _ArraySpace, obj: Any, payloads: Payloads, path: str) -> tuple[int, tuple[int, ...]]:
     k, dtype, shape = _parse_nd(obj, payloads, path)
     if dtype != space.dtype:
         raise CodecError(f"{path}: dtype {dtype.str} does not match the space's {space.dtype.str}")
@@ -379,7 +384,8 @@ def _decode(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, lenient: 
         if not space.stack:
             return tuple(items)
         out = create_empty_array(space.feature_space, len(items))
-        return concatenate(space.feature_space, items, out) if items else out
+        # out is None for a custom feature space, which concatenate takes (its annotation leaves None out).
+        return concatenate(space.feature_space, items, out) if items else out  # type: ignore[arg-type]
     if isinstance(space, gs.OneOf):
         if not isinstance(obj, list) or len(obj) != 2:
             raise CodecError(f"{path}: OneOf value must be a list [index, value]")
@@ -397,12 +403,14 @@ def _decode_rows(space: gs.Space, obj: Any, payloads: Payloads, copy: bool, path
             raise CodecError(f"{path}: expected a list of values, got {type(obj).__name__}")
         items = [_decode(space, v, payloads, copy, False, f"{path}[{i}]") for i, v in enumerate(obj)]
         out = create_empty_array(space, len(items))
-        return concatenate(space, items, out) if items else out
+        # out is None for a custom space, which concatenate takes (its annotation leaves None out).
+        return concatenate(space, items, out) if items else out  # type: ignore[arg-type]
     k, dtype, shape = _parse_nd(obj, payloads, path)
     if dtype != space.dtype:
         raise CodecError(f"{path}: dtype {dtype.str} does not match the space's {space.dtype.str}")
-    if len(shape) != 1 + len(space.shape) or shape[1:] != space.shape:
-        raise CodecError(f"{path}: shape {shape} is not (k, *{space.shape})")
+    row_shape = cast("tuple[int, ...]", space.shape)  # an array or Discrete space: never None (Discrete's is ())
+    if len(shape) != 1 + len(row_shape) or shape[1:] != row_shape:
+        raise CodecError(f"{path}: shape {shape} is not (k, *{row_shape})")
     arr = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
     return arr.copy() if copy else arr
 
@@ -440,7 +448,7 @@ class ArrayLeaf:
 
     __slots__ = ("space", "dtype", "shape", "nbytes", "skeleton", "skeleton_json", "step_prefix", "step_suffix")
 
-    def __init__(self, space: gs.Space):
+    def __init__(self, space: _ArraySpace):
         self.space = space
         self.dtype = np.dtype(space.dtype)
         self.shape = tuple(space.shape)
@@ -495,10 +503,16 @@ class ArrayLeaf:
             or not math.isfinite(reward)
         ):
             return None
-        # The array itself (its buffer) joins the line: no view objects on the hot path.
-        return b"".join(
-            (self.step_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated], self.step_suffix, obs)
+        # The array itself (its buffer) joins the line: no view objects on the hot path. (The type checker
+        # does not see an ndarray as a buffer on Python < 3.12: see _array_payload.)
+        parts = (
+            self.step_prefix,
+            repr(reward).encode(),
+            _STEP_FLAGS_BYTES[terminated, truncated],
+            self.step_suffix,
+            obs,
         )
+        return b"".join(parts)  # type: ignore[arg-type]
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.

@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Set as AbstractSet
 from copy import deepcopy
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -156,7 +157,8 @@ def batch_json_space(space: JsonSpace, n: int) -> gs.Tuple:
 
     Identical to ``gymnasium.vector.utils.batch_space(space, n)``.
     """
-    return _su.batch_space(space, n)
+    # batch_space dispatches a JsonSpace to _batch_space_json below, which returns a Tuple.
+    return cast(gs.Tuple, _su.batch_space(space, n))
 
 
 @_su.batch_space.register(JsonSpace)
@@ -299,7 +301,7 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_fields(data: dict, path: str, required: set[str], optional: set[str] = frozenset()) -> None:
+def _check_fields(data: dict, path: str, required: AbstractSet[str], optional: AbstractSet[str] = frozenset()) -> None:
     keys = set(data)
     missing = required - keys
     if missing:
@@ -597,7 +599,8 @@ def seed_space_from_json(space: gs.Space, data: Any) -> None:
     if isinstance(state, dict) and state.get("bit_generator") == "PCG64":
         bit_generator = np.random.PCG64()
         try:
-            bit_generator.state = state
+            # Untrusted, hence only a dict to the type checker: the setter validates it and raises what is caught below.
+            bit_generator.state = state  # type: ignore[assignment]
         except (TypeError, ValueError, KeyError, OverflowError):
             pass
         else:

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from copy import deepcopy
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -68,7 +68,9 @@ class NoAsyncCallError(AsyncStateError, gym_error.NoAsyncCallError):
     """
 
     def __init__(self, message: str, name: str):
-        super().__init__(message)
+        # At run time this reaches RuntimeError's __init__ (it comes first in the MRO), which takes the
+        # message alone; the checker picks Gymnasium's (message, name), which is never called.
+        super().__init__(message)  # type: ignore[call-arg]
         self.name = name
 
 
@@ -76,7 +78,9 @@ class AlreadyPendingCallError(AsyncStateError, gym_error.AlreadyPendingCallError
     """A call made while another (``name``: ``"step"`` or ``"reset"``) is still pending."""
 
     def __init__(self, message: str, name: str):
-        super().__init__(message)
+        # At run time this reaches RuntimeError's __init__ (it comes first in the MRO), which takes the
+        # message alone; the checker picks Gymnasium's (message, name), which is never called.
+        super().__init__(message)  # type: ignore[call-arg]
         self.name = name
 
 
@@ -181,19 +185,19 @@ class BoltzLabsVecEnv(VectorEnv):
     def _describe_envs(self) -> list[dict]:
         """Every env's ``describe`` reply, in one batched call."""
         replies = []
-        for r in self._pool.call_envs({"op": "describe"}):
-            if r.status != OK or "error" in r.reply:
+        for r in self.pool.call_envs({"op": "describe"}):
+            reply = cast(dict, r.reply)  # call_envs parses every reply (it is not raw)
+            if r.status != OK or "error" in reply:
                 raise EnvStartError(
-                    f"env {r.index} could not describe itself: {r.reply}",
+                    f"env {r.index} could not describe itself: {reply}",
                     index=r.index,
-                    stderr_tail=str(r.reply.get("stderr", "")),
+                    stderr_tail=str(reply.get("stderr", "")),
                 )
-            replies.append(r.reply)
+            replies.append(reply)
         return replies
 
     def _setup_from_pool(self, observation_mode: str | tuple[gym.Space, gym.Space]) -> None:
-        pool = self._pool
-        self.num_envs = pool.n
+        self.num_envs = self.pool.n
         described = self._describe_envs()
         d = described[0]
         self._gym_server = d.get("server") == "gym"
@@ -209,8 +213,8 @@ class BoltzLabsVecEnv(VectorEnv):
         _check_env_spaces(
             observation_mode, self.single_observation_space, self.single_action_space, obs_spaces, action_spaces
         )
-        env_meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
-        self.metadata = dict(env_meta)
+        env_meta = d.get("metadata")
+        self.metadata = dict(env_meta) if isinstance(env_meta, dict) else {}
         self.metadata["autoreset_mode"] = self.autoreset_mode
         self.metadata.setdefault("render_modes", [])
         self.render_mode = d.get("render_mode")
@@ -264,8 +268,9 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ClosedEnvironmentError("this vector env is closed")
         return self._pool
 
+    # VectorEnv declares an int; SyncVectorEnv and AsyncVectorEnv return every env's seed as a tuple, and so do we.
     @property
-    def np_random_seed(self) -> tuple:
+    def np_random_seed(self) -> tuple:  # type: ignore[override]
         """The seed of every env's random generator, as a tuple (what ``SyncVectorEnv`` returns).
 
         Env directories served by ``serve()`` have no Gymnasium ``np_random_seed``: for them,
@@ -306,14 +311,18 @@ class BoltzLabsVecEnv(VectorEnv):
     def _decode_value(self, obj: Any, payloads: list) -> Any:
         return codec.decode_info(obj, payloads, copy=True)
 
-    def _read_reset(self, r: EnvResult) -> ResetOutcome:
-        """A reset result read by :mod:`~boltzlabs_gym.results`; a failed env's obs is the zero obs."""
-        out = read_reset(r, self._pool.reset_timeout, self._obs_decoders[r.index], self._decode_info)
+    def _read_reset(self, r: EnvResult, reset_timeout: float) -> ResetOutcome:
+        """A reset result read by :mod:`~boltzlabs_gym.results`; a failed env's obs is the zero obs.
+
+        ``reset_timeout`` is the pool's, read once per batch by the caller."""
+        out = read_reset(r, reset_timeout, self._obs_decoders[r.index], self._decode_info)
         return out if out.obs is not None else out._replace(obs=deepcopy(self._zero_obs))
 
-    def _read_step(self, r: EnvResult) -> Transition:
-        """A step result read by :mod:`~boltzlabs_gym.results`, with zero obs where none could be had."""
-        t = read_step(r, self._pool.step_timeout, self._obs_decoders[r.index], self._decode_info)
+    def _read_step(self, r: EnvResult, step_timeout: float) -> Transition:
+        """A step result read by :mod:`~boltzlabs_gym.results`, with zero obs where none could be had.
+
+        ``step_timeout`` is the pool's, read once per batch by the caller."""
+        t = read_step(r, step_timeout, self._obs_decoders[r.index], self._decode_info)
         if t.obs is None:
             t = t._replace(obs=deepcopy(self._zero_obs))
         if t.reset_info is not None and t.reset_obs is None:
@@ -347,12 +356,13 @@ class BoltzLabsVecEnv(VectorEnv):
         """Send the batched reset of :meth:`reset`; collect it with :meth:`reset_wait`."""
         self._check_open()
         n = self.num_envs
+        seeds: list[int | None]
         if seed is None:
             seeds = [None] * n
         elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds = [int(seed) + i for i in range(n)]
         else:
-            seeds = list(seed)
+            seeds = list(seed)  # type: ignore[arg-type]  # a bool seed lands here too: list() refuses it (TypeError)
             if len(seeds) != n:
                 raise ValueError(
                     f"If seeds are passed as a list the length must match num_envs={n} but got length={len(seeds)}."
@@ -389,6 +399,7 @@ class BoltzLabsVecEnv(VectorEnv):
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
         results = self._wait(timeout, raw=False)
+        reset_timeout = self.pool.reset_timeout
         if mask is None:
             self._terminations[:] = False
             self._truncations[:] = False
@@ -399,7 +410,7 @@ class BoltzLabsVecEnv(VectorEnv):
             self._autoreset_envs[mask] = False
         infos: dict = {}
         for r in results:
-            self._env_obs[r.index], env_info, failure = self._read_reset(r)
+            self._env_obs[r.index], env_info, failure = self._read_reset(r, reset_timeout)
             infos = self._add_info(infos, env_info, r.index)
             if failure is not None:
                 self._autoreset_envs[r.index] = self.autoreset_mode != AutoresetMode.DISABLED
@@ -417,9 +428,10 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_idle("step_async")
         ints = self._discrete_actions(actions)
         per_env = ints if ints is not None else self._split_actions(actions)
-        items = []
+        items: list[tuple[int, dict[str, Any], Sequence[Any]]] = []
         reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
         mode = self.autoreset_mode
+        payloads: Sequence[Any]
         for i, action in enumerate(per_env):
             if self._autoreset_envs[i] and mode != AutoresetMode.DISABLED:
                 items.append((i, {"op": "reset", "seed": None}, ()))
@@ -454,9 +466,12 @@ class BoltzLabsVecEnv(VectorEnv):
             raise NoAsyncCallError(
                 "Calling `step_wait` without any prior call to `step_async`.", AsyncState.WAITING_STEP.value
             )
-        reset_ops, self._pending_reset_ops = self._pending_reset_ops, None
+        # step_async sets it together with WAITING_STEP.
+        reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
         results = self._wait(timeout, raw=True)
+        pool = self.pool
+        step_timeout, reset_timeout = pool.step_timeout, pool.reset_timeout
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
@@ -467,13 +482,13 @@ class BoltzLabsVecEnv(VectorEnv):
                 continue
             parse_result(r)
             if reset_ops[i]:
-                self._env_obs[i], env_info, failure = self._read_reset(r)
+                self._env_obs[i], env_info, failure = self._read_reset(r, reset_timeout)
                 self._rewards[i] = 0.0
                 self._terminations[i] = False
                 self._truncations[i] = failed[i] = failure is not None
                 infos = self._add_info(infos, env_info, i)
                 continue
-            obs, reward, term, trunc, env_info, failure, reset_obs, reset_info = self._read_step(r)
+            obs, reward, term, trunc, env_info, failure, reset_obs, reset_info = self._read_step(r, step_timeout)
             self._env_obs[i], self._rewards[i], self._terminations[i], self._truncations[i] = obs, reward, term, trunc
             failed[i] = failure is not None
             if same_step and (term or trunc):
@@ -501,7 +516,7 @@ class BoltzLabsVecEnv(VectorEnv):
     def _take_plain_step(self, leaf: codec.ArrayLeaf, r: EnvResult, same_step: bool) -> bool:
         """Store a plain step's transition (array obs, empty info, no autoreset) without
         parsing JSON; False, storing nothing, for any other reply."""
-        parsed = leaf.parse_step_line(r.raw)
+        parsed = leaf.parse_step_line(r.raw)  # type: ignore[arg-type]  # raw results always carry their line
         if parsed is None or len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
             return False
         reward, terminated, truncated = parsed
