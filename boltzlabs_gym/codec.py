@@ -180,10 +180,9 @@ def _encode_int(value: Any, path: str, what: str) -> Any:
         value = value[()]
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise CodecError(f"{path}: {what} must be an integer, got {type(value).__name__}")
-    if type(value) is int:
-        return value
-    # Past the plain-int return, a numpy integer: mypy does not narrow on `type(x) is int`.
-    return {NP: [value.dtype.str, int(value)]}  # type: ignore[union-attr]
+    if isinstance(value, np.integer):
+        return {NP: [value.dtype.str, int(value)]}
+    return int(value)  # an int, or a subclass such as an IntEnum member: its plain value
 
 
 def _encode_rows(space: gs.Space, batched: gs.Space, rows: Any, payloads: list, zero_copy: bool, path: str) -> Any:

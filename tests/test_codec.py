@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 
 import numpy as np
@@ -137,6 +138,9 @@ def test_encode_casts_to_space_dtype_and_checks_shape():
     assert encode(gs.Discrete(3), np.array(2, np.int32))[0] == {"__np__": ["<i4", 2]}
     back = decode(gs.Discrete(3), *_wire(*encode(gs.Discrete(3), np.int32(2))))
     assert type(back) is np.int32 and back == 2
+    # An int subclass (an IntEnum member) crosses as its plain value; it used to raise AttributeError.
+    level = enum.IntEnum("Level", {"LOW": 1})
+    assert encode(gs.Discrete(3), level.LOW)[0] == 1 and type(encode(gs.Discrete(3), level.LOW)[0]) is int
     with pytest.raises(CodecError, match="Text"):
         encode(gs.Text(3), b"ab")
     with pytest.raises(CodecError, match="lacks key"):
