@@ -54,6 +54,7 @@ from .spaces import JsonSpace
 __all__ = [
     "CodecError",
     "encode",
+    "encode_action",
     "decode",
     "encode_info",
     "decode_info",
@@ -119,6 +120,35 @@ def encode(space: gs.Space, value: Any, payloads: list | None = None, *, zero_co
     if payloads is None:
         payloads = []
     return _encode(space, value, payloads, zero_copy, "value"), payloads
+
+
+def encode_action(space: gs.Space, value: Any) -> tuple[Any, list]:
+    """Encode one env's action as :func:`encode` does, except that a top-level array action
+    given as a numpy array or scalar of another numeric dtype keeps that dtype.
+
+    ``SyncVectorEnv`` hands each env a row of the caller's batch as it is (a ``float64``
+    row for a ``float32`` space, a numpy scalar for ``Box(())``); the env side decodes such
+    an action with :meth:`ArrayLeaf.decode_action`, so the env sees the same. Array leaves
+    inside Dict/Tuple actions are cast to their space's dtype, as :func:`encode` does.
+
+    >>> from gymnasium import spaces
+    >>> encode_action(spaces.Box(-1, 1, (2,)), np.zeros(2, np.float64))[0]
+    {'__nd__': [0, '<f8', [2]]}
+    >>> encode_action(spaces.Box(-1, 1, (2,)), [0.0, 0.5])[0]
+    {'__nd__': [0, '<f4', [2]]}
+    """
+    if (
+        isinstance(space, _ARRAY_SPACES)
+        and isinstance(value, (np.ndarray, np.generic))
+        and value.dtype != space.dtype
+        and value.dtype.kind in "biuf"
+    ):
+        arr = _contiguous(np.asarray(value))
+        if arr.shape != space.shape:
+            raise CodecError(f"value: shape {arr.shape} does not match the space's {space.shape}")
+        payloads: list = []
+        return _encode_array(arr, payloads, False), payloads
+    return encode(space, value)
 
 
 def _encode(space: gs.Space, value: Any, payloads: list, zero_copy: bool, path: str) -> Any:
@@ -468,6 +498,18 @@ class ArrayLeaf:
         if obj == self.skeleton and payloads and _payload_len(payloads[0]) == self.nbytes:
             return np.frombuffer(payloads[0], dtype=self.dtype).reshape(self.shape).copy()
         return decode(self.space, obj, payloads, copy=True)
+
+    def decode_action(self, obj: Any, payloads: Payloads) -> np.ndarray:
+        """An action as :func:`encode_action` sent it: a writable array of the space's shape in
+        the sender's numeric dtype (the space's own, unless the caller's batch had another)."""
+        if obj == self.skeleton and payloads and _payload_len(payloads[0]) == self.nbytes:
+            return np.frombuffer(payloads[0], dtype=self.dtype).reshape(self.shape).copy()
+        if isinstance(obj, dict) and ND in obj:
+            k, dtype, shape = _parse_nd(obj, payloads, "action")
+            if shape != self.shape:
+                raise CodecError(f"action: shape {shape} does not match the space's {self.shape}")
+            return np.frombuffer(payloads[k], dtype=dtype).reshape(shape).copy()
+        return decode(self.space, obj, payloads, copy=True, lenient=True)
 
     # A step with an empty info and no autoreset is the hot path of every rollout. Its reply
     # line has one fixed shape (protocol.STEP_REPLY_LAYOUT), written by the env's gym server and

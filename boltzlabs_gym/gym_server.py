@@ -171,8 +171,11 @@ class GymServer:
     def _decode_action(self, obj: Any, payloads: Sequence) -> Any:
         if self._discrete is not None and type(obj) is int and self._discrete[0] <= obj < self._discrete[1]:
             return self._discrete[2](obj)
-        if self._action_leaf is not None and isinstance(obj, dict):
-            return self._action_leaf.decode(obj, payloads)
+        leaf = self._action_leaf
+        if leaf is not None:
+            action = leaf.decode_action(obj, payloads)
+            # SyncVectorEnv hands a Box(()) env an element of the batch: a numpy scalar.
+            return action[()] if not leaf.shape else action
         return decode(self.action_space, obj, payloads, copy=True, lenient=True)
 
     def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:

@@ -305,7 +305,7 @@ class BoltzLabsVecEnv(VectorEnv):
         if self._discrete_action and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             return int(action), []  # the env casts it to its space's dtype, as on the int fast path
         if self._gym_server:
-            return codec.encode(self.single_action_space, action)
+            return codec.encode_action(self.single_action_space, action)
         return codec.to_json_safe(action), []
 
     def _decode_value(self, obj: Any, payloads: list) -> Any:

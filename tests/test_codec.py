@@ -16,6 +16,7 @@ from boltzlabs_gym.codec import (
     decode,
     decode_info,
     encode,
+    encode_action,
     encode_info,
     to_json_safe,
 )
@@ -450,3 +451,21 @@ def test_graph_values_are_checked_against_the_space():
     obj = {"nodes": {"__nd__": [0, "<f4", [2, 3]]}, "edges": {"__nd__": [1, "<i8", [1]]}, "edge_links": links}
     with pytest.raises(CodecError, match="expected integers of shape"):
         decode(space, obj, [bytes(24), bytes(8), bytes(16)])
+
+
+def test_an_array_action_keeps_the_callers_numeric_dtype_across():
+    """encode_action / ArrayLeaf.decode_action: what SyncVectorEnv hands an env (issue #20 item 5)."""
+    box = gs.Box(-1, 1, (2,), np.float32)
+    leaf = ArrayLeaf(box)
+    got = leaf.decode_action(*_wire(*encode_action(box, np.array([0.5, -0.25], np.float64))))
+    assert got.dtype == np.float64 and got.tolist() == [0.5, -0.25] and got.flags.writeable
+    same = leaf.decode_action(*_wire(*encode_action(box, np.array([0.5, 1.0], np.float32))))
+    assert same.dtype == np.float32
+    listed = leaf.decode_action(*_wire(*encode_action(box, [0.5, 1.0])))
+    assert listed.dtype == np.float32  # a list has no dtype of its own: the space's
+    with pytest.raises(CodecError, match="shape"):
+        encode_action(box, np.zeros(3, np.float64))
+    with pytest.raises(CodecError, match="shape"):
+        leaf.decode_action(*_wire(*encode(gs.Box(-1, 1, (3,)), np.zeros(3, np.float32))))
+    with pytest.raises(CodecError, match="dtype"):
+        leaf.decode_action({"__nd__": [0, "|O", [2]]}, [b"x" * 16])

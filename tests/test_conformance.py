@@ -462,8 +462,6 @@ class ScalarActionEnv(gym.Env):
         return np.zeros((), np.float32), 0.0, False, False, info
 
 
-@pytest.mark.xfail(strict=True, reason="issue #20 item 5: Box(()) actions need the env side (gym_server) "
-                                       "to accept the caller's dtype; see the README's table")
 def test_scalar_box_actions_reach_the_env_in_the_callers_dtype():
     ours, ref = vectors([ScalarActionEnv] * 2)
     try:
