@@ -17,11 +17,18 @@ life of the process::
 
 The protocol (one request line in, one reply line out, JSON, UTF-8)::
 
+    {"op": "describe"}                           ->  {"observation_space": ..., "action_space": ...,
+                                                      "metadata": {...}}
     {"op": "reset", "seed": 3, "options": {}}   ->  {"obs": ..., "info": {...}}
     {"op": "step", "action": ...}                ->  {"obs": ..., "reward": 1.0,
                                                       "terminated": false,
                                                       "truncated": false, "info": {...}}
     {"op": "close"}                              ->  {} and the process exits
+
+A started env's first request is a ``describe`` (it proves the env is up without
+resetting it: the trainer's first ``reset`` is the env's first reset); an env that
+speaks the protocol itself may answer it with ``{}``, or any object, if it has nothing
+to describe. A hard reset's start sends its seeded ``reset`` instead.
 
 A line may announce raw binary payloads that follow it: ``"_bin": [n0, n1, ...]``
 lists their byte lengths, and the bytes follow the newline back to back.  Anything
