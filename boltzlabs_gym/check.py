@@ -115,7 +115,6 @@ def check_env_dir(
                 f"describe: observation_space={spaces.get('observation_space')} "
                 f"action_space={spaces.get('action_space')}"
             )
-        pool.reset(seed=0)
         r = pool.call_envs({"op": "reset", "seed": 0})[0]
         failed = _failure_problem(r, "reset")
         problems += [failed] if failed else _problems_in_reset(r.reply or {})

@@ -65,8 +65,6 @@ class Lane:
     """
 
     def __init__(self, step_timeout: float, reset_timeout: float):
-        self.step_timeout = step_timeout
-        self.reset_timeout = reset_timeout
         self._timeouts = OpTimeouts(step_timeout, reset_timeout)  # the worker's rule (boltzlabs_gym.lending)
         self._envs: dict[int, _Lent] = {}
         self._by_fd: dict[int, _Lent] = {}

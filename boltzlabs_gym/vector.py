@@ -357,10 +357,12 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_open()
         n = self.num_envs
         seeds: list[int | None]
+        # An int seed gives env i the seed seed + i, and seeds the vector env's own generator.
+        base = int(seed) if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) else None
         if seed is None:
             seeds = [None] * n
-        elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            seeds = [int(seed) + i for i in range(n)]
+        elif base is not None:
+            seeds = [base + i for i in range(n)]
         else:
             seeds = list(seed)  # type: ignore[arg-type]  # a bool seed lands here too: list() refuses it (TypeError)
             if len(seeds) != n:
@@ -383,8 +385,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self.pool.batch_async(items)
         self._pending_reset_mask = mask
         self._state = AsyncState.WAITING_RESET
-        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-            self._np_random, self._np_random_seed = seeding.np_random(int(seed))
+        if base is not None:
+            self._np_random, self._np_random_seed = seeding.np_random(base)
         for i in indices:
             if seeds[i] is not None:
                 self._env_seeds[i] = seeds[i]
