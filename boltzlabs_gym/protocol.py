@@ -49,6 +49,44 @@ the pool steps them itself; everything else about those envs stays with the work
 A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
 an env by (its deadline, a late call's message, stray output) are in
 :mod:`boltzlabs_gym.lending`.
+
+Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.grouping`).
+With K > 1 one sandboxed process hosts up to K envs of the pool, its *slots*: env ``i``
+lives in sandbox ``i // K``, slot ``i % K`` (the last sandbox may host fewer). The worker,
+its batch items and the lane then address sandboxes, not envs; the pool packs the ops of a
+sandbox's envs into one **group request** and unpacks the one **group reply**. The process
+learns its envs from its environment: ``BOLTZLABS_ENVS_PER_SANDBOX`` (K),
+``BOLTZLABS_ENV_COUNT`` (m, the envs it hosts) and ``BOLTZLABS_ENV_INDEX`` (the pool index
+of its slot 0). A group request line::
+
+    {"op": NAME, "slots": [s, ...], "ops": [op, ...], "autoreset": true, "nbin": [c, ...], "_bin": [...]}
+
+``slots`` are distinct slot numbers in ``[0, m)``; ``ops[p]`` is the per-env op of slot
+``slots[p]`` exactly as a one-env process gets it, or an int ``a``: shorthand for
+``{"op": "step", "action": a}`` (plus ``"autoreset": true`` when the group has it).
+``nbin`` (absent: none) counts each op's payloads; they follow the line op by op, and an
+op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`group_op_name`
+of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.lending`), so a group
+with a step in it is held to the step deadline, once, for the whole request. The process
+serves the ops in order and answers with one group reply line::
+
+    {"n": P, "obs": {"__nd__": [0, dtype, [P, ...]]} | null, "reward": {"__nd__": [1, "<f8", [P]]} | null,
+     "flags": {"__nd__": [2, "|u1", [P]]} | null, "replies": {"p": reply, ...}, "_bin": [...]}
+
+``P`` is the number of ops. A position ``p`` not in ``replies`` is *plain*: its observation
+is row ``p`` of ``obs``, its reward ``reward[p]``, ``flags[p]`` has bit 0 for terminated and
+bit 1 for truncated, its info is empty (a plain reset: the row and an empty info). Every
+other position (an info, an autoreset's reset observation, an error, any op but step and
+reset, an observation that is not one array) has its whole one-env reply in ``replies``
+under its position as a string, with its own ``"_bin"`` sizes. The payloads follow the line
+in this order: ``obs``, ``reward`` and ``flags`` when present (all three or none), then the
+payloads of each reply in position order; the top-level ``"_bin"`` lists them all. A request
+that cannot be served (not a group, bad slots) is answered ``{"error": str}``.
+
+While it serves position ``p`` the process keeps ``slots[p]`` (int32, little-endian; -1
+between requests) in the 4-byte file :data:`PROGRESS_FILE` of its workspace, so that when a
+sandbox must be killed (a missed deadline, a crash) the worker can tell which env was
+running: that env is reported as the failure, the others as restarted because of it.
 """
 
 from __future__ import annotations
@@ -90,6 +128,33 @@ FAULTS = "faults"
 ADOPT = "adopt"
 #: The batch item op by which a local pool hands back a lent env whose call failed on its side.
 LENT_FAULT = "lent_fault"
+
+
+#: Group requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
+GROUP_SLOTS, GROUP_OPS, GROUP_NBIN, GROUP_AUTORESET = "slots", "ops", "nbin", "autoreset"
+GROUP_N, GROUP_OBS, GROUP_REWARD, GROUP_FLAGS, GROUP_REPLIES = "n", "obs", "reward", "flags", "replies"
+#: Bits of a group reply's ``flags``.
+FLAG_TERMINATED, FLAG_TRUNCATED = 1, 2
+#: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
+PROGRESS_FILE = ".boltzlabs-progress"
+#: The most envs one sandbox may host.
+MAX_ENVS_PER_SANDBOX = 4096
+
+
+def group_op_name(ops: Sequence[Any]) -> str:
+    """The name of a group request with these per-env ops (ints are steps): ``"step"`` if any op
+    steps, else ``"reset"`` if any resets, else the first op's name.
+
+    >>> group_op_name([1, {"op": "reset", "seed": None}])
+    'step'
+    >>> group_op_name([{"op": "describe"}, {"op": "describe"}])
+    'describe'
+    """
+    names = ["step" if type(op) is int else op.get("op") for op in ops]
+    for name in ("step", "reset"):
+        if name in names:
+            return name
+    return str(names[0]) if names else "step"
 
 
 def check_poll_us(name: str, value: object) -> float:
