@@ -42,6 +42,7 @@ POOL_OPTIONS = (
     "busy_poll_us",
     "env_aslr",
     "direct",
+    "envs_per_sandbox",
 )
 
 

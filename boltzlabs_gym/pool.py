@@ -32,6 +32,7 @@ import zmq
 
 from .archive import pack_dir
 from .errors import AsyncStateError, PoolClosedError
+from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack
 from .link import WorkerLink, start_local_worker
 from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, jsonable
 from .results import EnvResult, parse_result, read_reset, read_step
@@ -89,6 +90,15 @@ class RLPool:
             see :mod:`boltzlabs_gym.lane`) instead of through the worker: one process hop
             less per step, same limits, deadlines and failure reports. ``False`` sends
             everything through the worker, as remote pools always do.
+        envs_per_sandbox: how many envs share one sandboxed process (default 1: every env
+            in its own). With K > 1 env ``i`` is slot ``i % K`` of sandbox ``i // K``: one
+            request and one reply per sandbox per batch, array observations in one block
+            (much faster for cheap envs), but the K envs of a sandbox share its memory, files
+            and fate: a crash or a missed deadline restarts all of them, and ``step_timeout``
+            covers the sandbox's K steps, served one after another. Limits (memory,
+            processes) apply per sandbox. Keep K = 1 for untrusted code; see
+            :mod:`boltzlabs_gym.grouping` and the README's failure table. Env directories must
+            serve independent instances (``serve(factory=...)``) for K > 1.
     """
 
     def __init__(
@@ -113,6 +123,7 @@ class RLPool:
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         env_aslr: bool = False,
         direct: bool = True,
+        envs_per_sandbox: int = 1,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -128,10 +139,18 @@ class RLPool:
         if not isinstance(direct, bool):
             raise ValueError(f"direct must be True or False, got {direct!r}")
         self.direct = direct
+        self.envs_per_sandbox = check_envs_per_sandbox(envs_per_sandbox)
+        #: Which sandbox and slot each env has (one env per sandbox unless ``envs_per_sandbox`` > 1).
+        self.layout = SandboxLayout(n, self.envs_per_sandbox)
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
         if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
             raise ValueError(f"split must give one count per worker and sum to n={n}, got {split!r}")
+        if split is not None and any(c % envs_per_sandbox for c in list(split)[:-1]):
+            raise ValueError(
+                f"split counts must be multiples of envs_per_sandbox={envs_per_sandbox} (but the last): "
+                f"a sandbox cannot span workers; got {split!r}"
+            )
         self.n = n
         self.heartbeat_interval = float(heartbeat_interval)
         self.busy_poll_us = float(busy_poll_us)
@@ -162,6 +181,10 @@ class RLPool:
         self._links: list[WorkerLink] = []
         self._route: Route  # how batches reach the envs, chosen at start-up
         self._last_obs: list = [None] * n
+        #: Grouped batches (envs_per_sandbox > 1): the plan of the batch in flight, and envs
+        #: whose sandbox was restarted while they were not in a request, with the reason.
+        self._plans: list[GroupPlan] | None = None
+        self._restarted: dict[int, str] = {}
         self._ctx = zmq.Context()
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links)
         try:
@@ -181,11 +204,13 @@ class RLPool:
                     "serialize_measurement": bool(serialize_measurement),
                     "env_vars": dict(env_vars or {}),
                     "env_aslr": env_aslr,
+                    "envs_per_sandbox": self.envs_per_sandbox,
                     # A local worker dies with this process; only remote ones need a lease.
                     "lease_s": float(lease) if workers else 86400.0,
                 },
                 n,
                 self.start_timeout,
+                self.envs_per_sandbox,
             )
             self.start_progress = (n, n)
         except BaseException:
@@ -196,17 +221,22 @@ class RLPool:
     def _start_links(self, workers: Sequence[str] | None, split: Sequence[int] | None) -> None:
         """Connect to the workers (or start our own) and choose the route batches take."""
         heartbeat = {"heartbeat_interval": self.heartbeat_interval, "heartbeat_timeout": self.heartbeat_timeout}
+        # Links, routes and workers count sandboxes (processes); with one env each, envs.
+        k, sandboxes = self.envs_per_sandbox, self.layout.sandboxes
         if workers:
-            connect_workers(self._ctx, workers, self.n, split, self._links, keys=self._keys, seq=self._seq, **heartbeat)
-            routes = [WorkerRoute(link, self.n) for link in self._links]
-            self._route = routes[0] if len(routes) == 1 else SplitRoute(routes, self.n)
+            per_worker = None if split is None else [-(-c // k) for c in split]
+            connect_workers(
+                self._ctx, workers, sandboxes, per_worker, self._links, keys=self._keys, seq=self._seq, **heartbeat
+            )
+            routes = [WorkerRoute(link, sandboxes) for link in self._links]
+            self._route = routes[0] if len(routes) == 1 else SplitRoute(routes, sandboxes)
             return
-        link = start_local_worker(self.n, self.busy_poll_us, seq=self._seq, **heartbeat)
+        link = start_local_worker(sandboxes, self.busy_poll_us, seq=self._seq, **heartbeat)
         self._links.append(link)  # closed by the finalizer whatever happens next
-        if self.direct and lane_possible(self.n):
-            self._route = LaneRoute(link, self.n, self.step_timeout, self.reset_timeout)
+        if self.direct and lane_possible(sandboxes):
+            self._route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout)
         else:
-            self._route = WorkerRoute(link, self.n)
+            self._route = WorkerRoute(link, sandboxes)
 
     # ------------------------------------------------------------------ batched calls
     def _check_open(self) -> None:
@@ -221,14 +251,47 @@ class RLPool:
         self._check_open()
         if self._in_flight:
             raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
-        self._sent_at = self._route.send(items)
+        if self.envs_per_sandbox > 1:
+            self._send_grouped(items)
+        else:
+            self._sent_at = self._route.send(items)
         self._in_flight = True
 
-    def batch_wait(self, timeout: float | None = None, *, raw: bool = False) -> list[EnvResult]:
+    def _send_grouped(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> None:
+        """Send per-env ``items`` as one group request per sandbox (see :mod:`~boltzlabs_gym.grouping`);
+        envs whose sandbox was restarted under them are answered here, on their next step."""
+        answered: list[tuple[int, EnvResult]] = []
+        self._sent_positions: list[int] | None = None
+        if self._restarted:
+            items, answered = self._answer_restarted(items)
+        grouped, plans = pack(self.layout, items)
+        self._sent_at = self._route.send(grouped) if grouped else time.perf_counter()
+        self._plans = plans
+        self._answered = answered
+        self._batch_size = len(items) + len(answered)  # every item: sent, or answered here
+
+    def _answer_restarted(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> tuple[list, list]:
+        """Steps of envs whose sandbox was restarted while they were idle (a neighbour failed) are
+        not sent: the env lost its episode, and says so here, as a failed step."""
+        sent, answered = [], []
+        for pos, item in enumerate(items):
+            index, op = item[0], item[1]
+            reason = self._restarted.pop(index, None) if isinstance(index, (int, np.integer)) else None
+            if reason is not None and type(op) is dict and op.get("op") == "step":
+                answered.append((pos, EnvResult(int(index), ERROR, {"message": reason}, [])))
+            else:
+                sent.append((pos, item))
+        self._sent_positions = [pos for pos, _ in sent]
+        return [item for _, item in sent], answered
+
+    def batch_wait(self, timeout: float | None = None, *, raw: bool = False, grouped: bool = False) -> list:
         """Collect the replies of :meth:`batch_async`, in the order of its items.
 
         ``raw=True`` leaves each reply line unparsed (``EnvResult.raw``), for a caller with
-        a faster parser of its own; :func:`parse_result` parses one.
+        a faster parser of its own; :func:`parse_result` parses one. ``grouped=True`` (with
+        ``envs_per_sandbox`` > 1) returns one :class:`~boltzlabs_gym.grouping.GroupResult` per
+        sandbox instead, for a caller that reads their arrays whole (then calls
+        :meth:`note_restarted` with each), plus per-env results answered without a request.
         """
         self._check_open()
         if not self._in_flight:
@@ -236,16 +299,48 @@ class RLPool:
         if timeout is None:
             timeout = self.start_timeout + max(self.step_timeout, self.reset_timeout) + 30.0
         try:
-            results, per_worker_ms = self._route.wait(timeout, raw)
+            if self.envs_per_sandbox > 1:
+                results, per_worker_ms = self._wait_grouped(timeout, raw, grouped)
+            else:
+                results, per_worker_ms = self._route.wait(timeout, raw)
         finally:
             # Whatever happened, this call is over: a late reply will be dropped by its tag.
             self._in_flight = False
         self._record_timing(results, per_worker_ms, self._sent_at)
         return results
 
+    def _wait_grouped(self, timeout: float, raw: bool, grouped: bool) -> tuple[list, dict[str, float]]:
+        """The sandboxes' replies: as :class:`GroupResult` (``grouped``), else as per-env results in item order."""
+        plans, self._plans = self._plans or [], None
+        replies, per_worker_ms = self._route.wait(timeout, True) if plans else ([], {})
+        first = self.layout.k
+        groups = [GroupResult(plan, r, plan.sandbox * first) for plan, r in zip(plans, replies)]
+        answered = self._answered
+        if grouped:
+            return [*groups, *(r for _pos, r in answered)], per_worker_ms
+        results: list = [None] * self._batch_size
+        positions = self._sent_positions
+        for group in groups:
+            for pos, r in zip(group.plan.positions, group.expand()):
+                results[positions[pos] if positions else pos] = r
+            self.note_restarted(group)
+        for pos, r in answered:
+            results[pos] = r
+        if not raw:
+            results = [parse_result(r) for r in results]
+        return results, per_worker_ms
+
+    def note_restarted(self, group: GroupResult) -> None:
+        """Remember the envs of a failed sandbox that were not in its request (see :meth:`_answer_restarted`)."""
+        if group.restarted:
+            self._restarted.update(group.restarted)
+
     def _record_timing(self, results: list[EnvResult], per_worker_ms: dict, t0: float) -> None:
-        stragglers = tuple(r.index for r in results if r.status == STRAGGLER)
-        errors = tuple(r.index for r in results if r.status == ERROR)
+        failed = results
+        if self.envs_per_sandbox > 1:
+            failed = [f for r in results for f in (r.failures() if type(r) is GroupResult else (r,))]
+        stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
+        errors = tuple(r.index for r in failed if r.status == ERROR)
         t = self.timing
         self.timing = Timing(
             worker_ms=max(per_worker_ms.values(), default=0.0),
@@ -254,7 +349,7 @@ class RLPool:
             stragglers=stragglers,
             errors=errors,
             calls=t.calls + 1,
-            env_steps=t.env_steps + len(results),
+            env_steps=t.env_steps + sum(len(r.plan.indices) if type(r) is GroupResult else 1 for r in results),
             total_stragglers=t.total_stragglers + len(stragglers),
             total_errors=t.total_errors + len(errors),
         )
@@ -315,17 +410,20 @@ class RLPool:
 
         ``seed``: an int gives env ``i`` the seed ``seed + i``; a list gives one seed
         per env. ``hard=True`` kills each selected env's process tree, wipes its
-        workspace and starts it afresh (byte-identical start). Unselected envs keep
-        their last observation in their slot. Per-env reset infos land in
-        :attr:`reset_infos`.
+        workspace and starts it afresh (byte-identical start); with ``envs_per_sandbox``
+        > 1 that restarts every env of its sandbox, and the unselected ones come back
+        reset too (seed ``None``, ``reset_infos[i]["boltzlabs_restarted"]`` says why).
+        Other unselected envs keep their last observation in their slot. Per-env reset
+        infos land in :attr:`reset_infos`.
         """
         self._check_open()
         mask = self._validate_mask(where)
         seeds = self._validate_seeds(seed)
         op_name = "hard_reset" if hard else "reset"
+        widened = self._widen_to_sandboxes(mask) if hard and self.envs_per_sandbox > 1 else mask
         items = []
-        for i in np.flatnonzero(mask):
-            op = {"op": op_name, "seed": seeds[i]}
+        for i in np.flatnonzero(widened):
+            op = {"op": op_name, "seed": seeds[i] if mask[i] else None}
             if options:
                 op["options"] = jsonable(options)
             items.append((int(i), op, ()))
@@ -337,8 +435,19 @@ class RLPool:
         deadline_s = self.start_timeout if hard else self.reset_timeout
         for r in results:
             obs[r.index], self.reset_infos[r.index], _ = read_reset(r, deadline_s)
+            if not mask[r.index]:
+                self.reset_infos[r.index]["boltzlabs_restarted"] = (
+                    "its sandbox was restarted by a neighbour's hard reset"
+                )
         self._last_obs = obs
         return obs
+
+    def _widen_to_sandboxes(self, mask: np.ndarray) -> np.ndarray:
+        """A hard reset restarts whole sandboxes: ``mask`` grown to every env of a sandbox it touches."""
+        k = self.envs_per_sandbox
+        touched = np.zeros(self.layout.sandboxes * k, dtype=bool)
+        touched[: self.n] = mask
+        return np.repeat(touched.reshape(-1, k).any(axis=1), k)[: self.n]
 
     # ------------------------------------------------------------------ validation
     def _validate_actions(self, actions: Sequence[Any]) -> list:
@@ -384,16 +493,23 @@ class RLPool:
     def memory(self) -> list[int]:
         """PSS in bytes of each env's whole process tree, in index order.
 
+        With ``envs_per_sandbox`` > 1 the envs of a sandbox share one process tree: each is
+        given an equal share of its PSS.
+
         In ``mode="boltz"`` the pages envs share with their template are split between
         them by PSS; the template's own share is :attr:`template_pss` after this call.
         """
         self._check_open()
         out = [0] * self.n
         template = 0
+        layout = self.layout
         for link in self._links:
             header = link.call({"op": "memory"}, timeout=60.0)
             for local, pss in enumerate(header["pss"]):
-                out[link.start + local] = int(pss)
+                # A sandbox of several envs: its PSS split evenly between them.
+                envs = layout.envs(link.start + local)
+                for i in envs:
+                    out[i] = int(pss) // len(envs)
             template += int(header.get("template_pss", 0))
         self.template_pss = template
         return out

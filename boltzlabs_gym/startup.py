@@ -82,10 +82,18 @@ def connect_workers(
 
 
 def open_sessions(
-    links: Sequence[WorkerLink], archive: bytes, digest: str, config: dict, n: int, start_timeout: float
+    links: Sequence[WorkerLink],
+    archive: bytes,
+    digest: str,
+    config: dict,
+    n: int,
+    start_timeout: float,
+    envs_per_sandbox: int = 1,
 ) -> IsolationReport | None:
     """Create a session of envs on every link's worker (uploading the archive where it is
     missing, asking for lent envs where the link has a lane); the isolation they run under.
+
+    Links count sandboxes; ``n`` envs, ``envs_per_sandbox`` to a sandbox, are split along them.
 
     Every reply is collected even after a failure, so that started sessions can be closed.
     """
@@ -95,15 +103,18 @@ def open_sessions(
             link.call({"op": "upload", "hash": digest}, [archive], timeout=120.0)
             link.uploaded = True
     seqs = []
+    k = envs_per_sandbox
     for link in links:
-        header = dict(config, op="create", hash=digest, n=link.count, index_offset=link.start)
+        envs = min(link.count * k, n - link.start * k)
+        header = dict(config, op="create", hash=digest, n=envs, index_offset=link.start * k)
         if link.lane is not None:
             header[LEND] = True
         seqs.append(link.send(header))
     # Every env may queue behind max_starting others: allow for the whole stagger.
-    timeout = start_timeout * (1 + n / 4) + 30.0
+    sandboxes = sum(link.count for link in links)
+    timeout = start_timeout * (1 + sandboxes / 4) + 30.0
     # A progress bar for big pools, on a terminal only (nothing in logs or CI output).
-    bar = _ProgressBar(links, n) if n >= 32 and sys.stderr.isatty() else None
+    bar = _ProgressBar(links, sandboxes) if sandboxes >= 32 and sys.stderr.isatty() else None
     isolation = None
     failure = None
     try:

@@ -41,7 +41,9 @@ from gymnasium.vector.utils import batch_differing_spaces, batch_space, concaten
 
 from . import codec
 from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
+from .grouping import GroupResult
 from .pool import OK, RLPool
+from .protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
 from .spaces import JsonSpace, seed_space_from_json, space_from_json
 
@@ -239,6 +241,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_reset_ops: np.ndarray | None = None
         self._pending_reset_mask: np.ndarray | None = None
+        #: Several envs per sandbox: read their group replies whole (see :meth:`_take_group_step`).
+        self._grouped = self.pool.envs_per_sandbox > 1
 
     def _set_observation_spaces(self, observation_mode: Any, obs_spaces: list) -> None:
         """``single_observation_space`` and ``observation_space`` as ``SyncVectorEnv`` chooses them."""
@@ -329,13 +333,17 @@ class BoltzLabsVecEnv(VectorEnv):
             t = t._replace(reset_obs=deepcopy(self._zero_obs))
         return t
 
+    def _set_obs(self, i: int, obs: Any) -> None:
+        """Env ``i``'s observation: a row of the batch itself for an array space (written as it
+        is read, as whole sandboxes' blocks are), else kept for :func:`concatenate`."""
+        if self._obs_leaf is not None:
+            self._observations[i] = obs
+        else:
+            self._env_obs[i] = obs
+
     def _batched_obs(self):
         if self._obs_leaf is not None:
-            # An array space: row by row into the preallocated batch (what concatenate's np.stack
-            # does, without its per-call Python overhead).
-            out = self._observations
-            for i, obs in enumerate(self._env_obs):
-                out[i] = obs
+            out = self._observations  # every row was written in place (_set_obs)
             return out.copy() if self.copy else out
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
         return deepcopy(self._observations) if self.copy else self._observations
@@ -400,7 +408,7 @@ class BoltzLabsVecEnv(VectorEnv):
             )
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self._wait(timeout, raw=False)
+        results = self._wait(timeout, raw=False, grouped=self._grouped)
         reset_timeout = self.pool.reset_timeout
         if mask is None:
             self._terminations[:] = False
@@ -412,11 +420,40 @@ class BoltzLabsVecEnv(VectorEnv):
             self._autoreset_envs[mask] = False
         infos: dict = {}
         for r in results:
-            self._env_obs[r.index], env_info, failure = self._read_reset(r, reset_timeout)
-            infos = self._add_info(infos, env_info, r.index)
-            if failure is not None:
-                self._autoreset_envs[r.index] = self.autoreset_mode != AutoresetMode.DISABLED
+            if type(r) is GroupResult:
+                infos = self._take_group_reset(r, infos, reset_timeout)
+            else:
+                infos = self._take_reset(r, infos, reset_timeout)
         return self._batched_obs(), infos
+
+    def _take_reset(self, r: EnvResult, infos: dict, reset_timeout: float) -> dict:
+        """Store one env's reset result; the infos with its info added."""
+        obs, env_info, failure = self._read_reset(r, reset_timeout)
+        self._set_obs(r.index, obs)
+        if failure is not None:
+            self._autoreset_envs[r.index] = self.autoreset_mode != AutoresetMode.DISABLED
+        return self._add_info(infos, env_info, r.index)
+
+    def _take_group_reset(self, group: GroupResult, infos: dict, reset_timeout: float) -> dict:
+        """Store a sandbox's resets: its plain positions' observations as one block, the rest one by one."""
+        read = self._read_group(group)
+        if isinstance(read, list):
+            for r in read:
+                infos = self._take_reset(r, infos, reset_timeout)
+            return infos
+        if read.obs is not None:
+            positions = np.flatnonzero(read.plain)
+            self._observations[np.asarray(group.plan.indices)[positions]] = read.obs[positions]
+        for r in read.others.values():
+            infos = self._take_reset(r, infos, reset_timeout)
+        return infos
+
+    def _read_group(self, group: GroupResult):
+        """A sandbox's group reply, read against the observation space (see :meth:`GroupResult.read`)."""
+        leaf = self._obs_leaf
+        read = group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read()
+        self.pool.note_restarted(group)
+        return read
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any):
@@ -471,36 +508,21 @@ class BoltzLabsVecEnv(VectorEnv):
         # step_async sets it together with WAITING_STEP.
         reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self._wait(timeout, raw=True)
+        results = self._wait(timeout, raw=True, grouped=self._grouped)
         pool = self.pool
-        step_timeout, reset_timeout = pool.step_timeout, pool.reset_timeout
+        limits = (pool.step_timeout, pool.reset_timeout)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
         leaf = self._obs_leaf
         for r in results:
+            if type(r) is GroupResult:
+                infos = self._take_group_step(r, reset_ops, same_step, failed, infos, limits)
+                continue
             i = r.index
             if leaf is not None and r.status == OK and not reset_ops[i] and self._take_plain_step(leaf, r, same_step):
                 continue
-            parse_result(r)
-            if reset_ops[i]:
-                self._env_obs[i], env_info, failure = self._read_reset(r, reset_timeout)
-                self._rewards[i] = 0.0
-                self._terminations[i] = False
-                self._truncations[i] = failed[i] = failure is not None
-                infos = self._add_info(infos, env_info, i)
-                continue
-            obs, reward, term, trunc, env_info, failure, reset_obs, reset_info = self._read_step(r, step_timeout)
-            self._env_obs[i], self._rewards[i], self._terminations[i], self._truncations[i] = obs, reward, term, trunc
-            failed[i] = failure is not None
-            if same_step and (term or trunc):
-                infos = self._add_info(infos, {"final_obs": obs, "final_info": env_info}, i)
-                if reset_info is not None:
-                    self._env_obs[i], env_info = reset_obs, reset_info
-                else:
-                    # The step failed, so the env did not reset itself; its reset happens next step.
-                    env_info = {k: v for k, v in env_info.items() if k.startswith("boltzlabs_")}
-            infos = self._add_info(infos, env_info, i)
+            infos = self._take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
         done = np.logical_or(self._terminations, self._truncations)
         if same_step:
             # Only envs that could not reset in-process (their step failed) still need one.
@@ -515,6 +537,76 @@ class BoltzLabsVecEnv(VectorEnv):
             infos,
         )
 
+    def _take_step(
+        self, r: EnvResult, reset_op: bool, same_step: bool, failed: np.ndarray, infos: dict, limits: tuple
+    ) -> dict:
+        """Store one env's result of a step batch (a step, or the reset that autoreset sent in its
+        place); the infos with its info added."""
+        parse_result(r)
+        i = r.index
+        if reset_op:
+            obs, env_info, failure = self._read_reset(r, limits[1])
+            self._set_obs(i, obs)
+            self._rewards[i] = 0.0
+            self._terminations[i] = False
+            self._truncations[i] = failed[i] = failure is not None
+            return self._add_info(infos, env_info, i)
+        obs, reward, term, trunc, env_info, failure, reset_obs, reset_info = self._read_step(r, limits[0])
+        self._rewards[i], self._terminations[i], self._truncations[i] = reward, term, trunc
+        failed[i] = failure is not None
+        if same_step and (term or trunc):
+            infos = self._add_info(infos, {"final_obs": obs, "final_info": env_info}, i)
+            if reset_info is not None:
+                obs, env_info = reset_obs, reset_info
+            else:
+                # The step failed, so the env did not reset itself; its reset happens next step.
+                env_info = {k: v for k, v in env_info.items() if k.startswith("boltzlabs_")}
+        self._set_obs(i, obs)
+        return self._add_info(infos, env_info, i)
+
+    def _take_group_step(
+        self,
+        group: GroupResult,
+        reset_ops: np.ndarray,
+        same_step: bool,
+        failed: np.ndarray,
+        infos: dict,
+        limits: tuple,
+    ) -> dict:
+        """Store a sandbox's results of a step batch: its plain positions as whole blocks of
+        observations, rewards and flags (by slicing; no per-env work), the rest one by one."""
+        read = self._read_group(group)
+        if isinstance(read, list):  # the sandbox failed, or broke the wire: per env
+            for r in read:
+                infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+            return infos
+        if read.obs is not None:
+            indices = group.plan.indices
+            plain, flags = read.plain, read.flags
+            assert flags is not None and read.reward is not None
+            first, count = indices[0], len(indices)
+            if count == read.obs.shape[0] and indices[-1] == first + count - 1 and plain.all():
+                rows: Any = slice(first, first + count)  # the usual case: the whole sandbox, plain
+                positions: Any = slice(None)
+            else:
+                positions = np.flatnonzero(plain)
+                rows = np.asarray(indices)[positions]
+            resets = reset_ops[rows]
+            ended = flags[positions]
+            if same_step and (ended[~resets] != 0).any():
+                # An episode ended without the env resetting itself (it should have): the general
+                # path, env by env, says what happened.
+                for r in group.expand():
+                    infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+                return infos
+            self._observations[rows] = read.obs[positions]
+            self._rewards[rows] = np.where(resets, 0.0, read.reward[positions])
+            self._terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
+            self._truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
+        for r in read.others.values():
+            infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+        return infos
+
     def _take_plain_step(self, leaf: codec.ArrayLeaf, r: EnvResult, same_step: bool) -> bool:
         """Store a plain step's transition (array obs, empty info, no autoreset) without
         parsing JSON; False, storing nothing, for any other reply."""
@@ -525,8 +617,7 @@ class BoltzLabsVecEnv(VectorEnv):
         if same_step and (terminated or truncated):
             return False  # the env should have reset itself: the general path says what happened
         i = r.index
-        # A read-only view of the received frame: only _batched_obs reads it, and copies it.
-        self._env_obs[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        self._observations[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
         self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
         return True
 
@@ -562,10 +653,10 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
 
-    def _wait(self, timeout: float | None, raw: bool) -> list[EnvResult]:
+    def _wait(self, timeout: float | None, raw: bool, grouped: bool = False) -> list:
         """The pool's results; running out of time raises what AsyncVectorEnv raises, too."""
         try:
-            return self.pool.batch_wait(timeout, raw=raw)
+            return self.pool.batch_wait(timeout, raw=raw, grouped=grouped)
         except TimeoutError as exc:
             raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
 

@@ -13,11 +13,13 @@ import enum
 import json
 import os
 import signal
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..envpipe import EnvPipe
+from ..protocol import PROGRESS_FILE
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.
@@ -93,6 +95,8 @@ class EnvProcess(EnvPipe):
     def __init__(self, index: int, global_index: int, workspace: str):
         self.index = index
         self.global_index = global_index
+        #: How many envs this process hosts (its slots: pool indices from ``global_index``).
+        self.count = 1
         self.workspace = workspace
         self.state = NEW
         self.launched: Launched | None = None
@@ -213,6 +217,33 @@ def describe_exit(status: int | None) -> str:
             name = str(sig)
         return f"killed by signal {sig} ({name})"
     return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def read_progress(workspace: str) -> int | None:
+    """The slot a multi-env sandbox was serving, from its progress file (see
+    :data:`~boltzlabs_gym.protocol.PROGRESS_FILE`); ``None`` when it was idle or the file is
+    missing or not what the env side writes.
+
+    The workspace is the env's: the file is opened without following a link and read only
+    if it is a regular file, four bytes at most.
+    """
+    path = os.path.join(workspace, PROGRESS_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.pread(fd, 4, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) != 4:
+        return None
+    slot = int.from_bytes(data, "little", signed=True)
+    return slot if slot >= 0 else None
 
 
 def json_error(message: str, **extra: Any) -> bytes:

@@ -59,12 +59,14 @@ class OpHandlers(WorkerParts):
         if digest not in self.archives:
             raise ValueError(f"archive {digest!r} was not uploaded to this worker")
         cfg = SessionConfig.from_header(header)
+        # Capacity counts processes: a sandbox of K envs takes one slot.
         in_use = sum(len(s.envs) for s in self.sessions.values())
-        if in_use + cfg.n > self.capacity:
+        if in_use + cfg.sandboxes > self.capacity:
             return error_reply(
                 header.get("seq"),
                 "capacity",
-                f"worker has {self.capacity - in_use} free env slots of {self.capacity}; asked for {cfg.n}",
+                f"worker has {self.capacity - in_use} free sandbox slots of {self.capacity}; asked for "
+                f"{cfg.sandboxes} ({cfg.n} envs, {cfg.envs_per_sandbox} per sandbox)",
                 free=self.capacity - in_use,
             )
         backend = select_backend(cfg.isolation)
@@ -160,11 +162,13 @@ class OpHandlers(WorkerParts):
             sessions.append(
                 {
                     "session": s.sid,
-                    "envs": len(s.envs),
+                    "envs": s.cfg.n,
+                    "sandboxes": len(s.envs),
+                    "envs_per_sandbox": s.cfg.envs_per_sandbox,
                     "mode": s.cfg.mode,
                     "pss_bytes": pss,
                     "template_pss_bytes": template_pss,
-                    "envs_per_gib": len(s.envs) / ((pss + template_pss) / 2**30) if pss else None,
+                    "envs_per_gib": s.cfg.n / ((pss + template_pss) / 2**30) if pss else None,
                     "isolation": s.backend.report().to_json(),
                     "idle_s": round(time.monotonic() - s.last_seen, 1),
                 }

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 from ..envpipe import EnvFault
 from ..lending import STEP, STRAY_OUTPUT, leftover_is_stray, missed_deadline
-from ..protocol import ERROR, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
-from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error
+from ..protocol import ERROR, GROUP_OPS, GROUP_SLOTS, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
+from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .parts import WorkerParts
 from .session import Batch, Session
 
@@ -51,7 +51,10 @@ class Scheduling(WorkerParts):
             env.queue.popleft()
             self._kill_env(session, env)
             self._wipe(env.workspace)
-            reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
+            if GROUP_SLOTS in call.op:  # a multi-env sandbox: its envs' resets, as a group
+                reset_op = {"op": "reset", GROUP_SLOTS: call.op[GROUP_SLOTS], GROUP_OPS: call.op.get(GROUP_OPS)}
+            else:
+                reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
             self._queue_start(session, env, call, reset_op)
             return
         if call.kind == STEP and session.cfg.serialize_measurement:
@@ -131,12 +134,16 @@ class Scheduling(WorkerParts):
         """Kill a misbehaving env, report its current call, respawn it in the background."""
         call = env.current
         env.current = None
+        # Which of a multi-env sandbox's envs was running, before the kill and the wipe lose it.
+        slot = read_progress(env.workspace) if env.count > 1 or session.cfg.envs_per_sandbox > 1 else None
         reason = self._kill_and_explain(session, env, reason, straggler)
         detail = json_error(
             reason,
             index=env.global_index,
             stderr=env.stderr_tail(),
             straggler=straggler,
+            **({} if slot is None else {"slot": slot}),
+            envs=env.count,
         )
         if call is not None:
             self._release_gate(call)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..lending import OpTimeouts
+from ..protocol import MAX_ENVS_PER_SANDBOX
 from .envproc import EnvProcess
 from .sandbox import Limits
 
@@ -32,6 +33,13 @@ class SessionConfig:
     lease_s: float = 600.0
     #: Whether env interpreters (boltz: the template) get a randomized address-space layout.
     env_aslr: bool = False
+    #: Envs each sandboxed process hosts (its slots); ``n`` envs make ``ceil(n / K)`` sandboxes.
+    envs_per_sandbox: int = 1
+
+    @property
+    def sandboxes(self) -> int:
+        """How many processes (sandboxes) the session's ``n`` envs take."""
+        return -(-self.n // self.envs_per_sandbox)
 
     @classmethod
     def from_header(cls, h: dict) -> SessionConfig:
@@ -52,6 +60,9 @@ class SessionConfig:
         env_aslr = h.get("env_aslr", False)
         if not isinstance(env_aslr, bool):
             raise ValueError(f"env_aslr must be true or false, got {env_aslr!r}")
+        k = h.get("envs_per_sandbox", 1)
+        if type(k) is not int or not 1 <= k <= MAX_ENVS_PER_SANDBOX:
+            raise ValueError(f"envs_per_sandbox must be an int in [1, {MAX_ENVS_PER_SANDBOX}], got {k!r}")
         mode = h.get("mode", "default")
         if mode not in ("default", "boltz"):
             raise ValueError(f"mode must be 'default' or 'boltz', got {mode!r}")
@@ -64,6 +75,7 @@ class SessionConfig:
             index_offset=int(h.get("index_offset", 0)),
             env_vars=env_vars,
             env_aslr=env_aslr,
+            envs_per_sandbox=k,
             **timeouts,
         )
 
@@ -104,12 +116,17 @@ class Session:
         self.env_dir = env_dir
         self.root = root
         self.cfg = cfg
+        k = cfg.envs_per_sandbox
         #: Op name -> its deadline in seconds (the rule the lane follows too).
         self.timeouts = OpTimeouts(cfg.step_timeout, cfg.reset_timeout)
         self.backend = backend
-        self.envs = [EnvProcess(i, cfg.index_offset + i, os.path.join(root, "ws", str(i))) for i in range(cfg.n)]
+        #: One process per sandbox: sandbox ``b`` hosts the ``count`` envs from pool index ``global_index``.
+        self.envs = [
+            EnvProcess(b, cfg.index_offset + b * k, os.path.join(root, "ws", str(b))) for b in range(cfg.sandboxes)
+        ]
         for env in self.envs:
             env.session = self
+            env.count = min(k, cfg.n - env.index * k)
         self.started = 0
         self.create_seq = None
         self.closed = False

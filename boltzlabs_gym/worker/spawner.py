@@ -14,6 +14,7 @@ import os
 import sys
 import time
 
+from ..protocol import GROUP_OPS, GROUP_SLOTS
 from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
 from .parts import WorkerParts
 from .sandbox import LaunchSpec
@@ -29,6 +30,19 @@ log = logging.getLogger("boltzlabs_gym.worker")
 #: with the same seed stop being reproducible (issue #20). A hard reset's start sends its
 #: seeded reset instead.
 READY_OP = {"op": "describe"}
+
+
+def ready_op(count: int, envs_per_sandbox: int) -> dict:
+    """A started process's first request: :data:`READY_OP`, for each env of a multi-env sandbox.
+
+    >>> ready_op(2, 4)
+    {'op': 'describe', 'slots': [0, 1], 'ops': [{'op': 'describe'}, {'op': 'describe'}]}
+    """
+    if envs_per_sandbox == 1:
+        return dict(READY_OP)
+    return {"op": "describe", GROUP_SLOTS: list(range(count)), GROUP_OPS: [dict(READY_OP) for _ in range(count)]}
+
+
 #: How many envs may be starting (interpreter boot + first request) at once per worker.
 DEFAULT_MAX_STARTING = max(4, 4 * (os.cpu_count() or 1))
 #: How long the worker waits for an env whose pipe closed to exit by itself.
@@ -71,7 +85,7 @@ class Spawning(WorkerParts):
         """Spawn ``env`` when a start slot is free; ``call`` gets the answer to its first request:
         ``reset_op`` (a hard reset's seeded reset) or, by default, :data:`READY_OP`."""
         env.state = QUEUED
-        env.pending_start = (call, reset_op or dict(READY_OP))
+        env.pending_start = (call, reset_op or ready_op(env.count, session.cfg.envs_per_sandbox))
         self._start_queue.append((session, env))
         self._start_more()
 
@@ -130,6 +144,9 @@ class Spawning(WorkerParts):
                 "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
                 "BOLTZLABS_ENV_INDEX": str(env.global_index),
+                # Several envs per sandbox: this process serves envs ENV_INDEX .. ENV_INDEX + ENV_COUNT - 1.
+                "BOLTZLABS_ENVS_PER_SANDBOX": str(session.cfg.envs_per_sandbox),
+                "BOLTZLABS_ENV_COUNT": str(env.count),
                 # Host paths; a namespace backend replaces them with /env, /workspace, /opt/boltzlabs.
                 "BOLTZLABS_ENV_DIR": session.env_dir,
                 "BOLTZLABS_WORKSPACE": env.workspace,
