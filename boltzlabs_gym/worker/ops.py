@@ -169,7 +169,7 @@ class OpHandlers(WorkerParts):
                     "pss_bytes": pss,
                     "template_pss_bytes": template_pss,
                     "envs_per_gib": s.cfg.n / ((pss + template_pss) / 2**30) if pss else None,
-                    "isolation": s.backend.report().to_json(),
+                    "isolation": s.backend.report().for_envs_per_sandbox(s.cfg.envs_per_sandbox).to_json(),
                     "idle_s": round(time.monotonic() - s.last_seen, 1),
                 }
             )

@@ -198,7 +198,7 @@ class Scheduling(WorkerParts):
                     "session": session.sid,
                     "token": session.token,
                     "n": len(session.envs),
-                    "isolation": session.backend.report().to_json(),
+                    "isolation": session.backend.report().for_envs_per_sandbox(session.cfg.envs_per_sandbox).to_json(),
                 }
                 if session.lend:
                     self._send_lending(session, reply, [])

@@ -12,6 +12,7 @@ process started by exec and, later, one forked from a warm template.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import resource
 import signal
@@ -91,22 +92,36 @@ class IsolationReport:
     backend: str
     properties: Mapping[str, bool | str]
     notes: tuple[str, ...] = ()
+    #: How many envs share each sandbox (a pool's ``envs_per_sandbox``): the properties hold
+    #: between sandboxes, not between the envs of one.
+    envs_per_sandbox: int = 1
 
     @property
     def missing(self) -> tuple[str, ...]:
         return tuple(k for k, v in self.properties.items() if v is False)
 
     def to_json(self) -> dict:
-        return {"backend": self.backend, "properties": dict(self.properties), "notes": list(self.notes)}
+        return {
+            "backend": self.backend,
+            "properties": dict(self.properties),
+            "notes": list(self.notes),
+            "envs_per_sandbox": self.envs_per_sandbox,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping) -> IsolationReport:
-        return cls(data["backend"], dict(data["properties"]), tuple(data.get("notes", ())))
+        k = data.get("envs_per_sandbox", 1)
+        return cls(data["backend"], dict(data["properties"]), tuple(data.get("notes", ())), k if type(k) is int else 1)
+
+    def for_envs_per_sandbox(self, k: int) -> IsolationReport:
+        """This report for sandboxes of ``k`` envs each."""
+        return dataclasses.replace(self, envs_per_sandbox=k)
 
     def __str__(self) -> str:
         on = ",".join(k for k, v in self.properties.items() if v is True)
         off = ",".join(self.missing)
-        return f"isolation={self.backend} (in force: {on or 'none'}; missing: {off or 'none'})"
+        shared = f"; {self.envs_per_sandbox} envs per sandbox" if self.envs_per_sandbox > 1 else ""
+        return f"isolation={self.backend} (in force: {on or 'none'}; missing: {off or 'none'}{shared})"
 
 
 @dataclass
