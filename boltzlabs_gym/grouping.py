@@ -57,7 +57,16 @@ from .protocol import (
 )
 from .results import EnvResult, parse_result
 
-__all__ = ["BadGroupReply", "GroupPlan", "GroupReply", "GroupResult", "SandboxLayout", "check_envs_per_sandbox", "pack"]
+__all__ = [
+    "BadGroupReply",
+    "GroupPlan",
+    "GroupReply",
+    "GroupResult",
+    "SandboxLayout",
+    "check_envs_per_sandbox",
+    "pack",
+    "pack_steps",
+]
 
 #: The op of a hard reset; it restarts a whole sandbox, so it must name every env of it.
 HARD_RESET = "hard_reset"
@@ -154,6 +163,46 @@ def pack(layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]
             )
         out.append((sandbox, group, frames))
     return out, list(plans.values())
+
+
+def pack_steps(
+    layout: SandboxLayout, actions: list[int], resets: np.ndarray, autoreset: bool
+) -> tuple[list, list[GroupPlan]]:
+    """:func:`pack` for a vector env's Discrete step batch, without per-env work in Python: every
+    env steps with its int action, but those in ``resets``, which reset (seed ``None``) instead;
+    ``autoreset`` marks every step for a reset in the same request (``SAME_STEP``)."""
+    out = []
+    plans = []
+    reset_at = np.flatnonzero(resets).tolist() if resets.any() else []
+    cursor = 0
+    for sandbox in range(layout.sandboxes):
+        envs = layout.envs(sandbox)
+        lo, hi = envs.start, envs.stop
+        ops: list = actions[lo:hi]
+        has_reset = False
+        while cursor < len(reset_at) and reset_at[cursor] < hi:
+            ops[reset_at[cursor] - lo] = {"op": "reset", "seed": None}
+            has_reset = True
+            cursor += 1
+        group = {"op": "step", GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
+        if autoreset:
+            group[GROUP_AUTORESET] = True
+        if has_reset and len(ops) == sum(type(op) is dict for op in ops):
+            group["op"] = "reset"  # no env of the sandbox steps: the reset deadline holds
+        out.append((sandbox, group, ()))
+        plans.append(GroupPlan(sandbox, list(envs), list(envs), group["op"]))
+    return out, plans
+
+
+_SLOTS: dict[int, list[int]] = {}
+
+
+def _slots(m: int) -> list[int]:
+    """``[0, ..., m - 1]``, one shared list per size (only ever read: it is encoded, never changed)."""
+    slots = _SLOTS.get(m)
+    if slots is None:
+        slots = _SLOTS[m] = list(range(m))
+    return slots
 
 
 def _group_request(slot_ops: list[tuple[int, dict, Sequence[bytes]]]) -> tuple[dict, list]:

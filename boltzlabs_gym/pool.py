@@ -32,7 +32,7 @@ import zmq
 
 from .archive import pack_dir
 from .errors import AsyncStateError, PoolClosedError
-from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack
+from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack, pack_steps
 from .link import WorkerLink, start_local_worker
 from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, jsonable
 from .results import EnvResult, parse_result, read_reset, read_step
@@ -255,6 +255,25 @@ class RLPool:
             self._send_grouped(items)
         else:
             self._sent_at = self._route.send(items)
+        self._in_flight = True
+
+    def batch_async_steps(self, actions: list[int], resets: np.ndarray, autoreset: bool) -> None:
+        """:meth:`batch_async` of a Discrete step batch, packed per sandbox without per-env work
+        (``envs_per_sandbox`` > 1; see :func:`~boltzlabs_gym.grouping.pack_steps`): env ``i`` steps
+        with ``actions[i]``, or resets (seed ``None``) where ``resets[i]``."""
+        if self.envs_per_sandbox == 1 or self._restarted:
+            step: dict = {"op": "step", "autoreset": True} if autoreset else {"op": "step"}
+            reset = {"op": "reset", "seed": None}
+            self.batch_async([(i, reset if resets[i] else dict(step, action=a), ()) for i, a in enumerate(actions)])
+            return
+        self._check_open()
+        if self._in_flight:
+            raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
+        if len(actions) != self.n:
+            raise ValueError(f"expected exactly {self.n} actions (one per env), got {len(actions)}")
+        grouped, plans = pack_steps(self.layout, actions, resets, autoreset)
+        self._sent_at = self._route.send(grouped)
+        self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, self.n
         self._in_flight = True
 
     def _send_grouped(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> None:

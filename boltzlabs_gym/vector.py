@@ -466,10 +466,19 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_open()
         self._check_idle("step_async")
         ints = self._discrete_actions(actions)
+        mode = self.autoreset_mode
+        if ints is not None and self._grouped and not (mode == AutoresetMode.DISABLED and self._autoreset_envs.any()):
+            # Several envs per sandbox, Discrete actions: packed per sandbox with no per-env work here.
+            reset_ops = (
+                self._autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self._autoreset_envs)
+            )
+            self.pool.batch_async_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
+            self._pending_reset_ops = reset_ops
+            self._state = AsyncState.WAITING_STEP
+            return
         per_env = ints if ints is not None else self._split_actions(actions)
         items: list[tuple[int, dict[str, Any], Sequence[Any]]] = []
         reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
-        mode = self.autoreset_mode
         payloads: Sequence[Any]
         for i, action in enumerate(per_env):
             if self._autoreset_envs[i] and mode != AutoresetMode.DISABLED:
