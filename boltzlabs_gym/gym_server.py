@@ -46,6 +46,12 @@ A request line that is not a JSON object is answered with ``{"error": ...}`` and
 the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
 over-long line) is answered and the server exits (the worker respawns it).
 
+Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
+``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
+with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.protocol`): a plain
+step or reset of an env with array observations is a row of the reply's arrays
+(:class:`GroupRows`), every other position carries the one-env reply above.
+
 Factories: the worker starts Gymnasium envs from an env directory written by
 :func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
 env factories, and an ``env.py`` calling :func:`serve_factories`). The pickle comes
@@ -270,10 +276,14 @@ class GymServer:
         self, action: Any, payloads: Sequence, autoreset: bool, rows: GroupRows | None, p: int
     ) -> tuple[dict, list] | None:
         """Step ``action`` (as a step request carries it) at position ``p`` of a group."""
-        try:
-            decoded = self._decode_action(action, payloads)
-        except Exception:
-            return self._autoreset(error_transition("action"), [], autoreset, False)
+        discrete = self._discrete
+        if discrete is not None and type(action) is int and discrete[0] <= action < discrete[1]:
+            decoded = discrete[2](action)  # what _decode_action does, without the call: the hot path
+        else:
+            try:
+                decoded = self._decode_action(action, payloads)
+            except Exception:
+                return self._autoreset(error_transition("action"), [], autoreset, False)
         try:
             obs, reward, terminated, truncated, info = self.env.step(decoded)
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
@@ -418,7 +428,10 @@ class GroupRows:
         """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not an array of the
         space's dtype and shape or ``reward`` is not finite (the one-env reply says what is wrong
         then, or carries the NaN: it is what the one-env encoders would write)."""
-        if type(obs) is not np.ndarray or obs.dtype != self.dtype or obs.shape != self.shape or not isfinite(reward):
+        if type(obs) is not np.ndarray:
+            return False
+        dtype = obs.dtype  # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
+        if (dtype is not self.dtype and dtype != self.dtype) or obs.shape != self.shape or not isfinite(reward):
             return False
         self.obs[p] = obs  # a copy: the env may reuse its buffer
         self.rewards[p] = reward
