@@ -534,7 +534,11 @@ def group_reply_line(
 ) -> bytes:
     """A group reply line: ``n`` positions, ``arrays`` (the ``"obs":..,"reward":..,"flags":..``
     members, else nulls), the encoded replies by position, and ``"_bin"`` listing ``sizes`` (all
-    payloads: the arrays' and then each reply's, in position order) when there are any."""
+    payloads: the arrays' and then each reply's, in position order) when there are any.
+
+    >>> group_reply_line(2, [(1, b'{"error":"unknown op"}')], [])
+    b'{"n":2,"obs":null,"reward":null,"flags":null,"replies":{"1":{"error":"unknown op"}}}\\n'
+    """
     parts = [b'{"n":%d,' % n, NO_GROUP_ARRAYS if arrays is None else arrays, b',"replies":{']
     parts.append(b",".join([b'"%d":%s' % (p, r) for p, r in replies]))
     if sizes:
