@@ -15,6 +15,20 @@ life of the process::
         return {"t": state["t"]}, float(action), state["t"] >= 100, {}
     serve(reset=reset, step=step)
 
+The factory form builds the env as an object instead, one per env the process hosts; use it
+wherever a sandbox may host several envs (``envs_per_sandbox`` > 1, below)::
+
+    class Counter:
+        def __init__(self):
+            self.t = 0
+        def reset(self, seed, options=None):
+            self.t = 0
+            return {"t": 0}
+        def step(self, action):
+            self.t += 1
+            return {"t": self.t}, float(action), self.t >= 100, {}
+    serve(factory=Counter)
+
 The protocol (one request line in, one reply line out, JSON, UTF-8)::
 
     {"op": "describe"}                           ->  {"observation_space": ..., "action_space": ...,
@@ -34,6 +48,14 @@ A line may announce raw binary payloads that follow it: ``"_bin": [n0, n1, ...]`
 lists their byte lengths, and the bytes follow the newline back to back.  Anything
 else (unknown op, malformed line) is answered with ``{"error": "..."}``.
 
+Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` (K) above 1 in its
+environment, the process hosts ``BOLTZLABS_ENV_COUNT`` envs (its slots) and every request
+is a group request: per-env ops as above, one per slot named, answered with one group
+reply that carries each slot's reply (see "Sandboxes of several envs" in
+:mod:`boltzlabs_gym.protocol`; ``describe``, ``reset``, ``step`` and ``close`` per slot,
+and a ``close`` closes them all). Only the factory form can do this: the function form's
+functions share their module's state, so it refuses to start with K > 1.
+
 This module is deliberately standard-library only: it is imported inside every
 sandbox, possibly by an interpreter that has nothing else installed. What it shares
 with the Gymnasium server and the boltz fork loop (the channel, framing, failure
@@ -43,10 +65,11 @@ transitions, the template hook) is in :mod:`boltzlabs_gym.envside`.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 # Env code imports these from here; they live in the env side's shared module.
 from .envside import (  # noqa: F401 - re-exported
@@ -56,15 +79,20 @@ from .envside import (  # noqa: F401 - re-exported
     WORKSPACE,
     FdReader,
     FdWriter,
+    Progress,
     ProtocolError,
     encode_json,
     error_transition,
     failed_transition,
     freeze_heap,
+    group_config,
+    group_ops,
     protect_channel,
     read_message,
     template_fork,
+    workspace_now,
     write_all,
+    write_group_reply,
     write_message,
 )
 
@@ -163,19 +191,27 @@ def _encode_reply(reply: dict) -> bytes:
 
 
 def serve(
-    reset: Callable[..., Any],
-    step: Callable[[Any], Any],
+    reset: Callable[..., Any] | None = None,
+    step: Callable[[Any], Any] | None = None,
     *,
+    factory: Callable[[], Any] | None = None,
     observation_space: dict | None = None,
     action_space: dict | None = None,
     metadata: dict | None = None,
 ) -> None:
-    """Serve ``reset``/``step`` to the worker until it closes the channel.
+    """Serve an env to the worker until it closes the channel: ``reset``/``step`` functions, or
+    the objects ``factory()`` builds.
 
     ``reset(seed)`` (or ``reset(seed, options=...)``) returns the first observation,
     or ``(obs, info)``. ``step(action)`` returns ``(obs, reward, done, info)`` or
     Gymnasium's ``(obs, reward, terminated, truncated, info)``. Observations, actions
     and infos are JSON values.
+
+    ``factory``, instead of ``reset``/``step``: a zero-argument callable returning an
+    object with ``reset(seed, options=None)`` and ``step(action)`` methods of those same
+    conventions (and ``close()``, called when the env is closed, if it has one). It is
+    called once per env the process hosts, so each env has its own state: the form a
+    sandbox of several envs (``envs_per_sandbox`` > 1) needs.
 
     ``observation_space``/``action_space`` optionally declare Gymnasium spaces in their
     JSON form (see :mod:`boltzlabs_gym.spaces`; ``{"type": "Discrete", "n": 2}``), so
@@ -185,14 +221,64 @@ def serve(
     in ``reset`` or ``step`` is turned into a terminal transition whose info carries
     the traceback (``info["boltzlabs_exception"]``); the process keeps serving.
     """
+    if factory is not None and (reset is not None or step is not None):
+        raise TypeError("serve() takes either factory=make_env or reset= and step=, not both")
+    if factory is None and (reset is None or step is None):
+        raise TypeError("serve() needs factory=make_env, or both reset= and step=")
+    if factory is not None and not callable(factory):
+        raise TypeError(f"serve(factory=...) must be a callable returning an env object, got {type(factory).__name__}")
     template_fork()  # mode="boltz": a template forks envs here; each returns as an env
+    config = group_config()  # after the fork: a forked env's environment is the worker's
+    if factory is None and config.envs_per_sandbox > 1:
+        _refuse_shared_functions(config.envs_per_sandbox)
     proto_in, proto_out = protect_channel()
     describe = {
         "observation_space": observation_space,
         "action_space": action_space,
         "metadata": metadata or {},
     }
+    if factory is None:
+        assert reset is not None and step is not None
+        freeze_heap()
+        _serve_one(reset, step, describe, proto_in, proto_out)
+        return
+    envs = [factory() for _ in range(config.env_count)]
     freeze_heap()
+    try:
+        if config.envs_per_sandbox == 1:
+            _serve_one(envs[0].reset, envs[0].step, describe, proto_in, proto_out)
+        else:
+            _serve_group(envs, describe, proto_in, proto_out, Progress(workspace_now()))
+    finally:
+        _close_envs(envs)
+
+
+def _refuse_shared_functions(k: int) -> None:
+    sys.stderr.write(
+        f"boltzlabs: envs_per_sandbox={k} needs independent env instances, but env.py calls "
+        f"serve(reset=..., step=...), whose functions share the module's state between the {k} envs of "
+        "a sandbox; write serve(factory=make_env) with make_env() returning an object with "
+        "reset(seed, options=None) and step(action) (or use envs_per_sandbox=1)\n"
+    )
+    sys.stderr.flush()
+    sys.exit(2)
+
+
+def _close_envs(envs: list) -> None:
+    """Close each env object that has a ``close()``; a failure goes to stderr and the next is closed."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                error_transition("close")  # writes the traceback to stderr
+
+
+def _serve_one(
+    reset: Callable[..., Any], step: Callable[[Any], Any], describe: dict, proto_in: BinaryIO, proto_out: BinaryIO
+) -> None:
+    """The one-env protocol: one request line, one reply line, until ``close`` or end of input."""
     while True:
         try:
             got = read_message(proto_in)
@@ -217,3 +303,50 @@ def serve(
             reply = {"error": f"unknown op {op!r}"}
         proto_out.write(_encode_reply(reply))
         proto_out.flush()
+
+
+def _serve_group(envs: list, describe: dict, proto_in: BinaryIO, proto_out: BinaryIO, progress: Progress) -> None:
+    """Several envs: group requests in, group replies out (every position in ``replies``), until a
+    ``close`` or end of input. A group request that cannot be served is answered ``{"error"}``."""
+    while True:
+        try:
+            got = read_message(proto_in)
+        except ProtocolError as exc:
+            write_message(proto_out, {"error": f"bad request: {exc}"})
+            return  # a torn stream cannot be resynchronised: the worker will respawn us
+        if got is None:
+            return
+        msg, payloads = got
+        try:
+            positions = group_ops(msg, payloads, len(envs))
+        except ProtocolError as exc:
+            write_message(proto_out, {"error": f"bad group request: {exc}"})
+            continue
+        replies = []
+        closing = False
+        for p, (slot, op, _op_payloads) in enumerate(positions):
+            progress.set(slot)
+            reply = _serve_op(envs[slot], op, describe)
+            closing = closing or reply is None
+            replies.append((p, _encode_reply({} if reply is None else reply)[:-1], ()))
+        progress.idle()
+        if closing:
+            _close_envs(envs)
+            envs.clear()  # closed once: the caller's close finds nothing left
+        write_group_reply(proto_out, len(positions), replies)
+        if closing:
+            return
+
+
+def _serve_op(env: Any, op: dict, describe: dict) -> dict | None:
+    """One slot's op of a group: its reply, or ``None`` for ``close``."""
+    name = op.get("op")
+    if name == "step":
+        return _call_step(env.step, env.reset, op)
+    if name == "reset":
+        return _call_reset(env.reset, op)
+    if name == "describe":
+        return describe
+    if name == "close":
+        return None
+    return {"error": f"unknown op {name!r}"}

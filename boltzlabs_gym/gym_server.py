@@ -46,6 +46,12 @@ A request line that is not a JSON object is answered with ``{"error": ...}`` and
 the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
 over-long line) is answered and the server exits (the worker respawns it).
 
+Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
+``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
+with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.protocol`): a plain
+step or reset of an env with array observations is a row of the reply's arrays
+(:class:`GroupRows`), every other position carries the one-env reply above.
+
 Factories: the worker starts Gymnasium envs from an env directory written by
 :func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
 env factories, and an ``env.py`` calling :func:`serve_factories`). The pickle comes
@@ -58,9 +64,12 @@ import os
 import pickle
 import sys
 import traceback
+from array import array
 from collections.abc import Callable, Sequence
+from math import isfinite
 from typing import Any
 
+import numpy as np
 from gymnasium import spaces as gs
 
 from . import envside
@@ -69,11 +78,15 @@ from .envside import (
     MAX_TRACEBACK_CHARS,
     FdReader,
     FdWriter,
+    GroupRequest,
     MessageWriter,
     ProtocolError,
+    check_group,
+    encode_reply,
     error_transition,
     failed_transition,
     freeze_heap,
+    group_reply,
     protect_channel_fds,
     read_message,
     write_all,
@@ -143,24 +156,32 @@ class GymServer:
             "action_space_rng": rng_state_to_json(env.action_space),
         }, []
 
-    def _reset(self, seed: Any, options: Any, out: list) -> tuple[Any, Any]:
-        """Reset and encode, appending payloads to ``out``; (obs, info) or an error transition's."""
+    def _env_reset(self, seed: Any, options: Any) -> tuple[Any, Any]:
+        """``env.reset(seed=, options=)`` after checking both arguments; raises what either raises."""
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"reset seed must be an int or null, got {type(seed).__name__}")
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
+        return self.env.reset(seed=seed, options=options)
+
+    def _encode_reset(self, obs: Any, info: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
+        """Encode a reset's (obs, info), appending payloads to ``out``; an encoding error's transition instead."""
         start = len(out)
         try:
-            if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-                raise TypeError(f"reset seed must be an int or null, got {type(seed).__name__}")
-            if options is not None and not isinstance(options, dict):
-                raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
-            obs, info = self.env.reset(seed=seed, options=options)
-        except Exception:
-            return None, error_transition("reset")["info"]
-        try:
-            obs_j, _ = encode(self.obs_space, obs, out, zero_copy=True)
-            info_j, _ = encode_info(info, out, zero_copy=True)
+            obs_j, _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
+            info_j, _ = encode_info(info, out, zero_copy=zero_copy)
         except Exception:
             del out[start:]
             return None, error_transition("encode")["info"]
         return obs_j, info_j
+
+    def _reset(self, seed: Any, options: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
+        """Reset and encode, appending payloads to ``out``; (obs, info) or an error transition's."""
+        try:
+            obs, info = self._env_reset(seed, options)
+        except Exception:
+            return None, error_transition("reset")["info"]
+        return self._encode_reset(obs, info, out, zero_copy)
 
     def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """``env.reset(seed=, options=)``; an exception gives ``obs`` null and ``boltzlabs_exception``."""
@@ -214,22 +235,81 @@ class GymServer:
             fast = leaf.step_reply(obs, reward, terminated, truncated)
             if fast is not None:
                 return fast
-        reply = {"obs": None, "reward": reward, "terminated": terminated, "truncated": truncated, "info": None}
         # The reset below may overwrite the env's obs buffer: copy payloads then.
-        zero_copy = not resets_now
+        return self._transition(obs, reward, terminated, truncated, info, autoreset, zero_copy=not resets_now)
+
+    def _transition(
+        self,
+        obs: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info: Any,
+        autoreset: bool,
+        zero_copy: bool,
+        reset_zero_copy: bool = True,
+    ) -> tuple[dict, list]:
+        """The reply of a step that ``env.step`` returned, through the generic encoders (and the autoreset);
+        ``zero_copy``/``reset_zero_copy``: whether the step's/the autoreset's payloads may be views."""
+        reply = {"obs": None, "reward": reward, "terminated": terminated, "truncated": truncated, "info": None}
         out: list = []
         try:
             reply["obs"], _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
             reply["info"], _ = encode_info(info, out, zero_copy=zero_copy)
         except Exception:
             reply, out = error_transition("encode"), []
-        return self._autoreset(reply, out, autoreset)
+        return self._autoreset(reply, out, autoreset, reset_zero_copy)
 
-    def _autoreset(self, reply: dict, out: list, autoreset: bool) -> tuple[dict, list]:
+    def _autoreset(self, reply: dict, out: list, autoreset: bool, zero_copy: bool = True) -> tuple[dict, list]:
         """With ``autoreset``, a reply that ended the episode also carries the reset's obs/info."""
         if autoreset and (reply["terminated"] or reply["truncated"]):
-            reply["reset_obs"], reply["reset_info"] = self._reset(None, None, out)
+            reply["reset_obs"], reply["reset_info"] = self._reset(None, None, out, zero_copy)
         return reply, out
+
+    # -- a position of a group request (a sandbox of several envs) ----------------------
+    # A position is *plain* when its observation, reward and flags fit the group reply's rows
+    # (GroupRows.put): then it is written there and the method returns None. Anything else
+    # returns the one-env reply. Payloads of those are copies: another env of the process,
+    # served before the reply is written, might share a buffer with this one.
+
+    def group_step(
+        self, action: Any, payloads: Sequence, autoreset: bool, rows: GroupRows | None, p: int
+    ) -> tuple[dict, list] | None:
+        """Step ``action`` (as a step request carries it) at position ``p`` of a group."""
+        discrete = self._discrete
+        if discrete is not None and type(action) is int and discrete[0] <= action < discrete[1]:
+            decoded = discrete[2](action)  # what _decode_action does, without the call: the hot path
+        else:
+            try:
+                decoded = self._decode_action(action, payloads)
+            except Exception:
+                return self._autoreset(error_transition("action"), [], autoreset, False)
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(decoded)
+            reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        except Exception:
+            return self._autoreset(error_transition("step"), [], autoreset, False)
+        if (
+            rows is not None
+            and not info
+            and type(info) is dict
+            and not (autoreset and (terminated or truncated))
+            and rows.put(p, obs, reward, terminated, truncated)
+        ):
+            return None
+        return self._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
+
+    def group_reset(self, msg: dict, rows: GroupRows | None, p: int) -> tuple[dict, list] | None:
+        """Reset as ``msg`` says at position ``p`` of a group."""
+        try:
+            obs, info = self._env_reset(msg.get("seed"), msg.get("options"))
+        except Exception:
+            return {"obs": None, "info": error_transition("reset")["info"]}, []
+        if rows is not None and not info and type(info) is dict and rows.put(p, obs, 0.0, False, False):
+            return None
+        out: list = []
+        obs_j, info_j = self._encode_reset(obs, info, out, zero_copy=False)
+        return {"obs": obs_j, "info": info_j}, out
 
     def _attr(self, name: Any) -> Any:
         if not isinstance(name, str):
@@ -306,6 +386,86 @@ _OTHER_OPS = {
 }
 
 
+class GroupRows:
+    """The arrays of a group reply: each plain position's observation row, reward and flags.
+
+    Preallocated once for the process's ``m`` slots and reused by every request, so a plain
+    position costs one row copy and two stores; the reply's payloads are views of the first
+    ``P`` rows, and its line comes from prebuilt bytes with ``P`` filled in (no JSON encoder).
+    """
+
+    def __init__(self, leaf: ArrayLeaf, m: int):
+        self.dtype, self.shape = leaf.dtype, leaf.shape
+        self.obs = np.zeros((m, *leaf.shape), leaf.dtype)
+        # array/bytearray rather than numpy: a store into them is several times cheaper.
+        self.rewards = array("d", bytes(8 * m))
+        self.flags = bytearray(m)
+        self._row_bytes = leaf.nbytes
+        self._obs_bytes = memoryview(self.obs.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        self._reward_bytes = memoryview(self.rewards).cast("B")
+        self._flags_bytes = memoryview(self.flags)
+        # The arrays members of a reply of P positions, with %d for P: rows, P, P.
+        dims = b"".join(b",%d" % d for d in leaf.shape)
+        self._arrays = (
+            b'"obs":{"__nd__":[0,"%s",[%%d%s]]},"reward":{"__nd__":[1,"%s",[%%d]]},"flags":{"__nd__":[2,"|u1",[%%d]]}'
+            % (leaf.dtype.str.encode(), dims, np.dtype(np.float64).str.encode())
+        )
+        self._plain_lines: dict[int, bytes] = {}
+
+    @classmethod
+    def of(cls, servers: Sequence[GymServer]) -> GroupRows | None:
+        """The rows for these slots' servers, or ``None`` (every position then in ``replies``) unless
+        every slot's observations are one array of one dtype and shape."""
+        leaves = [server._obs_leaf for server in servers]
+        first = leaves[0]
+        if first is None or any(
+            leaf is None or (leaf.dtype, leaf.shape) != (first.dtype, first.shape) for leaf in leaves
+        ):
+            return None
+        return cls(first, len(servers))
+
+    def put(self, p: int, obs: Any, reward: float, terminated: bool, truncated: bool) -> bool:
+        """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not an array of the
+        space's dtype and shape or ``reward`` is not finite (the one-env reply says what is wrong
+        then, or carries the NaN: it is what the one-env encoders would write)."""
+        if type(obs) is not np.ndarray:
+            return False
+        dtype = obs.dtype  # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
+        if (dtype is not self.dtype and dtype != self.dtype) or obs.shape != self.shape or not isfinite(reward):
+            return False
+        self.obs[p] = obs  # a copy: the env may reuse its buffer
+        self.rewards[p] = reward
+        self.flags[p] = terminated | truncated << 1
+        return True
+
+    def clear(self, p: int) -> None:
+        """Zero position ``p`` (one in ``replies``), so that a reply's bytes depend on this request only."""
+        self.obs[p] = 0
+        self.rewards[p] = 0.0
+        self.flags[p] = 0
+
+    def arrays(self, n: int) -> bytes:
+        """The ``obs``/``reward``/``flags`` members of a reply of ``n`` positions."""
+        return self._arrays % (n, n, n)
+
+    def payloads(self, n: int) -> list:
+        """Views of the first ``n`` rows, rewards and flags: the first three payloads of the reply."""
+        return [self._obs_bytes[: n * self._row_bytes], self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
+
+    def plain_line(self, n: int) -> bytes:
+        """The whole line of a reply whose ``n`` positions are all plain."""
+        line = self._plain_lines.get(n)
+        if line is None:
+            line = self._plain_lines[n] = b'{"n":%d,%s,"replies":{},"_bin":[%d,%d,%d]}\n' % (
+                n,
+                self.arrays(n),
+                n * self._row_bytes,
+                8 * n,
+                n,
+            )
+        return line
+
+
 def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
     try:
         write_message(stream, reply, payloads)
@@ -369,17 +529,126 @@ def _serve_loop(server: GymServer, fd_in: int, fd_out: int) -> None:
         _write_result(writer, result)
 
 
+def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progress: envside.Progress) -> None:
+    """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
+
+    A line that is not a group request this process can serve is answered ``{"error": ...}``
+    and the process serves on (the whole line was read); a torn stream as in :func:`_serve_loop`.
+    """
+    reader, writer = FdReader(fd_in), FdWriter(fd_out)
+    rows = GroupRows.of(servers)
+    while True:
+        try:
+            got = read_message(reader)
+        except ProtocolError as exc:
+            write_message(writer, {"error": f"bad request: {exc}"})
+            if str(exc).startswith(_RECOVERABLE):
+                continue
+            return  # a torn stream cannot be resynchronised: the worker will respawn us
+        if got is None:
+            _close_all(servers)
+            return
+        msg, payloads = got
+        try:
+            request = check_group(msg, payloads, len(servers))
+        except ProtocolError as exc:
+            write_message(writer, {"error": f"bad group request: {exc}"})
+            continue
+        if not _serve_group_request(servers, request, rows, progress, fd_out):
+            return
+
+
+def _serve_group_request(
+    servers: list[GymServer], request: GroupRequest, rows: GroupRows | None, progress: envside.Progress, fd_out: int
+) -> bool:
+    """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
+    (every env closed, the reply written: the process ends)."""
+    slots, ops, op_payloads, autoreset = request
+    n = len(ops)
+    replies: list[tuple[int, Any, list]] = []
+    closing = False
+    set_progress = progress.set
+    for p in range(n):
+        slot = slots[p]
+        op = ops[p]
+        set_progress(slot)
+        server = servers[slot]
+        if type(op) is int:  # the shorthand of a step: the hot path
+            result = server.group_step(op, (), autoreset, rows, p)
+        else:
+            own = op_payloads[p] if op_payloads is not None else ()
+            name = op.get("op")
+            if name == "step":
+                result = server.group_step(op.get("action"), own, bool(op.get("autoreset")), rows, p)
+            elif name == "reset":
+                result = server.group_reset(op, rows, p)
+            elif name == "close":
+                closing, result = True, ({}, [])
+            else:  # describe, call, get_attr, set_attr, render; an unknown op's error
+                result = server.handle(op, own)  # type: ignore[assignment]  # (reply, payloads) for these ops
+        if result is not None:
+            replies.append((p, *result))
+    progress.idle()
+    if closing:
+        _close_all(servers)
+    if rows is None or len(replies) == n:  # no plain position (or none can be): no arrays
+        data = group_reply(n, [_encode_one(*reply) for reply in replies])
+    elif not replies:
+        data = b"".join([rows.plain_line(n), *rows.payloads(n)])
+    else:
+        for p, _reply, _payloads in replies:
+            rows.clear(p)
+        data = group_reply(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
+    write_all(fd_out, data)
+    return not closing
+
+
+def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
+    """A position's reply for :func:`~boltzlabs_gym.envside.group_reply`; one that is not JSON becomes
+    what the one-env server writes instead (:func:`_write`)."""
+    try:
+        return p, encode_reply(reply, payloads), payloads
+    except (TypeError, ValueError) as exc:
+        tb = f"reply is not JSON-serialisable: {exc}"
+        sys.stderr.write(tb + "\n")
+        fallback = failed_transition("encode", tb) if "obs" in reply else {"error": tb}
+        return p, encode_reply(fallback), []
+
+
+def _close_all(servers: list[GymServer]) -> None:
+    for server in servers:
+        try:
+            server.env.close()
+        except Exception:
+            _traceback()
+
+
+def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
+    """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
+    several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
+    config = envside.group_config()
+    base = max(index, 0)  # -1: run by hand
+    if config.envs_per_sandbox == 1:
+        server = GymServer(factories[base % len(factories)]())
+        freeze_heap()
+        _serve_loop(server, fd_in, fd_out)
+        return
+    servers = [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)]
+    progress = envside.Progress(envside.workspace_now())
+    freeze_heap()
+    _serve_group_loop(servers, fd_in, fd_out, progress)
+
+
 def serve_env(env_factory: Callable[[], Any]) -> None:
     """Build ``env_factory()`` and serve it on stdin/stdout until ``close`` or end of input.
 
     The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
     output from building the env never corrupts replies. An exception while building
-    the env propagates (its traceback goes to stderr, the process exits non-zero).
+    the env propagates (its traceback goes to stderr, the process exits non-zero). In a
+    sandbox of several envs (``BOLTZLABS_ENVS_PER_SANDBOX`` > 1) it builds one per slot.
     """
     proto_in, proto_out = protect_channel_fds()
-    server = GymServer(env_factory())
-    freeze_heap()
-    _serve_loop(server, proto_in, proto_out)
+    _serve_built([env_factory], 0, proto_in, proto_out)
 
 
 def serve_factories(env_dir: str | None = None, index: int | None = None) -> None:
@@ -387,7 +656,10 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
 
     ``env_dir`` defaults to ``$BOLTZLABS_ENV_DIR`` (else :data:`boltzlabs_gym.env.ENV_DIR`),
     ``index`` to ``$BOLTZLABS_ENV_INDEX`` (``-1`` when run by hand, meaning 0); the
-    factory used is ``factories[index % len(factories)]``. Unpickling happens here,
+    factory used is ``factories[index % len(factories)]``. In a sandbox of several envs
+    (``BOLTZLABS_ENVS_PER_SANDBOX`` K > 1, ``BOLTZLABS_ENV_COUNT`` m) the process hosts m
+    envs, slot ``s`` built by ``factories[(index + s) % len(factories)]`` (``index`` is then
+    the pool index of slot 0), and answers group requests. Unpickling happens here,
     inside the sandbox, after the channel is protected.
     """
     preloaded = None
@@ -413,10 +685,7 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
         factories = [factories]
     if not isinstance(factories, (list, tuple)) or not factories:
         raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
-    factory = factories[max(index, 0) % len(factories)]
-    server = GymServer(factory())
-    freeze_heap()
-    _serve_loop(server, proto_in, proto_out)
+    _serve_built(factories, index, proto_in, proto_out)
 
 
 def _warm_up(factories: Any) -> None:
