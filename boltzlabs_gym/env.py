@@ -64,7 +64,9 @@ transitions, the template hook) is in :mod:`boltzlabs_gym.envside`.
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -207,11 +209,24 @@ def serve(
     Gymnasium's ``(obs, reward, terminated, truncated, info)``. Observations, actions
     and infos are JSON values.
 
-    ``factory``, instead of ``reset``/``step``: a zero-argument callable returning an
-    object with ``reset(seed, options=None)`` and ``step(action)`` methods of those same
-    conventions (and ``close()``, called when the env is closed, if it has one). It is
-    called once per env the process hosts, so each env has its own state: the form a
-    sandbox of several envs (``envs_per_sandbox`` > 1) needs.
+    ``factory``, instead of ``reset``/``step``: a callable returning an object with
+    ``reset(seed, options=None)`` and ``step(action)`` methods of those same conventions
+    (and ``close()``, called when the env is closed, if it has one). It is called once per
+    env the process hosts, so each env has its own state: the form a sandbox of several
+    envs (``envs_per_sandbox`` > 1) needs. A factory that takes one argument is given the
+    env's index in its pool (``ENV_INDEX`` names only the sandbox's first env)::
+
+        class Counter:
+            def __init__(self, index):
+                self.index, self.t = index, 0
+            def reset(self, seed, options=None):
+                self.t = 0
+                return {"t": 0, "env": self.index}
+            def step(self, action):
+                self.t += 1
+                return {"t": self.t, "env": self.index}, float(action), self.t >= 100, {}
+
+        serve(factory=Counter)
 
     ``observation_space``/``action_space`` optionally declare Gymnasium spaces in their
     JSON form (see :mod:`boltzlabs_gym.spaces`; ``{"type": "Discrete", "n": 2}``), so
@@ -242,7 +257,9 @@ def serve(
         freeze_heap()
         _serve_one(reset, step, describe, proto_in, proto_out)
         return
-    envs = [factory() for _ in range(config.env_count)]
+    first = max(int(os.environ.get("BOLTZLABS_ENV_INDEX") or -1), 0)  # -1: run by hand
+    build = _builder(factory)
+    envs = [build(first + slot) for slot in range(config.env_count)]
     freeze_heap()
     try:
         if config.envs_per_sandbox == 1:
@@ -251,6 +268,19 @@ def serve(
             _serve_group(envs, describe, proto_in, proto_out, Progress(workspace_now()))
     finally:
         _close_envs(envs)
+
+
+def _builder(factory: Callable[..., Any]) -> Callable[[int], Any]:
+    """``factory`` as a callable of the env's pool index: passed on when it takes an argument."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: call it as it is
+        return lambda index: factory()
+    takes_index = any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) and p.default is p.empty
+        for p in params
+    )
+    return factory if takes_index else (lambda index: factory())
 
 
 def _refuse_shared_functions(k: int) -> None:

@@ -36,7 +36,13 @@ class EnvPipe:
 
     def __init__(self, stdin_w: int = -1, stdout_r: int = -1):
         self.stdin_w, self.stdout_r = stdin_w, stdout_r
+        self.max_line, self.max_payload = MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES
         self.reset_buffers()
+
+    def serve_envs(self, envs: int) -> None:
+        """The process behind these pipes hosts ``envs`` envs: one reply carries up to that many
+        envs' answers, so its limits are that many times one env's."""
+        self.max_line, self.max_payload = MAX_ENV_LINE_BYTES * envs, MAX_ENV_PAYLOAD_BYTES * envs
 
     def reset_buffers(self) -> None:
         """Forget anything half-read or half-written (the pipes are new)."""
@@ -116,10 +122,10 @@ class EnvPipe:
         Validated as :meth:`_parse` would; False (nothing taken) for anything else.
         """
         nl = chunk.find(b"\n")
-        if nl < 0 or nl > MAX_ENV_LINE_BYTES:
+        if nl < 0 or nl > self.max_line:
             return False
         line = chunk[: nl + 1]
-        need = _announced_payloads(line)
+        need = _announced_payloads(line, self.max_payload)
         if nl + 1 + sum(need) != len(chunk):
             return False
         # Views, not copies: ``chunk`` is a fresh immutable read, and the batch reply joins them.
@@ -131,16 +137,16 @@ class EnvPipe:
             if self._line is None:
                 nl = self._rbuf.find(b"\n", self._scan_from)
                 if nl < 0:
-                    if len(self._rbuf) > MAX_ENV_LINE_BYTES:
-                        raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                    if len(self._rbuf) > self.max_line:
+                        raise EnvFault(f"reply line longer than {self.max_line} bytes")
                     self._scan_from = len(self._rbuf)
                     return
-                if nl > MAX_ENV_LINE_BYTES:
-                    raise EnvFault(f"reply line longer than {MAX_ENV_LINE_BYTES} bytes")
+                if nl > self.max_line:
+                    raise EnvFault(f"reply line longer than {self.max_line} bytes")
                 line = bytes(self._rbuf[: nl + 1])
                 del self._rbuf[: nl + 1]
                 self._scan_from = 0
-                self._need = _announced_payloads(line)
+                self._need = _announced_payloads(line, self.max_payload)
                 self._line = line
             total = sum(self._need)
             if len(self._rbuf) < total:
@@ -167,13 +173,14 @@ def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy
 _PLAIN_STEP = STEP_REPLY_PATTERN
 
 
-def _announced_payloads(line: bytes) -> list[int]:
-    """Validate a reply line; return the byte lengths of the payloads it announces."""
+def _announced_payloads(line: bytes, max_payload: int = MAX_ENV_PAYLOAD_BYTES) -> list[int]:
+    """Validate a reply line; return the byte lengths of the payloads it announces (at most
+    ``max_payload`` bytes in all)."""
     plain = _PLAIN_STEP.fullmatch(line)
     if plain is not None:
         n = int(plain.group(1))
-        if n > MAX_ENV_PAYLOAD_BYTES:
-            raise EnvFault(f"reply announces {n} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+        if n > max_payload:
+            raise EnvFault(f"reply announces {n} payload bytes, over the limit of {max_payload}")
         return [n]
     try:
         msg = parse_json(line)
@@ -187,6 +194,6 @@ def _announced_payloads(line: bytes) -> list[int]:
         return []
     if not isinstance(lengths, list) or not all(type(n) is int and n >= 0 for n in lengths):
         raise EnvFault(f"malformed reply: bad _bin announcement {str(lengths)[:80]}")
-    if sum(lengths) > MAX_ENV_PAYLOAD_BYTES:
-        raise EnvFault(f"reply announces {sum(lengths)} payload bytes, over the limit of {MAX_ENV_PAYLOAD_BYTES}")
+    if sum(lengths) > max_payload:
+        raise EnvFault(f"reply announces {sum(lengths)} payload bytes, over the limit of {max_payload}")
     return lengths

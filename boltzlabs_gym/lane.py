@@ -64,7 +64,9 @@ class Lane:
         done, failed = lane.wait(deadline)              # replies, and calls to hand back to the worker
     """
 
-    def __init__(self, step_timeout: float, reset_timeout: float):
+    def __init__(self, step_timeout: float, reset_timeout: float, envs_per_sandbox: int = 1):
+        #: Envs per lent process: a reply may carry that many envs' answers (EnvPipe.serve_envs).
+        self.envs_per_sandbox = envs_per_sandbox
         self._timeouts = OpTimeouts(step_timeout, reset_timeout)  # the worker's rule (boltzlabs_gym.lending)
         self._envs: dict[int, _Lent] = {}
         self._by_fd: dict[int, _Lent] = {}
@@ -90,6 +92,8 @@ class Lane:
             if index in self._envs:  # lent again without being taken back: keep the newest pipes
                 self.release(index)
             env = _Lent(index, fds[2 * k], fds[2 * k + 1])
+            if self.envs_per_sandbox > 1:
+                env.serve_envs(self.envs_per_sandbox)
             self._envs[index] = env
             self._by_fd[env.stdout_r] = env
             self._epoll.register(env.stdout_r, select.EPOLLIN)

@@ -234,7 +234,7 @@ class RLPool:
         link = start_local_worker(sandboxes, self.busy_poll_us, seq=self._seq, **heartbeat)
         self._links.append(link)  # closed by the finalizer whatever happens next
         if self.direct and lane_possible(sandboxes):
-            self._route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout)
+            self._route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout, k)
         else:
             self._route = WorkerRoute(link, sandboxes)
 

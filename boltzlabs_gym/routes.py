@@ -203,10 +203,10 @@ class LaneRoute(WorkerRoute):
     """A local pool's direct lane: lent envs' steps and resets on their own pipes, the rest
     (and envs that failed on our side while idle) to the worker, in one request."""
 
-    def __init__(self, link: WorkerLink, n: int, step_timeout: float, reset_timeout: float):
+    def __init__(self, link: WorkerLink, n: int, step_timeout: float, reset_timeout: float, envs_per_sandbox: int = 1):
         super().__init__(link, n)
-        #: The lent envs; the link holds them too, to take in what its worker lends.
-        self.lane = link.lane = Lane(step_timeout, reset_timeout)
+        #: The lent envs (sandboxes); the link holds them too, to take in what its worker lends.
+        self.lane = link.lane = Lane(step_timeout, reset_timeout, envs_per_sandbox)
         self._pending: _LanePending | None = None
 
     def send(self, items: Items) -> float:

@@ -127,6 +127,7 @@ class Session:
         for env in self.envs:
             env.session = self
             env.count = min(k, cfg.n - env.index * k)
+            env.serve_envs(env.count)
         self.started = 0
         self.create_seq = None
         self.closed = False
