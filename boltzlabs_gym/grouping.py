@@ -179,18 +179,18 @@ def pack_steps(
         envs = layout.envs(sandbox)
         lo, hi = envs.start, envs.stop
         ops: list = actions[lo:hi]
-        has_reset = False
+        resetting = 0
         while cursor < len(reset_at) and reset_at[cursor] < hi:
             ops[reset_at[cursor] - lo] = {"op": "reset", "seed": None}
-            has_reset = True
+            resetting += 1
             cursor += 1
-        group = {"op": "step", GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
+        # No env of the sandbox steps: the reset deadline holds.
+        name = "reset" if resetting == hi - lo else "step"
+        group: dict = {"op": name, GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
         if autoreset:
             group[GROUP_AUTORESET] = True
-        if has_reset and len(ops) == sum(type(op) is dict for op in ops):
-            group["op"] = "reset"  # no env of the sandbox steps: the reset deadline holds
         out.append((sandbox, group, ()))
-        plans.append(GroupPlan(sandbox, list(envs), list(envs), group["op"]))
+        plans.append(GroupPlan(sandbox, list(envs), list(envs), name))
     return out, plans
 
 
@@ -333,7 +333,7 @@ class GroupResult:
                 "truncated": bool(flags & FLAG_TRUNCATED),
                 "info": {},
             }
-            out.append(EnvResult(index, OK, reply, [memoryview(np.ascontiguousarray(read.obs[p])).cast("B")]))
+            out.append(EnvResult(index, OK, reply, [np.ascontiguousarray(read.obs[p]).tobytes()]))
         return out
 
     def _failed(self, detail: dict) -> list[EnvResult]:
@@ -408,9 +408,9 @@ def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list
         got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
         if got != expected:
             raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
-        sizes = (npos * dtype.itemsize * int(np.prod(shape, dtype=np.int64)), 8 * npos, npos)
-        if tuple(lengths[:3]) != sizes:
-            raise BadGroupReply(f"its array payloads have {lengths[:3]} bytes, not {list(sizes)}")
+        array_sizes = (npos * dtype.itemsize * int(np.prod(shape, dtype=np.int64)), 8 * npos, npos)
+        if tuple(lengths[:3]) != array_sizes:
+            raise BadGroupReply(f"its array payloads have {lengths[:3]} bytes, not {list(array_sizes)}")
         obs = np.frombuffer(payloads[0], dtype=dtype).reshape(npos, *shape)
         reward = np.frombuffer(payloads[1], dtype="<f8")
         flags = np.frombuffer(payloads[2], dtype=np.uint8)

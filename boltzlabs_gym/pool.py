@@ -185,6 +185,9 @@ class RLPool:
         #: whose sandbox was restarted while they were not in a request, with the reason.
         self._plans: list[GroupPlan] | None = None
         self._restarted: dict[int, str] = {}
+        self._answered: list[tuple[int, EnvResult]] = []  # items answered without a request
+        self._sent_positions: list[int] | None = None  # the batch positions of the items sent, if not all
+        self._batch_size = 0
         self._ctx = zmq.Context()
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links)
         try:
@@ -280,7 +283,7 @@ class RLPool:
         """Send per-env ``items`` as one group request per sandbox (see :mod:`~boltzlabs_gym.grouping`);
         envs whose sandbox was restarted under them are answered here, on their next step."""
         answered: list[tuple[int, EnvResult]] = []
-        self._sent_positions: list[int] | None = None
+        self._sent_positions = None
         if self._restarted:
             items, answered = self._answer_restarted(items)
         grouped, plans = pack(self.layout, items)

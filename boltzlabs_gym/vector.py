@@ -337,7 +337,7 @@ class BoltzLabsVecEnv(VectorEnv):
         """Env ``i``'s observation: a row of the batch itself for an array space (written as it
         is read, as whole sandboxes' blocks are), else kept for :func:`concatenate`."""
         if self._obs_leaf is not None:
-            self._observations[i] = obs
+            cast(np.ndarray, self._observations)[i] = obs
         else:
             self._env_obs[i] = obs
 
@@ -443,7 +443,7 @@ class BoltzLabsVecEnv(VectorEnv):
             return infos
         if read.obs is not None:
             positions = np.flatnonzero(read.plain)
-            self._observations[np.asarray(group.plan.indices)[positions]] = read.obs[positions]
+            cast(np.ndarray, self._observations)[np.asarray(group.plan.indices)[positions]] = read.obs[positions]
         for r in read.others.values():
             infos = self._take_reset(r, infos, reset_timeout)
         return infos
@@ -608,7 +608,7 @@ class BoltzLabsVecEnv(VectorEnv):
                 for r in group.expand():
                     infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
                 return infos
-            self._observations[rows] = read.obs[positions]
+            cast(np.ndarray, self._observations)[rows] = read.obs[positions]
             self._rewards[rows] = np.where(resets, 0.0, read.reward[positions])
             self._terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
             self._truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
@@ -626,7 +626,7 @@ class BoltzLabsVecEnv(VectorEnv):
         if same_step and (terminated or truncated):
             return False  # the env should have reset itself: the general path says what happened
         i = r.index
-        self._observations[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        cast(np.ndarray, self._observations)[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
         self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
         return True
 
