@@ -32,11 +32,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-import bench_envs  # noqa: E402
 from boltzlabs_gym import BoltzLabsVecEnv  # noqa: E402
 
 cloudpickle.register_pickle_by_value(bench_envs)  # sandboxes cannot import this directory
@@ -68,7 +68,9 @@ def make_impl(name: str, factory, n: int):
         return BoltzLabsVecEnv([factory] * n, mode="boltz", **kwargs)
     if kind == "process":
         return BoltzLabsVecEnv([factory] * n, isolation="process", **kwargs)
-    raise SystemExit(f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr or +hop, @US)")
+    raise SystemExit(
+        f"unknown implementation {name!r}: async, sync, default, boltz, process (optionally +aslr or +hop, @US)"
+    )
 
 
 def measure(names: list[str], factory, n: int, rounds: int, block: int, seed: int = 0) -> dict[str, list[float]]:
@@ -108,11 +110,16 @@ def summarize(times: dict[str, list[float]], n: int, block: int, reference: str)
     for name, t in times.items():
         t = np.array(t)
         ratio = ref / t
-        rows.append({
-            "impl": name, "n": n, "steps_per_s": n * block * len(t) / t.sum(),
-            "ratio_median": float(np.median(ratio)), "ratio_p25": float(np.percentile(ratio, 25)),
-            "ratio_p75": float(np.percentile(ratio, 75)),
-        })
+        rows.append(
+            {
+                "impl": name,
+                "n": n,
+                "steps_per_s": n * block * len(t) / t.sum(),
+                "ratio_median": float(np.median(ratio)),
+                "ratio_p25": float(np.percentile(ratio, 25)),
+                "ratio_p75": float(np.percentile(ratio, 75)),
+            }
+        )
     return rows
 
 
@@ -134,8 +141,11 @@ def main(argv=None) -> int:
         block = args.block or BLOCK_STEPS.get(n, max(1, 2000 // n))
         times = measure(names, factory, n, args.rounds, block)
         for row in summarize(times, n, block, REFERENCE):
-            print(f"| {args.env} | {n} | {row['impl']} | {row['steps_per_s']:,.0f} | {row['ratio_median']:.2f} "
-                  f"({row['ratio_p25']:.2f}-{row['ratio_p75']:.2f}) |", flush=True)
+            print(
+                f"| {args.env} | {n} | {row['impl']} | {row['steps_per_s']:,.0f} | {row['ratio_median']:.2f} "
+                f"({row['ratio_p25']:.2f}-{row['ratio_p75']:.2f}) |",
+                flush=True,
+            )
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
     return 0
 

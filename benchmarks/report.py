@@ -21,7 +21,10 @@ def _floor(result, n):
 
 
 def _get(rows, name, n):
-    return next((r for r in rows if r["impl"] == name and r["n"] == n and r.get("status") == "ok" and r.get("steps_per_s")), None)
+    return next(
+        (r for r in rows if r["impl"] == name and r["n"] == n and r.get("status") == "ok" and r.get("steps_per_s")),
+        None,
+    )
 
 
 def ratios(result, workload, n):
@@ -40,20 +43,27 @@ def markdown(result) -> str:
     L = []
     L.append(f"# Vector-env benchmark ({result['suite']} suite)\n")
     L.append(f"- date: {m['date']}, git {str(m.get('git_commit'))[:10]}")
-    L.append(f"- machine: {m['cpu_count']} CPUs ({m['cpu_model']}), {m['mem_total_bytes'] / 2**30:.1f} GiB RAM, "
-             f"Python {m['python'].split()[0]}")
+    L.append(
+        f"- machine: {m['cpu_count']} CPUs ({m['cpu_model']}), {m['mem_total_bytes'] / 2**30:.1f} GiB RAM, "
+        f"Python {m['python'].split()[0]}"
+    )
     L.append("- versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v))
-    L.append(f"- load average (1/5/15 min) at start {_la(result['loadavg_start'])}, at end {_la(result['loadavg_end'])}"
-             f" - the machine is shared, so figures are noisy; elapsed {result.get('elapsed_s', 0):.0f} s")
-    L.append("- method: every implementation of a (workload, n) is started once (n <= "
-             f"{result['config']['keep_alive_max_n']}; larger n: started per repetition), then each repetition runs one "
-             "timed block per implementation, in alternating order; random actions, fixed seed. "
-             "steps/s = n x batched steps / time, median over repetitions.")
-    L.append("- fan-out floor: n bare Python echo processes, one line written to each with os.write and read back via "
-             "poll from one process; floor steps/s = n / (time of one fan-out). Nothing can step n envs in separate "
-             "processes faster than this.\n")
+    L.append(
+        f"- load average (1/5/15 min) at start {_la(result['loadavg_start'])}, at end {_la(result['loadavg_end'])}"
+        f" - the machine is shared, so figures are noisy; elapsed {result.get('elapsed_s', 0):.0f} s"
+    )
+    L.append(
+        "- method: every implementation of a (workload, n) is started once (n <= "
+        f"{result['config']['keep_alive_max_n']}; larger n: started per repetition), then each repetition runs one "
+        "timed block per implementation, in alternating order; random actions, fixed seed. "
+        "steps/s = n x batched steps / time, median over repetitions."
+    )
+    L.append(
+        "- fan-out floor: n bare Python echo processes, one line written to each with os.write and read back via "
+        "poll from one process; floor steps/s = n / (time of one fan-out). Nothing can step n envs in separate "
+        "processes faster than this.\n"
+    )
 
-    sizes = sorted({r["n"] for r in result["runs"]})
     for wl, desc in result["workloads"].items():
         rows = [r for r in result["runs"] if r["workload"] == wl]
         if not rows:
@@ -71,10 +81,18 @@ def markdown(result) -> str:
                 cells.append("-" if r is None else _fmt(r.get("steps_per_s")) if r["status"] == "ok" else r["status"])
             L.append(f"| {name} | " + " | ".join(cells) + " |")
         if wl != "code":
-            L.append("| *fan-out floor* | " + " | ".join(_fmt((_floor(result, n) or {}).get("steps_per_s")) for n in ns) + " |")
+            L.append(
+                "| *fan-out floor* | "
+                + " | ".join(_fmt((_floor(result, n) or {}).get("steps_per_s")) for n in ns)
+                + " |"
+            )
         for oname in [i for i in impls if any(r["ours"] for r in rows if r["impl"] == i)]:
-            for label, alt in (("best alternative", None), ("AsyncVectorEnv", "gym.AsyncVectorEnv(shm)"),
-                               ("SubprocVecEnv", "sb3.SubprocVecEnv"), ("fan-out floor", "floor")):
+            for label, alt in (
+                ("best alternative", None),
+                ("AsyncVectorEnv", "gym.AsyncVectorEnv(shm)"),
+                ("SubprocVecEnv", "sb3.SubprocVecEnv"),
+                ("fan-out floor", "floor"),
+            ):
                 if wl == "code" and alt is not None:
                     continue
                 cells, any_cell = [], False
@@ -84,22 +102,31 @@ def markdown(result) -> str:
                     ref = best if alt is None else fl if alt == "floor" else _get(rows, alt, n)
                     if o and ref:
                         any_cell = True
-                        cells.append(f"{o['steps_per_s'] / ref['steps_per_s']:.2f}" + (f" ({ref['impl']})" if alt is None else ""))
+                        cells.append(
+                            f"{o['steps_per_s'] / ref['steps_per_s']:.2f}"
+                            + (f" ({ref['impl']})" if alt is None else "")
+                        )
                     else:
                         cells.append("-")
                 if any_cell:
                     L.append(f"| **{oname} / {label}** | " + " | ".join(cells) + " |")
         L.append("")
-        L.append("Details per (impl, n): batched-step latency, start-up, memory; ours also worker_ms vs roundtrip_ms "
-                 "(medians)\n")
-        L.append("| impl | n | lat median ms | lat p99 ms | start-up s | PSS/env MiB | envs/GiB | worker_ms | roundtrip_ms |")
+        L.append(
+            "Details per (impl, n): batched-step latency, start-up, memory; ours also worker_ms vs roundtrip_ms "
+            "(medians)\n"
+        )
+        L.append(
+            "| impl | n | lat median ms | lat p99 ms | start-up s | PSS/env MiB | envs/GiB | worker_ms | roundtrip_ms |"
+        )
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in sorted(_ok(rows), key=lambda r: (r["n"], impls.index(r["impl"]))):
             pss = r.get("pss_per_env_bytes")
-            L.append(f"| {r['impl']} | {r['n']} | {_fmt(r['latency_ms_median'], '.2f')} | {_fmt(r['latency_ms_p99'], '.2f')}"
-                     f" | {_fmt(r['startup_s_median'], '.2f')} | {_fmt(pss / 2**20 if pss else None, '.1f')}"
-                     f" | {_fmt(r.get('envs_per_gib'), ',.0f')} | {_fmt(r.get('worker_ms_median'), '.2f')}"
-                     f" | {_fmt(r.get('roundtrip_ms_median'), '.2f')} |")
+            L.append(
+                f"| {r['impl']} | {r['n']} | {_fmt(r['latency_ms_median'], '.2f')} | {_fmt(r['latency_ms_p99'], '.2f')}"
+                f" | {_fmt(r['startup_s_median'], '.2f')} | {_fmt(pss / 2**20 if pss else None, '.1f')}"
+                f" | {_fmt(r.get('envs_per_gib'), ',.0f')} | {_fmt(r.get('worker_ms_median'), '.2f')}"
+                f" | {_fmt(r.get('roundtrip_ms_median'), '.2f')} |"
+            )
         L.append("")
 
     fl = _ok(result["floor"])
@@ -108,9 +135,11 @@ def markdown(result) -> str:
         L.append("| n | fan-outs/s | steps/s | lat median ms | lat p99 ms | start-up s | PSS/proc MiB |")
         L.append("|---:|---:|---:|---:|---:|---:|---:|")
         for r in fl:
-            L.append(f"| {r['n']} | {_fmt(r['steps_per_s'] / r['n'])} | {_fmt(r['steps_per_s'])} | "
-                     f"{_fmt(r['latency_ms_median'], '.3f')} | {_fmt(r['latency_ms_p99'], '.3f')} | "
-                     f"{_fmt(r['startup_s_median'], '.2f')} | {_fmt((r.get('pss_per_env_bytes') or 0) / 2**20, '.1f')} |")
+            L.append(
+                f"| {r['n']} | {_fmt(r['steps_per_s'] / r['n'])} | {_fmt(r['steps_per_s'])} | "
+                f"{_fmt(r['latency_ms_median'], '.3f')} | {_fmt(r['latency_ms_p99'], '.3f')} | "
+                f"{_fmt(r['startup_s_median'], '.2f')} | {_fmt((r.get('pss_per_env_bytes') or 0) / 2**20, '.1f')} |"
+            )
         L.append("")
 
     if result["hard_reset"]:
@@ -118,8 +147,10 @@ def markdown(result) -> str:
         L.append("| impl | workload | n | median ms | p99 ms |")
         L.append("|---|---|---:|---:|---:|")
         for r in result["hard_reset"]:
-            L.append(f"| {r['impl']} | {r['workload']} | {r['n']} | {_fmt(r.get('hard_reset_ms_median'), '.1f')} | "
-                     f"{_fmt(r.get('hard_reset_ms_p99'), '.1f')} |" + ("" if r["status"] == "ok" else f" {r.get('reason')}"))
+            L.append(
+                f"| {r['impl']} | {r['workload']} | {r['n']} | {_fmt(r.get('hard_reset_ms_median'), '.1f')} | "
+                f"{_fmt(r.get('hard_reset_ms_p99'), '.1f')} |" + ("" if r["status"] == "ok" else f" {r.get('reason')}")
+            )
         L.append("")
 
     if result["straggler"]:
@@ -127,9 +158,16 @@ def markdown(result) -> str:
         L.append("| impl | n | outcome | normal step ms | wedged step ms | recovery ms | notes |")
         L.append("|---|---:|---|---:|---:|---:|---|")
         for r in result["straggler"]:
-            note = r.get("detail") or r.get("reason") or (f"step_timeout={r['step_timeout_s']} s" if "step_timeout_s" in r else "")
-            L.append(f"| {r['impl']} | {r['n']} | {r.get('outcome', r['status'])} | {_fmt(r.get('normal_step_ms'), '.2f')} | "
-                     f"{_fmt(r.get('straggler_step_ms'), '.0f')} | {_fmt(r.get('recovery_ms'), '.0f')} | {note} |")
+            note = (
+                r.get("detail")
+                or r.get("reason")
+                or (f"step_timeout={r['step_timeout_s']} s" if "step_timeout_s" in r else "")
+            )
+            L.append(
+                f"| {r['impl']} | {r['n']} | {r.get('outcome', r['status'])} | "
+                f"{_fmt(r.get('normal_step_ms'), '.2f')} | "
+                f"{_fmt(r.get('straggler_step_ms'), '.0f')} | {_fmt(r.get('recovery_ms'), '.0f')} | {note} |"
+            )
         L.append("")
 
     if result["skipped"]:
@@ -157,7 +195,11 @@ def plots(result, out_dir) -> list[str]:
         rows = [r for r in _ok(result["runs"]) if r["workload"] == wl]
         for name in dict.fromkeys(r["impl"] for r in rows):
             pts = sorted((r["n"], r["steps_per_s"]) for r in rows if r["impl"] == name)
-            style = dict(lw=2.5, marker="o") if rows[[r["impl"] for r in rows].index(name)]["ours"] else dict(marker=".", lw=1.2)
+            style = (
+                dict(lw=2.5, marker="o")
+                if rows[[r["impl"] for r in rows].index(name)]["ours"]
+                else dict(marker=".", lw=1.2)
+            )
             ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, **style)
         if wl != "code":
             fl = sorted((r["n"], r["steps_per_s"]) for r in _ok(result["floor"]))

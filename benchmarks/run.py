@@ -31,12 +31,12 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 
-import bench_envs  # noqa: E402
 from boltzlabs_gym.testing import CODE_ENV_GOOD, CODE_ENV_WRONG  # noqa: E402
 
 # SB3's SubprocVecEnv uses the forkserver start method; without a preload every worker
@@ -55,24 +55,67 @@ HANG_DIR = os.path.join(HERE, "env_dirs", "hang_counter")
 # --------------------------------------------------------------------------- suites
 SUITES = {
     # tests/test_benchmarks.py: every implementation once, tiny.
-    "smoke": dict(sizes=[4], steps={4: 40}, warmup=5, reps=2, code_sizes=[2], code_steps=1, code_reps=1,
-                  floor_steps=200, straggler_n=2, hard_reset_n=2, hard_reset_reps=3, keep_alive_max_n=64,
-                  straggler_bound_s=1.0, step_timeout_s=0.5),
+    "smoke": dict(
+        sizes=[4],
+        steps={4: 40},
+        warmup=5,
+        reps=2,
+        code_sizes=[2],
+        code_steps=1,
+        code_reps=1,
+        floor_steps=200,
+        straggler_n=2,
+        hard_reset_n=2,
+        hard_reset_reps=3,
+        keep_alive_max_n=64,
+        straggler_bound_s=1.0,
+        step_timeout_s=0.5,
+    ),
     # Under 3 minutes on an idle 2-core box with room to spare (tests/test_benchmarks.py); at n=64
     # the start-up of 64-env pools alone took it to 171-207 s. The full suite measures n=64 and up.
-    "quick": dict(sizes=[8, 32], steps={8: 300, 32: 120}, warmup=10, reps=3, code_sizes=[8], code_steps=2, code_reps=2,
-                  floor_steps=500, straggler_n=8, hard_reset_n=8, hard_reset_reps=8, keep_alive_max_n=64,
-                  straggler_bound_s=2.0, step_timeout_s=0.5),
-    "full": dict(sizes=[8, 64, 256], steps={8: 1000, 64: 200, 256: 60, 1024: 15}, warmup=10, reps=3, reps_large=1,
-                 code_sizes=[8, 64], code_steps=2, code_reps=2, floor_steps=2000, straggler_n=64, hard_reset_n=64,
-                 hard_reset_reps=20, keep_alive_max_n=64, straggler_bound_s=3.0, step_timeout_s=0.5),
+    "quick": dict(
+        sizes=[8, 32],
+        steps={8: 300, 32: 120},
+        warmup=10,
+        reps=3,
+        code_sizes=[8],
+        code_steps=2,
+        code_reps=2,
+        floor_steps=500,
+        straggler_n=8,
+        hard_reset_n=8,
+        hard_reset_reps=8,
+        keep_alive_max_n=64,
+        straggler_bound_s=2.0,
+        step_timeout_s=0.5,
+    ),
+    "full": dict(
+        sizes=[8, 64, 256],
+        steps={8: 1000, 64: 200, 256: 60, 1024: 15},
+        warmup=10,
+        reps=3,
+        reps_large=1,
+        code_sizes=[8, 64],
+        code_steps=2,
+        code_reps=2,
+        floor_steps=2000,
+        straggler_n=64,
+        hard_reset_n=64,
+        hard_reset_reps=20,
+        keep_alive_max_n=64,
+        straggler_bound_s=3.0,
+        step_timeout_s=0.5,
+    ),
 }
 
 WORKLOADS = {
     "cartpole": dict(desc="CartPole-v1 (cheap step, IPC-bound)", factory=bench_envs.make_cartpole),
     "large_obs": dict(desc="84x84x4 uint8 observation (copy-bound)", factory=bench_envs.make_large_obs),
-    "counter": dict(desc="JSON counter (ours: RLPool over envs/counter; others: gymnasium Box(1) counter)",
-                    factory=bench_envs.make_counter, env_dir=COUNTER_DIR),
+    "counter": dict(
+        desc="JSON counter (ours: RLPool over envs/counter; others: gymnasium Box(1) counter)",
+        factory=bench_envs.make_counter,
+        env_dir=COUNTER_DIR,
+    ),
 }
 
 GOOD_SOLUTION, BAD_SOLUTION = CODE_ENV_GOOD, CODE_ENV_WRONG
@@ -211,7 +254,9 @@ class EnvPoolImpl(Impl):
         try:
             import envpool  # noqa: F401
         except Exception as exc:
-            raise Skip(f"envpool not importable ({type(exc).__name__}: {exc}); pip install envpool to include it") from None
+            raise Skip(
+                f"envpool not importable ({type(exc).__name__}: {exc}); pip install envpool to include it"
+            ) from None
         if self.workload != "cartpole":
             raise Skip("envpool runs only its own C++ envs; no Python-env workload")
         self.env = envpool.make_gymnasium("CartPole-v1", num_envs=self.n, seed=self.seed)
@@ -231,14 +276,17 @@ class PufferImpl(Impl):
         try:
             import pufferlib.vector  # noqa: F401
         except Exception as exc:
-            raise Skip(f"pufferlib not importable ({type(exc).__name__}: {exc}); pip install pufferlib to include it") from None
+            raise Skip(
+                f"pufferlib not importable ({type(exc).__name__}: {exc}); pip install pufferlib to include it"
+            ) from None
         import pufferlib.emulation
         import pufferlib.vector
 
         factory = WORKLOADS[self.workload]["factory"]
         self.env = pufferlib.vector.make(
             lambda **kw: pufferlib.emulation.GymnasiumPufferEnv(env_creator=factory),
-            num_envs=self.n, backend=pufferlib.vector.Multiprocessing,
+            num_envs=self.n,
+            backend=pufferlib.vector.Multiprocessing,
         )
         self.env.reset(seed=self.seed)
 
@@ -293,13 +341,28 @@ class Ours(Impl):
 
 
 def _ours(isolation: str, mode: str = "default"):
-    return type(f"Ours_{isolation}_{mode}", (Ours,), {
-        "name": f"boltzlabs[{isolation}]" if mode == "default" else f"boltzlabs[{isolation},{mode}]",
-        "isolation": isolation, "mode": mode})
+    return type(
+        f"Ours_{isolation}_{mode}",
+        (Ours,),
+        {
+            "name": f"boltzlabs[{isolation}]" if mode == "default" else f"boltzlabs[{isolation},{mode}]",
+            "isolation": isolation,
+            "mode": mode,
+        },
+    )
 
 
-IMPLS = [GymSync, GymAsync, SB3Subproc, SB3Dummy, EnvPoolImpl, PufferImpl,
-         _ours("namespaces"), _ours("process"), _ours("namespaces", "boltz")]
+IMPLS = [
+    GymSync,
+    GymAsync,
+    SB3Subproc,
+    SB3Dummy,
+    EnvPoolImpl,
+    PufferImpl,
+    _ours("namespaces"),
+    _ours("process"),
+    _ours("namespaces", "boltz"),
+]
 
 
 # --------------------------------------------------------------------------- fan-out floor
@@ -312,8 +375,12 @@ class EchoFloor(Impl):
     name = "fan-out floor"
 
     def start(self):
-        self.procs = [subprocess.Popen([sys.executable, "-S", "-c", ECHO_CHILD], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, bufsize=0) for _ in range(self.n)]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-S", "-c", ECHO_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+            )
+            for _ in range(self.n)
+        ]
         self.wfds = [p.stdin.fileno() for p in self.procs]
         self.rfds = {p.stdout.fileno(): i for i, p in enumerate(self.procs)}
         self.poller = select.poll()
@@ -355,7 +422,11 @@ def grade_on_trainer(source: str) -> float:
             f.write(source)
         proc = subprocess.run(
             [sys.executable, "-m", "unittest", "discover", "-s", os.path.join(CODE_DIR, "tests")],
-            cwd=d, capture_output=True, text=True, timeout=10, start_new_session=True,
+            cwd=d,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            start_new_session=True,
             env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": d, "HOME": d, "PYTHONDONTWRITEBYTECODE": "1"},
         )
         return 1.0 if proc.returncode == 0 else 0.0
@@ -432,10 +503,23 @@ def _timed_block(impl: Impl, actions: np.ndarray, warmup: int) -> list[float]:
 
 class Record:
     def __init__(self, workload, impl_cls, n, steps, reps):
-        self.d = dict(workload=workload, impl=impl_cls.name, ours=impl_cls.ours, n=n, status="ok",
-                      steps_per_rep=steps, reps=reps, startup_s=[], rep_steps_per_s=[], latencies_s=[],
-                      worker_ms=[], roundtrip_ms=[], pss_per_env_bytes=None, envs_per_gib=None,
-                      memory_note="in-process (no worker processes)" if impl_cls.in_process else None)
+        self.d = dict(
+            workload=workload,
+            impl=impl_cls.name,
+            ours=impl_cls.ours,
+            n=n,
+            status="ok",
+            steps_per_rep=steps,
+            reps=reps,
+            startup_s=[],
+            rep_steps_per_s=[],
+            latencies_s=[],
+            worker_ms=[],
+            roundtrip_ms=[],
+            pss_per_env_bytes=None,
+            envs_per_gib=None,
+            memory_note="in-process (no worker processes)" if impl_cls.in_process else None,
+        )
 
     def add_block(self, impl: Impl, lat: list[float]):
         self.d["rep_steps_per_s"].append(impl.n * len(lat) / sum(lat))
@@ -530,7 +614,10 @@ def run_matrix(workload: str, impl_classes, n: int, actions: np.ndarray, cfg: di
             try:
                 lat = _timed_block(impl, actions, warmup)
                 rec.add_block(impl, lat)
-                log(f"  {workload} n={n} rep {rep + 1}/{reps} {cls.name:40s} {rec.d['rep_steps_per_s'][-1]:12,.0f} steps/s")
+                log(
+                    f"  {workload} n={n} rep {rep + 1}/{reps} {cls.name:40s} "
+                    f"{rec.d['rep_steps_per_s'][-1]:12,.0f} steps/s"
+                )
             except Exception as exc:
                 rec.d.update(status="error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
                 log(f"  ERROR {cls.name}: {exc}")
@@ -558,8 +645,12 @@ def bench_hard_reset(n: int, reps: int, seed: int) -> list[dict]:
                     t = time.perf_counter()
                     impl.pool.reset(where=where, hard=True, seed=seed + k)
                     lat.append(time.perf_counter() - t)
-                rec.update(status="ok", hard_reset_ms_median=_pct(lat, 50) * 1e3, hard_reset_ms_p99=_pct(lat, 99) * 1e3,
-                           hard_reset_s=lat)
+                rec.update(
+                    status="ok",
+                    hard_reset_ms_median=_pct(lat, 50) * 1e3,
+                    hard_reset_ms_p99=_pct(lat, 99) * 1e3,
+                    hard_reset_s=lat,
+                )
                 log(f"  hard reset {workload} {cls.name} n={n}: median {rec['hard_reset_ms_median']:.1f} ms")
             except Exception as exc:
                 rec.update(status="error", reason=f"{type(exc).__name__}: {exc}")
@@ -598,10 +689,18 @@ def bench_straggler(n: int, cfg: dict, seed: int) -> list[dict]:
                 pool.reset(where=dones)  # respawn the straggler
                 pool.step(normal.tolist())
                 recover_lat.append(time.perf_counter() - t)
-            rec.update(status="ok", outcome="recovers", normal_step_ms=_pct(normal_lat, 50) * 1e3,
-                       straggler_step_ms=_pct(wedged_lat, 50) * 1e3, recovery_ms=_pct(recover_lat, 50) * 1e3,
-                       straggler_flagged=bool(infos[n // 2].get("boltzlabs_straggler")))
-            log(f"  straggler {rec['impl']} n={n}: step {rec['straggler_step_ms']:.0f} ms (deadline {deadline*1e3:.0f} ms)")
+            rec.update(
+                status="ok",
+                outcome="recovers",
+                normal_step_ms=_pct(normal_lat, 50) * 1e3,
+                straggler_step_ms=_pct(wedged_lat, 50) * 1e3,
+                recovery_ms=_pct(recover_lat, 50) * 1e3,
+                straggler_flagged=bool(infos[n // 2].get("boltzlabs_straggler")),
+            )
+            log(
+                f"  straggler {rec['impl']} n={n}: step {rec['straggler_step_ms']:.0f} ms "
+                f"(deadline {deadline * 1e3:.0f} ms)"
+            )
         except Exception as exc:
             rec.update(status="error", reason=f"{type(exc).__name__}: {exc}")
             log(f"  ERROR straggler {rec['impl']}: {exc}")
@@ -621,9 +720,12 @@ def bench_straggler(n: int, cfg: dict, seed: int) -> list[dict]:
             env.step_wait(timeout=bound)
             rec.update(status="ok", outcome="returned (unexpected)")
         except mp.TimeoutError:
-            rec.update(status="ok", outcome="hangs",
-                       detail=f"step_wait(timeout={bound}) raised TimeoutError after {time.perf_counter() - t:.2f} s; "
-                              "the wedged worker cannot be recovered, only terminated (close(terminate=True))")
+            rec.update(
+                status="ok",
+                outcome="hangs",
+                detail=f"step_wait(timeout={bound}) raised TimeoutError after {time.perf_counter() - t:.2f} s; "
+                "the wedged worker cannot be recovered, only terminated (close(terminate=True))",
+            )
     finally:
         t = time.perf_counter()
         env.close(terminate=True)
@@ -645,9 +747,12 @@ def bench_straggler(n: int, cfg: dict, seed: int) -> list[dict]:
             for i, r in enumerate(env.remotes):
                 if i not in answered and r.poll(0.01):
                     answered.add(i)
-        rec.update(status="ok", outcome="hangs" if len(answered) < n else "returned (unexpected)",
-                   detail=f"{n - len(answered)} of {n} workers silent after {bound} s; step_wait() has no timeout "
-                          "and close() would block on the wedged pipe: processes terminated by hand")
+        rec.update(
+            status="ok",
+            outcome="hangs" if len(answered) < n else "returned (unexpected)",
+            detail=f"{n - len(answered)} of {n} workers silent after {bound} s; step_wait() has no timeout "
+            "and close() would block on the wedged pipe: processes terminated by hand",
+        )
     finally:
         for p in env.processes:
             p.terminate()
@@ -657,8 +762,15 @@ def bench_straggler(n: int, cfg: dict, seed: int) -> list[dict]:
     log(f"  straggler {rec['impl']} n={n}: {rec['outcome']}")
     out.append(rec)
     for name in ("gym.SyncVectorEnv", "sb3.DummyVecEnv"):
-        out.append(dict(impl=name, n=n, status="ok", outcome="hangs",
-                        detail="in-process: a wedged env step blocks the trainer itself (not attempted)"))
+        out.append(
+            dict(
+                impl=name,
+                n=n,
+                status="ok",
+                outcome="hangs",
+                detail="in-process: a wedged env step blocks the trainer itself (not attempted)",
+            )
+        )
     return out
 
 
@@ -674,8 +786,19 @@ def machine_info() -> dict:
     except OSError:
         pass
     versions = {}
-    for pkg in ("boltzlabs_gym", "gymnasium", "stable-baselines3", "numpy", "torch", "pyzmq", "cloudpickle", "psutil",
-                "matplotlib", "envpool", "pufferlib"):
+    for pkg in (
+        "boltzlabs_gym",
+        "gymnasium",
+        "stable-baselines3",
+        "numpy",
+        "torch",
+        "pyzmq",
+        "cloudpickle",
+        "psutil",
+        "matplotlib",
+        "envpool",
+        "pufferlib",
+    ):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
@@ -684,10 +807,17 @@ def machine_info() -> dict:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = None
-    return dict(cpu_count=os.cpu_count(), cpu_affinity=len(os.sched_getaffinity(0)), cpu_model=model,
-                mem_total_bytes=psutil.virtual_memory().total, python=sys.version, platform=platform.platform(),
-                versions=versions, git_commit=commit,
-                date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return dict(
+        cpu_count=os.cpu_count(),
+        cpu_affinity=len(os.sched_getaffinity(0)),
+        cpu_model=model,
+        mem_total_bytes=psutil.virtual_memory().total,
+        python=sys.version,
+        platform=platform.platform(),
+        versions=versions,
+        git_commit=commit,
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
 # --------------------------------------------------------------------------- main
@@ -696,8 +826,11 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", choices=sorted(SUITES), default="quick")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--sizes", help="comma-separated env counts, overriding the suite's")
-    ap.add_argument("--workloads", default="cartpole,large_obs,counter,code",
-                    help="comma-separated subset of cartpole,large_obs,counter,code")
+    ap.add_argument(
+        "--workloads",
+        default="cartpole,large_obs,counter,code",
+        help="comma-separated subset of cartpole,large_obs,counter,code",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
@@ -712,10 +845,23 @@ def main(argv=None) -> int:
         k = min(keys, key=lambda k: abs(np.log(k) - np.log(n)))
         return max(5, int(cfg["steps"][k] * min(1.0, k / n))) if n > k else cfg["steps"][k]
 
-    result = dict(suite=args.suite, sizes=sizes, config=cfg, seed=args.seed, machine=machine_info(),
-                  loadavg_start=list(os.getloadavg()), workloads={k: v["desc"] for k, v in WORKLOADS.items()},
-                  runs=[], floor=[], hard_reset=[], straggler=[], skipped=[])
-    result["workloads"]["code"] = "code grading (ours: RLPool over envs/code_env; baseline: unsandboxed subprocess on the trainer)"
+    result = dict(
+        suite=args.suite,
+        sizes=sizes,
+        config=cfg,
+        seed=args.seed,
+        machine=machine_info(),
+        loadavg_start=list(os.getloadavg()),
+        workloads={k: v["desc"] for k, v in WORKLOADS.items()},
+        runs=[],
+        floor=[],
+        hard_reset=[],
+        straggler=[],
+        skipped=[],
+    )
+    result["workloads"]["code"] = (
+        "code grading (ours: RLPool over envs/code_env; baseline: unsandboxed subprocess on the trainer)"
+    )
     log(f"suite={args.suite} sizes={sizes} loadavg={result['loadavg_start']}")
 
     for n in sizes:
@@ -747,7 +893,9 @@ def main(argv=None) -> int:
     for r in result["runs"]:
         if r["status"] != "ok" and (r["impl"], r.get("reason")) not in seen:
             seen.add((r["impl"], r.get("reason")))
-            result["skipped"].append(dict(impl=r["impl"], workload=r["workload"], status=r["status"], reason=r.get("reason")))
+            result["skipped"].append(
+                dict(impl=r["impl"], workload=r["workload"], status=r["status"], reason=r.get("reason"))
+            )
     result["loadavg_end"] = list(os.getloadavg())
     result["elapsed_s"] = time.perf_counter() - T0
 

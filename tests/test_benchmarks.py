@@ -21,8 +21,13 @@ def _pos(x) -> bool:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, RUN, "--suite", "smoke", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, RUN, "--suite", "smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, proc
 
@@ -50,8 +55,13 @@ def test_json_figures_are_sane(smoke):
     ok = [r for r in result["runs"] if r["status"] == "ok"]
     ran = {r["impl"] for r in ok}
     # Gymnasium, SB3 and ours (unsandboxed backend at least) must all have run.
-    for name in ("gym.SyncVectorEnv", "gym.AsyncVectorEnv(shm)", "sb3.SubprocVecEnv", "sb3.DummyVecEnv",
-                 "boltzlabs[process]"):
+    for name in (
+        "gym.SyncVectorEnv",
+        "gym.AsyncVectorEnv(shm)",
+        "sb3.SubprocVecEnv",
+        "sb3.DummyVecEnv",
+        "boltzlabs[process]",
+    ):
         assert name in ran, (name, [(r["impl"], r.get("reason")) for r in result["runs"] if r["status"] != "ok"])
     assert {r["workload"] for r in ok} >= {"cartpole", "large_obs", "counter", "code"}
     for r in ok:
@@ -101,14 +111,23 @@ def test_markdown_tables(smoke):
 def test_quick_suite_finishes_in_three_minutes(tmp_path):
     """The quick suite is the one a user runs for a look: every implementation and workload,
     n = 8 and 32, in under 3 minutes (measured wall clock, start-ups included)."""
-    proc = subprocess.run([sys.executable, RUN, "--suite", "quick", "--out", str(tmp_path), "--no-plots"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=360)
+    proc = subprocess.run(
+        [sys.executable, RUN, "--suite", "quick", "--out", str(tmp_path), "--no-plots"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "latest.json").read_text())
     assert result["elapsed_s"] < 180, f"quick suite took {result['elapsed_s']:.0f} s (load {result['loadavg_start']})"
     ok = [r for r in result["runs"] if r["status"] == "ok"]
     assert {(r["workload"], r["n"]) for r in ok if r["impl"] == "boltzlabs[process]"} >= {
-        ("cartpole", 8), ("cartpole", 32), ("large_obs", 32), ("counter", 32)}
+        ("cartpole", 8),
+        ("cartpole", 32),
+        ("large_obs", 32),
+        ("counter", 32),
+    }
     assert {r["workload"] for r in ok} >= {"cartpole", "large_obs", "counter", "code"}
 
 
@@ -117,13 +136,29 @@ def test_quick_suite_finishes_in_three_minutes(tmp_path):
 def test_paired_benchmark_reports_every_implementation_against_async(env):
     impls = ["async", "default", "default+aslr", "process@0"]
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "paired.py"), "--env", env, "--sizes", "2",
-         "--rounds", "3", "--block", "4", "--impls", ",".join(impls)],
-        cwd=ROOT, capture_output=True, text=True, timeout=200,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "paired.py"),
+            "--env",
+            env,
+            "--sizes",
+            "2",
+            "--rounds",
+            "3",
+            "--block",
+            "4",
+            "--impls",
+            ",".join(impls),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
-            if line.startswith(f"| {env} |")]
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines() if line.startswith(f"| {env} |")
+    ]
     assert [r[2] for r in rows] == impls, proc.stdout
     for _, n, impl, steps, ratio in rows:
         assert int(n) == 2 and float(steps.replace(",", "")) > 0
