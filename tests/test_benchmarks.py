@@ -133,37 +133,57 @@ def test_quick_suite_finishes_in_three_minutes(tmp_path):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("env", ["cartpole", "large_obs"])
-def test_paired_benchmark_reports_every_implementation_against_async(env):
-    impls = ["async", "default", "default+aslr", "process@0"]
+def test_paired_benchmark_reports_every_implementation_against_sync_and_async(env):
+    impls = ["async", "dummy", "envpool", "default", "default+aslr", "process@0", "boltz"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "paired.py"),
-            "--env",
-            env,
-            "--sizes",
-            "2",
-            "--rounds",
-            "3",
-            "--block",
-            "4",
-            "--impls",
-            ",".join(impls),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+        [sys.executable, os.path.join(ROOT, "benchmarks", "paired.py"), "--env", env, "--sizes", "2",
+         "--rounds", "3", "--block", "4", "--impls", ",".join(impls), "--envs-per-sandbox", "1,2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [
         [c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines() if line.startswith(f"| {env} |")
     ]
-    assert [r[2] for r in rows] == impls, proc.stdout
-    for _, n, impl, steps, ratio in rows:
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped ")]
+    ours_k = [
+        "default",
+        "default-k2",
+        "default+aslr",
+        "default-k2+aslr",
+        "process@0",
+        "process-k2@0",
+        "boltz",
+        "boltz-k2",
+    ]
+    expected = ["sync", "async", "dummy"] + (["envpool"] if env == "cartpole" else []) + ours_k
+    if env == "cartpole" and any(line.startswith("skipped envpool:") for line in skipped):
+        expected.remove("envpool")  # not installed here: skipped with the reason
+    assert [r[2] for r in rows] == expected, proc.stdout
+    for _, n, impl, steps, *ratios in rows:
         assert int(n) == 2 and float(steps.replace(",", "")) > 0
-        median, spread = ratio.split(" ", 1)
-        assert float(median) > 0 and spread.startswith("(") and spread.endswith(")")
-        if impl == "async":
-            assert float(median) == 1.0  # the reference against itself, every round
-    assert "started process@0 n=2" in proc.stderr
+        for ref, ratio in zip(("sync", "async"), ratios):
+            median, spread = ratio.split(" ", 1)
+            assert float(median) > 0 and spread.startswith("(") and spread.endswith(")")
+            if impl == ref:
+                assert float(median) == 1.0  # the reference against itself, every round
+    if env == "large_obs":
+        assert any(line.startswith("skipped envpool:") and "C++" in line for line in skipped), proc.stdout
+    assert "started process-k2@0 n=2" in proc.stderr
+
+
+def test_paired_names_expand_over_envs_per_sandbox():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import paired
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    names = ["sync", "default", "boltz-k4", "process@0", "default+hop"]
+    assert paired.expand_k(names, [1, 8]) == [
+        "sync", "default", "default-k8", "boltz-k4", "process@0", "process-k8@0", "default+hop", "default-k8+hop",
+    ]  # fmt: skip
+    assert paired.expand_k(names, None) == names
+    assert paired.ours_kwargs("boltz-k8+hop@0") == (
+        "boltz",
+        {"busy_poll_us": 0.0, "envs_per_sandbox": 8, "direct": False, "mode": "boltz"},
+    )
+    assert "envs_per_sandbox" not in paired.ours_kwargs("default-k1")[1]  # K = 1 runs on versions without it
