@@ -89,6 +89,7 @@ def markdown(result) -> str:
         for oname in [i for i in impls if any(r["ours"] for r in rows if r["impl"] == i)]:
             for label, alt in (
                 ("best alternative", None),
+                ("SyncVectorEnv", "gym.SyncVectorEnv"),
                 ("AsyncVectorEnv", "gym.AsyncVectorEnv(shm)"),
                 ("SubprocVecEnv", "sb3.SubprocVecEnv"),
                 ("fan-out floor", "floor"),

@@ -2,11 +2,17 @@
 """Side-by-side vector-env benchmark: Gymnasium, SB3, EnvPool, PufferLib and boltzlabs_gym.
 
     python benchmarks/run.py --suite quick|full|smoke [--out benchmarks/results] [--sizes 8,64,256]
+    python benchmarks/run.py --suite full --sizes 64,256 --workloads cartpole --throughput-only \
+        --impls sync,async,subproc,dummy,envpool,pufferlib,default,boltz --envs-per-sandbox 1,32
 
 Writes ``latest.json`` (raw figures + machine info), ``latest.md`` (tables) and PNG plots
 into ``--out``. Implementations are measured in one process, interleaved: every
 repetition runs one timed block per implementation, in alternating order, so machine
 drift spreads over all of them. Progress goes to stderr.
+
+``--impls`` picks implementations by paired.py's short names (sync, async, subproc, dummy,
+envpool, pufferlib; ours: default, process, boltz, each optionally ``-kK`` for
+``envs_per_sandbox=K``), and ``--envs-per-sandbox 1,8,32`` runs each of ours at every K.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
+import paired  # noqa: E402
 import psutil  # noqa: E402
 
 from boltzlabs_gym.testing import CODE_ENV_GOOD, CODE_ENV_WRONG  # noqa: E402
@@ -157,6 +164,9 @@ class Impl:
     name = "?"
     ours = False
     in_process = False
+    #: Seconds to wait after a timed block so that no other implementation is timed against this
+    #: one's still-spinning workers (PufferLib's spin for 0.5 s after a step).
+    settle_s = 0.0
 
     def __init__(self, workload: str, n: int, seed: int):
         self.workload, self.n, self.seed = workload, n, seed
@@ -270,24 +280,16 @@ class EnvPoolImpl(Impl):
 
 
 class PufferImpl(Impl):
+    """PufferLib's Multiprocessing backend as its docs advise: one worker per physical core."""
+
     name = "pufferlib"
+    settle_s = paired.SETTLE_S["pufferlib"]
 
     def start(self):
         try:
-            import pufferlib.vector  # noqa: F401
-        except Exception as exc:
-            raise Skip(
-                f"pufferlib not importable ({type(exc).__name__}: {exc}); pip install pufferlib to include it"
-            ) from None
-        import pufferlib.emulation
-        import pufferlib.vector
-
-        factory = WORKLOADS[self.workload]["factory"]
-        self.env = pufferlib.vector.make(
-            lambda **kw: pufferlib.emulation.GymnasiumPufferEnv(env_creator=factory),
-            num_envs=self.n,
-            backend=pufferlib.vector.Multiprocessing,
-        )
+            self.env = paired.make_pufferlib(WORKLOADS[self.workload]["factory"], self.n).env
+        except paired.Skip as exc:
+            raise Skip(str(exc)) from None
         self.env.reset(seed=self.seed)
 
     def step(self, actions):
@@ -301,12 +303,17 @@ class Ours(Impl):
     ours = True
     isolation = "?"
     mode = "default"
+    envs_per_sandbox = 1
 
     def start(self):
         from boltzlabs_gym import BoltzLabsVecEnv, RLPool
 
         wl = WORKLOADS[self.workload]
         kw = dict(isolation=self.isolation, mode=self.mode)
+        if self.envs_per_sandbox > 1:  # only then: K = 1 runs on versions without the keyword
+            if wl.get("env_dir"):
+                raise Skip(f"{wl['env_dir']} serves reset/step functions; envs_per_sandbox > 1 needs serve(factory=)")
+            kw["envs_per_sandbox"] = self.envs_per_sandbox
         try:
             self._create(wl, kw, BoltzLabsVecEnv, RLPool)
         except NotImplementedError as exc:  # mode="boltz" in versions without it
@@ -340,29 +347,52 @@ class Ours(Impl):
         (self.vec or self.pool).close()
 
 
-def _ours(isolation: str, mode: str = "default"):
+def ours_name(isolation: str, mode: str = "default", k: int = 1) -> str:
+    """``boltzlabs[namespaces]``, ``boltzlabs[namespaces,boltz]``, ``boltzlabs[namespaces,boltz,K=32]``."""
+    parts = [isolation] + ([mode] if mode != "default" else []) + ([f"K={k}"] if k != 1 else [])
+    return f"boltzlabs[{','.join(parts)}]"
+
+
+def _ours(isolation: str, mode: str = "default", k: int = 1):
     return type(
-        f"Ours_{isolation}_{mode}",
+        f"Ours_{isolation}_{mode}_k{k}",
         (Ours,),
-        {
-            "name": f"boltzlabs[{isolation}]" if mode == "default" else f"boltzlabs[{isolation},{mode}]",
-            "isolation": isolation,
-            "mode": mode,
-        },
+        {"name": ours_name(isolation, mode, k), "isolation": isolation, "mode": mode, "envs_per_sandbox": k},
     )
 
 
-IMPLS = [
-    GymSync,
-    GymAsync,
-    SB3Subproc,
-    SB3Dummy,
-    EnvPoolImpl,
-    PufferImpl,
-    _ours("namespaces"),
-    _ours("process"),
-    _ours("namespaces", "boltz"),
-]
+#: Short names (``--impls``), as paired.py spells them; ours take a ``-kK`` suffix (``boltz-k32``).
+BASELINE_IMPLS = {
+    "sync": GymSync,
+    "async": GymAsync,
+    "subproc": SB3Subproc,
+    "dummy": SB3Dummy,
+    "envpool": EnvPoolImpl,
+    "pufferlib": PufferImpl,
+}
+OURS_SETTINGS = {
+    "default": ("namespaces", "default"),
+    "process": ("process", "default"),
+    "boltz": ("namespaces", "boltz"),
+}
+DEFAULT_IMPLS = "sync,async,subproc,dummy,envpool,pufferlib,default,process,boltz"
+
+
+def impl_classes(names: list[str]) -> list[type[Impl]]:
+    """The Impl classes for short names (``sync``, ``boltz-k32``, ...), in the order given."""
+    out: list[type[Impl]] = []
+    for name in names:
+        kind, k = paired.split_k(name)
+        if name in BASELINE_IMPLS:
+            out.append(BASELINE_IMPLS[name])
+        elif kind in OURS_SETTINGS:
+            out.append(_ours(*OURS_SETTINGS[kind], k=k))
+        else:
+            raise SystemExit(
+                f"unknown implementation {name!r}: {', '.join(BASELINE_IMPLS)}, or one of "
+                f"{', '.join(OURS_SETTINGS)} optionally with -kK"
+            )
+    return out
 
 
 # --------------------------------------------------------------------------- fan-out floor
@@ -498,6 +528,7 @@ def _timed_block(impl: Impl, actions: np.ndarray, warmup: int) -> list[float]:
         t = time.perf_counter()
         impl.step(a)
         lat.append(time.perf_counter() - t)
+    time.sleep(impl.settle_s)
     return lat
 
 
@@ -507,6 +538,7 @@ class Record:
             workload=workload,
             impl=impl_cls.name,
             ours=impl_cls.ours,
+            envs_per_sandbox=getattr(impl_cls, "envs_per_sandbox", None),
             n=n,
             status="ok",
             steps_per_rep=steps,
@@ -798,6 +830,7 @@ def machine_info() -> dict:
         "matplotlib",
         "envpool",
         "pufferlib",
+        "pufferlib-core",
     ):
         try:
             versions[pkg] = metadata.version(pkg)
@@ -831,11 +864,23 @@ def main(argv=None) -> int:
         default="cartpole,large_obs,counter,code",
         help="comma-separated subset of cartpole,large_obs,counter,code",
     )
+    ap.add_argument(
+        "--impls",
+        default=DEFAULT_IMPLS,
+        help=f"comma-separated short names (default {DEFAULT_IMPLS}); "
+        "ours (default, process, boltz) take -kK for envs_per_sandbox=K: boltz-k32",
+    )
+    ap.add_argument("--envs-per-sandbox", help="comma-separated K values to run each of ours at (e.g. 1,8,32)")
+    ap.add_argument("--reps", type=int, help="timed blocks per implementation, overriding the suite's (all sizes)")
+    ap.add_argument("--throughput-only", action="store_true", help="skip the hard-reset and straggler measurements")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
 
     cfg = dict(SUITES[args.suite])
+    if args.reps:
+        cfg.update(reps=args.reps, reps_large=args.reps)
+    impls = impl_classes(paired.expand_k(args.impls.split(","), paired.parse_ks(args.envs_per_sandbox)))
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else cfg["sizes"]
     workloads = [w for w in args.workloads.split(",") if w]
     os.makedirs(args.out, exist_ok=True)
@@ -875,7 +920,7 @@ def main(argv=None) -> int:
                 continue
             log(f"{wl} n={n} steps={steps} reps={cfg['reps']}")
             actions = rng.integers(0, 2, size=(cfg["warmup"] + steps, n), dtype=np.int64)
-            result["runs"].extend(run_matrix(wl, IMPLS, n, actions, cfg, args.seed))
+            result["runs"].extend(run_matrix(wl, impls, n, actions, cfg, args.seed))
     if "code" in workloads:
         ccfg = dict(cfg, reps=cfg["code_reps"], warmup=1)
         for n in cfg["code_sizes"]:
@@ -884,10 +929,11 @@ def main(argv=None) -> int:
             actions = rng.integers(0, 2, size=(1 + cfg["code_steps"], n), dtype=np.int64)
             result["runs"].extend(run_matrix("code", CODE_IMPLS, n, actions, ccfg, args.seed))
 
-    log(f"hard reset n={cfg['hard_reset_n']}")
-    result["hard_reset"] = bench_hard_reset(cfg["hard_reset_n"], cfg["hard_reset_reps"], args.seed)
-    log(f"straggler n={cfg['straggler_n']}")
-    result["straggler"] = bench_straggler(cfg["straggler_n"], cfg, args.seed)
+    if not args.throughput_only:
+        log(f"hard reset n={cfg['hard_reset_n']}")
+        result["hard_reset"] = bench_hard_reset(cfg["hard_reset_n"], cfg["hard_reset_reps"], args.seed)
+        log(f"straggler n={cfg['straggler_n']}")
+        result["straggler"] = bench_straggler(cfg["straggler_n"], cfg, args.seed)
 
     seen = set()
     for r in result["runs"]:
