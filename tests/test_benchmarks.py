@@ -187,3 +187,23 @@ def test_paired_names_expand_over_envs_per_sandbox():
         {"busy_poll_us": 0.0, "envs_per_sandbox": 8, "direct": False, "mode": "boltz"},
     )
     assert "envs_per_sandbox" not in paired.ours_kwargs("default-k1")[1]  # K = 1 runs on versions without it
+
+
+@pytest.mark.timeout(120)
+def test_k_sweep_reports_throughput_and_cpu_split_per_k(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "k_sweep.py"), "--cases", "cartpole:4", "--ks", "1,2,8",
+         "--modes", "default", "--seconds", "0.3", "--rounds", "2", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "k_sweep.json").read_text())
+    rows = result["rows"]
+    assert [(r["mode"], r["k"], r["sandboxes"]) for r in rows] == [("default", 1, 4), ("default", 2, 2)]  # K <= n
+    for r in rows:
+        assert "error" not in r, r
+        assert _pos(r["steps_per_s"]) and _pos(r["vs_sync_median"]) and _pos(r["wall_us"])
+        assert _pos(r["trainer_us"]) and _pos(r["envs_us"]) and r["worker_us"] >= 0 and r["idle_us"] >= 0
+        assert r["processes_below_worker"] == r["sandboxes"]  # the env processes were found and measured
+    md = (tmp_path / "k_sweep.md").read_text()
+    assert "Best K" in md and "| cartpole | 4 | default | 2 | 2 |" in md and md in proc.stdout
