@@ -103,7 +103,27 @@ def test_markdown_tables(smoke):
     for r in result["runs"]:
         if r["status"] == "ok":
             assert r["impl"] in md
-    assert "fan-out floor" in md and "/ AsyncVectorEnv" in md and "load average" in md
+    assert "fan-out floor" in md and "/ AsyncVectorEnv" in md and "/ SyncVectorEnv" in md and "load average" in md
+
+
+@pytest.mark.timeout(200)
+def test_run_picks_implementations_and_envs_per_sandbox(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, RUN, "--suite", "smoke", "--out", str(tmp_path), "--no-plots", "--throughput-only",
+         "--workloads", "cartpole,counter", "--impls", "sync,boltz", "--envs-per-sandbox", "1,2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "latest.json").read_text())
+    runs = {(r["workload"], r["impl"]): r for r in result["runs"]}
+    assert {impl for _, impl in runs} == {"gym.SyncVectorEnv", "boltzlabs[namespaces,boltz]",
+                                          "boltzlabs[namespaces,boltz,K=2]"}  # fmt: skip
+    k2 = runs[("cartpole", "boltzlabs[namespaces,boltz,K=2]")]
+    assert k2["status"] == "ok" and k2["envs_per_sandbox"] == 2 and _pos(k2["steps_per_s"]), k2
+    counter = runs[("counter", "boltzlabs[namespaces,boltz,K=2]")]
+    assert counter["status"] == "skipped" and "serve(factory=)" in counter["reason"]
+    assert result["hard_reset"] == [] and result["straggler"] == []
+    assert "| **boltzlabs[namespaces,boltz,K=2] / SyncVectorEnv** |" in (tmp_path / "latest.md").read_text()
 
 
 @pytest.mark.slow
