@@ -253,7 +253,23 @@ def make_impl(name: str, factory, n: int, env_name: str = "cartpole", seed: int 
     if name == "pufferlib":
         return make_pufferlib(factory, n)
     _, kwargs = ours_kwargs(name)
-    return BoltzLabsVecEnv([factory] * n, **kwargs)
+    try:
+        return BoltzLabsVecEnv([factory] * n, **kwargs)
+    except TypeError as exc:
+        if "envs_per_sandbox" in str(exc):  # a version from before issue #21
+            raise Skip(f"this boltzlabs_gym ({library_version()}) has no envs_per_sandbox: {exc}") from None
+        raise
+
+
+def library_version() -> str:
+    """Where boltzlabs_gym was imported from, and its git commit (for before/after runs)."""
+    import subprocess
+
+    import boltzlabs_gym
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)))
+    proc = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"{root} at {proc.stdout.strip() or 'unknown commit'}"
 
 
 # --------------------------------------------------------------------------- measurement
@@ -381,6 +397,7 @@ def main(argv=None) -> int:
         "skipped": {},
         "cpus": os.cpu_count(),
         "loadavg_start": list(os.getloadavg()),
+        "boltzlabs_gym": library_version(),
     }
     for n in (int(x) for x in args.sizes.split(",")):
         block = args.block or BLOCK_STEPS.get(n, max(1, 2000 // n))
@@ -395,7 +412,11 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end", file=sys.stderr)
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end; "
+        f"boltzlabs_gym: {result['boltzlabs_gym']}",
+        file=sys.stderr,
+    )
     return 0
 
 

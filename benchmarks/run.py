@@ -318,6 +318,10 @@ class Ours(Impl):
             self._create(wl, kw, BoltzLabsVecEnv, RLPool)
         except NotImplementedError as exc:  # mode="boltz" in versions without it
             raise Skip(f"mode={self.mode!r} not implemented in this boltzlabs_gym: {exc}") from None
+        except TypeError as exc:
+            if "envs_per_sandbox" in str(exc):  # a version from before issue #21
+                raise Skip(f"this boltzlabs_gym ({paired.library_version()}) has no envs_per_sandbox") from None
+            raise
 
     def _create(self, wl, kw, BoltzLabsVecEnv, RLPool):
         if wl.get("env_dir"):
