@@ -104,7 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555"
     )
-    p.add_argument("--capacity", type=int, default=512, help="most sandboxes (env processes) this worker hosts at once; a sandbox of envs_per_sandbox=K envs counts once")
+    p.add_argument(
+        "--capacity",
+        type=int,
+        default=512,
+        help="most sandboxes (env processes) this worker hosts at once (a sandbox of K envs counts once)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
     p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")

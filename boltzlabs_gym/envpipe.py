@@ -17,6 +17,9 @@ from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, STEP_REPLY_PATT
 __all__ = ["EnvFault", "EnvPipe"]
 
 _READ_CHUNK = 1 << 16
+#: A reply whose payloads are at least this large and not in yet is read straight into one
+#: buffer of its exact size (no growing buffer, no copies out of it: its payloads are views).
+_DIRECT_READ_MIN = 1 << 16
 
 
 class EnvFault(Exception):
@@ -50,6 +53,8 @@ class EnvPipe:
         self._scan_from = 0
         self._line: bytes | None = None
         self._need: list[int] = []
+        self._body: bytearray | None = None  # a large reply's payloads, being read in place
+        self._filled = 0
         self._wbuf = b""
 
     # ------------------------------------------------------------------ writing
@@ -102,6 +107,10 @@ class EnvPipe:
         """Read what is available; return every complete reply. Raises EnvFault."""
         replies: list[tuple[bytes, list[bytes]]] = []
         while True:
+            if self._body is not None:
+                if not self._read_body(replies):
+                    break
+                continue
             try:
                 chunk = os.read(self.stdout_r, _READ_CHUNK)
             except BlockingIOError:
@@ -115,6 +124,26 @@ class EnvPipe:
             if len(chunk) < _READ_CHUNK:
                 break
         return replies
+
+    def _read_body(self, out: list) -> bool:
+        """Read more of a large reply's payloads into their buffer; whether to read on (the pipe
+        had all that was asked, or the reply is complete)."""
+        body = self._body
+        assert body is not None and self._line is not None
+        want = len(body) - self._filled
+        try:
+            n = os.readv(self.stdout_r, [memoryview(body)[self._filled :]])
+        except BlockingIOError:
+            return False
+        if not n:
+            raise EnvFault("the env closed its stdout (exited or crashed)")
+        self._filled += n
+        if self._filled < len(body):
+            return n == want
+        # Views, not copies: the buffer is this reply's alone and is never reused.
+        out.append((self._line, _split(memoryview(body), 0, self._need, copy=False)))
+        self._line, self._need, self._body, self._filled = None, [], None, 0
+        return True
 
     def _take_whole_reply(self, chunk: bytes, out: list) -> bool:
         """The usual case, without the buffer: ``chunk`` is exactly one whole reply.
@@ -133,7 +162,7 @@ class EnvPipe:
         return True
 
     def _parse(self, out: list) -> None:
-        while True:
+        while self._body is None:
             if self._line is None:
                 nl = self._rbuf.find(b"\n", self._scan_from)
                 if nl < 0:
@@ -150,6 +179,12 @@ class EnvPipe:
                 self._line = line
             total = sum(self._need)
             if len(self._rbuf) < total:
+                if total >= _DIRECT_READ_MIN:
+                    # The rest goes straight into a buffer of its own (see _read_body).
+                    self._body = bytearray(total)
+                    self._body[: len(self._rbuf)] = self._rbuf
+                    self._filled = len(self._rbuf)
+                    self._rbuf.clear()
                 return
             payloads = _split(self._rbuf, 0, self._need)
             del self._rbuf[:total]

@@ -48,6 +48,7 @@ __all__ = [
     "FdReader",
     "FdWriter",
     "write_all",
+    "writev_all",
     "protect_channel_fds",
     "protect_channel",
     "freeze_heap",
@@ -274,6 +275,15 @@ def write_all(fd: int, data: Any) -> None:
         view = memoryview(data).cast("B")
         while done < len(view):
             done += os.write(fd, view[done:])
+
+
+def writev_all(fd: int, parts: Sequence[Any]) -> None:
+    """Write ``parts`` (bytes or buffers) back to back, as one ``writev``: a reply's line and its
+    array payloads go out without being joined into one more copy first."""
+    done = os.writev(fd, parts)
+    total = sum(p.nbytes if type(p) is memoryview else len(p) for p in parts)
+    if done < total:  # the pipe took part of it: the rest, as write_all would
+        write_all(fd, memoryview(b"".join(parts))[done:])
 
 
 def protect_channel_fds() -> tuple[int, int]:
@@ -556,11 +566,22 @@ def group_reply(
 ) -> bytes:
     """A whole group reply, its line and then its payloads: ``replies`` are ``(position,
     encode_reply(...), that reply's payloads)`` in position order, after the arrays' payloads."""
+    parts = group_reply_parts(n, replies, arrays, array_payloads)
+    return b"".join(parts) if len(parts) > 1 else parts[0]
+
+
+def group_reply_parts(
+    n: int,
+    replies: Sequence[tuple[int, bytes, Sequence]],
+    arrays: bytes | None = None,
+    array_payloads: Sequence = (),
+) -> list:
+    """:func:`group_reply` as its line and payloads, for :func:`writev_all`."""
     payloads = list(array_payloads)
     for _p, _r, own in replies:
         payloads.extend(own)
     line = group_reply_line(n, [(p, r) for p, r, _own in replies], [_nbytes(x) for x in payloads], arrays)
-    return b"".join([line, *payloads]) if payloads else line
+    return [line, *payloads]
 
 
 def write_group_reply(

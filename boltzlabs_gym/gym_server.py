@@ -86,11 +86,12 @@ from .envside import (
     error_transition,
     failed_transition,
     freeze_heap,
-    group_reply,
+    group_reply_parts,
     protect_channel_fds,
     read_message,
     write_all,
     write_message,
+    writev_all,
 )
 from .protocol import parse_discrete_step
 from .spaces import JsonSpace, rng_state_to_json, space_to_json
@@ -592,14 +593,14 @@ def _serve_group_request(
     if closing:
         _close_all(servers)
     if rows is None or len(replies) == n:  # no plain position (or none can be): no arrays
-        data = group_reply(n, [_encode_one(*reply) for reply in replies])
+        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies])
     elif not replies:
-        data = b"".join([rows.plain_line(n), *rows.payloads(n)])
+        parts = [rows.plain_line(n), *rows.payloads(n)]
     else:
         for p, _reply, _payloads in replies:
             rows.clear(p)
-        data = group_reply(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
-    write_all(fd_out, data)
+        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
+    writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
     return not closing
 
 

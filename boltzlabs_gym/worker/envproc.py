@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import enum
+import fcntl
 import json
 import os
 import signal
@@ -119,6 +120,8 @@ class EnvProcess(EnvPipe):
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        if self.count > 1:
+            _widen_pipe(out_r)
         try:
             spec = make_spec(self, in_r, out_w, err_w)
             with _batch_scheduling():
@@ -182,6 +185,21 @@ class EnvProcess(EnvPipe):
 
     def stderr_tail(self, limit: int = 2000) -> str:
         return bytes(self._stderr[-limit:]).decode("utf-8", "replace")
+
+
+#: The pipe size a multi-env sandbox's replies get (the kernel's default is 64 KiB; Linux caps
+#: it at /proc/sys/fs/pipe-max-size, 1 MiB unless raised).
+SANDBOX_PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(fd: int) -> None:
+    """Let a sandbox's whole reply (K envs' observations) fit in its pipe: the env writes it in one
+    go and the reader takes it in one read, instead of a wake-up per 64 KiB on both sides.
+    Best effort: beyond the caller's pipe-memory limit the kernel refuses, and the default stays."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, SANDBOX_PIPE_BYTES)
+    except (OSError, AttributeError):
+        pass
 
 
 @contextlib.contextmanager
