@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import os
 
+import numpy as np
+
 from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, STEP_REPLY_PATTERN, parse_json
 
 __all__ = ["EnvFault", "EnvPipe"]
@@ -53,7 +55,7 @@ class EnvPipe:
         self._scan_from = 0
         self._line: bytes | None = None
         self._need: list[int] = []
-        self._body: bytearray | None = None  # a large reply's payloads, being read in place
+        self._body: np.ndarray | None = None  # a large reply's payloads, being read in place
         self._filled = 0
         self._wbuf = b""
 
@@ -180,9 +182,10 @@ class EnvPipe:
             total = sum(self._need)
             if len(self._rbuf) < total:
                 if total >= _DIRECT_READ_MIN:
-                    # The rest goes straight into a buffer of its own (see _read_body).
-                    self._body = bytearray(total)
-                    self._body[: len(self._rbuf)] = self._rbuf
+                    # The rest goes straight into a buffer of its own (see _read_body); uninitialised:
+                    # zeroing a megabyte first cost more than reading it.
+                    self._body = np.empty(total, dtype=np.uint8)
+                    self._body[: len(self._rbuf)] = np.frombuffer(self._rbuf, dtype=np.uint8)
                     self._filled = len(self._rbuf)
                     self._rbuf.clear()
                 return
