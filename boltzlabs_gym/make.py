@@ -75,7 +75,10 @@ def make_vec(
         wrappers: Gymnasium wrappers applied to each env *inside* its sandbox.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
-            ``limits``, ...) and, for ids and factories, the env's own kwargs.
+            ``limits``, ``envs_per_sandbox``, ...) and, for ids and factories, the env's own
+            kwargs. ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster
+            for cheap, trusted envs; keep the default 1 for untrusted code (see
+            :class:`~boltzlabs_gym.RLPool`).
     """
     if type(num_envs) is not int or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")

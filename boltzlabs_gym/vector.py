@@ -128,7 +128,9 @@ class BoltzLabsVecEnv(VectorEnv):
             observation space), ``"different"`` (same shape and dtype, other bounds:
             ``batch_differing_spaces``) or a tuple ``(observation_space, single_observation_space)``.
         pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
-            ``step_timeout``, ``workers``, ``limits``, ...).
+            ``step_timeout``, ``workers``, ``limits``, ``envs_per_sandbox``, ...). With
+            ``envs_per_sandbox=K`` each sandbox's envs come back as one block of
+            observations, rewards and flags, stored by slicing.
 
     Use :meth:`from_env_dir` for an env directory, or
     :func:`boltzlabs_gym.make_vec` for a Gymnasium id.
