@@ -18,7 +18,9 @@ mode="default" / mode="boltz" / isolation="process"). Append ``@US`` to one of o
 ``busy_poll_us`` (``default@0``), ``+aslr`` for ``env_aslr=True`` (``default+aslr``:
 every env interpreter with its own randomized layout, as before that became the default),
 and ``+hop`` for ``direct=False`` (``default+hop``: every step through the worker, as
-before the direct lane).
+before the direct lane). A final ``+metrics`` (``default+metrics``, ``default+hop+metrics``)
+serves the worker's ``/metrics`` and scrapes it once a second while the pool steps, 15 times
+the usual Prometheus rate (issue #24: metrics must cost nothing measurable on the step path).
 """
 
 from __future__ import annotations
@@ -49,6 +51,30 @@ REFERENCE = "async"
 
 def make_impl(name: str, factory, n: int):
     """A vector env for ``name`` (see the module docstring)."""
+    if name.endswith("+metrics"):
+        env = make_impl_plain(name[: -len("+metrics")], factory, n, metrics_port=0)
+        _scrape_every_second(env.pool.metrics_url)
+        return env
+    return make_impl_plain(name, factory, n)
+
+
+def _scrape_every_second(url: str) -> None:
+    import threading
+    import urllib.request
+
+    def scrape() -> None:
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+            except OSError:
+                return  # the pool closed
+            time.sleep(1.0)
+
+    threading.Thread(target=scrape, daemon=True).start()
+
+
+def make_impl_plain(name: str, factory, n: int, **kwargs):
+    """A vector env for ``name`` without ``+metrics``."""
     kind, _, busy_poll = name.partition("@")
     kind, plus, option = kind.partition("+")
     if plus and option not in ("aslr", "hop"):
@@ -57,7 +83,8 @@ def make_impl(name: str, factory, n: int):
         return gym.vector.AsyncVectorEnv([factory] * n, shared_memory=True)
     if kind == "sync":
         return gym.vector.SyncVectorEnv([factory] * n)
-    kwargs: dict = {"busy_poll_us": float(busy_poll)} if busy_poll else {}
+    if busy_poll:
+        kwargs["busy_poll_us"] = float(busy_poll)
     if option == "aslr":
         kwargs["env_aslr"] = True
     if option == "hop":
