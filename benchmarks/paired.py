@@ -27,7 +27,10 @@ of ours listed without a suffix at every K. Append ``@US`` to set ``busy_poll_us
 with its own randomized layout, as before that became the default), and ``+hop`` for
 ``direct=False`` (``default+hop``: every step through the worker, as before the direct
 lane). ``envs_per_sandbox`` is passed only when K > 1, so K = 1 runs against versions of
-boltzlabs_gym that predate it (before/after comparisons).
+boltzlabs_gym that predate it (before/after comparisons). A final ``+metrics``
+(``default+metrics``, ``default+hop+metrics``) serves the worker's ``/metrics`` and scrapes it
+once a second while the pool steps, 15 times the usual Prometheus rate (issue #24: metrics must
+cost nothing measurable on the step path).
 """
 
 from __future__ import annotations
@@ -252,13 +255,35 @@ def make_impl(name: str, factory, n: int, env_name: str = "cartpole", seed: int 
         return make_envpool(env_name, n, seed)
     if name == "pufferlib":
         return make_pufferlib(factory, n)
-    _, kwargs = ours_kwargs(name)
+    metrics = name.endswith("+metrics")
+    _, kwargs = ours_kwargs(name[: -len("+metrics")] if metrics else name)
+    if metrics:
+        kwargs["metrics_port"] = 0
     try:
-        return BoltzLabsVecEnv([factory] * n, **kwargs)
+        env = BoltzLabsVecEnv([factory] * n, **kwargs)
+        if metrics:
+            _scrape_every_second(env.pool.metrics_url)
+        return env
     except TypeError as exc:
         if "envs_per_sandbox" in str(exc):  # a version from before issue #21
             raise Skip(f"this boltzlabs_gym ({library_version()}) has no envs_per_sandbox: {exc}") from None
         raise
+
+
+def _scrape_every_second(url: str) -> None:
+    """Scrape ``url`` once a second on a daemon thread until the pool closes."""
+    import threading
+    import urllib.request
+
+    def scrape() -> None:
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+            except OSError:
+                return  # the pool closed
+            time.sleep(1.0)
+
+    threading.Thread(target=scrape, daemon=True).start()
 
 
 def library_version() -> str:

@@ -40,6 +40,9 @@ _LAZY = {
     "CodecError": "boltzlabs_gym.errors",
     "ProtocolError": "boltzlabs_gym.errors",
     "KeyFileError": "boltzlabs_gym.errors",
+    "MetricsPortError": "boltzlabs_gym.errors",
+    "MissingExtraError": "boltzlabs_gym.errors",
+    "PoolStats": "boltzlabs_gym.stats",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -6,6 +6,8 @@ Commands, by example::
     boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys   run a worker
     boltzlabs-gym check ./my_env                      run an env dir through reset and steps, explain problems
     boltzlabs-gym status tcp://host:5555 --keys ./keys   sessions, envs, PSS, envs/GiB, isolation
+    boltzlabs-gym top tcp://a:5555 tcp://b:5555 --keys ./keys   live table: calls/s, latency, faults
+    boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys --metrics-port 9100   with /metrics
     boltzlabs-gym isolation                           which sandbox this host gives, and why
 """
 
@@ -27,6 +29,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         argv += ["--keys", args.keys]
     if args.insecure:
         argv.append("--insecure")
+    if args.metrics_port is not None:
+        argv += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
     return worker_main(argv)
 
 
@@ -76,6 +80,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0 if header.get("ok") else 1
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from .errors import MissingExtraError
+    from .top import run_top
+
+    try:
+        return run_top(args.address, args.keys, args.once, args.interval, args.timeout)
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
 def _cmd_isolation(args: argparse.Namespace) -> int:
     from .worker.sandbox import _backends
 
@@ -108,11 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--capacity",
         type=int,
         default=512,
-        help="most sandboxes (env processes) this worker hosts at once (a sandbox of K envs counts once)",
+        help="most sandboxes (env processes) this worker hosts at once; "
+        "a sandbox of envs_per_sandbox=K envs counts once",
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
     p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (needs the metrics extra)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on (0.0.0.0: every interface)")
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")
@@ -124,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", default=None, help="CURVE key directory, for an authenticated worker")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("top", help="a live table of the sessions on one or more workers (needs the metrics extra)")
+    p.add_argument("address", nargs="+")
+    p.add_argument("--keys", default=None, help="CURVE key directory, for authenticated workers")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each worker")
+    p.set_defaults(func=_cmd_top)
 
     p = sub.add_parser("isolation", help="which isolation backends this host offers")
     p.set_defaults(func=_cmd_isolation)

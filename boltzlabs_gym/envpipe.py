@@ -134,7 +134,7 @@ class EnvPipe:
         assert body is not None and self._line is not None
         want = len(body) - self._filled
         try:
-            n = os.readv(self.stdout_r, [memoryview(body)[self._filled :]])
+            n = os.readv(self.stdout_r, [body.data[self._filled :]])
         except BlockingIOError:
             return False
         if not n:
@@ -143,7 +143,7 @@ class EnvPipe:
         if self._filled < len(body):
             return n == want
         # Views, not copies: the buffer is this reply's alone and is never reused.
-        out.append((self._line, _split(memoryview(body), 0, self._need, copy=False)))
+        out.append((self._line, _split(body.data, 0, self._need, copy=False)))
         self._line, self._need, self._body, self._filled = None, [], None, 0
         return True
 

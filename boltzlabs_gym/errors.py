@@ -18,7 +18,9 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── ArchiveError (ValueError)            an env directory archive was refused
      ├── CodecError (ValueError)              a value or payload does not match its space
      ├── ProtocolError (ValueError)           a malformed message on the worker or env wire
-     └── KeyFileError (ValueError)            a CURVE key file is missing, empty or malformed
+     ├── KeyFileError (ValueError)            a CURVE key file is missing, empty or malformed
+     ├── MetricsPortError (OSError)           the /metrics port cannot be bound (in use, refused): port
+     └── MissingExtraError (ImportError)      an optional dependency is not installed: the extra to install
 
 The classes are also importable where they are used (``boltzlabs_gym.codec.CodecError``,
 ``boltzlabs_gym.keys.KeyFileError``, ``boltzlabs_gym.protocol.ProtocolError``,
@@ -64,6 +66,8 @@ __all__ = [
     "CodecError",
     "ProtocolError",
     "KeyFileError",
+    "MetricsPortError",
+    "MissingExtraError",
 ]
 
 
@@ -150,3 +154,27 @@ class ProtocolError(BoltzLabsError, ValueError):
 
 class KeyFileError(BoltzLabsError, ValueError):
     """A key file is missing, empty or malformed; the message names it."""
+
+
+# --------------------------------------------------------------------------- environment: this host or install
+
+
+class MetricsPortError(BoltzLabsError, OSError):
+    """The worker's ``/metrics`` port could not be bound (another process holds it, say)."""
+
+    def __init__(self, message: str, port: int | None = None, host: str | None = None):
+        super().__init__(message)
+        self.port = port
+        self.host = host
+
+    def __str__(self) -> str:  # OSError's own would print its args as a tuple
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingExtraError(BoltzLabsError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message gives the
+    ``pip install`` line (``extra``: the package extra that brings it)."""
+
+    def __init__(self, message: str, extra: str | None = None):
+        super().__init__(message)
+        self.extra = extra

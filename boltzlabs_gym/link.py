@@ -300,8 +300,10 @@ def start_local_worker(
     heartbeat_interval: float,
     heartbeat_timeout: float,
     seq: Iterator[int] | None = None,
+    worker_args: Sequence[str] = (),
 ) -> WorkerLink:
-    """Start the pool's own worker as a child process and return its link (hosting all ``n`` envs).
+    """Start the pool's own worker as a child process and return its link (hosting all ``n`` envs);
+    ``worker_args``: more of its command-line options (``--metrics-port``).
 
     The worker binds an ``ipc://`` socket in a fresh directory (removed when the link
     closes) but is reached over a socketpair: no ZeroMQ I/O-thread hand-offs.
@@ -311,6 +313,7 @@ def start_local_worker(
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     argv = [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint, "--parent-pid", str(os.getpid())]
     argv += ["--remove-on-exit", tmpdir, "--local-fd", str(theirs.fileno()), "--busy-poll-us", repr(busy_poll_us)]
+    argv += list(worker_args)
     try:
         process = subprocess.Popen(
             argv,
@@ -342,6 +345,8 @@ def start_local_worker(
         if not line.startswith("READY "):
             process.kill()
             link.sock.close()
+            if line.startswith("ERROR "):  # the worker's own words (a --metrics-port in use, say)
+                raise WorkerError(f"local worker failed to start: {line[len('ERROR ') :]}", endpoint)
             raise WorkerError(f"local worker failed to start (exit code {process.poll()}): {line!r}", endpoint)
     except BaseException:
         link.close()

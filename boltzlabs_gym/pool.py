@@ -38,6 +38,7 @@ from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us,
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
 from .startup import connect_workers, open_sessions
+from .stats import PoolRecorder, PoolStats
 from .timing import Timing
 from .worker.sandbox.base import IsolationReport, Limits
 
@@ -99,6 +100,9 @@ class RLPool:
             processes) apply per sandbox. Keep K = 1 for untrusted code; see
             :mod:`boltzlabs_gym.grouping` and the README's failure table. Env directories must
             serve independent instances (``serve(factory=...)``) for K > 1.
+        metrics_port: serve the local worker's Prometheus ``/metrics`` on this port of
+            127.0.0.1 (0: a free one; :attr:`metrics_url` says where). Needs the ``metrics``
+            extra. Remote workers serve their own (``boltzlabs-gym worker --metrics-port``).
     """
 
     def __init__(
@@ -124,6 +128,7 @@ class RLPool:
         env_aslr: bool = False,
         direct: bool = True,
         envs_per_sandbox: int = 1,
+        metrics_port: int | None = None,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -151,6 +156,7 @@ class RLPool:
                 f"split counts must be multiples of envs_per_sandbox={envs_per_sandbox} (but the last): "
                 f"a sandbox cannot span workers; got {split!r}"
             )
+        self._check_metrics_port(metrics_port, workers)
         self.n = n
         self.heartbeat_interval = float(heartbeat_interval)
         self.busy_poll_us = float(busy_poll_us)
@@ -174,6 +180,10 @@ class RLPool:
         self.template_pss = 0
         #: (envs started, n): (n, n) once started; while it starts, a bar shows the count on a terminal.
         self.start_progress = (0, n)
+        #: Where the local worker serves ``/metrics`` (``metrics_port``); ``None``: nowhere.
+        self.metrics_url: str | None = None
+        self._metrics_port = metrics_port
+        self._recorder = PoolRecorder()
         self._closed = False
         self._in_flight = False  # a batch was sent and batch_wait() has not collected it yet
         self._sent_at = 0.0  # when it started going out (time.perf_counter)
@@ -216,6 +226,8 @@ class RLPool:
                 self.envs_per_sandbox,
             )
             self.start_progress = (n, n)
+            if metrics_port is not None:
+                self.metrics_url = self._links[0].call({"op": "status"}, timeout=30.0).get("metrics")
         except BaseException:
             self.close()
             raise
@@ -234,7 +246,8 @@ class RLPool:
             routes = [WorkerRoute(link, sandboxes) for link in self._links]
             self._route = routes[0] if len(routes) == 1 else SplitRoute(routes, sandboxes)
             return
-        link = start_local_worker(sandboxes, self.busy_poll_us, seq=self._seq, **heartbeat)
+        worker_args = [] if self._metrics_port is None else ["--metrics-port", str(self._metrics_port)]
+        link = start_local_worker(sandboxes, self.busy_poll_us, seq=self._seq, worker_args=worker_args, **heartbeat)
         self._links.append(link)  # closed by the finalizer whatever happens next
         if self.direct and lane_possible(sandboxes):
             self._route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout, k)
@@ -364,6 +377,8 @@ class RLPool:
         stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
         errors = tuple(r.index for r in failed if r.status == ERROR)
         t = self.timing
+        calls = sum(len(r.plan.indices) if type(r) is GroupResult else 1 for r in results)
+        self._recorder.batch(calls, time.perf_counter() - t0, len(stragglers), len(errors))
         self.timing = Timing(
             worker_ms=max(per_worker_ms.values(), default=0.0),
             roundtrip_ms=(time.perf_counter() - t0) * 1e3,
@@ -371,7 +386,7 @@ class RLPool:
             stragglers=stragglers,
             errors=errors,
             calls=t.calls + 1,
-            env_steps=t.env_steps + sum(len(r.plan.indices) if type(r) is GroupResult else 1 for r in results),
+            env_steps=t.env_steps + calls,
             total_stragglers=t.total_stragglers + len(stragglers),
             total_errors=t.total_errors + len(errors),
         )
@@ -535,6 +550,47 @@ class RLPool:
             template += int(header.get("template_pss", 0))
         self.template_pss = template
         return out
+
+    def stats(self, memory: bool = True) -> PoolStats:
+        """One frozen snapshot of this pool's figures (see :class:`~boltzlabs_gym.stats.PoolStats`):
+        env calls and their rate, batch latency p50/p99, stragglers and errors (in total and in
+        the last minute), isolation, and, with ``memory`` (a request to each worker), PSS and
+        envs per GiB. A local pool also brings its worker's books up to date with the steps
+        taken on its direct lane, so that ``boltzlabs-gym top`` shows the same counts."""
+        self._check_open()
+        if self._in_flight:
+            raise AsyncStateError("stats() while a call is in flight; collect it with step_wait() first")
+        flush = getattr(self._route, "flush_report", None)
+        if flush is not None:
+            flush()
+        pss = envs_per_gib = None
+        if memory:
+            pss = sum(self.memory()) + self.template_pss
+            envs_per_gib = self.n / (pss / 2**30) if pss else None
+        return self._recorder.snapshot(
+            n=self.n,
+            envs_per_sandbox=self.envs_per_sandbox,
+            workers=tuple(self.workers),
+            isolation=None if self.isolation is None else self.isolation.backend,
+            pss_bytes=pss,
+            envs_per_gib=envs_per_gib,
+            metrics_url=self.metrics_url,
+        )
+
+    @staticmethod
+    def _check_metrics_port(port: int | None, workers: Sequence[str] | None) -> None:
+        if port is None:
+            return
+        if workers:
+            raise ValueError(
+                "metrics_port is for the pool's own local worker; start remote workers with "
+                "`boltzlabs-gym worker --metrics-port PORT`"
+            )
+        from .extras import require
+        from .worker.prometheus import check_port
+
+        require("prometheus_client", "metrics", "metrics_port")
+        check_port(port)
 
     def envs_per_gb(self) -> float:
         """How many envs fit in one GiB: their PSS, plus the boltz templates' (shared pages split honestly)."""

@@ -179,7 +179,7 @@ def poll_us_argument(text: str) -> float:
 
 
 #: Ops the worker understands.
-WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status")
+WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report")
 #: Per-env ops the worker handles itself rather than forwarding to the env.
 WORKER_ENV_OPS = ("hard_reset",)
 

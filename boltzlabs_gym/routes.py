@@ -27,7 +27,7 @@ import numpy as np
 from .errors import WorkerError, WorkerTimeout
 from .lane import DIRECT_OPS, Lane
 from .link import WorkerLink
-from .protocol import ADOPT, FAULTS, LEND, LENT_FAULT, OK, encode_header, env_request
+from .protocol import ADOPT, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
 from .results import EnvResult, parse_result
 
 log = logging.getLogger("boltzlabs_gym.pool")
@@ -36,6 +36,10 @@ __all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible"]
 
 #: The time the worker gets to kill, report and respawn envs that failed on the lane.
 LENT_FAULT_TIMEOUT_S = 30.0
+#: How often a lane tells its worker what it stepped (the worker never sees those steps).
+LANE_REPORT_S = 1.0
+#: Batch latencies kept for the next report; the oldest go first (see worker.stats).
+LANE_REPORT_MAX_BATCHES = 1024
 
 Items = Sequence[tuple[int, dict, Sequence[bytes]]]
 
@@ -208,6 +212,11 @@ class LaneRoute(WorkerRoute):
         #: The lent envs (sandboxes); the link holds them too, to take in what its worker lends.
         self.lane = link.lane = Lane(step_timeout, reset_timeout, envs_per_sandbox)
         self._pending: _LanePending | None = None
+        #: For the worker's books (``report``, once a second): env calls answered on the lane
+        #: and each lane batch's time, since the last report.
+        self.lane_calls = 0
+        self.lane_batch_s: list[float] = []
+        self._report_at = 0.0
 
     def send(self, items: Items) -> float:
         link, n, lane = self.link, self.n, self.lane
@@ -239,6 +248,13 @@ class LaneRoute(WorkerRoute):
         if lane.abandoned:
             header[ADOPT] = lane.abandoned
         t0 = time.perf_counter()
+        if direct:
+            k = self.lane.envs_per_sandbox
+            self.lane_calls += (
+                len(direct) if k == 1 else sum(len(items[p][1].get(GROUP_SLOTS) or (0,)) for p, *_ in direct)
+            )
+        if t0 >= self._report_at:
+            self.flush_report(ack=False)
         seq = None
         if via or FAULTS in header or ADOPT in header:
             seq = link.send(header, frames)
@@ -267,6 +283,7 @@ class LaneRoute(WorkerRoute):
             failed += seen_failing
             if pending.t_send is not None:  # fan-out to the envs and back, as a worker counts it
                 worker_ms = (time.perf_counter() - pending.t_send) * 1e3
+                self._note_lane_batch(worker_ms / 1e3)
             for pos, index, line, payloads in done:
                 results[pos] = EnvResult(link.start + index, OK, None, payloads, line)
             if pending.seq is not None:
@@ -279,6 +296,7 @@ class LaneRoute(WorkerRoute):
                     for _pos, index, reason, straggler in failed
                 ]
                 seq = link.send({"op": "batch", "items": items, LEND: True})
+                self.lane_calls -= len(items)  # the worker answers (and counts) these
                 failed_positions, failed = [pos for pos, *_ in failed], []
                 worker_ms += self._collect(
                     seq, failed_positions, results, max(deadline, time.monotonic() + LENT_FAULT_TIMEOUT_S)
@@ -289,6 +307,26 @@ class LaneRoute(WorkerRoute):
         if not raw:
             results = [parse_result(r) for r in results]
         return results, {link.address: worker_ms}
+
+    def _note_lane_batch(self, seconds: float) -> None:
+        batch_s = self.lane_batch_s
+        batch_s.append(round(seconds, 7))
+        if len(batch_s) > LANE_REPORT_MAX_BATCHES:
+            del batch_s[: len(batch_s) - LANE_REPORT_MAX_BATCHES]
+
+    def flush_report(self, ack: bool = True) -> None:
+        """Tell the worker what was stepped on the lane since the last report (``report`` op);
+        with ``ack``, wait until it has counted it (``pool.stats()``: then ``top`` agrees)."""
+        self._report_at = time.perf_counter() + LANE_REPORT_S
+        if not self.lane_calls and not self.lane_batch_s and not ack:
+            return
+        report = {"calls": max(0, self.lane_calls), "batch_s": self.lane_batch_s}
+        header = {"op": "report", "lane": report}
+        self.lane_calls, self.lane_batch_s = 0, []
+        if ack:
+            self.link.call(dict(header, ack=True), timeout=30.0)
+        else:
+            self.link.send(header)
 
 
 def lane_possible(n: int) -> bool:

@@ -104,6 +104,10 @@ class BoltzLabsSB3VecEnv(VecEnv):
         """The :class:`~boltzlabs_gym.RLPool` (``timing``, ``envs_per_gb()``, ``isolation``)."""
         return self.venv.pool
 
+    def stats(self, memory: bool = True):
+        """The pool's figures as one frozen :class:`~boltzlabs_gym.PoolStats` (see ``RLPool.stats``)."""
+        return self.venv.pool.stats(memory)
+
     # ------------------------------------------------------------------ reset / step
     def reset(self) -> VecEnvObs:
         """Reset every env with the stored seeds/options (used once); return the observations."""

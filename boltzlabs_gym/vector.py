@@ -46,6 +46,7 @@ from .pool import OK, RLPool
 from .protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
 from .spaces import JsonSpace, seed_space_from_json, space_from_json
+from .stats import PoolStats
 
 __all__ = [
     "BoltzLabsVecEnv",
@@ -290,6 +291,10 @@ class BoltzLabsVecEnv(VectorEnv):
     @property
     def isolation(self):
         return self.pool.isolation
+
+    def stats(self, memory: bool = True) -> PoolStats:
+        """The pool's figures as one frozen snapshot: :meth:`RLPool.stats() <boltzlabs_gym.RLPool.stats>`."""
+        return self.pool.stats(memory)
 
     # ------------------------------------------------------------------ decoding
     def _decode_obs(self, obj: Any, payloads: list) -> Any:

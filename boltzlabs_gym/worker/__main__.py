@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_BUSY_POLL_US,
         help="busy-poll this long for the local pool's next request (0: always sleep)",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port (0: a free one)"
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -93,6 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
         print(f"boltzlabs worker: {exc}", file=sys.stderr)
         return 2
+    if args.metrics_port is not None:
+        from ..errors import MetricsPortError, MissingExtraError
+        from .prometheus import serve_metrics
+
+        try:
+            worker.metrics_url = serve_metrics(worker, args.metrics_port, args.metrics_host)
+        except (MetricsPortError, MissingExtraError) as exc:
+            worker.shutdown()
+            # On stdout too: a local pool reads it there in place of the READY line.
+            print(f"ERROR {exc}", flush=True)
+            print(f"boltzlabs worker: {exc}", file=sys.stderr)
+            return 2
     if args.insecure and keys is None:
         logging.getLogger("boltzlabs_gym.worker").warning(
             "running WITHOUT authentication on %s: anyone who can reach it can run code here", args.bind

@@ -15,11 +15,12 @@ from typing import ClassVar
 
 from ..archive import is_archive_hash
 from ..errors import ArchiveError
-from ..protocol import ADOPT, FAULTS, LEND, LENT_FAULT, error_reply
+from ..protocol import ADOPT, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, error_reply
 from . import memory
 from .parts import WorkerParts
 from .sandbox import select_backend
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
+from .stats import envs_by_state, read_lane_report
 
 
 class OpHandlers(WorkerParts):
@@ -44,7 +45,9 @@ class OpHandlers(WorkerParts):
         if not isinstance(digest, str) or len(payloads) != 1:
             raise ValueError("upload needs a 'hash' and exactly one archive frame")
         if digest in self.archives:
+            self.stats.upload("cached")
             return {"ok": True}
+        self.stats.upload_bytes += len(payloads[0])
         if not is_archive_hash(digest):
             # It names a directory: checked here, before the thread checks the content.
             raise ArchiveError(
@@ -84,6 +87,7 @@ class OpHandlers(WorkerParts):
         session.create_seq = header.get("seq")
         session.lend = header.get(LEND) is True and self._may_lend(client, session)
         self.sessions[sid] = session
+        self.stats.open(sid, cfg.n, cfg.envs_per_sandbox, cfg.mode)
         for env in session.envs:
             os.makedirs(env.workspace)
             self._queue_start(session, env, None)
@@ -123,6 +127,9 @@ class OpHandlers(WorkerParts):
         lend = header.get(LEND) is True and session.lend and self._may_lend(client, session)
         batch = Batch(client, header.get("seq"), len(calls), self._reply_batch)
         batch.lend_from = session if lend else None
+        batch.stats = self.stats.sessions.get(session.sid)
+        if session.cfg.envs_per_sandbox > 1:  # one item per sandbox: count its envs (per sandbox, not per env)
+            batch.envs = sum(len(op.get(GROUP_SLOTS) or (0,)) for _, op, _ in calls)
         for pos, (index, op, frames) in enumerate(calls):
             env = session.envs[index]
             if op["op"] != LENT_FAULT:
@@ -171,6 +178,8 @@ class OpHandlers(WorkerParts):
                     "envs_per_gib": s.cfg.n / ((pss + template_pss) / 2**30) if pss else None,
                     "isolation": s.backend.report().for_envs_per_sandbox(s.cfg.envs_per_sandbox).to_json(),
                     "idle_s": round(time.monotonic() - s.last_seen, 1),
+                    "envs_by_state": envs_by_state(s.envs),
+                    **({"live": self.stats.sessions[s.sid].live()} if s.sid in self.stats.sessions else {}),
                 }
             )
         in_use = sum(len(s.envs) for s in self.sessions.values())
@@ -184,7 +193,21 @@ class OpHandlers(WorkerParts):
             "free": self.capacity - in_use,
             "worker_pss_bytes": memory.tree_pss(os.getpid(), children=False),
             "sessions": sessions,
+            "metrics": self.metrics_url,
+            "uploads": dict(self.stats.uploads),
+            "auth_failures": self.stats.auth_failures,
         }
+
+    def _op_report(self, client, header, payloads):
+        """A local pool's count of what it stepped on its direct lane (the worker never sees those
+        steps): ``{"lane": {"calls": n, "batch_s": [seconds, ...]}}``. Answered only when asked
+        (``ack``): the pool sends one a second and does not wait for it."""
+        session = self._session_for(client, header)
+        calls, batch_seconds = read_lane_report(header.get("lane"))
+        stats = self.stats.sessions.get(session.sid)
+        if stats is not None:
+            stats.lane_report(calls, batch_seconds)
+        return {"ok": True} if header.get("ack") is True else None
 
     #: Looked up with whatever JSON value a request's ``op`` holds (a miss is an unknown op).
     HANDLERS: ClassVar[dict[object, Callable[..., dict | None]]] = {
@@ -196,4 +219,5 @@ class OpHandlers(WorkerParts):
         "memory": _op_memory,
         "close": _op_close,
         "status": _op_status,
+        "report": _op_report,
     }

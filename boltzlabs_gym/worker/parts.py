@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .deadlines import Deadlines
 from .envproc import Call, EnvProcess
 from .session import Batch, Session
+from .stats import WorkerStats
 
 if TYPE_CHECKING:
     from ..channel import WorkerChannel
@@ -26,6 +27,10 @@ class WorkerParts:
 
     # ------------------------------------------------------------------ state (set by Worker.__init__)
     sessions: dict[str, Session]
+    stats: WorkerStats
+    metrics_url: str | None
+    endpoints: list[str]
+    _sample_at: int
     epoll: select.epoll
     runtime: dict[str, str]
     max_starting: int

@@ -10,6 +10,7 @@ answer completes a ``create``.
 
 from __future__ import annotations
 
+import logging
 import select
 import time
 from collections.abc import Sequence
@@ -20,6 +21,9 @@ from ..protocol import ERROR, GROUP_OPS, GROUP_SLOTS, LENT_FAULT, OK, STRAGGLER,
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .parts import WorkerParts
 from .session import Batch, Session
+from .stats import ENV_SAMPLE_EVERY, classify_fault
+
+log = logging.getLogger("boltzlabs_gym.worker")
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
@@ -49,6 +53,7 @@ class Scheduling(WorkerParts):
         call = env.queue[0]
         if call.kind == "hard_reset":
             env.queue.popleft()
+            self._count_hard_reset(session, env)
             self._kill_env(session, env)
             self._wipe(env.workspace)
             if GROUP_SLOTS in call.op:  # a multi-env sandbox: its envs' resets, as a group
@@ -123,6 +128,8 @@ class Scheduling(WorkerParts):
         env.current = None
         env.state = IDLE
         self._release_gate(call)
+        if call.token >= self._sample_at:  # one call in ENV_SAMPLE_EVERY: see worker.stats
+            self._sample_latency(session, env, call)
         if call.kind == "start":
             self._start_finished(session, env, call, reply, payloads)
         else:
@@ -137,6 +144,7 @@ class Scheduling(WorkerParts):
         # Which of a multi-env sandbox's envs was running, before the kill and the wipe lose it.
         slot = read_progress(env.workspace) if env.count > 1 or session.cfg.envs_per_sandbox > 1 else None
         reason = self._kill_and_explain(session, env, reason, straggler)
+        kind = self._count_fault(session, env, reason, straggler)
         detail = json_error(
             reason,
             index=env.global_index,
@@ -154,6 +162,39 @@ class Scheduling(WorkerParts):
         if not session.closed:
             self._wipe(env.workspace)
             self._queue_start(session, env, None)
+            stats = self.stats.sessions.get(session.sid)
+            if stats is not None:
+                stats.respawned(kind)
+
+    # ================================================================== the books (worker.stats)
+    def _sample_latency(self, session: Session, env: EnvProcess, call) -> None:
+        """Bucket this reply's latency (a step's) or its start-up time (a start's)."""
+        self._sample_at = call.token + ENV_SAMPLE_EVERY
+        stats = self.stats.sessions.get(session.sid)
+        if stats is not None and call.kind == STEP:
+            stats.env_step_sampled(time.perf_counter() - env.sent_at)
+
+    def _count_fault(self, session: Session, env: EnvProcess, reason: str, straggler: bool) -> str:
+        """Count a fault, logged with the env and worker it happened on; its label (worker.stats)."""
+        kind = classify_fault(reason, straggler)
+        stats = self.stats.sessions.get(session.sid)
+        if stats is not None:
+            stats.fault(kind, reason, env.count)
+        log.warning(
+            "worker %s session %s env %d%s: %s (%s)",
+            self.endpoints[0] if self.endpoints else "?",
+            session.sid,
+            env.global_index,
+            f"..{env.global_index + env.count - 1}" if env.count > 1 else "",
+            kind,
+            reason,
+        )
+        return kind
+
+    def _count_hard_reset(self, session: Session, env: EnvProcess) -> None:
+        stats = self.stats.sessions.get(session.sid)
+        if stats is not None:
+            stats.hard_resets += env.count
 
     def _in_flight(self, key: tuple) -> bool:
         """Whether the call a deadline names, ``(sid, index, token)``, is still unanswered."""
@@ -177,6 +218,9 @@ class Scheduling(WorkerParts):
     # ================================================================== first requests
     def _start_finished(self, session: Session, env: EnvProcess, call: Call, reply: bytes, payloads: list) -> None:
         env.starting = False
+        stats = self.stats.sessions.get(session.sid)
+        if stats is not None:  # interpreter start and first answer, as start_timeout counts it
+            stats.started(time.perf_counter() - env.sent_at)
         self._starting -= 1
         self._start_more()
         user_call = call.user_call

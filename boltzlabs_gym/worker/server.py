@@ -63,6 +63,7 @@ from .sandbox import SandboxUnavailable
 from .scheduling import Scheduling
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
 from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
+from .stats import ENV_SAMPLE_EVERY, WorkerStats
 from .uploads import Uploads
 
 if TYPE_CHECKING:
@@ -121,6 +122,11 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.archives: dict[str, str] = {}
         self.uploads = Uploads(archive_limits)
         self.sessions: dict[str, Session] = {}
+        #: What happened to the envs, for ``status`` and ``/metrics`` (see :mod:`.stats`).
+        self.stats = WorkerStats()
+        #: Where ``/metrics`` is served (``--metrics-port``), for ``status``; ``None``: not served.
+        self.metrics_url: str | None = None
+        self._sample_at = ENV_SAMPLE_EVERY  # the next call token whose env-step latency is sampled
         self._sid_counter = itertools.count(1)
         self._tokens = itertools.count(1)
         self._deadlines = Deadlines(self._in_flight)
@@ -178,10 +184,14 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         from zmq.auth.thread import ThreadAuthenticator
 
         allowed = set(keys.allowed_clients)
+        stats = self.stats
 
         class _AllowList:
             def callback(self, domain, key):  # called by the ZAP thread
-                return key in allowed
+                if key in allowed:
+                    return True
+                stats.auth_failures += 1  # only this thread writes it
+                return False
 
         self._authenticator = ThreadAuthenticator(self.ctx, log=log)
         self._authenticator.start()
@@ -414,8 +424,10 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                 sizes.append(len(payload))
                 parts.append(payload)
             results.append([index, status, sizes])
-        worker_ms = (time.perf_counter() - batch.t0) * 1e3
-        header = {"seq": batch.seq, "ok": True, "worker_ms": worker_ms, "results": results}
+        worker_s = time.perf_counter() - batch.t0
+        header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results}
+        if batch.stats is not None:
+            batch.stats.batch_done(worker_s, batch.envs)
         if batch.lend_from is not None:
             self._send_lending(batch.lend_from, header, [b"".join(parts)])
         else:
@@ -428,9 +440,12 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             if done.error is None:
                 self.archives[done.digest] = done.dest
                 reply = {"ok": True}
+                self.stats.upload("unpacked")
             elif isinstance(done.error, ArchiveError):
                 reply = error_reply(None, "archive", str(done.error))
+                self.stats.upload("refused")
             else:
+                self.stats.upload("error")
                 log.error("unpacking archive %s failed", done.digest[:12], exc_info=done.error)
                 reply = error_reply(None, "internal", f"{type(done.error).__name__}: {done.error}")
             for client, seq in done.waiters:
@@ -486,6 +501,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
 
     def _close_session(self, session: Session) -> None:
         session.closed = True
+        self.stats.close(session.sid)
         for env in session.envs:
             pid = self._kill_env(session, env)
             self._reap_now(pid)

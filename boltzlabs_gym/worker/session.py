@@ -7,6 +7,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..lending import OpTimeouts
 from ..protocol import MAX_ENVS_PER_SANDBOX
@@ -97,6 +98,10 @@ class Batch:
         self.t0 = time.perf_counter()
         #: The session whose idle envs are lent to the client with the reply (a local pool's).
         self.lend_from: Session | None = None
+        #: Its session's books (:class:`~boltzlabs_gym.worker.stats.SessionStats`), and how many
+        #: envs its items cover (more than ``size`` when a sandbox hosts several).
+        self.stats: Any = None
+        self.envs = size
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
         if self.results[pos] is not None:

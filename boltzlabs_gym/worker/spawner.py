@@ -117,7 +117,11 @@ class Spawning(WorkerParts):
             env.spawn(session.backend, lambda e, i, o, r: self._launch_spec(session, e, i, o, r))
         except Exception as exc:  # noqa: BLE001 - a failed launch is that env's failure
             env.state = DEAD
-            self._start_failed(session, env, start_call, f"could not launch: {type(exc).__name__}: {exc}")
+            reason = f"could not launch: {type(exc).__name__}: {exc}"
+            stats = self.stats.sessions.get(session.sid)
+            if stats is not None:
+                stats.fault("launch", reason, env.count)
+            self._start_failed(session, env, start_call, reason)
             return
         self._starting += 1
         env.starting = True

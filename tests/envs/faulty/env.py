@@ -14,6 +14,7 @@ Actions: an int (a plain counter step, reward = action) or a dict:
   {"print": "text"}      print() to stdout (must not corrupt the channel)
   {"daemon": s}          leave a background process sleeping s seconds
   {"write": "name"}      write a file in the workspace, obs lists the workspace
+  {"alloc_mib": m}       touch m MiB of memory (past a memory limit: the OOM killer)
 Reset options {"raise": true} raise inside reset.
 """
 
@@ -66,6 +67,10 @@ def step(action):
         if "huge_mib" in action:
             os.write(_REAL_STDOUT, b'{"obs":"' + b"x" * (action["huge_mib"] << 20) + b'"}\n')
             time.sleep(5)
+        if "alloc_mib" in action:
+            block = bytearray(action["alloc_mib"] << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
         if "raise" in action:
             raise ValueError(action["raise"])
         if "print" in action:
