@@ -19,6 +19,9 @@ from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, STEP_REPLY_PATT
 __all__ = ["EnvFault", "EnvPipe"]
 
 _READ_CHUNK = 1 << 16
+#: The ceilings of a multi-env sandbox's reply (see EnvPipe.serve_envs).
+MAX_GROUP_LINE_BYTES = 64 << 20
+MAX_GROUP_PAYLOAD_BYTES = 1 << 30
 #: A reply whose payloads are at least this large and not in yet is read straight into one
 #: buffer of its exact size (no growing buffer, no copies out of it: its payloads are views).
 _DIRECT_READ_MIN = 1 << 16
@@ -46,8 +49,11 @@ class EnvPipe:
 
     def serve_envs(self, envs: int) -> None:
         """The process behind these pipes hosts ``envs`` envs: one reply carries up to that many
-        envs' answers, so its limits are that many times one env's."""
-        self.max_line, self.max_payload = MAX_ENV_LINE_BYTES * envs, MAX_ENV_PAYLOAD_BYTES * envs
+        envs' answers, so its limits are that many times one env's, up to a ceiling
+        (:data:`MAX_GROUP_LINE_BYTES`, :data:`MAX_GROUP_PAYLOAD_BYTES`): what one sandbox may make
+        its reader hold stays bounded however many envs it hosts."""
+        self.max_line = min(MAX_ENV_LINE_BYTES * envs, MAX_GROUP_LINE_BYTES)
+        self.max_payload = min(MAX_ENV_PAYLOAD_BYTES * envs, MAX_GROUP_PAYLOAD_BYTES)
 
     def reset_buffers(self) -> None:
         """Forget anything half-read or half-written (the pipes are new)."""
@@ -184,7 +190,12 @@ class EnvPipe:
                 if total >= _DIRECT_READ_MIN:
                     # The rest goes straight into a buffer of its own (see _read_body); uninitialised:
                     # zeroing a megabyte first cost more than reading it.
-                    self._body = np.empty(total, dtype=np.uint8)
+                    try:
+                        self._body = np.empty(total, dtype=np.uint8)
+                    except MemoryError:
+                        raise EnvFault(
+                            f"reply announces {total} payload bytes, more than this process can hold"
+                        ) from None
                     self._body[: len(self._rbuf)] = np.frombuffer(self._rbuf, dtype=np.uint8)
                     self._filled = len(self._rbuf)
                     self._rbuf.clear()

@@ -278,12 +278,26 @@ def write_all(fd: int, data: Any) -> None:
 
 
 def writev_all(fd: int, parts: Sequence[Any]) -> None:
-    """Write ``parts`` (bytes or buffers) back to back, as one ``writev``: a reply's line and its
-    array payloads go out without being joined into one more copy first."""
-    done = os.writev(fd, parts)
-    total = sum(p.nbytes if type(p) is memoryview else len(p) for p in parts)
-    if done < total:  # the pipe took part of it: the rest, as write_all would
-        write_all(fd, memoryview(b"".join(parts))[done:])
+    """Write ``parts`` (bytes or buffers) back to back with ``writev``: a reply's line and its
+    array payloads go out without being joined into one more copy first. At most ``IOV_MAX``
+    parts go to one call (the kernel refuses more); a call the pipe took part of is finished
+    with :func:`write_all`."""
+    for start in range(0, len(parts), _IOV_MAX):
+        chunk = parts[start : start + _IOV_MAX]
+        done = os.writev(fd, chunk)
+        total = sum(p.nbytes if type(p) is memoryview else len(p) for p in chunk)
+        if done < total:
+            write_all(fd, memoryview(b"".join(chunk))[done:])
+
+
+def _iov_max() -> int:
+    try:
+        return max(16, os.sysconf("SC_IOV_MAX"))
+    except (ValueError, OSError):
+        return 1024
+
+
+_IOV_MAX = _iov_max()
 
 
 def protect_channel_fds() -> tuple[int, int]:

@@ -32,6 +32,7 @@ with the failure, its neighbours as restarted because of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from .protocol import (
     FLAG_TERMINATED,
     FLAG_TRUNCATED,
     GROUP_AUTORESET,
+    GROUP_DEADLINE,
     GROUP_FLAGS,
     GROUP_N,
     GROUP_NBIN,
@@ -110,6 +112,8 @@ class GroupPlan:
     positions: list[int] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)
     op: str = ""
+    #: Whether ``indices`` are the sandbox's envs in order, from its first: its rows are one slice.
+    whole: bool = False
 
 
 def _bad_index(index: Any, n: int) -> Exception:
@@ -130,31 +134,39 @@ def _shorthand(op: dict) -> int | None:
     return None
 
 
-def pack(layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> tuple[list, list[GroupPlan]]:
+def pack(
+    layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
+) -> tuple[list, list[GroupPlan]]:
     """One item ``(sandbox, group op, payloads)`` per sandbox the per-env ``items`` name, and their plans.
 
-    Raises ``IndexError``/``TypeError`` for an index outside the pool, ``ValueError`` for an
-    env named twice or a hard reset that leaves out envs of its sandbox.
+    ``mixed_deadline``: the deadline of a step batch with resets in it (see
+    :data:`~boltzlabs_gym.protocol.GROUP_DEADLINE`). Raises ``IndexError``/``TypeError`` for an
+    index outside the pool, ``ValueError`` for an env named twice, an op that is not an op
+    object, or a hard reset that leaves out envs of its sandbox.
     """
     n, k = layout.n, layout.k
     ops_of: dict[int, list] = {}
     plans: dict[int, GroupPlan] = {}
+    seen: set[int] = set()
     for pos, (index, op, payloads) in enumerate(items):
         if type(index) is not int and not isinstance(index, np.integer) or not 0 <= index < n:
             raise _bad_index(index, n)
+        if type(op) is not dict or type(op.get("op")) is not str:
+            raise ValueError(f"env {index}: op must be an object with an 'op' string, got {str(op)[:80]}")
         sandbox = int(index) // k
         plan = plans.get(sandbox)
         if plan is None:
             plan = plans[sandbox] = GroupPlan(sandbox)
             ops_of[sandbox] = []
-        if index in plan.indices:
+        if index in seen:
             raise ValueError(f"env index {index} appears twice in one batch")
+        seen.add(int(index))
         plan.positions.append(pos)
         plan.indices.append(int(index))
         ops_of[sandbox].append((int(index) - sandbox * k, op, payloads))
     out = []
     for sandbox, plan in plans.items():
-        group, frames = _group_request(ops_of[sandbox])
+        group, frames = _group_request(ops_of[sandbox], mixed_deadline)
         plan.op = group["op"]
         if plan.op == HARD_RESET and len(plan.indices) != len(layout.envs(sandbox)):
             raise ValueError(
@@ -166,7 +178,11 @@ def pack(layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]
 
 
 def pack_steps(
-    layout: SandboxLayout, actions: list[int], resets: np.ndarray, autoreset: bool
+    layout: SandboxLayout,
+    actions: list[int],
+    resets: np.ndarray,
+    autoreset: bool,
+    mixed_deadline: float | None = None,
 ) -> tuple[list, list[GroupPlan]]:
     """:func:`pack` for a vector env's Discrete step batch, without per-env work in Python: every
     env steps with its int action, but those in ``resets``, which reset (seed ``None``) instead;
@@ -189,8 +205,10 @@ def pack_steps(
         group: dict = {"op": name, GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
         if autoreset:
             group[GROUP_AUTORESET] = True
+        if resetting and name == "step" and mixed_deadline is not None:
+            group[GROUP_DEADLINE] = mixed_deadline
         out.append((sandbox, group, ()))
-        plans.append(GroupPlan(sandbox, list(envs), list(envs), name))
+        plans.append(GroupPlan(sandbox, list(envs), list(envs), name, whole=True))
     return out, plans
 
 
@@ -205,7 +223,9 @@ def _slots(m: int) -> list[int]:
     return slots
 
 
-def _group_request(slot_ops: list[tuple[int, dict, Sequence[bytes]]]) -> tuple[dict, list]:
+def _group_request(
+    slot_ops: list[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
+) -> tuple[dict, list]:
     """The group op for ``(slot, op, payloads)`` triples, and its payload frames in order."""
     slots: list[int] = []
     ops: list = []
@@ -217,9 +237,6 @@ def _group_request(slot_ops: list[tuple[int, dict, Sequence[bytes]]]) -> tuple[d
         slots.append(slot)
         counts.append(len(payloads))
         frames.extend(payloads)
-        if type(op) is not dict:
-            ops.append(op)  # the env refuses it, in this position
-            continue
         if op.get("op") == HARD_RESET:
             hard = True
             op = {k: v for k, v in op.items() if k != "op"} | {"op": "reset"}
@@ -235,6 +252,12 @@ def _group_request(slot_ops: list[tuple[int, dict, Sequence[bytes]]]) -> tuple[d
     group: dict = {"op": HARD_RESET if hard else group_op_name(ops), GROUP_SLOTS: slots, GROUP_OPS: ops}
     if autoreset:
         group[GROUP_AUTORESET] = True
+    if (
+        group["op"] == "step"
+        and mixed_deadline is not None
+        and any(type(op) is dict and op.get("op") == "reset" for op in ops)
+    ):
+        group[GROUP_DEADLINE] = mixed_deadline
     if frames:
         group[GROUP_NBIN] = counts
     return group, frames
@@ -278,26 +301,35 @@ class GroupResult:
     result: EnvResult
     #: The first env of the sandbox (pool index), to turn the progress file's slot into an env.
     first: int
+    #: How many envs the sandbox hosts (from the pool's layout, never from the reply).
+    size: int
     #: For a failed sandbox, once read: its envs that were not in the request, and why they restarted.
     restarted: dict[int, str] | None = None
     _read: GroupReply | list[EnvResult] | None = None
 
-    def read(self, obs_dtype: np.dtype | None = None, obs_shape: tuple | None = None) -> GroupReply | list[EnvResult]:
+    def read(
+        self, obs_dtype: np.dtype | None = None, obs_shape: tuple | None = None, arrays: bool = True
+    ) -> GroupReply | list[EnvResult]:
         """The reply, validated (read once, then kept): array observations must have ``obs_dtype``
-        and ``obs_shape`` when given (else what the reply declares); a list of per-env results
+        and ``obs_shape`` when given (else what the reply declares), and there must be none
+        unless ``arrays`` (a reader whose space has no array form); a list of per-env results
         instead when the sandbox failed or its reply breaks the wire."""
         if self._read is None:
-            self._read = self._read_now(obs_dtype, obs_shape)
+            self._read = self._read_now(obs_dtype, obs_shape, arrays)
         return self._read
 
-    def _read_now(self, obs_dtype: np.dtype | None, obs_shape: tuple | None) -> GroupReply | list[EnvResult]:
+    def _read_now(
+        self, obs_dtype: np.dtype | None, obs_shape: tuple | None, arrays: bool
+    ) -> GroupReply | list[EnvResult]:
         r = parse_result(self.result)
         reply = r.reply if isinstance(r.reply, dict) else {}
         if r.status == OK:
             try:
+                if not arrays and reply.get(GROUP_OBS) is not None:
+                    raise BadGroupReply("array observations for a space that has no array form")
                 return _read_group(reply, r.payloads, obs_dtype, obs_shape, self.plan.indices)
-            except BadGroupReply as exc:
-                return self._bad(str(exc))
+            except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
+                return self._bad(str(exc)[:500])
         if reply.get("bad_reply"):
             return self._bad(str(reply.get("message")))
         return self._failed(reply)
@@ -340,8 +372,7 @@ class GroupResult:
         """A killed sandbox: the env that was running gets the failure; its neighbours are restarted with it."""
         status = self.result.status
         reason = str(detail.get("message", "the sandbox failed"))
-        size = detail.get("envs")
-        envs = range(self.first, self.first + (size if type(size) is int and size > 0 else max(self.plan.indices) + 1))
+        envs = range(self.first, self.first + self.size)
         slot = detail.get("slot")
         culprit = self.first + slot if type(slot) is int and 0 <= slot < len(envs) else None
         if culprit is not None:
@@ -408,7 +439,7 @@ def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list
         got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
         if got != expected:
             raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
-        array_sizes = (npos * dtype.itemsize * int(np.prod(shape, dtype=np.int64)), 8 * npos, npos)
+        array_sizes = (npos * dtype.itemsize * math.prod(shape), 8 * npos, npos)  # Python ints: no wrap-around
         if tuple(lengths[:3]) != array_sizes:
             raise BadGroupReply(f"its array payloads have {lengths[:3]} bytes, not {list(array_sizes)}")
         obs = np.frombuffer(payloads[0], dtype=dtype).reshape(npos, *shape)
@@ -441,6 +472,6 @@ def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list
 
 def _position_key(key: str, npos: int) -> int:
     """A ``replies`` key as a position; only the canonical spelling ``str(p)`` of ``0 <= p < npos``."""
-    if not (isinstance(key, str) and key.isdigit() and str(int(key)) == key and int(key) < npos):
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key and int(key) < npos):
         raise BadGroupReply(f"reply position {str(key)[:20]!r} is not a position of the {npos} ops")
     return int(key)

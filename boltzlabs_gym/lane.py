@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from .envpipe import EnvFault, EnvPipe
-from .lending import STRAY_OUTPUT, OpTimeouts, is_straggler_op, leftover_is_stray, missed_deadline
+from .lending import STRAY_OUTPUT, OpTimeouts, call_timeout, is_straggler_op, leftover_is_stray, missed_deadline
 
 __all__ = ["Lane", "DIRECT_OPS"]
 
@@ -60,7 +60,7 @@ class Lane:
 
         lane = Lane(step_timeout=30.0, reset_timeout=60.0)
         lane.add([0, 1], [in0, out0, in1, out1])        # the pipes lent with a worker reply
-        failed = lane.send([(0, 0, "step", line)])      # (batch pos, env index, op name, request line)
+        failed = lane.send([(0, 0, {"op": "step"}, line)])   # (batch pos, env index, op, request line)
         done, failed = lane.wait(deadline)              # replies, and calls to hand back to the worker
     """
 
@@ -129,30 +129,30 @@ class Lane:
         self.release(index)
 
     # ------------------------------------------------------------------ calls
-    def send(self, items: Sequence[tuple[int, int, str, bytes]]) -> list[tuple[int, int, str, bool]]:
-        """Write each ``(pos, index, op name, request bytes)`` to its env; the calls that
+    def send(self, items: Sequence[tuple[int, int, dict, bytes]]) -> list[tuple[int, int, str, bool]]:
+        """Write each ``(pos, index, op, request bytes)`` to its env; the calls that
         failed at once, as :meth:`wait` returns them. If this raises, every call sent so far
         is abandoned (see :meth:`abandon`)."""
         failed = []
         now, sent_at = time.monotonic(), time.perf_counter()
         self._streaming = False
         try:
-            for pos, index, name, data in items:
+            for pos, index, op, data in items:
                 env = self._envs[index]
                 if env.write_pending:
                     # It answered before reading all of its last request: the rest would be read as this one.
                     env.pos = pos
                     failed.append(self._fail(env, "the env answered before reading its whole request"))
                     continue
-                self._write(env, pos, name, data, now, sent_at, failed)
+                self._write(env, pos, op, data, now, sent_at, failed)
         except BaseException:
             self.abandon(failed)
             raise
         return failed
 
-    def _write(self, env: _Lent, pos: int, name: str, data: bytes, now: float, sent_at: float, failed: list) -> None:
-        env.pos, env.op = pos, name
-        env.timeout = self._timeouts[name]
+    def _write(self, env: _Lent, pos: int, op: dict, data: bytes, now: float, sent_at: float, failed: list) -> None:
+        env.pos, env.op = pos, op["op"]
+        env.timeout = call_timeout(self._timeouts, op)
         env.sent_at, env.deadline = sent_at, now + env.timeout
         self._inflight[env.index] = env  # before writing: whatever happens, the call is accounted for
         heapq.heappush(self._deadlines, (env.deadline, env.index))

@@ -18,7 +18,18 @@ False
 
 from __future__ import annotations
 
-__all__ = ["STEP", "STRAY_OUTPUT", "OpTimeouts", "is_straggler_op", "leftover_is_stray", "missed_deadline"]
+__all__ = [
+    "STEP",
+    "STRAY_OUTPUT",
+    "OpTimeouts",
+    "call_timeout",
+    "is_straggler_op",
+    "leftover_is_stray",
+    "missed_deadline",
+]
+
+#: A group request's own deadline (protocol.GROUP_DEADLINE; not imported: this module stands alone).
+_DEADLINE_KEY = "deadline_s"
 
 #: The op whose deadline is the step timeout, and whose late reply makes a straggler (not an error).
 STEP = "step"
@@ -41,6 +52,19 @@ class OpTimeouts(dict):
 
     def __missing__(self, name: str) -> float:
         return self.reset_timeout
+
+
+def call_timeout(timeouts: OpTimeouts, op: dict) -> float:
+    """The seconds an env has to answer ``op``: its name's timeout, or the deadline a group request
+    carries (a step batch with resets in it: the step and the reset deadline together).
+
+    >>> call_timeout(OpTimeouts(1.0, 5.0), {"op": "step", "deadline_s": 6.0})
+    6.0
+    """
+    deadline = op.get(_DEADLINE_KEY)
+    if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 86400:
+        return float(deadline)
+    return timeouts[op["op"]]
 
 
 def is_straggler_op(name: str) -> bool:

@@ -195,6 +195,8 @@ class RLPool:
         #: whose sandbox was restarted while they were not in a request, with the reason.
         self._plans: list[GroupPlan] | None = None
         self._restarted: dict[int, str] = {}
+        #: A grouped step batch with resets in it is held to both deadlines (protocol.GROUP_DEADLINE).
+        self._mixed_deadline = self.step_timeout + self.reset_timeout
         self._answered: list[tuple[int, EnvResult]] = []  # items answered without a request
         self._sent_positions: list[int] | None = None  # the batch positions of the items sent, if not all
         self._batch_size = 0
@@ -287,7 +289,7 @@ class RLPool:
             raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
         if len(actions) != self.n:
             raise ValueError(f"expected exactly {self.n} actions (one per env), got {len(actions)}")
-        grouped, plans = pack_steps(self.layout, actions, resets, autoreset)
+        grouped, plans = pack_steps(self.layout, actions, resets, autoreset, self._mixed_deadline)
         self._sent_at = self._route.send(grouped)
         self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, self.n
         self._in_flight = True
@@ -296,28 +298,39 @@ class RLPool:
         """Send per-env ``items`` as one group request per sandbox (see :mod:`~boltzlabs_gym.grouping`);
         envs whose sandbox was restarted under them are answered here, on their next step."""
         answered: list[tuple[int, EnvResult]] = []
+        told: list[int] = []
         self._sent_positions = None
         if self._restarted:
-            items, answered = self._answer_restarted(items)
-        grouped, plans = pack(self.layout, items)
+            items, answered, told = self._answer_restarted(items)
+        grouped, plans = pack(self.layout, items, self._mixed_deadline)
         self._sent_at = self._route.send(grouped) if grouped else time.perf_counter()
+        for index in told:  # only once the batch went out: a refused one leaves the marks as they were
+            self._restarted.pop(index, None)
         self._plans = plans
         self._answered = answered
         self._batch_size = len(items) + len(answered)  # every item: sent, or answered here
 
-    def _answer_restarted(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> tuple[list, list]:
+    def _answer_restarted(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> tuple[list, list, list]:
         """Steps of envs whose sandbox was restarted while they were idle (a neighbour failed) are
-        not sent: the env lost its episode, and says so here, as a failed step."""
-        sent, answered = [], []
+        not sent: the env lost its episode, and says so here, as a failed step. A reset (soft or
+        hard) starts the env's next episode: it is sent, and settles the matter; any other op
+        (``call``, ``get_attr``...) is sent and leaves it pending. Returns the items to send, the
+        answered ones, and the envs whose mark goes once the batch is sent."""
+        sent, answered, told = [], [], []
+        restarted = self._restarted
         for pos, item in enumerate(items):
             index, op = item[0], item[1]
-            reason = self._restarted.pop(index, None) if isinstance(index, (int, np.integer)) else None
-            if reason is not None and type(op) is dict and op.get("op") == "step":
+            name = op.get("op") if type(op) is dict else None
+            reason = restarted.get(index) if isinstance(index, (int, np.integer)) else None
+            if reason is not None and name == "step":
                 answered.append((pos, EnvResult(int(index), ERROR, {"message": reason}, [])))
-            else:
-                sent.append((pos, item))
+                told.append(int(index))
+                continue
+            if reason is not None and name in ("reset", "hard_reset"):
+                told.append(int(index))
+            sent.append((pos, item))
         self._sent_positions = [pos for pos, _ in sent]
-        return [item for _, item in sent], answered
+        return [item for _, item in sent], answered, told
 
     def batch_wait(self, timeout: float | None = None, *, raw: bool = False, grouped: bool = False) -> list:
         """Collect the replies of :meth:`batch_async`, in the order of its items.
@@ -349,7 +362,11 @@ class RLPool:
         plans, self._plans = self._plans or [], None
         replies, per_worker_ms = self._route.wait(timeout, True) if plans else ([], {})
         first = self.layout.k
-        groups = [GroupResult(plan, r, plan.sandbox * first) for plan, r in zip(plans, replies)]
+        layout = self.layout
+        groups = [
+            GroupResult(plan, r, plan.sandbox * first, len(layout.envs(plan.sandbox)))
+            for plan, r in zip(plans, replies)
+        ]
         answered = self._answered
         if grouped:
             return [*groups, *(r for _pos, r in answered)], per_worker_ms
@@ -461,7 +478,7 @@ class RLPool:
         items = []
         for i in np.flatnonzero(widened):
             op = {"op": op_name, "seed": seeds[i] if mask[i] else None}
-            if options:
+            if options and mask[i]:  # a neighbour restarted with it comes back plainly reset
                 op["options"] = jsonable(options)
             items.append((int(i), op, ()))
         if not items:
@@ -545,8 +562,9 @@ class RLPool:
             for local, pss in enumerate(header["pss"]):
                 # A sandbox of several envs: its PSS split evenly between them.
                 envs = layout.envs(link.start + local)
+                share, rest = divmod(int(pss), len(envs))
                 for i in envs:
-                    out[i] = int(pss) // len(envs)
+                    out[i] = share + (1 if i - envs.start < rest else 0)
             template += int(header.get("template_pss", 0))
         self.template_pss = template
         return out

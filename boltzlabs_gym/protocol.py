@@ -67,7 +67,9 @@ of its slot 0). A group request line::
 ``nbin`` (absent: none) counts each op's payloads; they follow the line op by op, and an
 op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`group_op_name`
 of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.lending`), so a group
-with a step in it is held to the step deadline, once, for the whole request. The process
+with a step in it is held to the step deadline, once, for the whole request; a step batch
+with resets in it carries ``"deadline_s"`` (:data:`GROUP_DEADLINE`: the step and the reset
+deadline together), which the worker and the lane use instead. The process
 serves the ops in order and answers with one group reply line::
 
     {"n": P, "obs": {"__nd__": [0, dtype, [P, ...]]} | null, "reward": {"__nd__": [1, "<f8", [P]]} | null,
@@ -132,6 +134,9 @@ LENT_FAULT = "lent_fault"
 
 #: Group requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
 GROUP_SLOTS, GROUP_OPS, GROUP_NBIN, GROUP_AUTORESET = "slots", "ops", "nbin", "autoreset"
+#: Optional group request key, for the worker and the lane (the env ignores it): the request's
+#: deadline in seconds when its name's timeout is not the right one (a step batch with resets in it).
+GROUP_DEADLINE = "deadline_s"
 GROUP_N, GROUP_OBS, GROUP_REWARD, GROUP_FLAGS, GROUP_REPLIES = "n", "obs", "reward", "flags", "replies"
 #: Bits of a group reply's ``flags``.
 FLAG_TERMINATED, FLAG_TRUNCATED = 1, 2

@@ -234,7 +234,7 @@ class LaneRoute(WorkerRoute):
             local = index - link.start
             if lane.holds(local) and type(op) is dict and op.get("op") in DIRECT_OPS:
                 # Encoded before anything is sent: an op that cannot be, fails the call untouched.
-                direct.append((pos, local, op["op"], env_request(op, payloads)))
+                direct.append((pos, local, op, env_request(op, payloads)))
             else:
                 via.append((pos, local, [local, op, len(payloads)]))
                 frames.extend(payloads)

@@ -458,7 +458,9 @@ class BoltzLabsVecEnv(VectorEnv):
     def _read_group(self, group: GroupResult):
         """A sandbox's group reply, read against the observation space (see :meth:`GroupResult.read`)."""
         leaf = self._obs_leaf
-        read = group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read()
+        # Without an array space (a Dict, or an env dir's JSON values) rows are a wire violation:
+        # nothing would check them against the space.
+        read = group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read(arrays=False)
         self.pool.note_restarted(group)
         return read
 
@@ -601,7 +603,7 @@ class BoltzLabsVecEnv(VectorEnv):
             plain, flags = read.plain, read.flags
             assert flags is not None and read.reward is not None
             first, count = indices[0], len(indices)
-            if count == read.obs.shape[0] and indices[-1] == first + count - 1 and plain.all():
+            if group.plan.whole and plain.all():
                 rows: Any = slice(first, first + count)  # the usual case: the whole sandbox, plain
                 positions: Any = slice(None)
             else:

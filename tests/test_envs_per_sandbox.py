@@ -371,3 +371,123 @@ def _sandbox_pid(pool: RLPool, sandbox: int) -> int:
     worker = psutil.Process(pool._links[0].process.pid)
     children = sorted(worker.children(), key=lambda p: p.create_time())
     return children[sandbox].pid
+
+
+def test_a_step_batch_with_a_slow_reset_in_it_has_both_deadlines():
+    """Autoreset puts an env's reset in the same request as its neighbours' steps: the request is
+    held to the step and the reset deadline together, not to the step deadline alone."""
+    with RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0, reset_timeout=5.0) as pool:
+        pool.reset()
+        slow = {"op": "reset", "seed": None, "options": {"sleep": 1.5}}
+        pool.batch_async([(0, slow, ()), (1, {"op": "step", "action": 1}, ())])
+        first, second = pool.batch_wait()
+        assert first.status == second.status == "ok"
+        assert first.reply["obs"]["t"] == 0 and second.reply["obs"]["t"] == 1
+
+
+def test_a_call_does_not_settle_a_restarted_neighbour():
+    with RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+        pool.reset()
+        pool.batch_async([(1, {"op": "step", "action": "hang"}, ())])
+        pool.batch_wait()
+        pool.call_envs({"op": "describe"}, [0])  # not a step, not a reset: env 0 still has to hear it
+        _, _, dones, infos = pool.step([1, 1])
+        assert dones[0] and infos[0]["boltzlabs_error"]["reason"].startswith("sandbox restarted because env 1")
+
+
+# ----------------------------------------------------------------------------------- hostile group replies
+
+
+def _group(reply: dict, payloads: list, indices: list[int], status: str = "ok", size: int = 4, first: int = 0):
+    from boltzlabs_gym.grouping import GroupPlan, GroupResult
+    from boltzlabs_gym.results import EnvResult
+
+    plan = GroupPlan(first // 4, list(range(len(indices))), indices)
+    return GroupResult(plan, EnvResult(indices[0], status, reply, payloads), first, size)
+
+
+@pytest.mark.parametrize(
+    "reply, payloads",
+    [
+        ({"n": 2, "replies": {"²": {}, "1": {}}}, []),  # a digit that int() refuses
+        ({"n": 2, "replies": {"0": {}, "01": {}}}, []),  # not the canonical spelling
+        ({"n": 2, "replies": {"0": {}}}, []),  # a position with no reply and no arrays
+        (
+            {
+                "n": 2,
+                "obs": {"__nd__": [0, "<f4", [2, 65536, 65536, 65536, 65536]]},
+                "reward": {"__nd__": [1, "<f8", [2]]},
+                "flags": {"__nd__": [2, "|u1", [2]]},
+            },
+            [b"", b"\0" * 16, b"\0\0"],
+        ),  # a shape whose size wraps around in int64
+        ({"n": 2, "replies": {"0": {"_bin": [5]}, "1": {}}}, [b"1234"]),  # payloads that do not follow
+        ({"n": 3, "replies": {}}, []),  # the wrong number of positions
+    ],
+)
+def test_a_malformed_group_reply_is_a_bad_reply_for_every_env(reply, payloads):
+    read = _group(reply, payloads, [0, 1]).read()
+    assert isinstance(read, list) and [r.reply["bad_reply"] for r in read] == [True, True]
+    assert all(r.status == "error" and r.index == i for i, r in enumerate(read))
+
+
+def test_rows_for_a_space_without_an_array_form_are_a_bad_reply():
+    reply = {
+        "n": 1,
+        "obs": {"__nd__": [0, "<f8", [1, 1]]},
+        "reward": {"__nd__": [1, "<f8", [1]]},
+        "flags": {"__nd__": [2, "|u1", [1]]},
+        "replies": {},
+    }
+    read = _group(reply, [b"\0" * 8, b"\0" * 8, b"\0"], [0]).read(arrays=False)
+    assert isinstance(read, list) and read[0].reply["bad_reply"]
+
+
+def test_a_failure_without_its_sandbox_size_marks_only_that_sandbox():
+    """The sandbox's envs come from the pool's layout, never from the worker's or env's words."""
+    group = _group({"message": "env failed to restart"}, [], [9], status="error", size=4, first=8)
+    read = group.read()
+    assert [r.index for r in read] == [9]
+    assert sorted(group.restarted) == [8, 10, 11]
+
+
+def test_a_group_limit_stays_bounded_however_many_envs():
+    import os
+
+    from boltzlabs_gym.envpipe import MAX_GROUP_PAYLOAD_BYTES, EnvFault, EnvPipe
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    pipe = EnvPipe(-1, r)
+    pipe.serve_envs(4096)
+    assert pipe.max_payload == MAX_GROUP_PAYLOAD_BYTES
+    try:
+        os.write(w, b'{"_bin":[%d]}\n' % (MAX_GROUP_PAYLOAD_BYTES + 1))
+        with pytest.raises(EnvFault, match="over the limit"):
+            pipe.read_replies()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_writev_all_writes_more_parts_than_one_system_call_takes():
+    import os
+    import threading
+
+    from boltzlabs_gym.envside import writev_all
+
+    parts = [b"%05d" % i for i in range(3000)]
+    r, w = os.pipe()
+    got = bytearray()
+
+    def drain():
+        while chunk := os.read(r, 1 << 16):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    writev_all(w, parts)
+    os.close(w)
+    reader.join(10)
+    os.close(r)
+    assert bytes(got) == b"".join(parts)

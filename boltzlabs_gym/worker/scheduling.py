@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from ..envpipe import EnvFault
-from ..lending import STEP, STRAY_OUTPUT, leftover_is_stray, missed_deadline
+from ..lending import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
 from ..protocol import ERROR, GROUP_OPS, GROUP_SLOTS, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .parts import WorkerParts
@@ -41,7 +41,8 @@ class Scheduling(WorkerParts):
             self._submit_lent_fault(session, env, op, batch, pos)
             return
         kind = name if name in _CALL_KINDS else "other"
-        env.queue.append(Call(op, frames, session.timeouts[name], kind=kind, batch=batch, pos=pos, index=env.index))
+        timeout = call_timeout(session.timeouts, op)
+        env.queue.append(Call(op, frames, timeout, kind=kind, batch=batch, pos=pos, index=env.index))
         if env.state is DEAD:
             self._queue_start(session, env, None)
         self._pump(session, env)

@@ -24,6 +24,7 @@ class Env:
         self.index, self.t = index, 0
 
     def reset(self, seed, options=None):
+        time.sleep((options or {}).get("sleep", 0))
         self.t = 0
         return {"env": self.index, "t": 0, "seed": seed, "pid": _process}
 
