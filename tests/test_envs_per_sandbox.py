@@ -85,6 +85,36 @@ def test_steps_like_sync_vector_env(k, n, mode, autoreset_mode):
         envs.close()
 
 
+def test_disabled_autoreset_with_reset_masks_like_sync_vector_env():
+    n = 7
+    ours = boltzlabs_gym.make_vec(
+        "CartPole-v1", num_envs=n, envs_per_sandbox=3, isolation=ISOLATION, autoreset_mode=AutoresetMode.DISABLED
+    )
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n, autoreset_mode=AutoresetMode.DISABLED)
+    try:
+        np.testing.assert_array_equal(ours.reset(seed=5)[0], ref.reset(seed=5)[0])
+        rng = np.random.default_rng(5)
+        partial_resets = 0
+        for t in range(150):
+            actions = rng.integers(0, 2, n)
+            got, want = ours.step(actions), ref.step(actions)
+            for a, b in zip(got[:4], want[:4]):
+                np.testing.assert_array_equal(a, b, err_msg=f"step {t}")
+            done = np.logical_or(want[2], want[3])
+            if done.any():
+                partial_resets += 1
+                np.testing.assert_array_equal(
+                    ours.reset(options={"reset_mask": done})[0], ref.reset(options={"reset_mask": done})[0]
+                )
+        assert partial_resets > 0
+        with pytest.raises(ValueError, match="DISABLED"):
+            for _ in range(600):  # a finished env stepped again without its reset is refused, naming it
+                ours.step(np.zeros(n, dtype=np.int64))
+    finally:
+        ours.close()
+        ref.close()
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_through_the_worker_and_the_lane_alike(direct):
     envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=7, envs_per_sandbox=3, isolation=ISOLATION, direct=direct)
