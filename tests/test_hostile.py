@@ -543,7 +543,10 @@ def test_env_cannot_read_the_worker_or_other_envs(monkeypatch):
 def test_sigint_during_a_long_step_exits_cleanly(tmp_path):
     script = tmp_path / "trainer.py"
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        # Python's own SIGINT handler, even if whatever started the tests ignored SIGINT (a
+        # background job of a non-interactive shell does, and exec passes that on).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from boltzlabs_gym import RLPool
         with RLPool({FAULTY!r}, n=3, isolation={ISOLATION!r}, step_timeout=30) as pool:
             pool.reset()

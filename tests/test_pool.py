@@ -282,7 +282,10 @@ def _run_trainer_and_kill(tmp_path, sig):
     script.write_text(
         textwrap.dedent(
             f"""
-            import sys, time
+            import signal, sys, time
+            # Python's own SIGINT handler, even if whatever started the tests ignored SIGINT (a
+            # background job of a non-interactive shell does, and exec passes that on).
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             from boltzlabs_gym import RLPool
             pool = RLPool({COUNTER!r}, n=4, isolation={ISOLATION!r})
             pool.reset()
