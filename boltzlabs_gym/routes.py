@@ -201,6 +201,8 @@ class _LanePending:
     size: int
     failed: list
     t_send: float | None
+    #: Batch position -> env calls of a lane item (its group's slots; 1 for a one-env sandbox).
+    calls: dict[int, int] | None = None
 
 
 class LaneRoute(WorkerRoute):
@@ -248,11 +250,10 @@ class LaneRoute(WorkerRoute):
         if lane.abandoned:
             header[ADOPT] = lane.abandoned
         t0 = time.perf_counter()
-        if direct:
-            k = self.lane.envs_per_sandbox
-            self.lane_calls += (
-                len(direct) if k == 1 else sum(len(items[p][1].get(GROUP_SLOTS) or (0,)) for p, *_ in direct)
-            )
+        # Counted when answered (wait): a call that fails is the worker's to count.
+        calls = None
+        if direct and self.lane.envs_per_sandbox > 1:
+            calls = {p: len(items[p][1].get(GROUP_SLOTS) or (0,)) for p, *_ in direct}
         if t0 >= self._report_at:
             self.flush_report(ack=False)
         seq = None
@@ -262,7 +263,9 @@ class LaneRoute(WorkerRoute):
             lane.idle_faults, lane.abandoned = {}, []
         t_send = time.perf_counter()
         failed = lane.send(direct)
-        self._pending = _LanePending(seq, [pos for pos, *_ in via], len(items), failed, t_send if direct else None)
+        self._pending = _LanePending(
+            seq, [pos for pos, *_ in via], len(items), failed, t_send if direct else None, calls
+        )
         return t0
 
     def wait(self, timeout: float, raw: bool) -> tuple[list[EnvResult], dict[str, float]]:
@@ -286,17 +289,17 @@ class LaneRoute(WorkerRoute):
                 self._note_lane_batch(worker_ms / 1e3)
             for pos, index, line, payloads in done:
                 results[pos] = EnvResult(link.start + index, OK, None, payloads, line)
+            self.lane_calls += len(done) if pending.calls is None else sum(pending.calls[pos] for pos, *_ in done)
             if pending.seq is not None:
                 worker_ms = max(worker_ms, self._collect(pending.seq, pending.via, results, deadline))
             if failed:
                 # Our side saw the failure; the worker kills the env, says why, respawns it. Its
                 # own time: a straggler is found at the step deadline, which may be the caller's.
                 items = [
-                    [index, {"op": LENT_FAULT, "reason": reason, "straggler": straggler}, 0]
-                    for _pos, index, reason, straggler in failed
+                    [index, self._lent_fault(pos, reason, straggler, pending.calls), 0]
+                    for pos, index, reason, straggler in failed
                 ]
                 seq = link.send({"op": "batch", "items": items, LEND: True})
-                self.lane_calls -= len(items)  # the worker answers (and counts) these
                 failed_positions, failed = [pos for pos, *_ in failed], []
                 worker_ms += self._collect(
                     seq, failed_positions, results, max(deadline, time.monotonic() + LENT_FAULT_TIMEOUT_S)
@@ -307,6 +310,15 @@ class LaneRoute(WorkerRoute):
         if not raw:
             results = [parse_result(r) for r in results]
         return results, {link.address: worker_ms}
+
+    @staticmethod
+    def _lent_fault(pos: int, reason: str, straggler: bool, calls: dict[int, int] | None) -> dict:
+        """The item that hands a failed lent env back; for a sandbox of several envs it names their
+        slots, so that the worker's books count the envs whose calls failed, as the pool does."""
+        op: dict = {"op": LENT_FAULT, "reason": reason, "straggler": straggler}
+        if calls is not None and pos in calls:
+            op[GROUP_SLOTS] = list(range(calls[pos]))
+        return op
 
     def _note_lane_batch(self, seconds: float) -> None:
         batch_s = self.lane_batch_s
@@ -320,7 +332,7 @@ class LaneRoute(WorkerRoute):
         self._report_at = time.perf_counter() + LANE_REPORT_S
         if not self.lane_calls and not self.lane_batch_s and not ack:
             return
-        report = {"calls": max(0, self.lane_calls), "batch_s": self.lane_batch_s}
+        report = {"calls": self.lane_calls, "batch_s": self.lane_batch_s}
         header = {"op": "report", "lane": report}
         self.lane_calls, self.lane_batch_s = 0, []
         if ack:

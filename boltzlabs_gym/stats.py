@@ -84,11 +84,10 @@ class PoolRecorder:
         return percentile(list(self._latency_ms), q)
 
     def snapshot(self, **pool: object) -> PoolStats:
-        window = min(RATE_WINDOW_S, max(1.0, time.monotonic() - self.started))
         return PoolStats(
             calls=self.calls,
             batches=self.batches,
-            calls_per_s=self._recent_calls.total(RATE_WINDOW_S) / window,
+            calls_per_s=self._recent_calls.rate(RATE_WINDOW_S, self.started),
             batch_p50_ms=self.p(50),
             batch_p99_ms=self.p(99),
             stragglers=self.stragglers,

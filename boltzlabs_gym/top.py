@@ -118,6 +118,7 @@ def session_rows(statuses: Sequence[tuple[str, dict]]) -> list[dict[str, str]]:
 def render(statuses: Sequence[tuple[str, dict]]):
     """A ``rich`` table of :func:`session_rows`; stragglers and crashes in the last minute in red."""
     require("rich", "metrics", "boltzlabs-gym top")
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"boltzlabs-gym top  {time.strftime('%H:%M:%S')}", title_justify="left")
@@ -126,7 +127,7 @@ def render(statuses: Sequence[tuple[str, dict]]):
     for row in session_rows(statuses):
         cells = []
         for key, _ in COLUMNS:
-            text = row.get(key, "")
+            text = escape(row.get(key, ""))  # what a worker says is text, never markup
             if key in ("stragglers", "crashes") and text and not text.startswith("0 "):
                 text = f"[bold red]{text}[/]"
             cells.append(text)

@@ -191,3 +191,27 @@ def test_a_dead_worker_is_a_row_not_a_crash():
     started = time.monotonic()
     text = top_once("tcp://127.0.0.1:9")  # discard port: nobody answers
     assert "unreachable" in text and time.monotonic() - started < 20
+
+
+def test_slow_envs_are_sampled_as_often_as_fast_ones():
+    """Which calls are sampled is decided when they are sent, so the slow envs of a batch, which
+    answer last, are in the env-step histogram as often as the rest."""
+    with RLPool(FAULTY, n=16, isolation=ISOLATION, direct=False, metrics_port=0) as pool:
+        pool.reset()
+        slow = {"sleep": 0.02}
+        for _ in range(60):
+            pool.step([slow, slow] + [1] * 14)
+        live = pool._links[0].call({"op": "status"}, timeout=30)["sessions"][0]["live"]
+        assert live["env_step_p99_ms"] >= 15, live  # 1 step in 8 takes 20 ms
+        assert live["env_step_p50_ms"] < 15, live
+
+
+def test_a_lane_call_that_fails_is_counted_once():
+    with RLPool(FAULTY, n=4, isolation=ISOLATION, metrics_port=0) as pool:
+        pool.reset()
+        pool.step([1] * 4)
+        time.sleep(1.2)  # the next send carries the lane's report (once a second)
+        pool.step([{"exit": 3}, 1, 1, 1])
+        stats = pool.stats(memory=False)
+        live = pool._links[0].call({"op": "status"}, timeout=30)["sessions"][0]["live"]
+        assert live["calls"] == stats.calls == pool.timing.env_steps == 12, (live, stats)

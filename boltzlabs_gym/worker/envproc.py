@@ -71,6 +71,9 @@ class Call:
     on_done: Callable[[str, bytes, list], None] = _ignore_result
     kind: str = "other"  # "start", "step", "reset", "hard_reset", "other"
     token: int = 0
+    #: Whether this call's latency is sampled for the books (decided when it is sent, so that
+    #: the order replies arrive in, fast envs first, does not decide which are sampled).
+    sampled: bool = False
     #: Holds the measurement gate (``serialize_measurement``) while in flight.
     gated: bool = False
     #: A start's: the call waiting for the env's first request (a hard reset's; none for a respawn).

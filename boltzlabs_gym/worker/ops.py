@@ -142,7 +142,7 @@ class OpHandlers(WorkerParts):
 
     def _op_memory(self, client, header, payloads):
         session = self._session_for(client, header)
-        pss = [memory.tree_pss(env.pid) if env.pid else 0 for env in session.envs]
+        pss = memory.trees_pss([env.pid or 0 for env in session.envs])
         template_pss = getattr(session.backend, "pss", lambda: 0)()
         return {
             "ok": True,
@@ -164,7 +164,7 @@ class OpHandlers(WorkerParts):
     def _op_status(self, client, header, payloads):
         sessions = []
         for s in self.sessions.values():
-            pss = sum(memory.tree_pss(env.pid) for env in s.envs if env.pid)
+            pss = sum(memory.trees_pss([env.pid or 0 for env in s.envs]))
             template_pss = getattr(s.backend, "pss", lambda: 0)()
             sessions.append(
                 {
@@ -202,6 +202,8 @@ class OpHandlers(WorkerParts):
         """A local pool's count of what it stepped on its direct lane (the worker never sees those
         steps): ``{"lane": {"calls": n, "batch_s": [seconds, ...]}}``. Answered only when asked
         (``ack``): the pool sends one a second and does not wait for it."""
+        if client != LOCAL_CLIENT:
+            raise ValueError("report is for a local pool's direct lane")
         session = self._session_for(client, header)
         calls, batch_seconds = read_lane_report(header.get("lane"))
         stats = self.stats.sessions.get(session.sid)

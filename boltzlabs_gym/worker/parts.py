@@ -30,7 +30,6 @@ class WorkerParts:
     stats: WorkerStats
     metrics_url: str | None
     endpoints: list[str]
-    _sample_at: int
     epoll: select.epoll
     runtime: dict[str, str]
     max_starting: int

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -41,11 +42,18 @@ class WorkerCollector:
         self.worker = worker
         self.name = worker.endpoints[0] if worker.endpoints else str(os.getpid())
         self._pss: dict[str, tuple[float, int, int]] = {}  # sid -> (when, envs' PSS, template PSS)
+        self._lock = threading.Lock()
 
     def describe(self) -> list:
         return []  # no fixed description: families depend on the sessions open at scrape time
 
     def collect(self) -> Iterator:
+        # One scrape at a time: the HTTP server runs a thread per request, and two would share
+        # the PSS cache (and do its work twice).
+        with self._lock:
+            yield from self._collect()
+
+    def _collect(self) -> Iterator:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         w, stats = self.worker, self.worker.stats
@@ -153,11 +161,12 @@ class WorkerCollector:
         cached = self._pss.get(session.sid)
         if cached is not None and now - cached[0] < PSS_CACHE_S:
             return cached[1], cached[2]
-        total = 0
+        pids = []
         for env in list(session.envs):
             launched = env.launched  # read once: the loop may clear it meanwhile
             if launched is not None:
-                total += memory.tree_pss(launched.pid)
+                pids.append(launched.pid)
+        total = sum(memory.trees_pss(pids))
         try:
             template = int(getattr(session.backend, "pss", lambda: 0)())
         except Exception:  # noqa: BLE001 - a template restarting under us
@@ -191,6 +200,7 @@ def serve_metrics(worker: Any, port: int, host: str = "127.0.0.1") -> str:
     registry.register(WorkerCollector(worker))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
+        worker.metrics_server = server  # shut down with the worker (Worker.shutdown)
     except OSError as exc:
         raise MetricsPortError(
             f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc} (is another worker or exporter "
@@ -206,10 +216,10 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
     (checked before a local worker starts, so the pool can say so plainly; 0 always passes)."""
     import socket
 
+    if type(port) is not int or not 0 <= port < 65536:
+        raise ValueError(f"metrics_port must be an int in [0, 65535], got {port!r}")
     if port == 0:
         return
-    if type(port) is not int or not 0 < port < 65536:
-        raise ValueError(f"metrics_port must be an int in [0, 65535], got {port!r}")
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
         try:

@@ -14,6 +14,7 @@ import logging
 import select
 import time
 from collections.abc import Sequence
+from random import random
 
 from ..envpipe import EnvFault
 from ..lending import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
@@ -22,6 +23,9 @@ from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progre
 from .parts import WorkerParts
 from .session import Batch, Session
 from .stats import ENV_SAMPLE_EVERY, classify_fault
+
+#: The share of env calls whose latency is bucketed (one in ENV_SAMPLE_EVERY, on average).
+SAMPLE_FRACTION = 1.0 / ENV_SAMPLE_EVERY
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
@@ -76,6 +80,9 @@ class Scheduling(WorkerParts):
 
     def _send_call(self, session: Session, env: EnvProcess, call: Call) -> None:
         call.token = next(self._tokens)
+        # At random, when sent: by arrival, fast envs would claim the samples; by a fixed stride,
+        # the same envs of every batch would (a batch of a multiple of the stride).
+        call.sampled = random() < SAMPLE_FRACTION
         env.current = call
         env.state = BUSY
         env.sent_at = time.perf_counter()
@@ -129,7 +136,7 @@ class Scheduling(WorkerParts):
         env.current = None
         env.state = IDLE
         self._release_gate(call)
-        if call.token >= self._sample_at:  # one call in ENV_SAMPLE_EVERY: see worker.stats
+        if call.sampled:  # one call in ENV_SAMPLE_EVERY, chosen when sent: see worker.stats
             self._sample_latency(session, env, call)
         if call.kind == "start":
             self._start_finished(session, env, call, reply, payloads)
@@ -170,7 +177,6 @@ class Scheduling(WorkerParts):
     # ================================================================== the books (worker.stats)
     def _sample_latency(self, session: Session, env: EnvProcess, call) -> None:
         """Bucket this reply's latency (a step's) or its start-up time (a start's)."""
-        self._sample_at = call.token + ENV_SAMPLE_EVERY
         stats = self.stats.sessions.get(session.sid)
         if stats is not None and call.kind == STEP:
             stats.env_step_sampled(time.perf_counter() - env.sent_at)

@@ -38,7 +38,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
@@ -63,7 +63,7 @@ from .sandbox import SandboxUnavailable
 from .scheduling import Scheduling
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
 from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
-from .stats import ENV_SAMPLE_EVERY, WorkerStats
+from .stats import WorkerStats
 from .uploads import Uploads
 
 if TYPE_CHECKING:
@@ -126,7 +126,8 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.stats = WorkerStats()
         #: Where ``/metrics`` is served (``--metrics-port``), for ``status``; ``None``: not served.
         self.metrics_url: str | None = None
-        self._sample_at = ENV_SAMPLE_EVERY  # the next call token whose env-step latency is sampled
+        #: The HTTP server behind it (``prometheus_client``'s), stopped by :meth:`shutdown`.
+        self.metrics_server: Any = None
         self._sid_counter = itertools.count(1)
         self._tokens = itertools.count(1)
         self._deadlines = Deadlines(self._in_flight)
@@ -426,7 +427,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             results.append([index, status, sizes])
         worker_s = time.perf_counter() - batch.t0
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results}
-        if batch.stats is not None:
+        if batch.stats is not None and batch.envs:  # not a request of only faults or adoptions
             batch.stats.batch_done(worker_s, batch.envs)
         if batch.lend_from is not None:
             self._send_lending(batch.lend_from, header, [b"".join(parts)])
@@ -521,6 +522,10 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.sessions.pop(session.sid, None)
 
     def shutdown(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
+            self.metrics_server = None
         for session in list(self.sessions.values()):
             try:
                 self._close_session(session)

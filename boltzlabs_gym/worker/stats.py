@@ -81,7 +81,7 @@ ENV_SAMPLE_EVERY = 8
 #: Recent batch latencies kept for ``top``'s p50/p99.
 RECENT_LATENCIES = 1024
 #: The window of ``top``'s rates (env calls per second).
-RATE_WINDOW_S = 10.0
+RATE_WINDOW_S = 10
 
 #: The ``reason`` label of a crash (an env that failed other than by missing its step deadline),
 #: and of a respawn (those plus ``straggler``): a small fixed set, never free text.
@@ -176,6 +176,19 @@ class RecentCounts:
         since = int(time.monotonic() if now is None else now) - window_s
         return sum(n for second, n in list(self._seconds) if second > since)
 
+    def rate(self, window_s: int, opened: float, now: float | None = None) -> float:
+        """Events per second over the last ``window_s`` seconds: :meth:`total` divided by the time
+        it covers (``window_s - 1`` whole seconds and the current one so far; less since ``opened``).
+
+        >>> counts = RecentCounts()
+        >>> counts.add(30, now=100.0)
+        >>> counts.rate(10, opened=0.0, now=100.5)  # 9 whole seconds and half of this one
+        3.1578947368421053
+        """
+        now = time.monotonic() if now is None else now
+        covered = min(window_s - 1 + (now - int(now)), now - opened)
+        return self.total(window_s, now) / max(covered, 1.0)
+
 
 def percentile(values: Iterable[float], q: float) -> float | None:
     """The ``q``-th percentile (nearest rank) of ``values``; ``None`` when there are none.
@@ -266,11 +279,10 @@ class SessionStats:
         """The figures ``top`` shows, as JSON (the ``status`` op's ``live``)."""
         batch_ms = [s * 1e3 for s in list(self.recent_batch_s)]
         env_ms = [s * 1e3 for s in list(self.recent_env_s)]
-        window = min(RATE_WINDOW_S, max(1.0, time.monotonic() - self.opened))
         return {
             "calls": self.calls + self.lane_calls,
             "lane_calls": self.lane_calls,
-            "calls_per_s": self.recent_calls.total(RATE_WINDOW_S) / window,
+            "calls_per_s": self.recent_calls.rate(RATE_WINDOW_S, self.opened),
             "batch_p50_ms": percentile(batch_ms, 50),
             "batch_p99_ms": percentile(batch_ms, 99),
             "env_step_p50_ms": percentile(env_ms, 50),
