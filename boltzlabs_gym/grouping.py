@@ -299,10 +299,9 @@ class GroupResult:
 
     plan: GroupPlan
     result: EnvResult
-    #: The first env of the sandbox (pool index), to turn the progress file's slot into an env.
-    first: int
-    #: How many envs the sandbox hosts (from the pool's layout, never from the reply).
-    size: int
+    #: The sandbox's envs (:meth:`SandboxLayout.envs`: from the pool's layout, never from the reply);
+    #: the progress file's slot counts from the first.
+    envs: range
     #: For a failed sandbox, once read: its envs that were not in the request, and why they restarted.
     restarted: dict[int, str] | None = None
     _read: GroupReply | list[EnvResult] | None = None
@@ -372,9 +371,9 @@ class GroupResult:
         """A killed sandbox: the env that was running gets the failure; its neighbours are restarted with it."""
         status = self.result.status
         reason = str(detail.get("message", "the sandbox failed"))
-        envs = range(self.first, self.first + self.size)
+        envs = self.envs
         slot = detail.get("slot")
-        culprit = self.first + slot if type(slot) is int and 0 <= slot < len(envs) else None
+        culprit = envs[slot] if type(slot) is int and 0 <= slot < len(envs) else None
         if culprit is not None:
             others = f"sandbox restarted because env {culprit} failed: {reason}"
         else:

@@ -361,12 +361,8 @@ class RLPool:
         """The sandboxes' replies: as :class:`GroupResult` (``grouped``), else as per-env results in item order."""
         plans, self._plans = self._plans or [], None
         replies, per_worker_ms = self._route.wait(timeout, True) if plans else ([], {})
-        first = self.layout.k
         layout = self.layout
-        groups = [
-            GroupResult(plan, r, plan.sandbox * first, len(layout.envs(plan.sandbox)))
-            for plan, r in zip(plans, replies)
-        ]
+        groups = [GroupResult(plan, r, layout.envs(plan.sandbox)) for plan, r in zip(plans, replies)]
         answered = self._answered
         if grouped:
             return [*groups, *(r for _pos, r in answered)], per_worker_ms

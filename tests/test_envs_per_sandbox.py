@@ -433,7 +433,7 @@ def _group(reply: dict, payloads: list, indices: list[int], status: str = "ok", 
     from boltzlabs_gym.results import EnvResult
 
     plan = GroupPlan(first // 4, list(range(len(indices))), indices)
-    return GroupResult(plan, EnvResult(indices[0], status, reply, payloads), first, size)
+    return GroupResult(plan, EnvResult(indices[0], status, reply, payloads), range(first, first + size))
 
 
 @pytest.mark.parametrize(
