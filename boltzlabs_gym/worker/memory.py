@@ -20,8 +20,8 @@ def process_pss(proc: psutil.Process) -> int:
 
 def trees_pss(pids: list[int]) -> list[int]:
     """PSS in bytes of each ``pid``'s whole tree (0 for a pid that is 0 or gone), from one pass over
-    the process table: :func:`tree_pss` per root scans every process once per root, which made a
-    ``status`` of a few hundred envs take seconds."""
+    the process table (walking each root's children with psutil scans every process once per
+    root, which made a ``status`` of a few hundred envs take seconds)."""
     children: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["ppid"]):
         ppid = proc.info.get("ppid")
@@ -41,11 +41,10 @@ def trees_pss(pids: list[int]) -> list[int]:
     return out
 
 
-def tree_pss(pid: int, children: bool = True) -> int:
-    """PSS in bytes of ``pid`` and (by default) all its descendants."""
+def pid_pss(pid: int) -> int:
+    """PSS in bytes of the one process ``pid``, without its children (0 if it is gone); a
+    process tree's is :func:`trees_pss`."""
     try:
-        root = psutil.Process(pid)
-        procs = [root] + (root.children(recursive=True) if children else [])
+        return process_pss(psutil.Process(pid))
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return 0
-    return sum(process_pss(p) for p in procs)

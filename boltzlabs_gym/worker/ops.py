@@ -148,7 +148,7 @@ class OpHandlers(WorkerParts):
             "ok": True,
             "pss": pss,
             "template_pss": template_pss,
-            "worker_pss": memory.tree_pss(os.getpid(), children=False),
+            "worker_pss": memory.pid_pss(os.getpid()),
         }
 
     def _op_close(self, client, header, payloads):
@@ -191,7 +191,7 @@ class OpHandlers(WorkerParts):
             "capacity": self.capacity,
             "in_use": in_use,
             "free": self.capacity - in_use,
-            "worker_pss_bytes": memory.tree_pss(os.getpid(), children=False),
+            "worker_pss_bytes": memory.pid_pss(os.getpid()),
             "sessions": sessions,
             "metrics": self.metrics_url,
             "uploads": dict(self.stats.uploads),

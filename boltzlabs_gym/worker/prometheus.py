@@ -84,7 +84,7 @@ class WorkerCollector:
             CounterMetricFamily, "boltzlabs_auth_failures", "Clients refused by the CURVE allow-list", []
         ).add_metric([self.name], stats.auth_failures)
         family(GaugeMetricFamily, "boltzlabs_worker_pss_bytes", "PSS of the worker process itself", []).add_metric(
-            [self.name], memory.tree_pss(os.getpid(), children=False)
+            [self.name], memory.pid_pss(os.getpid())
         )
         for session in sessions:
             book = books.get(session.sid)

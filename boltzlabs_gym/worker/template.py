@@ -252,10 +252,10 @@ class TemplateLauncher:
 
     def pss(self) -> int:
         """PSS in bytes of the template process itself (its envs are counted per env)."""
-        from .memory import tree_pss
+        from .memory import pid_pss
 
         pid = self.template_pid
-        return tree_pss(pid, children=False) if pid else 0
+        return pid_pss(pid) if pid else 0
 
     def available(self) -> tuple[bool, str]:
         return self.backend.available()
