@@ -2,9 +2,8 @@
 
 A call to an env goes either through the worker or, for a lent env, straight from the
 pool's lane (:mod:`boltzlabs_gym.lane`); both must judge an env the same way, or the
-same env would fail differently depending on who held its pipes. Standard library only,
-with the wire's names from :mod:`boltzlabs_gym.protocol`: the client side imports it
-without the worker's dependencies.
+same env would fail differently depending on who held its pipes. Standard library only:
+the client side imports it without the worker's dependencies.
 
 >>> timeouts = OpTimeouts(step_timeout=1.0, reset_timeout=5.0)
 >>> timeouts["step"], timeouts["reset"], timeouts["hard_reset"]
@@ -19,8 +18,6 @@ False
 
 from __future__ import annotations
 
-from .protocol import GROUP_DEADLINE
-
 __all__ = [
     "STEP",
     "STRAY_OUTPUT",
@@ -31,6 +28,8 @@ __all__ = [
     "missed_deadline",
 ]
 
+#: A group request's own deadline (protocol.GROUP_DEADLINE; not imported: this module stands alone).
+_DEADLINE_KEY = "deadline_s"
 
 #: The op whose deadline is the step timeout, and whose late reply makes a straggler (not an error).
 STEP = "step"
@@ -62,7 +61,7 @@ def call_timeout(timeouts: OpTimeouts, op: dict) -> float:
     >>> call_timeout(OpTimeouts(1.0, 5.0), {"op": "step", "deadline_s": 6.0})
     6.0
     """
-    deadline = op.get(GROUP_DEADLINE)
+    deadline = op.get(_DEADLINE_KEY)
     if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) and 0 < deadline <= 86400:
         return float(deadline)
     return timeouts[op["op"]]

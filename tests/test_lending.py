@@ -53,3 +53,8 @@ def test_the_shared_rules_need_only_the_standard_library():
                  if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
     relative = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
     assert not relative and imported <= sys.stdlib_module_names | {"__future__"}, imported
+
+
+def test_the_group_deadline_key_is_the_wire_s():
+    """lending stands alone (above), so it spells the group deadline's key itself: the same as the wire's."""
+    assert lending._DEADLINE_KEY == protocol.GROUP_DEADLINE
