@@ -42,6 +42,8 @@ _LAZY = {
     "KeyFileError": "boltzlabs_gym.errors",
     "MetricsPortError": "boltzlabs_gym.errors",
     "MissingExtraError": "boltzlabs_gym.errors",
+    "SnapshotError": "boltzlabs_gym.errors",
+    "Snapshot": "boltzlabs_gym.snapshot",
     "PoolStats": "boltzlabs_gym.stats",
 }
 

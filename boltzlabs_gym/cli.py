@@ -31,6 +31,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         argv.append("--insecure")
     if args.metrics_port is not None:
         argv += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
+    if args.snapshot_budget is not None:
+        argv += ["--snapshot-budget", str(args.snapshot_budget)]
     return worker_main(argv)
 
 
@@ -136,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus /metrics on this port (needs the metrics extra)",
     )
     p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on (0.0.0.0: every interface)")
+    p.add_argument(
+        "--snapshot-budget",
+        type=int,
+        default=None,
+        help="bytes of env snapshots this worker holds for all its clients together (default 1 GiB)",
+    )
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")

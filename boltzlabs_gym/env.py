@@ -73,6 +73,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+from . import envstate
+
 # Env code imports these from here; they live in the env side's shared module.
 from .envside import (  # noqa: F401 - re-exported
     ENV_DIR,
@@ -200,6 +202,9 @@ def serve(
     observation_space: dict | None = None,
     action_space: dict | None = None,
     metadata: dict | None = None,
+    get_state: Callable[[], Any] | None = None,
+    set_state: Callable[[Any], Any] | None = None,
+    reseed: Callable[[int], Any] | None = None,
 ) -> None:
     """Serve an env to the worker until it closes the channel: ``reset``/``step`` functions, or
     the objects ``factory()`` builds.
@@ -235,6 +240,14 @@ def serve(
     A ``print()`` in user code goes to stderr, never into the channel. An exception
     in ``reset`` or ``step`` is turned into a terminal transition whose info carries
     the traceback (``info["boltzlabs_exception"]``); the process keeps serving.
+
+    Snapshots (``pool.snapshot(i)``, ``pool.fork(i, into=...)``; see :mod:`boltzlabs_gym.envstate`):
+    a factory's env object is pickled as it is, unless it has ``get_state()``/``set_state(state)``
+    methods, which are used instead. The function form keeps its state in module globals the
+    library cannot see: pass ``get_state=`` (returns picklable state) and ``set_state=`` (takes it
+    back) to make it snapshottable. ``reseed=`` (or a ``reseed(seed)`` method) is called when a
+    fork asks for a copy of its own random streams (``random`` and NumPy's global generator are
+    reseeded in any case). The workspace's files are part of every snapshot.
     """
     if factory is not None and (reset is not None or step is not None):
         raise TypeError("serve() takes either factory=make_env or reset= and step=, not both")
@@ -255,7 +268,8 @@ def serve(
     if factory is None:
         assert reset is not None and step is not None
         freeze_heap()
-        _serve_one(reset, step, describe, proto_in, proto_out)
+        hooks = _StateHooks(reset, step, get_state, set_state, reseed)
+        _serve_one(hooks, describe, proto_in, proto_out)
         return
     first = max(int(os.environ.get("BOLTZLABS_ENV_INDEX") or -1), 0)  # -1: run by hand
     build = _builder(factory)
@@ -263,7 +277,7 @@ def serve(
     freeze_heap()
     try:
         if config.envs_per_sandbox == 1:
-            _serve_one(envs[0].reset, envs[0].step, describe, proto_in, proto_out)
+            _serve_one(envs[0], describe, proto_in, proto_out, on_restore=lambda env: envs.__setitem__(0, env))
         else:
             _serve_group(envs, describe, proto_in, proto_out, Progress(workspace_now()))
     finally:
@@ -305,10 +319,58 @@ def _close_envs(envs: list) -> None:
                 error_transition("close")  # writes the traceback to stderr
 
 
+class _StateHooks:
+    """The function form as an env object: its ``reset``/``step`` and, when given, the state hooks
+    that make it snapshottable (:mod:`~boltzlabs_gym.envstate` pickles what ``get_state`` returns)."""
+
+    def __init__(self, reset, step, get_state, set_state, reseed) -> None:
+        self.reset, self.step = reset, step
+        if get_state is not None:
+            self.get_state = get_state
+        if set_state is not None:
+            self.set_state = set_state
+        if reseed is not None:
+            self.reseed = reseed
+
+
+def _snapshot(env: Any, last_obs: Any) -> tuple[dict, list]:
+    if isinstance(env, _StateHooks) and not hasattr(env, "get_state"):
+        return {
+            "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
+            "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
+        }, []
+    try:
+        blob = envstate.capture(env, last_obs, workspace_now())
+    except envstate.SnapshotRefused as exc:
+        return {"error": str(exc)}, []
+    return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
+
+
+def _restore(env: Any, msg: dict, payloads: list) -> tuple[Any, dict]:
+    """The env to serve from now on and the reply (as a reset's) after restoring ``payloads[0]``."""
+    seed = msg.get("reseed")
+    if seed is not None and (type(seed) is not int or seed < 0):
+        return env, {"error": f"reseed must be a non-negative int or null, got {seed!r}"}
+    if len(payloads) != 1:
+        return env, {"error": "restore needs exactly one payload: the snapshot blob"}
+    try:
+        state = envstate.load(payloads[0])
+        env = envstate.apply(state, env, workspace_now())
+        if seed is not None:
+            envstate.reseed(env, seed)
+    except Exception as exc:  # noqa: BLE001 - a refusal or the state's own unpickling error
+        return env, {"error": f"restore failed: {type(exc).__name__}: {exc}"}
+    return env, {"obs": state["obs"], "info": {}}
+
+
 def _serve_one(
-    reset: Callable[..., Any], step: Callable[[Any], Any], describe: dict, proto_in: BinaryIO, proto_out: BinaryIO
+    env: Any, describe: dict, proto_in: BinaryIO, proto_out: BinaryIO, on_restore: Callable[[Any], Any] | None = None
 ) -> None:
-    """The one-env protocol: one request line, one reply line, until ``close`` or end of input."""
+    """The one-env protocol: one request line, one reply line, until ``close`` or end of input.
+
+    ``env`` has ``reset``/``step``; a restore may replace it (``on_restore`` is told the new one)."""
+    reset, step = env.reset, env.step
+    last_obs = None  # what the env last returned: a snapshot keeps it, a restore answers with it
     while True:
         try:
             got = read_message(proto_in)
@@ -318,17 +380,28 @@ def _serve_one(
             return
         if got is None:
             return
-        msg, _payloads = got
+        msg, payloads = got
         op = msg.get("op")
         if op == "step":
             reply = _call_step(step, reset, msg)
+            last_obs = reply["reset_obs"] if "reset_obs" in reply else reply["obs"]
         elif op == "reset":
             reply = _call_reset(reset, msg)
+            last_obs = reply["obs"]
         elif op == "describe":
             reply = describe
         elif op == "close":
             write_message(proto_out, {})
             return
+        elif op == "snapshot":
+            write_message(proto_out, *_snapshot(env, last_obs))
+            continue
+        elif op == "restore":
+            env, reply = _restore(env, msg, payloads)
+            if "error" not in reply:
+                reset, step, last_obs = env.reset, env.step, reply["obs"]
+                if on_restore is not None:
+                    on_restore(env)
         else:
             reply = {"error": f"unknown op {op!r}"}
         proto_out.write(_encode_reply(reply))

@@ -68,6 +68,7 @@ __all__ = [
     "KeyFileError",
     "MetricsPortError",
     "MissingExtraError",
+    "SnapshotError",
 ]
 
 
@@ -178,3 +179,15 @@ class MissingExtraError(BoltzLabsError, ImportError):
     def __init__(self, message: str, extra: str | None = None):
         super().__init__(message)
         self.extra = extra
+
+
+class SnapshotError(BoltzLabsError, RuntimeError):
+    """A snapshot, restore or fork was refused or failed; the message names the env and the fix.
+
+    A refused operation changed nothing: every env is as it was. ``index`` is the env it is
+    about, when it is about one.
+    """
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index

@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces as gs
 
-from . import envside
+from . import envside, envstate
 from .codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from .envside import (
     MAX_TRACEBACK_CHARS,
@@ -140,6 +140,8 @@ class GymServer:
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
         #: (made once: a scalar per step cost a constructor call on the hot path of a group).
         self._actions: tuple = ()
+        #: The observation the env last returned (a snapshot keeps it: a restore answers with it).
+        self.last_obs: Any = None
         if isinstance(self.action_space, gs.Discrete):
             start = int(self.action_space.start)
             self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
@@ -170,7 +172,9 @@ class GymServer:
             raise TypeError(f"reset seed must be an int or null, got {type(seed).__name__}")
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
-        return self.env.reset(seed=seed, options=options)
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.last_obs = obs
+        return obs, info
 
     def _encode_reset(self, obs: Any, info: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
         """Encode a reset's (obs, info), appending payloads to ``out``; an encoding error's transition instead."""
@@ -237,6 +241,7 @@ class GymServer:
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
         except Exception:
             return self._autoreset(error_transition("step"), [], autoreset)
+        self.last_obs = obs
         resets_now = autoreset and (terminated or truncated)
         leaf = self._obs_leaf
         if leaf is not None and not resets_now and not info and type(info) is dict:
@@ -362,6 +367,39 @@ class GymServer:
         frame_j, out = encode_info(frame, zero_copy=True)
         return {"frame": frame_j}, out
 
+    def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """The env's state as one blob (:func:`boltzlabs_gym.envstate.capture`); an env that cannot be
+        pickled answers an error that says what to add."""
+        try:
+            blob = envstate.capture(self.env, self.last_obs, envside.workspace_now())
+        except envstate.SnapshotRefused as exc:
+            return {"error": str(exc)}, []
+        return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
+
+    def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
+        seed = msg.get("reseed")
+        if seed is not None and (type(seed) is not int or seed < 0):
+            return {"error": f"reseed must be a non-negative int or null, got {seed!r}"}, []
+        if len(payloads) != 1:
+            return {"error": "restore needs exactly one payload: the snapshot blob"}, []
+        try:
+            state = envstate.load(payloads[0])
+            old, self.env = self.env, envstate.apply(state, self.env, envside.workspace_now())
+            if seed is not None:
+                envstate.reseed(self.env, seed)
+        except envstate.SnapshotRefused as exc:
+            return {"error": str(exc)}, []
+        if old is not self.env:
+            try:
+                old.close()  # the env it replaced (a window, a file) is let go of now, not at exit
+            except Exception:
+                _traceback()
+        self.last_obs = state["obs"]
+        out: list = []
+        obs_j, info_j = self._encode_reset(state["obs"], {}, out, zero_copy=False)
+        return {"obs": obs_j, "info": info_j}, out
+
     def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes | None:
         """Answer one request: ``(reply, payloads)``, an encoded reply (fast path of ``step``),
         or ``None`` for ``close`` (after closing the env)."""
@@ -391,6 +429,8 @@ _OTHER_OPS = {
     "get_attr": GymServer.get_attr,
     "set_attr": GymServer.set_attr,
     "render": GymServer.render,
+    "snapshot": GymServer.snapshot,
+    "restore": GymServer.restore,
 }
 
 

@@ -21,6 +21,7 @@ direct lane) and :mod:`~boltzlabs_gym.startup` (capacity split, archive upload, 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 import weakref
@@ -31,12 +32,13 @@ import numpy as np
 import zmq
 
 from .archive import pack_dir
-from .errors import AsyncStateError, PoolClosedError
+from .errors import AsyncStateError, PoolClosedError, SnapshotError, WorkerError
 from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack, pack_steps
 from .link import WorkerLink, start_local_worker
 from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, jsonable
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
+from .snapshot import Snapshot
 from .startup import connect_workers, open_sessions
 from .stats import PoolRecorder, PoolStats
 from .timing import Timing
@@ -45,6 +47,19 @@ from .worker.sandbox.base import IsolationReport, Limits
 __all__ = ["ERROR", "OK", "STRAGGLER", "EnvResult", "RLPool", "parse_result"]
 
 MODES = ("default", "boltz")
+
+
+log = logging.getLogger("boltzlabs_gym.pool")
+
+#: Per-env ops after which an env's state is its own again (a failed env's mark goes).
+_STARTS_OVER = frozenset({"reset", "hard_reset", "restore"})
+
+
+def _reason(r: EnvResult) -> str:
+    """Why an env's snapshot call gave no snapshot: the worker's or the env's own words."""
+    reply = r.reply if isinstance(r.reply, dict) else {}
+    message = reply.get("message") or reply.get("error") or f"unexpected reply {str(reply)[:200]}"
+    return f"{r.status}: {message}"
 
 
 class RLPool:
@@ -200,10 +215,21 @@ class RLPool:
         self._answered: list[tuple[int, EnvResult]] = []  # items answered without a request
         self._sent_positions: list[int] | None = None  # the batch positions of the items sent, if not all
         self._batch_size = 0
+        #: Envs whose last call failed (killed, restarted) and that no reset or restore has started
+        #: again since: their state is gone, so a snapshot of one is refused. The reset items of
+        #: such envs in the batch in flight clear their mark when they succeed.
+        self._lost: dict[int, str] = {}
+        self._clearing: list[int] = []
+        #: Held snapshots whose handles were garbage collected: released with the next snapshot call.
+        self._forgotten: list[tuple[str, str]] = []
+        #: Bytes of snapshots this pool's sessions hold, as of the last :meth:`memory` call.
+        self.snapshot_bytes = 0
         self._ctx = zmq.Context()
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links)
         try:
             archive, digest = pack_dir(self.env_dir)
+            #: The env directory's content hash: snapshots restore only into envs of the same one.
+            self.archive_hash = digest
             self._start_links(workers, split)
             self.isolation = open_sessions(
                 self._links,
@@ -269,6 +295,8 @@ class RLPool:
         self._check_open()
         if self._in_flight:
             raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
+        if self._lost:
+            self._clearing = [int(i) for i, op, _ in items if i in self._lost and op.get("op") in _STARTS_OVER]
         if self.envs_per_sandbox > 1:
             self._send_grouped(items)
         else:
@@ -389,6 +417,14 @@ class RLPool:
             failed = [f for r in results for f in (r.failures() if type(r) is GroupResult else (r,))]
         stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
         errors = tuple(r.index for r in failed if r.status == ERROR)
+        if self._clearing:
+            for index in self._clearing:
+                self._lost.pop(index, None)
+            self._clearing = []
+        for index in stragglers:
+            self._lost[index] = "missed its deadline and was killed"
+        for index in errors:
+            self._lost[index] = "failed (crashed, or its call was refused)"
         t = self.timing
         calls = sum(len(r.plan.indices) if type(r) is GroupResult else 1 for r in results)
         self._recorder.batch(calls, time.perf_counter() - t0, len(stragglers), len(errors))
@@ -492,6 +528,227 @@ class RLPool:
         self._last_obs = obs
         return obs
 
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, index: int, *, meta: dict | None = None) -> Snapshot:
+        """Env ``index``'s full state now (its env, its random generators, its workspace's files),
+        held by its worker; restore it with :meth:`restore` or branch with :meth:`fork`.
+
+        The env is not changed. Refused (:class:`~boltzlabs_gym.errors.SnapshotError`) for an env
+        whose last call failed and that was not reset since (its state is gone), with
+        ``envs_per_sandbox`` > 1, over the worker's snapshot budget, or when the env cannot be
+        pickled (the message says which hooks to add). ``meta`` travels with the snapshot.
+
+        >>> with RLPool("./envs/counter", n=4) as pool:          # doctest: +SKIP
+        ...     pool.reset(seed=0)
+        ...     snap = pool.snapshot(0)
+        ...     pool.step([1, 1, 1, 1])
+        ...     obs = pool.restore(snap, where=[2, 3])           # envs 2 and 3: env 0 before its step
+        """
+        self._check_snapshot_call("snapshot")
+        index = self._check_index(index, "snapshot")
+        lost = self._lost.get(index)
+        if lost is not None:
+            raise SnapshotError(
+                f"cannot snapshot env {index}: its last call {lost}, so its state is gone; reset it "
+                "(reset(where=...) or autoreset) before taking a snapshot",
+                index,
+            )
+        self._release_forgotten()
+        [r] = self._run_items([(index, {"op": "snapshot"}, ())])
+        reply = r.reply if r.status == OK else None
+        info = reply.get("snapshot") if isinstance(reply, dict) else None
+        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+            raise SnapshotError(f"cannot snapshot env {index}: {_reason(r)}", index)
+        link = self._link_of(index)
+        snap = Snapshot(
+            kind=str(info.get("kind")),
+            env=self.archive_hash,
+            source=index,
+            nbytes=int(info.get("bytes") or 0),
+            pool=self,
+            worker=link.address,
+            snapshot_id=info["id"],
+            meta=meta,
+        )
+        weakref.finalize(snap, self._forgotten.append, (link.address, info["id"]))
+        return snap
+
+    def restore(
+        self, snap: Snapshot, where: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None
+    ) -> list:
+        """Make the envs ``where`` (indices, or a boolean mask) exact copies of ``snap``; all ``n``
+        observations come back, as from :meth:`reset` (the others unchanged in their slots).
+
+        Each copy gets the snapshot's env, generators and workspace files in its own sandbox, so
+        stepping it with the source's actions gives the source's observations, rewards and infos.
+        ``reseed`` (one non-negative int per env of ``where``) gives each copy random streams of
+        its own instead. A snapshot held by another worker, or loaded from a file, is moved there
+        first (portable snapshots only). Refused, with nothing changed, for a released snapshot,
+        one of another env directory, or bad indices; an env whose restore fails reports it in
+        :attr:`reset_infos` like a failed reset.
+        """
+        results = self.restore_results(snap, where, reseed=reseed)
+        obs = list(self._last_obs)
+        for r in results:
+            obs[r.index], self.reset_infos[r.index], _ = read_reset(r, self.reset_timeout)
+        self._last_obs = obs
+        return obs
+
+    def restore_results(
+        self, snap: Snapshot, where: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None
+    ) -> list[EnvResult]:
+        """:meth:`restore`'s work, returning each target env's result as a reset's (for adapters that
+        decode observations themselves, as the vector env does)."""
+        self._check_snapshot_call("restore")
+        if not isinstance(snap, Snapshot):
+            raise TypeError(
+                f"restore needs a Snapshot (pool.snapshot(i) or Snapshot.load(path)), got {type(snap).__name__}"
+            )
+        snap.check_usable()
+        if snap.env != self.archive_hash:
+            raise SnapshotError(
+                f"this snapshot of env {snap.source} is of another env directory (hash {snap.env[:12]}), not this "
+                f"pool's ({self.archive_hash[:12]}); restore it into a pool of the same env",
+                snap.source,
+            )
+        targets = self._snapshot_targets(where)
+        seeds = self._validate_reseed(reseed, len(targets))
+        self._release_forgotten()
+        ids, imported = self._place_snapshot(snap, targets)
+        items = []
+        for i, seed in zip(targets, seeds):
+            items.append((i, {"op": "restore", "snapshot": ids[self._link_of(i).address], "reseed": seed}, ()))
+        try:
+            return self._run_items(items)
+        finally:
+            for address, snapshot_id in imported:
+                self._release_snapshots(address, [snapshot_id])
+
+    def fork(self, index: int, into: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None) -> list:
+        """Branch env ``index``'s current state into the envs ``into``: :meth:`snapshot`, then
+        :meth:`restore` (with ``reseed``), then release. Returns all ``n`` observations.
+
+        >>> obs = pool.fork(0, into=[1, 2, 3], reseed=[11, 12, 13])   # doctest: +SKIP
+        """
+        index = self._check_index(index, "fork")
+        targets = self._snapshot_targets(into)
+        if index in targets:
+            raise SnapshotError(f"fork of env {index} into itself: leave {index} out of 'into'", index)
+        self._validate_reseed(reseed, len(targets))
+        with self.snapshot(index) as snap:
+            return self.restore(snap, targets, reseed=reseed)
+
+    def _check_snapshot_call(self, what: str) -> None:
+        self._check_open()
+        if self._in_flight:
+            raise AsyncStateError(f"{what}() while a call is in flight; collect it with step_wait() first")
+        if self.envs_per_sandbox > 1:
+            raise SnapshotError(
+                f"{what}() needs envs_per_sandbox=1: the envs of a multi-env sandbox share one process and "
+                "one workspace, so one of them cannot be copied alone"
+            )
+
+    def _check_index(self, index: Any, what: str) -> int:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or not 0 <= int(index) < self.n:
+            raise SnapshotError(f"{what}: env index must be an int in [0, {self.n}), got {index!r}")
+        return int(index)
+
+    def _snapshot_targets(self, where: Any) -> list[int]:
+        if isinstance(where, np.ndarray) and where.dtype == np.bool_:
+            targets = [int(i) for i in np.flatnonzero(self._validate_mask(where))]
+        else:
+            if isinstance(where, (str, bytes)) or not hasattr(where, "__iter__"):
+                raise SnapshotError(
+                    f"'where' must be env indices or a boolean mask of shape ({self.n},), got {where!r}"
+                )
+            targets = [self._check_index(i, "restore") for i in where]
+        if not targets:
+            raise SnapshotError("'where' selects no env: name at least one env to restore into")
+        if len(set(targets)) != len(targets):
+            raise SnapshotError(f"'where' names an env twice: {targets}")
+        return targets
+
+    @staticmethod
+    def _validate_reseed(reseed: Any, count: int) -> list[int | None]:
+        if reseed is None:
+            return [None] * count
+        seeds = list(reseed)
+        if len(seeds) != count:
+            raise SnapshotError(f"reseed needs one seed per env restored into: {count}, got {len(seeds)}")
+        for s in seeds:
+            if not isinstance(s, (int, np.integer)) or isinstance(s, bool) or s < 0:
+                raise SnapshotError(f"reseed values must be non-negative ints, got {s!r}")
+        return [int(s) for s in seeds]
+
+    def _link_of(self, index: int) -> WorkerLink:
+        sandbox = index // self.envs_per_sandbox
+        for link in self._links:
+            if link.start <= sandbox < link.start + link.count:
+                return link
+        raise SnapshotError(f"env {index} is on no worker of this pool")  # unreachable: the links cover every env
+
+    def _place_snapshot(self, snap: Snapshot, targets: list[int]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """The snapshot's id on each worker of ``targets``, importing it where it is not held; and
+        the ids imported (released after the restore)."""
+        ids: dict[str, str] = {}
+        imported: list[tuple[str, str]] = []
+        try:
+            for link in {self._link_of(i).address: self._link_of(i) for i in targets}.values():
+                held = snap.held_by(self, link.address)
+                if held is None:
+                    blob = snap.blob()
+                    try:
+                        header = link.call(
+                            {"op": "snapshots", "action": "import", "kind": snap.kind}, [blob], timeout=60.0
+                        )
+                    except WorkerError as exc:
+                        raise SnapshotError(f"worker {link.address} would not take the snapshot: {exc}") from None
+                    held = str(header["snapshot"]["id"])
+                    imported.append((link.address, held))
+                ids[link.address] = held
+        except BaseException:
+            for address, snapshot_id in imported:
+                self._release_snapshots(address, [snapshot_id])
+            raise
+        return ids, imported
+
+    def _run_items(self, items: list) -> list[EnvResult]:
+        self.batch_async(items)
+        return self.batch_wait()
+
+    def _export_snapshot(self, snap: Snapshot) -> bytes:
+        """The blob of a snapshot this pool's worker holds (for :meth:`Snapshot.save` and moves)."""
+        self._check_open()
+        link = next((lk for lk in self._links if lk.address == snap.worker), None)
+        if link is None or snap.held_by(self, link.address) is None:
+            raise SnapshotError(f"snapshot of env {snap.source} is not held by this pool's workers", snap.source)
+        header, frames = link.recv(
+            link.send({"op": "snapshots", "action": "export", "id": snap.held_by(self, link.address)}), 60.0
+        )
+        link.raise_for_error(header)
+        if len(frames) != 1:
+            raise SnapshotError(f"worker {link.address} sent {len(frames)} frames for a snapshot blob, not 1")
+        return bytes(frames[0])
+
+    def _release_snapshots(self, address: str | None, ids: list[str]) -> None:
+        link = next((lk for lk in self._links if lk.address == address), None)
+        if link is None or self._closed or self._in_flight:
+            if not self._closed and address is not None:
+                self._forgotten.extend((address, i) for i in ids)
+            return
+        try:
+            link.call({"op": "snapshots", "action": "release", "ids": ids}, timeout=30.0)
+        except WorkerError:
+            log.warning("could not release %d snapshot(s) on worker %s", len(ids), address)
+
+    def _release_forgotten(self) -> None:
+        forgotten, self._forgotten = self._forgotten, []
+        by_worker: dict[str, list[str]] = {}
+        for address, snapshot_id in forgotten:
+            by_worker.setdefault(address, []).append(snapshot_id)
+        for address, ids in by_worker.items():
+            self._release_snapshots(address, ids)
+
     def _widen_to_sandboxes(self, mask: np.ndarray) -> np.ndarray:
         """A hard reset restarts whole sandboxes: ``mask`` grown to every env of a sandbox it touches."""
         k = self.envs_per_sandbox
@@ -547,11 +804,13 @@ class RLPool:
         given an equal share of its PSS.
 
         In ``mode="boltz"`` the pages envs share with their template are split between
-        them by PSS; the template's own share is :attr:`template_pss` after this call.
+        them by PSS; the template's own share is :attr:`template_pss` after this call, and the
+        bytes of the snapshots the pool holds :attr:`snapshot_bytes`.
         """
         self._check_open()
         out = [0] * self.n
         template = 0
+        snapshots = 0
         layout = self.layout
         for link in self._links:
             header = link.call({"op": "memory"}, timeout=60.0)
@@ -562,7 +821,9 @@ class RLPool:
                 for i in envs:
                     out[i] = share + (1 if i - envs.start < rest else 0)
             template += int(header.get("template_pss", 0))
+            snapshots += int(header.get("snapshot_bytes", 0))
         self.template_pss = template
+        self.snapshot_bytes = snapshots
         return out
 
     def stats(self, memory: bool = True) -> PoolStats:
@@ -579,7 +840,7 @@ class RLPool:
             flush()
         pss = envs_per_gib = None
         if memory:
-            pss = sum(self.memory()) + self.template_pss
+            pss = sum(self.memory()) + self.template_pss + self.snapshot_bytes
             envs_per_gib = self.n / (pss / 2**30) if pss else None
         return self._recorder.snapshot(
             n=self.n,
@@ -607,8 +868,9 @@ class RLPool:
         check_port(port)
 
     def envs_per_gb(self) -> float:
-        """How many envs fit in one GiB: their PSS, plus the boltz templates' (shared pages split honestly)."""
-        total = sum(self.memory()) + self.template_pss
+        """How many envs fit in one GiB: their PSS, plus the boltz templates' (shared pages split honestly)
+        and the snapshots the pool holds."""
+        total = sum(self.memory()) + self.template_pss + self.snapshot_bytes
         return self.n / (total / 2**30) if total else float("inf")
 
     @property

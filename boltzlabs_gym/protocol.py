@@ -89,6 +89,24 @@ While it serves position ``p`` the process keeps ``slots[p]`` (int32, little-end
 between requests) in the 4-byte file :data:`PROGRESS_FILE` of its workspace, so that when a
 sandbox must be killed (a missed deadline, a crash) the worker can tell which env was
 running: that env is reported as the failure, the others as restarted because of it.
+
+Snapshots (envs_per_sandbox 1). Two per-env ops, as ``batch`` items, and one worker op:
+
+* ``{"op": "snapshot"}``: the env answers ``{"snapshot": {"kind": "portable", "bytes": n}}``
+  with one payload, its state blob (:mod:`boltzlabs_gym.envstate`; only ever unpickled inside
+  a sandbox). The worker keeps the blob, within its snapshot budget, and answers the item
+  ``{"snapshot": {"id": str, "kind": str, "bytes": n}}`` with no payload; over budget, the
+  item is an ``"error"`` result whose message says how much is held and what to release.
+* ``{"op": "restore", "snapshot": id, "reseed": int|null}``: the worker gives the env the
+  blob it holds under ``id`` (:data:`SNAPSHOT_ID`) as the request's one payload (an unknown
+  or released id is an ``"error"`` result: nothing is sent to the env). The env loads it
+  (its env, generators and workspace files), reseeds when asked, and answers as a ``reset``
+  does: ``{"obs": ..., "info": {}}``.
+* ``{"op": "snapshots", "session": sid, "action": "release" | "export" | "import", ...}``:
+  ``release`` with ``"ids": [...]`` forgets blobs; ``export`` with ``"id"`` answers
+  ``{"kind", "bytes"}`` and the blob as one frame; ``import`` sends a blob as one frame and
+  answers ``{"snapshot": {"id", "kind", "bytes"}}``. Blobs belong to the session that took or
+  imported them and go when it closes.
 """
 
 from __future__ import annotations
@@ -145,6 +163,13 @@ PROGRESS_FILE = ".boltzlabs-progress"
 #: The most envs one sandbox may host.
 MAX_ENVS_PER_SANDBOX = 4096
 
+#: Snapshots (see above): the per-env ops, the restore item's key naming the blob, and the kind of
+#: snapshot an env's own state blob is.
+SNAPSHOT, RESTORE, SNAPSHOT_ID = "snapshot", "restore", "snapshot"
+PORTABLE = "portable"
+#: The worker's default snapshot budget: bytes of blobs it holds for all sessions together.
+DEFAULT_SNAPSHOT_BUDGET = 1 << 30
+
 
 def group_op_name(ops: Sequence[Any]) -> str:
     """The name of a group request with these per-env ops (ints are steps): ``"step"`` if any op
@@ -184,7 +209,7 @@ def poll_us_argument(text: str) -> float:
 
 
 #: Ops the worker understands.
-WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report")
+WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots")
 #: Per-env ops the worker handles itself rather than forwarding to the env.
 WORKER_ENV_OPS = ("hard_reset",)
 

@@ -40,11 +40,12 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
 from . import codec
-from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
+from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, SnapshotError, WorkerTimeout
 from .grouping import GroupResult
 from .pool import OK, RLPool
 from .protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
+from .snapshot import Snapshot
 from .spaces import JsonSpace, seed_space_from_json, space_from_json
 from .stats import PoolStats
 
@@ -690,6 +691,66 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_idle(call)
         self.pool.batch_async(items)
         return self.pool.batch_wait()
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self, index: int) -> Snapshot:
+        """Env ``index``'s full state now, as a :class:`~boltzlabs_gym.snapshot.Snapshot` (see
+        :meth:`RLPool.snapshot <boltzlabs_gym.pool.RLPool.snapshot>`); it also keeps whether the env
+        is due an autoreset, which a restored copy then is too.
+
+        >>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=8)   # doctest: +SKIP
+        >>> obs, infos = envs.reset(seed=0)                            # doctest: +SKIP
+        >>> snap = envs.snapshot(0)                                    # doctest: +SKIP
+        >>> obs, infos = envs.restore(snap, [1, 2])                    # doctest: +SKIP
+        """
+        self._check_open()
+        self._check_idle("snapshot")
+        i = self.pool._check_index(index, "snapshot")
+        meta = {"autoreset": bool(self._autoreset_envs[i]), "seed": self._env_seeds[i]}
+        return self.pool.snapshot(i, meta=meta)
+
+    def restore(self, snap: Snapshot, indices: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None):
+        """Make the envs ``indices`` exact copies of ``snap``; returns ``(obs, infos)`` batched as
+        :meth:`reset` does (every env's observation; infos of the restored envs only).
+
+        A copy's episode goes on where the snapshot's was: the same observation, and an autoreset
+        still due if one was. ``reseed`` gives each copy its own random streams (see
+        :meth:`RLPool.restore <boltzlabs_gym.pool.RLPool.restore>`).
+        """
+        self._check_open()
+        self._check_idle("restore")
+        results = self.pool.restore_results(snap, indices, reseed=reseed)
+        return self._take_restored(results, snap, reseed)
+
+    def fork(self, index: int, into: Sequence[int] | np.ndarray, reseed: Sequence[int] | None = None):
+        """Branch env ``index`` into the envs ``into`` (snapshot, restore, release); ``(obs, infos)``
+        as :meth:`restore` returns them.
+
+        >>> obs, infos = envs.fork(0, into=[1, 2, 3], reseed=[11, 12, 13])   # doctest: +SKIP
+        """
+        self._check_open()
+        self._check_idle("fork")
+        i = self.pool._check_index(index, "fork")
+        targets = self.pool._snapshot_targets(into)
+        if i in targets:
+            raise SnapshotError(f"fork of env {i} into itself: leave {i} out of 'into'", i)
+        self.pool._validate_reseed(reseed, len(targets))
+        with self.snapshot(i) as snap:
+            return self.restore(snap, targets, reseed=reseed)
+
+    def _take_restored(self, results: list[EnvResult], snap: Snapshot, reseed: Sequence[int] | None):
+        reset_timeout = self.pool.reset_timeout
+        due = bool(snap.meta.get("autoreset")) and self.autoreset_mode != AutoresetMode.DISABLED
+        seed = snap.meta.get("seed")
+        infos: dict = {}
+        for pos, r in enumerate(results):
+            i = r.index
+            self._terminations[i] = self._truncations[i] = False
+            self._rewards[i] = 0.0
+            self._autoreset_envs[i] = due
+            self._env_seeds[i] = int(reseed[pos]) if reseed is not None else (seed if isinstance(seed, int) else None)
+            infos = self._take_reset(r, infos, reset_timeout)  # a failed restore is due a reset
+        return self._batched_obs(), infos
 
     # ------------------------------------------------------------------ attributes
     def _call_all(self, op: dict, what: str) -> tuple:

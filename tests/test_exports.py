@@ -34,6 +34,8 @@ PACKAGE_EXPORTS = [
     "ProtocolError",
     "RLPool",
     "SandboxUnavailable",
+    "Snapshot",
+    "SnapshotError",
     "Timing",
     "WorkerError",
     "WorkerTimeout",

@@ -25,7 +25,8 @@ PACKAGES = ("boltzlabs_gym", "boltzlabs")
 ENV_SIDE = {
     "boltzlabs_gym.errors": set(),
     "boltzlabs_gym.envside": {"boltzlabs_gym.errors"},
-    "boltzlabs_gym.env": {"boltzlabs_gym.envside", "boltzlabs_gym.errors"},
+    "boltzlabs_gym.envstate": set(),
+    "boltzlabs_gym.env": {"boltzlabs_gym.envside", "boltzlabs_gym.envstate", "boltzlabs_gym.errors"},
     "boltzlabs.env": {"boltzlabs_gym.env"},
 }
 #: Modules both ends of a hop share, which must stay standard-library only too.

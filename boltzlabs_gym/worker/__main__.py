@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 
-from ..protocol import DEFAULT_BUSY_POLL_US, poll_us_argument
+from ..protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, poll_us_argument
 from .host import set_parent_death_signal, set_subreaper
 from .server import Worker
 
@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port (0: a free one)"
     )
     parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
+    parser.add_argument(
+        "--snapshot-budget",
+        type=int,
+        default=DEFAULT_SNAPSHOT_BUDGET,
+        help="bytes of env snapshots held for all sessions together",
+    )
     parser.add_argument("--log-level", default="WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             insecure=args.insecure,
             local_channel=_local_channel(args.local_fd),
             busy_poll_us=args.busy_poll_us,
+            snapshot_budget=args.snapshot_budget,
         )
     except (ValueError, OSError) as exc:  # zmq.ZMQError is an OSError: address in use, bad endpoint
         print(f"boltzlabs worker: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ calls are in flight). Errors it raises become error replies (``Worker._handle_re
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -15,12 +16,62 @@ from typing import ClassVar
 
 from ..archive import is_archive_hash
 from ..errors import ArchiveError
-from ..protocol import ADOPT, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, error_reply
+from ..protocol import (
+    ADOPT,
+    ERROR,
+    FAULTS,
+    GROUP_SLOTS,
+    LEND,
+    LENT_FAULT,
+    OK,
+    RESTORE,
+    SNAPSHOT,
+    SNAPSHOT_ID,
+    error_reply,
+    parse_json,
+)
 from . import memory
+from .envproc import json_error
 from .parts import WorkerParts
 from .sandbox import select_backend
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
+from .snapshots import SnapshotBudgetExceeded
 from .stats import envs_by_state, read_lane_report
+
+#: The most bytes one snapshot blob may have (a blob is one env reply's payload: the env's limit).
+MAX_SNAPSHOT_BYTES = 1 << 30
+
+
+class _SnapshotCatcher:
+    """Stands in for a batch as a snapshot call's destination: keeps the env's blob in the worker's
+    store and passes the batch the blob's id instead of its bytes."""
+
+    __slots__ = ("batch", "store", "session", "source")
+
+    def __init__(self, batch: Batch, store, session: Session, source: int):
+        self.batch, self.store, self.session, self.source = batch, store, session, source
+
+    def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
+        if status == OK:
+            status, reply, payloads = self._hold(reply, payloads)
+        self.batch.done(pos, index, status, reply, payloads)
+
+    def _hold(self, reply: bytes, payloads: list) -> tuple[str, bytes, list]:
+        try:
+            answer = parse_json(reply)
+        except ValueError:
+            return OK, reply, payloads  # the client reads it as the bad reply it is
+        if not isinstance(answer, dict) or "snapshot" not in answer:
+            return OK, reply, payloads  # the env's own error ({"error": ...}): passed on as it is
+        info = answer["snapshot"]
+        kind = info.get("kind") if isinstance(info, dict) else None
+        if len(payloads) != 1 or not isinstance(kind, str) or len(kind) > 32:
+            return ERROR, json_error(f"env {self.source} answered a snapshot without exactly one blob"), []
+        try:
+            held = self.store.hold(self.session.sid, self.source, kind, payloads[0])
+        except SnapshotBudgetExceeded as exc:
+            return ERROR, json_error(f"snapshot of env {self.source} refused: {exc}", refused="budget"), []
+        return OK, json.dumps({"snapshot": held.describe()}).encode(), []
 
 
 class OpHandlers(WorkerParts):
@@ -132,13 +183,65 @@ class OpHandlers(WorkerParts):
             batch.envs = sum(len(op.get(GROUP_SLOTS) or (0,)) for _, op, _ in calls)
         for pos, (index, op, frames) in enumerate(calls):
             env = session.envs[index]
+            target: Batch | _SnapshotCatcher = batch
+            if op["op"] in (SNAPSHOT, RESTORE):
+                prepared = self._prepare_snapshot_item(session, env, op, frames, batch, pos)
+                if prepared is None:
+                    continue  # refused: already answered, nothing sent to the env
+                op, frames, target = prepared
             if op["op"] != LENT_FAULT:
                 self._take_back(env)
-            self._submit(session, env, op, frames, batch, pos)
+            self._submit(session, env, op, frames, target, pos)
         self._deadlines.seal(time.monotonic())
         if not calls:
             self._reply_batch(batch)  # only faults or adoptions: nothing to wait for
         return None
+
+    def _prepare_snapshot_item(self, session: Session, env, op: dict, frames, batch: Batch, pos: int):
+        """A snapshot or restore item as the env gets it, and where its result goes; ``None`` when
+        refused here (the item's result is then already in ``batch``)."""
+        index = env.global_index
+        if session.cfg.envs_per_sandbox > 1:
+            batch.done(pos, env.index, ERROR, json_error(f"env {index}: snapshots need envs_per_sandbox=1"), [])
+            return None
+        if op["op"] == SNAPSHOT:
+            return {"op": SNAPSHOT}, (), _SnapshotCatcher(batch, self.snapshots, session, index)
+        held = self.snapshots.get(session.sid, op.get(SNAPSHOT_ID))
+        if held is None or frames:
+            why = "restore carries no frames" if frames else f"snapshot {str(op.get(SNAPSHOT_ID))[:40]!r} is not held"
+            batch.done(pos, env.index, ERROR, json_error(f"env {index}: {why} (released, or another session's)"), [])
+            return None
+        reseed = op.get("reseed")
+        return {"op": RESTORE, "reseed": reseed}, (held.blob,), batch
+
+    def _op_snapshots(self, client, header, payloads):
+        """Release, export or import a session's snapshot blobs (see "Snapshots" in the protocol)."""
+        session = self._session_for(client, header)
+        store = self.snapshots
+        action = header.get("action")
+        if action == "release":
+            ids = header.get("ids")
+            if not isinstance(ids, list):
+                raise ValueError("snapshots release needs an 'ids' list")
+            return {"ok": True, "released": sum(store.release(session.sid, i) for i in ids)}
+        if action == "export":
+            held = store.get(session.sid, header.get("id"))
+            if held is None:
+                raise ValueError(f"snapshot {str(header.get('id'))[:40]!r} is not held by this session")
+            self._send(client, {"seq": header.get("seq"), "ok": True, **held.describe()}, [held.blob])
+            return None
+        if action == "import":
+            kind = header.get("kind")
+            if len(payloads) != 1 or not isinstance(kind, str) or len(kind) > 32:
+                raise ValueError("snapshots import needs a 'kind' and exactly one blob frame")
+            if len(payloads[0]) > MAX_SNAPSHOT_BYTES:
+                raise ValueError(f"snapshot blob of {len(payloads[0])} bytes is over {MAX_SNAPSHOT_BYTES}")
+            try:
+                held = store.hold(session.sid, -1, kind, payloads[0])
+            except SnapshotBudgetExceeded as exc:
+                return error_reply(header.get("seq"), "snapshot_budget", str(exc))
+            return {"ok": True, "snapshot": held.describe()}
+        raise ValueError(f"snapshots 'action' must be release, export or import, got {str(action)[:40]!r}")
 
     def _op_memory(self, client, header, payloads):
         session = self._session_for(client, header)
@@ -149,6 +252,7 @@ class OpHandlers(WorkerParts):
             "pss": pss,
             "template_pss": template_pss,
             "worker_pss": memory.pid_pss(os.getpid()),
+            "snapshot_bytes": self.snapshots.session_bytes(session.sid),
         }
 
     def _op_close(self, client, header, payloads):
@@ -179,6 +283,7 @@ class OpHandlers(WorkerParts):
                     "isolation": s.backend.report().for_envs_per_sandbox(s.cfg.envs_per_sandbox).to_json(),
                     "idle_s": round(time.monotonic() - s.last_seen, 1),
                     "envs_by_state": envs_by_state(s.envs),
+                    "snapshots": self.snapshots.listing(s.sid),
                     **({"live": self.stats.sessions[s.sid].live()} if s.sid in self.stats.sessions else {}),
                 }
             )
@@ -196,6 +301,8 @@ class OpHandlers(WorkerParts):
             "metrics": self.metrics_url,
             "uploads": dict(self.stats.uploads),
             "auth_failures": self.stats.auth_failures,
+            "snapshot_budget": self.snapshots.budget,
+            "snapshot_bytes": self.snapshots.held_bytes,
         }
 
     def _op_report(self, client, header, payloads):
@@ -222,4 +329,5 @@ class OpHandlers(WorkerParts):
         "close": _op_close,
         "status": _op_status,
         "report": _op_report,
+        "snapshots": _op_snapshots,
     }

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .deadlines import Deadlines
 from .envproc import Call, EnvProcess
 from .session import Batch, Session
+from .snapshots import SnapshotStore
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ class WorkerParts:
 
     # ------------------------------------------------------------------ state (set by Worker.__init__)
     sessions: dict[str, Session]
+    snapshots: SnapshotStore
     stats: WorkerStats
     metrics_url: str | None
     endpoints: list[str]

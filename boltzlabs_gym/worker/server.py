@@ -47,6 +47,7 @@ from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
 from ..protocol import (
     DEFAULT_BUSY_POLL_US,
+    DEFAULT_SNAPSHOT_BUDGET,
     ERROR,
     ProtocolError,
     check_poll_us,
@@ -62,6 +63,7 @@ from .ops import OpHandlers
 from .sandbox import SandboxUnavailable
 from .scheduling import Scheduling
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
+from .snapshots import SnapshotStore
 from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
 from .stats import WorkerStats
 from .uploads import Uploads
@@ -100,6 +102,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         insecure: bool = False,
         local_channel: socket.socket | None = None,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
+        snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
     ):
         """Bind ``endpoints``; ``local_channel`` is the starting pool's socketpair end, and
         ``busy_poll_us`` how long to busy-poll for that pool's next request (see
@@ -122,6 +125,8 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.archives: dict[str, str] = {}
         self.uploads = Uploads(archive_limits)
         self.sessions: dict[str, Session] = {}
+        #: Snapshot blobs the sessions hold (see :mod:`.snapshots`), within one byte budget.
+        self.snapshots = SnapshotStore(snapshot_budget)
         #: What happened to the envs, for ``status`` and ``/metrics`` (see :mod:`.stats`).
         self.stats = WorkerStats()
         #: Where ``/metrics`` is served (``--metrics-port``), for ``status``; ``None``: not served.
@@ -503,6 +508,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
     def _close_session(self, session: Session) -> None:
         session.closed = True
         self.stats.close(session.sid)
+        self.snapshots.release_session(session.sid)
         for env in session.envs:
             pid = self._kill_env(session, env)
             self._reap_now(pid)
