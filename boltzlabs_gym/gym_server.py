@@ -804,6 +804,10 @@ def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] 
     factories = list(factories)
     if not factories or not all(callable(f) for f in factories):
         raise TypeError("factories must be a callable or a non-empty list of callables")
+    if all(f is factories[0] for f in factories):
+        # One factory for every env (make_vec's [factory] * n): the same directory, and so the same
+        # content hash, whatever n is; a snapshot of one such pool restores into another.
+        factories = factories[:1]
     path = os.fspath(path)
     os.makedirs(path, exist_ok=True)
     data = _dumps_with_user_modules_by_value(cloudpickle, factories)

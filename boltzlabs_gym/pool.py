@@ -713,8 +713,19 @@ class RLPool:
         return ids, imported
 
     def _run_items(self, items: list) -> list[EnvResult]:
+        """Run snapshot or restore items. A worker's refusal of one (``"refused"`` in its error: over
+        budget, a blob it does not hold) sent nothing to the env: it leaves the env's mark as it was."""
+        marks = {i: self._lost.get(i) for i, _op, _frames in items}
         self.batch_async(items)
-        return self.batch_wait()
+        results = self.batch_wait()
+        for r in results:
+            if r.status == ERROR and isinstance(r.reply, dict) and r.reply.get("refused"):
+                mark = marks.get(r.index)
+                if mark is None:
+                    self._lost.pop(r.index, None)
+                else:
+                    self._lost[r.index] = mark
+        return results
 
     def _export_snapshot(self, snap: Snapshot) -> bytes:
         """The blob of a snapshot this pool's worker holds (for :meth:`Snapshot.save` and moves)."""

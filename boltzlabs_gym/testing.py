@@ -69,9 +69,10 @@ class WorkerProcess:
         prefix: list[str] | None = None,
         insecure: bool = False,
         start_timeout: float = 30.0,
+        extra_args: list[str] | None = None,
     ):
         argv = [*(prefix or []), sys.executable, "-m", "boltzlabs_gym.worker"]
-        argv += ["--bind", bind, "--capacity", str(capacity)]
+        argv += ["--bind", bind, "--capacity", str(capacity), *(extra_args or [])]
         if keys:
             argv += ["--keys", keys]
         if insecure:

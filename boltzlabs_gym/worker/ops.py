@@ -202,14 +202,16 @@ class OpHandlers(WorkerParts):
         refused here (the item's result is then already in ``batch``)."""
         index = env.global_index
         if session.cfg.envs_per_sandbox > 1:
-            batch.done(pos, env.index, ERROR, json_error(f"env {index}: snapshots need envs_per_sandbox=1"), [])
+            message = f"env {index}: snapshots need envs_per_sandbox=1"
+            batch.done(pos, env.index, ERROR, json_error(message, refused="envs_per_sandbox"), [])
             return None
         if op["op"] == SNAPSHOT:
             return {"op": SNAPSHOT}, (), _SnapshotCatcher(batch, self.snapshots, session, index)
         held = self.snapshots.get(session.sid, op.get(SNAPSHOT_ID))
         if held is None or frames:
             why = "restore carries no frames" if frames else f"snapshot {str(op.get(SNAPSHOT_ID))[:40]!r} is not held"
-            batch.done(pos, env.index, ERROR, json_error(f"env {index}: {why} (released, or another session's)"), [])
+            message = f"env {index}: {why} (released, or another session's)"
+            batch.done(pos, env.index, ERROR, json_error(message, refused="not_held"), [])
             return None
         reseed = op.get("reseed")
         return {"op": RESTORE, "reseed": reseed}, (held.blob,), batch

@@ -1,0 +1,374 @@
+"""Snapshot, restore and fork of live envs (portable snapshots): exact copies, isolated copies,
+reseeding, every refusal, snapshots that outlive their source, files, moves between workers,
+accounting and clean-up. Real workers, real sandboxes, real processes; both modes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import closing
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import COUNTER, ENVS, ISOLATION
+from gymnasium.vector import AutoresetMode
+from workers import WorkerProcess
+
+import boltzlabs_gym
+from boltzlabs_gym import RLPool, Snapshot, SnapshotError
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+SNAP = os.path.join(ENVS, "snap")
+SNAP_HOOKS = os.path.join(ENVS, "snap_hooks")
+MODES = ["default", "boltz"]
+
+
+def _cartpole(n: int, mode: str, **kw):
+    return boltzlabs_gym.make_vec("CartPole-v1", num_envs=n, mode=mode, isolation=ISOLATION, **kw)
+
+
+def _run(envs, actions_for, steps: int) -> list[tuple]:
+    """Step ``envs`` ``steps`` times; each step's (obs, reward, terminated, truncated, infos) copied."""
+    out = []
+    for t in range(steps):
+        obs, rew, term, trunc, info = envs.step(actions_for(t))
+        out.append((obs.copy(), rew.copy(), term.copy(), trunc.copy(), info))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_restored_cartpole_replays_its_source_exactly(mode):
+    """Snapshot, step 50, restore into other slots, replay the same actions: identical, episode
+    ends and autoresets included (a CartPole episode under random actions lasts ~20 steps)."""
+    n = 4
+    with closing(_cartpole(n, mode, autoreset_mode=AutoresetMode.NEXT_STEP)) as envs:
+        envs.reset(seed=1)
+        rng = np.random.default_rng(0)
+        for _ in range(7):
+            envs.step(rng.integers(0, 2, n))
+        snap = envs.snapshot(0)
+        assert snap.kind == "portable" and snap.source == 0 and snap.saveable and snap.nbytes > 0
+        acts = rng.integers(0, 2, 50)
+        source = _run(envs, lambda t: np.array([acts[t], 0, 0, 0]), 50)
+        assert any(s[2][0] or s[3][0] for s in source), "no episode ended: autoreset not exercised"
+        obs, infos = envs.restore(snap, [2, 3])
+        assert obs.shape == (n, 4) and np.array_equal(obs[2], obs[3])
+        copies = _run(envs, lambda t: np.array([0, 0, acts[t], acts[t]]), 50)
+        for t, (s, c) in enumerate(zip(source, copies)):
+            for j in (2, 3):
+                np.testing.assert_array_equal(c[0][j], s[0][0], err_msg=f"obs of copy {j} at step {t}")
+                assert (c[1][j], c[2][j], c[3][j]) == (s[1][0], s[2][0], s[3][0]), (t, j)
+        snap.release()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_carry_global_generators_and_workspace_files(mode):
+    """The env's object, Python's and NumPy's global generators and the workspace files all travel."""
+    with RLPool(SNAP, n=3, mode=mode, isolation=ISOLATION) as pool:
+        pool.reset(seed=[5, 6, 7])
+        pool.step([["write", "notes.txt", "from env 0"], 0, 0])
+        pool.step([1, 1, 1])
+        snap = pool.snapshot(0)
+        acts = [1, ["write", "later.txt", "x"], 1, "files", 2]
+        source = [pool.step([a, 0, 0])[0][0] for a in acts]
+        pool.restore(snap, where=[1])
+        copy = [pool.step([0, a, 0])[0][1] for a in acts]
+        assert copy == source
+        assert source[3]["files"] == {"notes.txt": "from env 0", "later.txt": "x"}
+        # a copy's workspace is a copy: the source's later file was not in the snapshot
+        pool.restore(snap, where=[2])
+        assert pool.step([0, 0, "files"])[0][2]["files"] == {"notes.txt": "from env 0"}
+        snap.release()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_are_separate_sandboxes(mode):
+    """Files one copy writes are seen by no other copy nor the source; each copy is its own process,
+    and (with PID namespaces) sees no process but its own."""
+    with RLPool(SNAP, n=3, mode=mode, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.step([["write", "shared.txt", "before"], 0, 0])
+        pool.fork(0, into=[1, 2])
+        pool.step([0, ["write", "mine.txt", "copy 1"], ["write", "shared.txt", "copy 2"]])
+        files = pool.step(["files"] * 3)[0]
+        assert files[0]["files"] == {"shared.txt": "before"}
+        assert files[1]["files"] == {"shared.txt": "before", "mine.txt": "copy 1"}
+        assert files[2]["files"] == {"shared.txt": "copy 2"}
+        who = pool.step(["who"] * 3)[0]
+        assert len({w["token"] for w in who}) == 3, "a copy shares a process with another env"
+        if pool.isolation is not None and pool.isolation.backend in ("namespaces", "bwrap"):
+            for w in who:
+                assert len(w["pids"]) <= 2, f"a copy sees other processes: {w['pids']}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reseed_gives_each_copy_its_own_repeatable_streams(mode):
+    with RLPool(SNAP, n=5, mode=mode, isolation=ISOLATION) as pool:
+        pool.reset(seed=3)
+        pool.step([1] * 5)
+        with pool.snapshot(0) as snap:
+            pool.restore(snap, where=[1, 2, 3, 4], reseed=[11, 12, 11, 13])
+            first = pool.step([0] * 5)[0]
+            pool.restore(snap, where=[1], reseed=[11])
+            again = pool.step([0] * 5)[0]
+        assert first[1] == first[3] == again[1], "the same seed must give the same streams"
+        assert first[1]["r"] != first[2]["r"] and first[1]["n"] != first[4]["n"]
+        assert first[1]["t"] == first[0]["t"], "reseeding must not change the env's own state"
+        assert first[0]["r"] not in (first[1]["r"], first[2]["r"])
+
+
+def test_reseed_reaches_a_gymnasium_envs_own_generator():
+    """A reseeded CartPole copy's next seedless reset draws from its own np_random."""
+    with closing(_cartpole(4, "boltz")) as envs:
+        envs.reset(seed=0)
+        envs.fork(0, into=[1, 2, 3], reseed=[21, 22, 21])
+        obs, _ = envs.reset(options={"reset_mask": np.array([False, True, True, True])})
+        np.testing.assert_array_equal(obs[1], obs[3])
+        assert not np.array_equal(obs[1], obs[2])
+        # reseeding gives the generator reset(seed=21) would: its first reset draws the same
+        np.testing.assert_array_equal(obs[1], gym.make("CartPole-v1").reset(seed=21)[0])
+        assert envs.np_random_seed[1:] == (21, 22, 21)
+
+
+def test_function_form_with_hooks_snapshots_and_reseeds():
+    with RLPool(SNAP_HOOKS, n=3, isolation=ISOLATION) as pool:
+        pool.reset()
+        pool.step(["a", "a", "a"])
+        pool.step(["b", "b", "b"])
+        snap = pool.snapshot(0)
+        source = [pool.step([a, 0, 0])[0][0] for a in "cde"]
+        pool.restore(snap, where=[1])
+        assert [pool.step([0, a, 0])[0][1] for a in "cde"] == source
+        pool.restore(snap, where=[2], reseed=[9])
+        assert pool.step([0, 0, "z"])[0][2]["reseeded"] == 9
+        snap.release()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_refusals_name_the_env_and_change_nothing(mode):
+    with RLPool(SNAP, n=3, mode=mode, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        before = pool.step([1, 1, 1])[0]
+        # an env that cannot be pickled: the env's message names the hooks to add
+        pool.step(["lock", 0, 0])
+        with pytest.raises(SnapshotError, match=r"env 0.*get_state\(\) and set_state"):
+            pool.snapshot(0)
+        snap = pool.snapshot(1)
+        for bad, match in [
+            (lambda: pool.fork(1, into=[1]), "into itself"),
+            (lambda: pool.restore(snap, where=[3]), r"\[0, 3\)"),
+            (lambda: pool.restore(snap, where=[]), "no env"),
+            (lambda: pool.restore(snap, where=[2, 2]), "twice"),
+            (lambda: pool.restore(snap, where=[2], reseed=[1, 2]), "one seed per env"),
+            (lambda: pool.restore(snap, where=[2], reseed=[-1]), "non-negative"),
+            (lambda: pool.snapshot(7), r"\[0, 3\)"),
+        ]:
+            with pytest.raises(SnapshotError, match=match):
+                bad()
+        snap.release()
+        with pytest.raises(SnapshotError, match="released"):
+            pool.restore(snap, where=[2])
+        with pytest.raises(SnapshotError, match="released"):
+            snap.save("/nonexistent/never-written")
+        # nothing moved: every env steps on from where it was
+        after = pool.step([1, 1, 1])[0]
+        assert [a["t"] for a in after] == [b["t"] + 2 - (i == 0) for i, b in enumerate(before)]
+
+
+def test_function_form_without_hooks_is_refused_with_the_fix():
+    with RLPool(COUNTER, n=2, isolation=ISOLATION) as pool:
+        pool.reset()
+        with pytest.raises(SnapshotError, match=r"env 1.*get_state= and set_state="):
+            pool.snapshot(1)
+        assert pool.step([1, 1])[0] == [{"t": 1}, {"t": 1}]
+
+
+def test_envs_per_sandbox_above_one_is_refused():
+    with closing(_cartpole(4, "default", envs_per_sandbox=2)) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(SnapshotError, match="envs_per_sandbox=1"):
+            envs.snapshot(0)
+
+
+def test_a_snapshot_of_another_env_directory_is_refused(tmp_path):
+    with RLPool(SNAP, n=1, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.snapshot(0).save(tmp_path / "snap.blz")
+    with RLPool(SNAP_HOOKS, n=1, isolation=ISOLATION) as other:
+        other.reset()
+        with pytest.raises(SnapshotError, match="another env directory"):
+            other.restore(Snapshot.load(tmp_path / "snap.blz"), where=[0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_snapshot_outlives_its_source(mode):
+    """It restores after its source was stepped, soft- and hard-reset, killed as a straggler and
+    crashed; and a dead env's state cannot be snapshotted until it is reset."""
+    with RLPool(SNAP, n=2, mode=mode, isolation=ISOLATION, step_timeout=1.0) as pool:
+        pool.reset(seed=4)
+        pool.step([["write", "f", "kept"], 0])
+        snap = pool.snapshot(0)
+        expected = pool.step([1, 0])[0][0]
+        pool.reset(where=np.array([True, False]))
+        pool.reset(where=np.array([True, False]), hard=True)
+        _, _, _, infos = pool.step(["hang", 0])
+        assert "boltzlabs_straggler" in infos[0]
+        with pytest.raises(SnapshotError, match=r"env 0: its last call missed its deadline.*reset it"):
+            pool.snapshot(0)
+        pool.restore(snap, where=[0])
+        assert pool.step([1, 0])[0][0] == expected
+        _, _, _, infos = pool.step(["crash", 0])
+        assert "boltzlabs_error" in infos[0]
+        pool.restore(snap, where=[0, 1])
+        assert pool.step([1, 1])[0] == [expected, expected]
+        assert pool.step(["files", 0])[0][0]["files"] == {"f": "kept"}
+        pool.snapshot(0).release()  # restored, so its state is its own again
+
+
+def test_save_load_into_a_new_pool(tmp_path):
+    path = tmp_path / "state.blz"
+    with closing(_cartpole(2, "default")) as envs:
+        envs.reset(seed=9)
+        for _ in range(5):
+            envs.step(np.array([1, 0]))
+        envs.snapshot(1).save(path)
+        acts = np.random.default_rng(1).integers(0, 2, 30)
+        source = _run(envs, lambda t: np.array([0, acts[t]]), 30)
+    snap = Snapshot.load(path)
+    assert snap.kind == "portable" and snap.source == 1 and snap.worker is None
+    with closing(_cartpole(3, "boltz")) as envs:
+        envs.reset(seed=0)
+        envs.restore(snap, [2])
+        copy = _run(envs, lambda t: np.array([0, 0, acts[t]]), 30)
+    for s, c in zip(source, copy):
+        np.testing.assert_array_equal(c[0][2], s[0][1])
+        assert c[1][2] == s[1][1]
+    # a file that is not a snapshot, or one cut short, is refused before anything is sent
+    (tmp_path / "bad.blz").write_bytes(b"not a snapshot")
+    with pytest.raises(SnapshotError, match="not a boltzlabs_gym snapshot"):
+        Snapshot.load(tmp_path / "bad.blz")
+    (tmp_path / "short.blz").write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(SnapshotError, match="cut short"):
+        Snapshot.load(tmp_path / "short.blz")
+
+
+def test_a_snapshot_moves_between_remote_workers_through_the_trainer():
+    workers = [WorkerProcess(capacity=2), WorkerProcess(capacity=2)]
+    try:
+        addresses = [w.address for w in workers]
+        with RLPool(SNAP, n=4, workers=addresses, split=[2, 2], isolation=ISOLATION) as pool:
+            pool.reset(seed=2)
+            pool.step([1, 1, 1, 1])
+            snap = pool.snapshot(1)
+            assert snap.worker == addresses[0]
+            expected = [pool.step([0, a, 0, 0])[0][1] for a in (1, 2, 3)]
+            pool.restore(snap, where=[0, 3])  # one copy on its own worker, one moved to the other
+            got = [pool.step([a, 0, 0, a])[0] for a in (1, 2, 3)]
+            assert [g[0] for g in got] == expected and [g[3] for g in got] == expected
+            status = _status(addresses[1])
+            assert status["snapshot_bytes"] == 0, "the moved copy must be released after the restore"
+            assert [s["snapshots"] for s in _status(addresses[0])["sessions"]][0][0]["source"] == 1
+            snap.release()
+            assert _status(addresses[0])["snapshot_bytes"] == 0
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def test_the_worker_budget_refuses_and_accounting_counts_held_snapshots():
+    worker = WorkerProcess(capacity=4, extra_args=["--snapshot-budget", "30000"])
+    try:
+        with RLPool(SNAP, n=2, workers=[worker.address], isolation=ISOLATION) as pool:
+            pool.reset(seed=0)
+            pool.memory()
+            assert pool.snapshot_bytes == 0
+            held = [pool.snapshot(0)]
+            nbytes = held[0].nbytes
+            while sum(s.nbytes for s in held) + nbytes <= 30000:
+                held.append(pool.snapshot(0))
+            with pytest.raises(SnapshotError, match=r"env 0.*budget is 30000 bytes.*release snapshots"):
+                pool.snapshot(0)
+            pool.memory()
+            assert pool.snapshot_bytes == sum(s.nbytes for s in held)
+            total = sum(pool.memory()) + pool.template_pss + pool.snapshot_bytes
+            assert pool.envs_per_gb() == pytest.approx(2 / (total / 2**30), rel=0.2)
+            listed = _status(worker.address)["sessions"][0]["snapshots"]
+            assert len(listed) == len(held) and {s["kind"] for s in listed} == {"portable"}
+            for s in held:
+                s.release()
+            pool.memory()
+            assert pool.snapshot_bytes == 0
+            pool.snapshot(0).release()  # room again
+            snap = pool.snapshot(1)
+        # closing the pool let go of what it held
+        assert _status(worker.address)["snapshot_bytes"] == 0
+        with pytest.raises(SnapshotError, match="closed"):
+            snap.save("/tmp/never")
+    finally:
+        worker.stop()
+
+
+def test_a_dropped_handle_is_released_at_the_next_snapshot_call():
+    import gc
+
+    worker = WorkerProcess(capacity=2)
+    try:
+        with RLPool(SNAP, n=1, workers=[worker.address], isolation=ISOLATION) as pool:
+            pool.reset(seed=0)
+            pool.snapshot(0)  # dropped at once
+            gc.collect()
+            pool.snapshot(0).release()
+            assert _status(worker.address)["snapshot_bytes"] == 0
+    finally:
+        worker.stop()
+
+
+def test_vector_env_bookkeeping_follows_the_copied_env():
+    """A copy of an env due an autoreset is due one too; RecordEpisodeStatistics inside the env
+    counts the copy's episode from the source's start."""
+    with closing(
+        boltzlabs_gym.make_vec(
+            "CartPole-v1",
+            num_envs=2,
+            isolation=ISOLATION,
+            wrappers=[gym.wrappers.RecordEpisodeStatistics],
+            autoreset_mode=AutoresetMode.NEXT_STEP,
+        )
+    ) as envs:
+        envs.reset(seed=0)
+        for t in range(200):
+            _, _, term, trunc, infos = envs.step(np.array([0, 0]))
+            if term[0] or trunc[0]:
+                break
+        assert infos["episode"]["l"][0] == t + 1
+        snap = envs.snapshot(0)
+        assert snap.meta["autoreset"] is True
+        envs.restore(snap, [1])
+        obs, rew, term, trunc, infos = envs.step(np.array([0, 0]))
+        np.testing.assert_array_equal(obs[0], obs[1])  # both reset now, from the same generator
+        assert rew[1] == 0.0 and not term[1]
+        for _ in range(3):
+            envs.step(np.array([0, 1]))
+        envs.fork(0, into=[1])
+        for t in range(200):
+            _, _, term, trunc, infos = envs.step(np.array([0, 0]))
+            if term[1] or trunc[1]:
+                break
+        # the copy's episode counts from the source's start: 3 steps before the fork, t + 1 after
+        assert term[0] and infos["episode"]["l"][0] == infos["episode"]["l"][1] == 3 + t + 1
+
+
+def _status(address: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "boltzlabs_gym.cli", "status", address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout)
