@@ -50,6 +50,35 @@ def test_code_rl_contains_hostile_programs(no_leaks):
         assert "HOSTILE deleted" not in out and "HOSTILE wrote" not in out and "HOSTILE connected" not in out
 
 
+@pytest.mark.parametrize("mode", ["default", "boltz"])
+def test_grpo_fork_grades_isolated_copies(no_leaks, mode):
+    out = _run("grpo_fork.py", "--mode", mode, "--isolation", ISOLATION, timeout=120)
+    assert re.search(r"^fork env 0 -> 8 copies: [0-9.]+ ms \(every copy's obs is env 0's: True\)$", out, re.M)
+    assert re.search(r"^FORK_MS=[0-9.]+$", out, re.M)
+    expected = {
+        "right/plain": "1.00",
+        "right/concat": "1.00",
+        "right/table": "1.00",
+        "wrong/order": "0.67",
+        "wrong/only-fizz": "0.33",
+        "wrong/syntax": "0.00",
+        "hostile/forever": "0.00",
+        "hostile/marker": "0.00",
+    }
+    for name, reward in expected.items():
+        assert re.search(rf"^\s+\d+\s+{re.escape(name)}\s+{reward}\s", out, re.M), name
+    assert re.search(r"hostile/forever .*timed out \(env's time limit\)", out)
+    assert "group: mean=0.500 std=0.441" in out
+    # The hostile copy's marker and deleted tests are its own; the source is as it was before the fork.
+    assert re.search(r"\(hostile/marker\): marker=True tests=False$", out, re.M)
+    assert len(re.findall(r"\): marker=False tests=True$", out, re.M)) == 7
+    assert "env 0 (source): obs unchanged=True files unchanged=True" in out
+    assert "SOURCE_UNCHANGED=True" in out
+    if "does not hide other envs' files" not in out:  # the process backend lets a copy read the others
+        assert "HOSTILE saw other copies' workspaces: 0 []" in out
+        assert "ISOLATED=True" in out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cleanrl_ppo_learns_cartpole(no_leaks):
