@@ -341,8 +341,9 @@ def _snapshot(env: Any, last_obs: Any) -> tuple[dict, list]:
         }, []
     try:
         blob = envstate.capture(env, last_obs, workspace_now())
-    except envstate.SnapshotRefused as exc:
-        return {"error": str(exc)}, []
+    except Exception as exc:  # noqa: BLE001 - a snapshot never ends the env: a refusal or a get_state() error
+        message = str(exc) if isinstance(exc, envstate.SnapshotRefused) else f"{type(exc).__name__}: {exc}"
+        return {"error": f"cannot snapshot: {message}" if not message.startswith("cannot") else message}, []
     return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
 
 

@@ -69,7 +69,7 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
         "obs": obs,
         "random": random.getstate(),
         "numpy": _numpy_state(),
-        "workspace": pack_workspace(workspace) if workspace else None,
+        "workspace": _packed_or_refused(workspace) if workspace else None,
     }
     try:
         return BLOB_MAGIC + _pickler().dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
@@ -78,6 +78,16 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
         raise SnapshotRefused(
             f"cannot snapshot: {what} does not pickle ({type(exc).__name__}: {exc}); give the env "
             "get_state() and set_state(state) methods that return and take picklable state"
+        ) from None
+
+
+def _packed_or_refused(workspace: str) -> bytes | None:
+    try:
+        return pack_workspace(workspace)
+    except OSError as exc:
+        raise SnapshotRefused(
+            f"cannot snapshot: the workspace cannot be read whole ({type(exc).__name__}: {exc}); a snapshot "
+            "that left it out would not be exact. Keep workspace files readable by the env"
         ) from None
 
 
@@ -148,7 +158,7 @@ def pack_workspace(path: str) -> bytes | None:
         return None
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for root, dirs, files in os.walk(path):
+        for root, dirs, files in os.walk(path, onerror=_raise):
             dirs.sort()
             for name in sorted(dirs) + sorted(files):
                 full = os.path.join(root, name)
@@ -165,6 +175,11 @@ def pack_workspace(path: str) -> bytes | None:
                 else:
                     tar.addfile(info)
     return buf.getvalue()
+
+
+def _raise(exc: OSError) -> None:
+    """``os.walk``'s ``onerror``: an unreadable directory stops the snapshot, not silently shrinks it."""
+    raise exc
 
 
 def _clear(path: str) -> None:
@@ -191,6 +206,7 @@ def unpack_workspace(path: str, data: bytes | None) -> None:
     if not data:
         return
     links: set[str] = set()
+    dir_modes: list[tuple[str, int]] = []  # set once their contents are in (a 0o500 directory takes no file)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
             name = os.path.normpath(member.name)
@@ -201,17 +217,21 @@ def unpack_workspace(path: str, data: bytes | None) -> None:
                 raise SnapshotRefused(f"workspace entry {member.name!r} lies under a symbolic link")
             target = os.path.join(path, name)
             if member.isdir():
-                os.makedirs(target, mode=member.mode & 0o777 | 0o700, exist_ok=True)
+                os.makedirs(target, mode=0o700, exist_ok=True)
+                dir_modes.append((target, member.mode & 0o7777))
             elif member.isreg():
                 src = tar.extractfile(member)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, member.mode & 0o777)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
                 with os.fdopen(fd, "wb") as out:
                     if src is not None:
                         while chunk := src.read(1 << 20):
                             out.write(chunk)
+                    os.fchmod(out.fileno(), member.mode & 0o7777)  # exactly its mode: no umask
                 os.utime(target, (member.mtime, member.mtime), follow_symlinks=False)
             elif member.issym():
                 os.symlink(member.linkname, target)
                 links.add(name)
             else:
                 raise SnapshotRefused(f"workspace entry {member.name!r} is not a file, directory or link")
+    for target, mode in reversed(dir_modes):  # deepest first
+        os.chmod(target, mode)

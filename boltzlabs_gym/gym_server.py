@@ -372,8 +372,9 @@ class GymServer:
         pickled answers an error that says what to add."""
         try:
             blob = envstate.capture(self.env, self.last_obs, envside.workspace_now())
-        except envstate.SnapshotRefused as exc:
-            return {"error": str(exc)}, []
+        except Exception as exc:  # noqa: BLE001 - a snapshot never ends the env: a refusal or a get_state() error
+            message = str(exc) if isinstance(exc, envstate.SnapshotRefused) else f"{type(exc).__name__}: {exc}"
+            return {"error": f"cannot snapshot: {message}" if not message.startswith("cannot") else message}, []
         return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:

@@ -180,6 +180,29 @@ def test_refusals_name_the_env_and_change_nothing(mode):
         assert [a["t"] for a in after] == [b["t"] + 2 - (i == 0) for i, b in enumerate(before)]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_workspace_modes_are_copied_and_an_unreadable_workspace_refuses_without_harm(mode):
+    """Modes travel exactly (a 0o500 directory, a 0o640 file); a file the env cannot read refuses
+    the snapshot (it would not be exact) and the env serves on unharmed."""
+    with RLPool(SNAP, n=2, mode=mode, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.step([["mkdir", "d"], 0])
+        pool.step([["write", "d/f", "x"], 0])
+        pool.step([["chmod", "d/f", 0o640], 0])
+        pool.step([["chmod", "d", 0o500], 0])
+        modes = pool.step(["modes", 0])[0][0]["modes"]
+        pool.fork(0, into=[1])
+        assert pool.step([0, "modes"])[0][1]["modes"] == modes == {"d": 0o500, "d/f": 0o640}
+        if pool.isolation is not None and pool.isolation.backend == "process" and os.geteuid() == 0:
+            return  # an env running as root reads a mode-0 file: nothing is unreadable to it
+        pool.step([["write", "secret", "s"], 0])
+        pool.step([["chmod", "secret", 0], 0])
+        t = pool.step([1, 0])[0][0]["t"]
+        with pytest.raises(SnapshotError, match="env 0.*workspace cannot be read"):
+            pool.snapshot(0)
+        assert pool.step([1, 0])[0][0]["t"] == t + 1, "a refused snapshot must leave the env as it was"
+
+
 def test_function_form_without_hooks_is_refused_with_the_fix():
     with RLPool(COUNTER, n=2, isolation=ISOLATION) as pool:
         pool.reset()

@@ -5,7 +5,8 @@ Actions (JSON): an int steps (the observation carries a draw from ``random`` and
 global generator, and the step count); ``["write", name, text]`` writes a workspace file;
 ``"files"`` returns the workspace's files and their contents; ``"who"`` returns this process's
 token (made at start), its pid and the pids it can see; ``"hang"`` sleeps past any deadline;
-``"crash"`` exits; ``"lock"`` gives the env an attribute that cannot be pickled.
+``"crash"`` exits; ``"lock"`` gives the env an attribute that cannot be pickled; ``["chmod", name,
+mode]`` and ``["mkdir", name]`` change the workspace, ``"modes"`` returns its entries' modes.
 """
 
 import os
@@ -60,6 +61,19 @@ class Env:
         if action == "who":
             pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
             return {"token": _TOKEN, "pid": os.getpid(), "pids": pids}, 0.0, False, {}
+        if isinstance(action, list) and action[:1] == ["chmod"]:
+            os.chmod(os.path.join(WORKSPACE, action[1]), action[2])
+            return {"t": self.t}, 0.0, False, {}
+        if isinstance(action, list) and action[:1] == ["mkdir"]:
+            os.mkdir(os.path.join(WORKSPACE, action[1]))
+            return {"t": self.t}, 0.0, False, {}
+        if action == "modes":
+            modes = {}
+            for root, dirs, files in os.walk(WORKSPACE):
+                for name in dirs + files:
+                    path = os.path.join(root, name)
+                    modes[os.path.relpath(path, WORKSPACE)] = os.lstat(path).st_mode & 0o7777
+            return {"modes": modes}, 0.0, False, {}
         if isinstance(action, list) and action[:1] == ["write"]:
             with open(os.path.join(WORKSPACE, action[1]), "w") as f:
                 f.write(action[2])
