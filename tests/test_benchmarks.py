@@ -227,3 +227,22 @@ def test_k_sweep_reports_throughput_and_cpu_split_per_k(tmp_path):
         assert r["processes_below_worker"] == r["sandboxes"]  # the env processes were found and measured
     md = (tmp_path / "k_sweep.md").read_text()
     assert "Best K" in md and "| cartpole | 4 | default | 2 | 2 |" in md and md in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_snapshot_benchmark_reports_each_operation_beside_hard_reset_and_fresh_start(tmp_path):
+    out = tmp_path / "snapshot.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "snapshot.py"), "--repeats", "3", "--held", "4",
+         "--modes", "boltz", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [row] = json.loads(out.with_suffix(".json").read_text())["rows"]
+    for key in ("snapshot_ms", "restore_1_ms", "fork_8_ms", "hard_reset_1_ms", "fresh_start_ms"):
+        median, p90 = row[key]
+        assert _pos(median) and p90 >= median, (key, row[key])
+    assert row["fork_8_ms"][0] > row["restore_1_ms"][0] * 0.5  # fork 8 does a snapshot and restores 8
+    assert 1000 < row["held_bytes"] < 2 << 20 and row["held_pool_bytes_per_snapshot"] == row["held_bytes"]
+    md = out.read_text()
+    assert md in proc.stdout and "| boltz |" in md and "fork 8" in md

@@ -86,6 +86,26 @@ def test_copies_carry_global_generators_and_workspace_files(mode):
         snap.release()
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+def test_snapshots_work_under_every_isolation_backend(backend):
+    """Nothing about a portable snapshot depends on the sandbox: the same exact copy under bwrap
+    (exec only, no boltz mode) and the process fallback."""
+    from boltzlabs_gym.worker.sandbox import select_backend
+
+    try:
+        select_backend(backend)
+    except boltzlabs_gym.SandboxUnavailable as exc:
+        pytest.skip(f"{backend} is not available here: {exc}")
+    with RLPool(SNAP, n=2, isolation=backend) as pool:
+        pool.reset(seed=1)
+        pool.step([["write", "w", "1"], 0])
+        snap = pool.snapshot(0)
+        source = [pool.step([a, 0])[0][0] for a in (1, "files", 2)]
+        pool.restore(snap, where=[1])
+        assert [pool.step([0, a])[0][1] for a in (1, "files", 2)] == source
+        snap.release()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_copies_are_separate_sandboxes(mode):
     """Files one copy writes are seen by no other copy nor the source; each copy is its own process,
