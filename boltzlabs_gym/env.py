@@ -372,6 +372,7 @@ def _serve_one(
     ``env`` has ``reset``/``step``; a restore may replace it (``on_restore`` is told the new one)."""
     reset, step = env.reset, env.step
     last_obs = None  # what the env last returned: a snapshot keeps it, a restore answers with it
+    started = False  # a reset or restore started an episode in this process (see envstate.NOT_STARTED)
     while True:
         try:
             got = read_message(proto_in)
@@ -388,21 +389,23 @@ def _serve_one(
             last_obs = reply["reset_obs"] if "reset_obs" in reply else reply["obs"]
         elif op == "reset":
             reply = _call_reset(reset, msg)
-            last_obs = reply["obs"]
+            last_obs, started = reply["obs"], True
         elif op == "describe":
             reply = describe
         elif op == "close":
             write_message(proto_out, {})
             return
         elif op == "snapshot":
-            write_message(proto_out, *_snapshot(env, last_obs))
+            write_message(proto_out, *(_snapshot(env, last_obs) if started else ({"error": envstate.NOT_STARTED}, [])))
             continue
         elif op == "restore":
-            env, reply = _restore(env, msg, payloads)
+            old, (env, reply) = env, _restore(env, msg, payloads)
             if "error" not in reply:
-                reset, step, last_obs = env.reset, env.step, reply["obs"]
+                reset, step, last_obs, started = env.reset, env.step, reply["obs"], True
                 if on_restore is not None:
                     on_restore(env)
+                if old is not env:
+                    _close_envs([old])  # the env it replaced lets go of what it holds now, not at exit
         else:
             reply = {"error": f"unknown op {op!r}"}
         proto_out.write(_encode_reply(reply))

@@ -9,6 +9,7 @@ and a local pool that the worker lent the pipes to (:mod:`boltzlabs_gym.lane`).
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 
@@ -63,29 +64,44 @@ class EnvPipe:
         self._need: list[int] = []
         self._body: np.ndarray | None = None  # a large reply's payloads, being read in place
         self._filled = 0
-        self._wbuf = b""
+        self._wbuf: collections.deque[memoryview] = collections.deque()  # what the pipe has not taken yet
 
     # ------------------------------------------------------------------ writing
-    def write(self, data: bytes) -> bool:
+    def write(self, data: bytes | memoryview) -> bool:
         """Write (part of) a request; True when everything went out."""
         if not self._wbuf:
             # The usual case: the pipe has room for the whole request, no buffer needed.
             n = self._write_some(data)
             if n == len(data):
                 return True
-            data = data[n:]
-        self._wbuf += data
+            data = memoryview(data)[n:]
+        self._wbuf.append(memoryview(data))
+        return self.flush()
+
+    def write_parts(self, parts: list) -> bool:
+        """Write a request given as parts (its line, then its payloads), none of them joined into a
+        copy first: a restore's blob of hundreds of MiB goes out as it is held. True when all went out."""
+        for part in parts:
+            if len(part):
+                self._wbuf.append(memoryview(part))
         return self.flush()
 
     def flush(self) -> bool:
-        while self._wbuf:
-            n = self._write_some(self._wbuf)
+        # A queue of views, each advanced in place: what a full pipe leaves is never copied (slicing
+        # bytes after each 64 KiB the pipe took made a large request cost its size squared).
+        queue = self._wbuf
+        while queue:
+            head = queue[0]
+            n = self._write_some(head)
             if not n:
                 return False
-            self._wbuf = self._wbuf[n:]
+            if n == len(head):
+                queue.popleft()
+            else:
+                queue[0] = head[n:]
         return True
 
-    def _write_some(self, data: bytes) -> int:
+    def _write_some(self, data: bytes | memoryview) -> int:
         """Bytes of ``data`` the pipe took now (0 when it is full)."""
         try:
             return os.write(self.stdin_w, data)

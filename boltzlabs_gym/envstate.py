@@ -34,6 +34,19 @@ from typing import Any
 BLOB_MAGIC = b"BLZSTATE1\n"
 #: The snapshot kind these blobs are (reported on the trainer's Snapshot).
 PORTABLE = "portable"
+#: The largest blob: one env reply's payload limit (protocol.MAX_ENV_PAYLOAD_BYTES, 256 MiB; a test
+#: ties the two), less room for the request line a restore sends it with.
+MAX_BLOB_BYTES = (256 << 20) - (64 << 10)
+#: The directory a restore unpacks the workspace into first (inside the workspace, so the final
+#: moves are renames on one file system); nothing of the old workspace is touched until it is whole.
+STAGING_DIR = ".boltzlabs-restoring"
+
+
+#: Why an env that no reset or restore started since its process started cannot be snapshotted.
+NOT_STARTED = (
+    "cannot snapshot: the env has not been reset since its process was (re)started (a straggler, a crash, "
+    "a hard reset or an idle death took its last episode's state with it); reset it before a snapshot"
+)
 
 
 class SnapshotRefused(Exception):
@@ -72,13 +85,20 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
         "workspace": _packed_or_refused(workspace) if workspace else None,
     }
     try:
-        return BLOB_MAGIC + _pickler().dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        blob = BLOB_MAGIC + _pickler().dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the same refusal
         what = "what its get_state() returned" if hooked else f"the env object ({type(env).__name__})"
         raise SnapshotRefused(
             f"cannot snapshot: {what} does not pickle ({type(exc).__name__}: {exc}); give the env "
             "get_state() and set_state(state) methods that return and take picklable state"
         ) from None
+    if len(blob) > MAX_BLOB_BYTES:
+        raise SnapshotRefused(
+            f"cannot snapshot: the state is {len(blob) >> 20} MiB (env, generators and workspace files), over "
+            f"the {MAX_BLOB_BYTES >> 20} MiB one snapshot may hold; keep large files out of the workspace, or "
+            "give the env get_state()/set_state() that return only what it needs to go on"
+        )
+    return blob
 
 
 def _packed_or_refused(workspace: str) -> bytes | None:
@@ -102,24 +122,33 @@ def load(blob: bytes) -> dict:
 
 
 def apply(state: dict, env: Any, workspace: str | None) -> Any:
-    """Put ``state`` into this process: its generators and workspace, and the env; the env to serve from now on.
+    """Put ``state`` into this process: the env, its workspace and the generators; the env to serve from now on.
 
     With a ``set_state`` hook the current ``env`` object is kept and given the state; otherwise
-    the unpickled env object replaces it.
+    the unpickled env object replaces it. All or nothing, as far as this module can make it so:
+    the workspace is unpacked aside first, and nothing changes until it is whole and the env took
+    its state (what a ``set_state`` that raises did to its env is the hook's own business).
     """
-    if state.get("hooked"):
-        set_state = getattr(env, "set_state", None)
-        if not callable(set_state):
-            raise SnapshotRefused("the snapshot was taken with get_state(), but this env has no set_state(state)")
-        set_state(state["env"])
-    else:
-        env = state["env"]
+    hooked = bool(state.get("hooked"))
+    set_state = getattr(env, "set_state", None)
+    if hooked and not callable(set_state):
+        raise SnapshotRefused("the snapshot was taken with get_state(), but this env has no set_state(state)")
+    staged = stage_workspace(workspace, state.get("workspace")) if workspace else None
+    try:
+        if hooked:
+            set_state(state["env"])  # type: ignore[misc]  # callable checked above
+        else:
+            env = state["env"]
+    except BaseException:
+        if staged is not None:
+            _remove(staged[0])
+        raise
+    if workspace and staged is not None:
+        swap_in_workspace(workspace, staged)
     random.setstate(state["random"])
     np = sys.modules.get("numpy")
     if state.get("numpy") is not None and np is not None:
         np.random.set_state(state["numpy"])
-    if workspace:
-        unpack_workspace(workspace, state.get("workspace"))
     return env
 
 
@@ -169,6 +198,10 @@ def pack_workspace(path: str) -> bytes | None:
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     continue
                 info = tar.gettarinfo(full, arcname=os.path.relpath(full, path))
+                if info.islnk():
+                    # A second name of a file already packed: packed again as a file of its own (a copy
+                    # restores it as two files; hard links cannot be made safely by the unpacker).
+                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", st.st_size
                 if info.isreg():
                     with open(full, "rb") as f:
                         tar.addfile(info, f)
@@ -182,31 +215,63 @@ def _raise(exc: OSError) -> None:
     raise exc
 
 
-def _clear(path: str) -> None:
-    for name in os.listdir(path):
-        full = os.path.join(path, name)
-        if os.path.isdir(full) and not os.path.islink(full):
-            import shutil
-
-            shutil.rmtree(full, ignore_errors=True)
-        else:
-            try:
-                os.unlink(full)
-            except OSError:
-                pass
+def _remove(path: str) -> None:
+    """Remove ``path`` and all under it, whatever the modes its owner gave it (a 0o500 directory
+    included); errors raise: a workspace that cannot be emptied is not replaced."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
 
 
 def unpack_workspace(path: str, data: bytes | None) -> None:
-    """Make ``path`` hold exactly the files of ``data`` (a tar from :func:`pack_workspace`).
+    """Make ``path`` hold exactly the files of ``data`` (a tar from :func:`pack_workspace`)."""
+    swap_in_workspace(path, stage_workspace(path, data))
 
-    Extracted member by member, refusing what could write outside ``path``: absolute names,
-    ``..``, a member under a symbolic link, hard links and device files.
+
+def stage_workspace(path: str, data: bytes | None) -> tuple[str, list[tuple[str, int]]]:
+    """Unpack ``data`` into a staging directory in ``path`` (removed again if anything fails): its path,
+    and the modes its directories get once moved in place (until then they stay writable: moving a
+    directory to another parent needs write access to it).
+
+    Extracted member by member, refusing what could write outside: absolute names, ``..``, a
+    member under a symbolic link, hard links and device files.
     """
-    _clear(path)
+    staging = os.path.join(path, STAGING_DIR)
+    if os.path.lexists(staging):
+        _remove(staging)
+    os.mkdir(staging, 0o700)
+    try:
+        return staging, _extract(staging, data)
+    except BaseException:
+        _remove(staging)
+        raise
+
+
+def swap_in_workspace(path: str, staged: tuple[str, list[tuple[str, int]]]) -> None:
+    """Replace everything in ``path`` but the staging directory by what it holds."""
+    staging, dir_modes = staged
+    keep = os.path.basename(staging)
+    for name in os.listdir(path):
+        if name != keep:
+            _remove(os.path.join(path, name))
+    for name in os.listdir(staging):
+        os.rename(os.path.join(staging, name), os.path.join(path, name))
+    os.rmdir(staging)
+    for relative, mode in reversed(dir_modes):  # deepest first
+        os.chmod(os.path.join(path, relative), mode)
+
+
+def _extract(path: str, data: bytes | None) -> list[tuple[str, int]]:
+    """Unpack ``data`` under ``path``; the directories' relative paths and the modes they are due."""
+    dir_modes: list[tuple[str, int]] = []  # set once in place (a 0o500 directory takes no file, moves nowhere)
     if not data:
-        return
+        return dir_modes
     links: set[str] = set()
-    dir_modes: list[tuple[str, int]] = []  # set once their contents are in (a 0o500 directory takes no file)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for member in tar:
             name = os.path.normpath(member.name)
@@ -218,7 +283,7 @@ def unpack_workspace(path: str, data: bytes | None) -> None:
             target = os.path.join(path, name)
             if member.isdir():
                 os.makedirs(target, mode=0o700, exist_ok=True)
-                dir_modes.append((target, member.mode & 0o7777))
+                dir_modes.append((name, member.mode & 0o7777))
             elif member.isreg():
                 src = tar.extractfile(member)
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -233,5 +298,4 @@ def unpack_workspace(path: str, data: bytes | None) -> None:
                 links.add(name)
             else:
                 raise SnapshotRefused(f"workspace entry {member.name!r} is not a file, directory or link")
-    for target, mode in reversed(dir_modes):  # deepest first
-        os.chmod(target, mode)
+    return dir_modes

@@ -13,6 +13,7 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── PoolClosedError (RuntimeError)       the pool/vector env was used after close()
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
      ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
+     ├── SnapshotError (RuntimeError)         a snapshot, restore or fork was refused or failed: index
      ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
      ├── NetnsUnavailable (RuntimeError)      a test network namespace cannot be made (boltzlabs_gym.testing)
      ├── ArchiveError (ValueError)            an env directory archive was refused

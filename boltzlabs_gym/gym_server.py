@@ -142,6 +142,9 @@ class GymServer:
         self._actions: tuple = ()
         #: The observation the env last returned (a snapshot keeps it: a restore answers with it).
         self.last_obs: Any = None
+        #: Whether a reset or restore started an episode in this process (a process the worker
+        #: just (re)started has none: its predecessor's state died with it).
+        self.started = False
         if isinstance(self.action_space, gs.Discrete):
             start = int(self.action_space.start)
             self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
@@ -173,7 +176,7 @@ class GymServer:
         if options is not None and not isinstance(options, dict):
             raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
         obs, info = self.env.reset(seed=seed, options=options)
-        self.last_obs = obs
+        self.last_obs, self.started = obs, True
         return obs, info
 
     def _encode_reset(self, obs: Any, info: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
@@ -370,6 +373,8 @@ class GymServer:
     def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """The env's state as one blob (:func:`boltzlabs_gym.envstate.capture`); an env that cannot be
         pickled answers an error that says what to add."""
+        if not self.started:
+            return {"error": envstate.NOT_STARTED}, []
         try:
             blob = envstate.capture(self.env, self.last_obs, envside.workspace_now())
         except Exception as exc:  # noqa: BLE001 - a snapshot never ends the env: a refusal or a get_state() error
@@ -389,14 +394,14 @@ class GymServer:
             old, self.env = self.env, envstate.apply(state, self.env, envside.workspace_now())
             if seed is not None:
                 envstate.reseed(self.env, seed)
-        except envstate.SnapshotRefused as exc:
-            return {"error": str(exc)}, []
+        except Exception as exc:  # noqa: BLE001 - a refusal, or the state's own unpickling error: the env serves on
+            return {"error": f"restore failed: {type(exc).__name__}: {exc}"}, []
         if old is not self.env:
             try:
                 old.close()  # the env it replaced (a window, a file) is let go of now, not at exit
             except Exception:
                 _traceback()
-        self.last_obs = state["obs"]
+        self.last_obs, self.started = state["obs"], True
         out: list = []
         obs_j, info_j = self._encode_reset(state["obs"], {}, out, zero_copy=False)
         return {"obs": obs_j, "info": info_j}, out

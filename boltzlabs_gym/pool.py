@@ -51,9 +51,6 @@ MODES = ("default", "boltz")
 
 log = logging.getLogger("boltzlabs_gym.pool")
 
-#: Per-env ops after which an env's state is its own again (a failed env's mark goes).
-_STARTS_OVER = frozenset({"reset", "hard_reset", "restore"})
-
 
 def _reason(r: EnvResult) -> str:
     """Why an env's snapshot call gave no snapshot: the worker's or the env's own words."""
@@ -118,6 +115,8 @@ class RLPool:
         metrics_port: serve the local worker's Prometheus ``/metrics`` on this port of
             127.0.0.1 (0: a free one; :attr:`metrics_url` says where). Needs the ``metrics``
             extra. Remote workers serve their own (``boltzlabs-gym worker --metrics-port``).
+        snapshot_budget: bytes of env snapshots the local worker holds (default 1 GiB; see
+            :meth:`snapshot`). Remote workers have their own (``boltzlabs-gym worker --snapshot-budget``).
     """
 
     def __init__(
@@ -144,6 +143,7 @@ class RLPool:
         direct: bool = True,
         envs_per_sandbox: int = 1,
         metrics_port: int | None = None,
+        snapshot_budget: int | None = None,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -172,6 +172,15 @@ class RLPool:
                 f"a sandbox cannot span workers; got {split!r}"
             )
         self._check_metrics_port(metrics_port, workers)
+        if snapshot_budget is not None:
+            if workers:
+                raise ValueError(
+                    "snapshot_budget is for the pool's own local worker; start remote workers with "
+                    "`boltzlabs-gym worker --snapshot-budget BYTES`"
+                )
+            if type(snapshot_budget) is not int or snapshot_budget < 0:
+                raise ValueError(f"snapshot_budget must be a number of bytes >= 0, got {snapshot_budget!r}")
+        self._snapshot_budget = snapshot_budget
         self.n = n
         self.heartbeat_interval = float(heartbeat_interval)
         self.busy_poll_us = float(busy_poll_us)
@@ -215,11 +224,6 @@ class RLPool:
         self._answered: list[tuple[int, EnvResult]] = []  # items answered without a request
         self._sent_positions: list[int] | None = None  # the batch positions of the items sent, if not all
         self._batch_size = 0
-        #: Envs whose last call failed (killed, restarted) and that no reset or restore has started
-        #: again since: their state is gone, so a snapshot of one is refused. The reset items of
-        #: such envs in the batch in flight clear their mark when they succeed.
-        self._lost: dict[int, str] = {}
-        self._clearing: list[int] = []
         #: Held snapshots whose handles were garbage collected: released with the next snapshot call.
         self._forgotten: list[tuple[str, str]] = []
         #: Bytes of snapshots this pool's sessions hold, as of the last :meth:`memory` call.
@@ -275,6 +279,8 @@ class RLPool:
             self._route = routes[0] if len(routes) == 1 else SplitRoute(routes, sandboxes)
             return
         worker_args = [] if self._metrics_port is None else ["--metrics-port", str(self._metrics_port)]
+        if self._snapshot_budget is not None:
+            worker_args += ["--snapshot-budget", str(self._snapshot_budget)]
         link = start_local_worker(sandboxes, self.busy_poll_us, seq=self._seq, worker_args=worker_args, **heartbeat)
         self._links.append(link)  # closed by the finalizer whatever happens next
         if self.direct and lane_possible(sandboxes):
@@ -295,8 +301,6 @@ class RLPool:
         self._check_open()
         if self._in_flight:
             raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
-        if self._lost:
-            self._clearing = [int(i) for i, op, _ in items if i in self._lost and op.get("op") in _STARTS_OVER]
         if self.envs_per_sandbox > 1:
             self._send_grouped(items)
         else:
@@ -417,14 +421,6 @@ class RLPool:
             failed = [f for r in results for f in (r.failures() if type(r) is GroupResult else (r,))]
         stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
         errors = tuple(r.index for r in failed if r.status == ERROR)
-        if self._clearing:
-            for index in self._clearing:
-                self._lost.pop(index, None)
-            self._clearing = []
-        for index in stragglers:
-            self._lost[index] = "missed its deadline and was killed"
-        for index in errors:
-            self._lost[index] = "failed (crashed, or its call was refused)"
         t = self.timing
         calls = sum(len(r.plan.indices) if type(r) is GroupResult else 1 for r in results)
         self._recorder.batch(calls, time.perf_counter() - t0, len(stragglers), len(errors))
@@ -534,7 +530,8 @@ class RLPool:
         held by its worker; restore it with :meth:`restore` or branch with :meth:`fork`.
 
         The env is not changed. Refused (:class:`~boltzlabs_gym.errors.SnapshotError`) for an env
-        whose last call failed and that was not reset since (its state is gone), with
+        that no reset or restore started since its process was (re)started (a straggler, a crash or
+        a hard reset took its state), with
         ``envs_per_sandbox`` > 1, over the worker's snapshot budget, or when the env cannot be
         pickled (the message says which hooks to add). ``meta`` travels with the snapshot.
 
@@ -546,13 +543,6 @@ class RLPool:
         """
         self._check_snapshot_call("snapshot")
         index = self._check_index(index, "snapshot")
-        lost = self._lost.get(index)
-        if lost is not None:
-            raise SnapshotError(
-                f"cannot snapshot env {index}: its last call {lost}, so its state is gone; reset it "
-                "(reset(where=...) or autoreset) before taking a snapshot",
-                index,
-            )
         self._release_forgotten()
         [r] = self._run_items([(index, {"op": "snapshot"}, ())])
         reply = r.reply if r.status == OK else None
@@ -570,7 +560,9 @@ class RLPool:
             snapshot_id=info["id"],
             meta=meta,
         )
-        weakref.finalize(snap, self._forgotten.append, (link.address, info["id"]))
+        # Dropped unreleased: its id is queued (no I/O in a finalizer, which may run mid-call) and
+        # released by the next snapshot call; release() detaches this.
+        snap._finalizer = weakref.finalize(snap, self._forgotten.append, (link.address, info["id"]))
         return snap
 
     def restore(
@@ -713,23 +705,15 @@ class RLPool:
         return ids, imported
 
     def _run_items(self, items: list) -> list[EnvResult]:
-        """Run snapshot or restore items. A worker's refusal of one (``"refused"`` in its error: over
-        budget, a blob it does not hold) sent nothing to the env: it leaves the env's mark as it was."""
-        marks = {i: self._lost.get(i) for i, _op, _frames in items}
         self.batch_async(items)
-        results = self.batch_wait()
-        for r in results:
-            if r.status == ERROR and isinstance(r.reply, dict) and r.reply.get("refused"):
-                mark = marks.get(r.index)
-                if mark is None:
-                    self._lost.pop(r.index, None)
-                else:
-                    self._lost[r.index] = mark
-        return results
+        return self.batch_wait()
 
     def _export_snapshot(self, snap: Snapshot) -> bytes:
         """The blob of a snapshot this pool's worker holds (for :meth:`Snapshot.save` and moves)."""
         self._check_open()
+        if self._in_flight:
+            # The export's reply and the batch's share the link: waiting for one drops the other.
+            raise AsyncStateError("a snapshot cannot be saved or moved while a call is in flight; collect it first")
         link = next((lk for lk in self._links if lk.address == snap.worker), None)
         if link is None or snap.held_by(self, link.address) is None:
             raise SnapshotError(f"snapshot of env {snap.source} is not held by this pool's workers", snap.source)

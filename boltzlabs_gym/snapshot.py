@@ -74,6 +74,8 @@ class Snapshot:
         self._id = snapshot_id
         self._blob = blob
         self._released = False
+        #: Set by the pool that took it: queues its release if the handle is dropped unreleased.
+        self._finalizer: weakref.finalize | None = None
 
     @classmethod
     def from_blob(cls, blob: bytes, *, env: str, source: int = -1, kind: str = PORTABLE, meta: dict | None = None):
@@ -109,7 +111,8 @@ class Snapshot:
             )
 
     def blob(self) -> bytes:
-        """The state blob (fetched from its worker once, for a saveable kind)."""
+        """The state blob (fetched from its worker each time for a snapshot a worker holds: the
+        trainer keeps no copy of it; kept in memory for one loaded from a file)."""
         self.check_usable()
         if self._blob is not None:
             return self._blob
@@ -126,12 +129,15 @@ class Snapshot:
                 "was not saved; save snapshots you want to keep (snap.save(path)) before closing their pool",
                 self.source,
             )
-        self._blob = pool._export_snapshot(self)
-        return self._blob
+        return pool._export_snapshot(self)
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> None:
         """Write it to ``path`` (a header line of JSON, then the blob); :meth:`load` reads it back."""
+        try:
+            meta = json.dumps(self.meta, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise SnapshotError(f"snapshot meta must be JSON to be saved: {exc}", self.source) from None
         blob = self.blob()
         header = {
             "kind": self.kind,
@@ -139,14 +145,21 @@ class Snapshot:
             "source": self.source,
             "nbytes": len(blob),
             "created": self.created,
-            "meta": self.meta,
         }
+        line = json.dumps(header, separators=(",", ":"))[:-1] + f',"meta":{meta}}}\n'
         tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(SNAPSHOT_FILE_MAGIC)
-            f.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
-            f.write(blob)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(SNAPSHOT_FILE_MAGIC)
+                f.write(line.encode())
+                f.write(blob)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Snapshot:
@@ -163,12 +176,19 @@ class Snapshot:
             except (ValueError, KeyError, TypeError) as exc:
                 raise SnapshotError(f"{os.fspath(path)!r}: unreadable snapshot header ({exc})") from None
             blob = f.read()
-        if not (isinstance(kind, str) and isinstance(env, str) and type(source) is int and type(nbytes) is int):
+        created = header.get("created", 0.0)
+        if not (
+            isinstance(kind, str)
+            and isinstance(env, str)
+            and type(source) is int
+            and type(nbytes) is int
+            and isinstance(created, (int, float))
+        ):
             raise SnapshotError(f"{os.fspath(path)!r}: malformed snapshot header")
         if len(blob) != nbytes:
             raise SnapshotError(f"{os.fspath(path)!r} is cut short: {len(blob)} of {nbytes} bytes of state")
         snap = cls.from_blob(blob, env=env, source=source, kind=kind, meta=meta if isinstance(meta, dict) else {})
-        snap.created = float(header.get("created") or snap.created)
+        snap.created = float(created) or snap.created
         return snap
 
     # ------------------------------------------------------------------ life
@@ -178,6 +198,8 @@ class Snapshot:
             return
         self._released = True
         self._blob = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
         pool = self._pool() if self._pool is not None else None
         if pool is not None and self._id is not None and not pool.closed:
             pool._release_snapshots(self._worker, [self._id])

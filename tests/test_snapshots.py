@@ -261,7 +261,7 @@ def test_a_snapshot_outlives_its_source(mode):
         pool.reset(where=np.array([True, False]), hard=True)
         _, _, _, infos = pool.step(["hang", 0])
         assert "boltzlabs_straggler" in infos[0]
-        with pytest.raises(SnapshotError, match=r"env 0: its last call missed its deadline.*reset it"):
+        with pytest.raises(SnapshotError, match=r"env 0.*has not been reset since its process was.*reset it"):
             pool.snapshot(0)
         pool.restore(snap, where=[0])
         assert pool.step([1, 0])[0][0] == expected
@@ -415,3 +415,99 @@ def _status(address: str) -> dict:
         check=True,
     )
     return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_an_env_that_died_while_idle_is_not_snapshotted_until_reset(direct):
+    """The worker respawns an env that exited between calls; its state died with it, whichever way
+    (the lane or the worker) its steps go."""
+    import time
+
+    with RLPool(SNAP, n=2, isolation=ISOLATION, direct=direct) as pool:
+        pool.reset(seed=0)
+        pool.step(["exit_soon", 0])
+        time.sleep(1.0)
+        pool.step([0, 0])  # whatever this step finds, the env's episode is gone
+        with pytest.raises(SnapshotError, match=r"env 0.*has not been reset since"):
+            pool.snapshot(0)
+        pool.reset(where=np.array([True, False]), seed=[3, None])
+        pool.snapshot(0).release()
+
+
+def test_hard_links_and_read_only_directories_restore_again_and_again():
+    with RLPool(SNAP, n=2, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.step([["write", "a", "A"], 0])
+        pool.step([["link", "a", "b"], 0])
+        pool.step([["mkdir", "ro"], 0])
+        pool.step([["write", "ro/x", "X"], 0])
+        pool.step([["chmod", "ro", 0o500], 0])
+        files = pool.step(["files", 0])[0][0]["files"]
+        with pool.snapshot(0) as snap:
+            for _ in range(3):  # each restore empties a workspace that holds a read-only directory
+                pool.restore(snap, where=[1])
+                assert pool.step([0, "files"])[0][1]["files"] == files == {"a": "A", "b": "A", "ro/x": "X"}
+        pool.fork(0, into=[1])
+        pool.step([0, ["write", "a", "changed"]])
+        assert pool.step([0, "files"])[0][1]["files"]["b"] == "A", "a hard link became two files"
+
+
+def test_a_restore_that_fails_changes_nothing():
+    """A blob the target cannot load (here: of another pool's env class) leaves its env, generators
+    and files as they were."""
+    with RLPool(SNAP_HOOKS, n=1, isolation=ISOLATION) as other:
+        other.reset()
+        other.step(["x"])
+        foreign = other.snapshot(0)
+        blob = foreign.blob()
+    with RLPool(SNAP, n=2, isolation=ISOLATION) as pool:
+        pool.reset(seed=0)
+        pool.step([0, ["write", "mine", "1"]])
+        with pool.snapshot(1) as mine:
+            expected = [pool.step([0, a])[0][1] for a in (1, "files")]
+            pool.restore(mine, where=[1])
+            forged = Snapshot.from_blob(blob, env=pool.archive_hash)  # a hooks state for an env without hooks
+            obs = pool.restore(forged, where=[1])
+            assert obs[1] is None and "restore failed" in str(pool.reset_infos[1])
+            assert [pool.step([0, a])[0][1] for a in (1, "files")] == expected
+
+
+def test_a_state_over_the_size_limit_is_refused_and_the_env_lives_on():
+    from boltzlabs_gym import envstate
+    from boltzlabs_gym.protocol import MAX_ENV_PAYLOAD_BYTES
+
+    assert envstate.MAX_BLOB_BYTES < MAX_ENV_PAYLOAD_BYTES  # what the env may send, what the worker reads
+    with RLPool(SNAP, n=1, isolation=ISOLATION, limits=boltzlabs_gym.Limits(file_size_bytes=1 << 30)) as pool:
+        pool.reset(seed=0)
+        pool.step([["sparse", envstate.MAX_BLOB_BYTES + 1]])
+        t = pool.step([1])[0][0]["t"]
+        with pytest.raises(SnapshotError, match=r"env 0.*over the 255 MiB one snapshot may hold.*get_state"):
+            pool.snapshot(0)
+        assert pool.step([1])[0][0]["t"] == t + 1
+
+
+def test_saving_while_a_call_is_in_flight_is_refused(tmp_path):
+    from boltzlabs_gym.errors import AsyncStateError
+
+    with RLPool(SNAP, n=1, isolation=ISOLATION, direct=False) as pool:
+        pool.reset(seed=0)
+        snap = pool.snapshot(0)
+        pool.step_async([1])
+        with pytest.raises(AsyncStateError, match="in flight"):
+            snap.save(tmp_path / "s.blz")
+        assert pool.step_wait()[0][0]["t"] == 1
+        snap.save(tmp_path / "s.blz")
+        snap.meta["bad"] = object()
+        with pytest.raises(SnapshotError, match="JSON"):
+            snap.save(tmp_path / "t.blz")
+        assert sorted(os.listdir(tmp_path)) == ["s.blz"]
+        snap.release()
+
+
+def test_a_local_pool_sets_its_workers_snapshot_budget():
+    with RLPool(SNAP, n=1, isolation=ISOLATION, snapshot_budget=100) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(SnapshotError, match=r"budget is 100 bytes.*RLPool\(snapshot_budget=...\)"):
+            pool.snapshot(0)
+    with pytest.raises(ValueError, match="snapshot_budget"):
+        RLPool(SNAP, n=1, snapshot_budget=-1)

@@ -23,6 +23,7 @@ from ..protocol import (
     GROUP_SLOTS,
     LEND,
     LENT_FAULT,
+    MAX_ENV_PAYLOAD_BYTES,
     OK,
     RESTORE,
     SNAPSHOT,
@@ -38,8 +39,9 @@ from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
 from .snapshots import SnapshotBudgetExceeded
 from .stats import envs_by_state, read_lane_report
 
-#: The most bytes one snapshot blob may have (a blob is one env reply's payload: the env's limit).
-MAX_SNAPSHOT_BYTES = 1 << 30
+#: The most bytes one snapshot blob may have: one env reply's payload limit, which is also what an
+#: env reads with one request (envstate.MAX_BLOB_BYTES keeps under it).
+MAX_SNAPSHOT_BYTES = MAX_ENV_PAYLOAD_BYTES
 
 
 class _SnapshotCatcher:
@@ -184,13 +186,13 @@ class OpHandlers(WorkerParts):
         for pos, (index, op, frames) in enumerate(calls):
             env = session.envs[index]
             target: Batch | _SnapshotCatcher = batch
+            if op["op"] != LENT_FAULT:
+                self._take_back(env)  # even for a refused item: the pool let go of it when it sent one
             if op["op"] in (SNAPSHOT, RESTORE):
                 prepared = self._prepare_snapshot_item(session, env, op, frames, batch, pos)
                 if prepared is None:
                     continue  # refused: already answered, nothing sent to the env
                 op, frames, target = prepared
-            if op["op"] != LENT_FAULT:
-                self._take_back(env)
             self._submit(session, env, op, frames, target, pos)
         self._deadlines.seal(time.monotonic())
         if not calls:

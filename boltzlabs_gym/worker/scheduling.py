@@ -18,7 +18,17 @@ from random import random
 
 from ..envpipe import EnvFault
 from ..lending import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
-from ..protocol import ERROR, GROUP_OPS, GROUP_SLOTS, LENT_FAULT, OK, STRAGGLER, env_request, error_reply
+from ..protocol import (
+    ERROR,
+    GROUP_OPS,
+    GROUP_SLOTS,
+    LENT_FAULT,
+    OK,
+    STRAGGLER,
+    env_request,
+    env_request_line,
+    error_reply,
+)
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .parts import WorkerParts
 from .session import Batch, Session
@@ -31,6 +41,10 @@ log = logging.getLogger("boltzlabs_gym.worker")
 
 #: Call kinds the scheduler treats apart; any other op is "other".
 _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
+
+
+#: A request whose payloads are this large goes to the pipe as parts, not joined into one copy.
+_PARTS_MIN = 1 << 20
 
 
 class Scheduling(WorkerParts):
@@ -89,7 +103,10 @@ class Scheduling(WorkerParts):
         if call.timeout is not None:
             self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
         try:
-            done = env.write(env_request(call.op, call.payloads))
+            if call.payloads and sum(len(p) for p in call.payloads) >= _PARTS_MIN:
+                done = env.write_parts([env_request_line(call.op, call.payloads), *call.payloads])
+            else:
+                done = env.write(env_request(call.op, call.payloads))
         except EnvFault as exc:
             self._fault(session, env, exc.reason)
             return

@@ -56,8 +56,9 @@ class SnapshotStore:
         if self.held_bytes + len(blob) > self.budget:
             raise SnapshotBudgetExceeded(
                 f"the worker's snapshot budget is {self.budget} bytes and {self.held_bytes} are held "
-                f"({len(self._held)} snapshots); this one needs {len(blob)} more: release snapshots "
-                "(snap.release()) or start the worker with a larger --snapshot-budget"
+                f"({len(self._held)} snapshots, every client's); this one needs {len(blob)} more: release "
+                "snapshots (snap.release()) or raise the budget (RLPool(snapshot_budget=...) for a local pool, "
+                "`boltzlabs-gym worker --snapshot-budget` for a remote worker)"
             )
         snap = HeldSnapshot(f"z{next(self._counter)}-{secrets.token_hex(6)}", session, source, kind, bytes(blob))
         self._held[snap.id] = snap

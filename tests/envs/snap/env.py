@@ -6,7 +6,8 @@ global generator, and the step count); ``["write", name, text]`` writes a worksp
 ``"files"`` returns the workspace's files and their contents; ``"who"`` returns this process's
 token (made at start), its pid and the pids it can see; ``"hang"`` sleeps past any deadline;
 ``"crash"`` exits; ``"lock"`` gives the env an attribute that cannot be pickled; ``["chmod", name,
-mode]`` and ``["mkdir", name]`` change the workspace, ``"modes"`` returns its entries' modes.
+mode]`` and ``["mkdir", name]`` change the workspace, ``"modes"`` returns its entries' modes; ``["link", a, b]`` hard-links a file, ``["sparse",
+size]`` makes a sparse file that large, ``"exit_soon"`` exits while idle after answering.
 """
 
 import os
@@ -66,6 +67,16 @@ class Env:
             return {"t": self.t}, 0.0, False, {}
         if isinstance(action, list) and action[:1] == ["mkdir"]:
             os.mkdir(os.path.join(WORKSPACE, action[1]))
+            return {"t": self.t}, 0.0, False, {}
+        if isinstance(action, list) and action[:1] == ["link"]:
+            os.link(os.path.join(WORKSPACE, action[1]), os.path.join(WORKSPACE, action[2]))
+            return {"t": self.t}, 0.0, False, {}
+        if isinstance(action, list) and action[:1] == ["sparse"]:
+            with open(os.path.join(WORKSPACE, "sparse"), "wb") as f:
+                f.truncate(action[1])
+            return {"t": self.t}, 0.0, False, {}
+        if action == "exit_soon":  # dies while idle, after its reply is out
+            threading.Timer(0.2, os._exit, (7,)).start()
             return {"t": self.t}, 0.0, False, {}
         if action == "modes":
             modes = {}
