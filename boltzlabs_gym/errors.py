@@ -14,6 +14,7 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
      ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
      ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
+ ├── PlacementTimeout (TimeoutError)      Ray could not place the workers' actors: what was asked, what the cluster has
      ├── NetnsUnavailable (RuntimeError)      a test network namespace cannot be made (boltzlabs_gym.testing)
      ├── ArchiveError (ValueError)            an env directory archive was refused
      ├── CodecError (ValueError)              a value or payload does not match its space
@@ -61,6 +62,7 @@ __all__ = [
     "AsyncStateError",
     "CapacityError",
     "SandboxUnavailable",
+    "PlacementTimeout",
     "NetnsUnavailable",
     "ArchiveError",
     "CodecError",
@@ -131,6 +133,16 @@ class CapacityError(BoltzLabsError, RuntimeError):
 
 class SandboxUnavailable(BoltzLabsError, RuntimeError):
     """The requested isolation cannot be had on this host; the message says why and how."""
+
+
+class PlacementTimeout(BoltzLabsError, TimeoutError):
+    """Ray did not place the workers' actors in time (``boltzlabs_gym.ray``): the message says
+    what was asked and what the cluster has; ``asked`` and ``cluster`` hold them."""
+
+    def __init__(self, message: str, asked: object = None, cluster: object = None):
+        super().__init__(message)
+        self.asked = asked
+        self.cluster = cluster
 
 
 class NetnsUnavailable(BoltzLabsError, RuntimeError):
