@@ -262,3 +262,4 @@ def test_pending_actors_time_out_saying_what_was_asked_and_what_there_is(cluster
     # nothing placed stays reserved: a fitting request goes through at once
     with RayWorkers(num_workers=1, capacity=4, placement_timeout=10.0) as workers:
         assert len(workers.addresses) == 1
+

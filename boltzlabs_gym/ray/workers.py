@@ -79,7 +79,8 @@ class RayWorkers:
             the cluster has.
         start_timeout: seconds each worker has to start.
         worker_args: more ``boltzlabs-gym worker`` options (``["--metrics-port", "0"]``).
-        init_kwargs: more ``ray.init`` arguments for a local cluster (``num_cpus``...).
+        init_kwargs: more ``ray.init`` arguments for a local cluster (``num_cpus``...), used only
+            when one is started.
     """
 
     def __init__(
@@ -172,7 +173,7 @@ class RayWorkers:
         if ray.is_initialized():
             return
         try:
-            ray.init(address=self.ray_address, log_to_driver=False, **self.init_kwargs)
+            ray.init(address=self.ray_address, log_to_driver=False)
         except ConnectionError:
             if self.ray_address not in ("auto", None):
                 raise
