@@ -42,6 +42,7 @@ _LAZY = {
     "KeyFileError": "boltzlabs_gym.errors",
     "MetricsPortError": "boltzlabs_gym.errors",
     "MissingExtraError": "boltzlabs_gym.errors",
+    "PlacementTimeout": "boltzlabs_gym.errors",
     "PoolStats": "boltzlabs_gym.stats",
 }
 

@@ -29,6 +29,7 @@ PACKAGE_EXPORTS = [
     "Limits",
     "MetricsPortError",
     "MissingExtraError",
+    "PlacementTimeout",
     "PoolClosedError",
     "PoolStats",
     "ProtocolError",
