@@ -14,7 +14,7 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
      ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
      ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
-     ├── PlacementTimeout (TimeoutError)      Ray could not place the workers' actors: what was asked, what the cluster has
+     ├── PlacementTimeout (TimeoutError)      Ray did not place the workers' actors: what was asked, what there is
      ├── NetnsUnavailable (RuntimeError)      a test network namespace cannot be made (boltzlabs_gym.testing)
      ├── ArchiveError (ValueError)            an env directory archive was refused
      ├── CodecError (ValueError)              a value or payload does not match its space

@@ -238,10 +238,10 @@ class RLPool:
                 # A local worker dies with this process; only remote ones need a lease.
                 "lease_s": float(lease) if addresses else 86400.0,
             }
-            # Kept to re-create a lost worker's envs on its replacement (see _reopen_lost).
-            self._open_sessions = lambda links: open_sessions(
-                links, archive, digest, config, n, self.start_timeout, self.envs_per_sandbox
-            )
+            # Kept to re-create a lost worker's envs on its replacement (see _reopen_lost); it
+            # holds no reference to the pool, whose finalizer must not wait for a cycle collection.
+            start_timeout, k = self.start_timeout, self.envs_per_sandbox
+            self._open_sessions = lambda links: open_sessions(links, archive, digest, config, n, start_timeout, k)
             self.isolation = self._open_sessions(self._links)
             self.start_progress = (n, n)
             if metrics_port is not None:
