@@ -133,8 +133,8 @@ def test_envs_never_see_ray_and_keys_travel_in_memory(cluster, tmp_path):
             assert pool.isolation is not None
             # RayWorkers.status(): envs, PSS and isolation per node, through the worker's own op
             (row,) = workers.status()
-            assert row["in_use"] == 2 and row["node_id"] == workers.workers[0].node_id
-            assert row["isolation"] and "error" not in row
+            assert row["envs"] == row["in_use"] == 2 and row["node_id"] == workers.workers[0].node_id
+            assert row["isolation"] == [pool.isolation.backend] and row["pss_bytes"] > 0 and "error" not in row
             # boltzlabs-gym status with the saved in-memory keys
             dirs = workers.save_client_keys(str(tmp_path / "keys"))
             keydir = dirs[workers.addresses[0]]

@@ -104,8 +104,9 @@ class WorkerHost:
             pass  # it died at once: the READY line will not come, and the log says why
         line = _read_line(stdout, start_timeout)
         if not line.startswith("READY "):
+            tail = self.log_tail()  # before stop() removes the log
             self.stop()
-            raise RuntimeError(f"boltzlabs worker did not start on {host}: {line!r}; log tail:\n{self.log_tail()}")
+            raise RuntimeError(f"boltzlabs worker did not start on {host}: {line!r}; log tail:\n{tail}")
         threading.Thread(target=_drain, args=(stdout,), daemon=True).start()
         self.info = {
             "address": line.split()[1],

@@ -316,9 +316,10 @@ class RayWorkers:
 
     # ------------------------------------------------------------------ introspection
     def status(self, timeout: float = 10.0) -> list[dict]:
-        """Each worker's ``status`` (the worker's own op: sessions, envs, PSS, isolation), with
-        its node, summarised: ``address``, ``node_id``, ``node_ip``, ``in_use``, ``free``,
-        ``pss_bytes``, ``isolation``; ``error`` for a worker that did not answer."""
+        """Each worker's ``status`` (the worker's own op), with its node, summarised: ``address``,
+        ``node_id``, ``node_ip``, ``envs`` (in all sessions), ``in_use``/``free`` (sandboxes),
+        ``pss_bytes`` (envs and templates), ``worker_pss_bytes``, ``isolation`` (the sessions'
+        backends) and the whole reply as ``status``; ``error`` for a worker that did not answer."""
         from ..link import WorkerLink
 
         ctx = zmq.Context()
@@ -340,10 +341,14 @@ class RayWorkers:
                     header = link.call({"op": "status"}, timeout=timeout)
                     sessions = header.get("sessions") or []
                     row.update(
+                        envs=sum(int(s.get("envs") or 0) for s in sessions),
                         in_use=header.get("in_use"),
                         free=header.get("free"),
-                        pss_bytes=sum(int(s.get("pss_bytes") or s.get("pss") or 0) for s in sessions),
-                        isolation=sorted({str(s.get("isolation")) for s in sessions if s.get("isolation")}),
+                        pss_bytes=sum(
+                            int(s.get("pss_bytes") or 0) + int(s.get("template_pss_bytes") or 0) for s in sessions
+                        ),
+                        worker_pss_bytes=header.get("worker_pss_bytes"),
+                        isolation=sorted({(s.get("isolation") or {}).get("backend", "?") for s in sessions}),
                         status=header,
                     )
                 except WorkerError as exc:
