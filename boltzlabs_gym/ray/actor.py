@@ -92,8 +92,8 @@ class WorkerHost:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=worker_environment(),
-                start_new_session=True,  # its own process group: stop() kills the whole group
                 close_fds=True,
+                **_own_process_group(),
             )
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None  # both are pipes
@@ -160,6 +160,18 @@ class WorkerHost:
             self.stop(grace=2.0)
         except Exception:  # noqa: BLE001 - best effort at interpreter exit
             pass
+
+
+def _own_process_group() -> dict:
+    """Popen arguments that give the worker a process group of its own (stop() kills the group).
+
+    A group, not a session: with the kernel's scheduler autogroups (one per session, on by
+    default on desktops and many VMs) a new session would put the worker and its envs in a CPU
+    share of their own, against the trainer's, on a machine that hosts both.
+    """
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # pragma: no cover - Python 3.10
 
 
 def _node_ip() -> str:
