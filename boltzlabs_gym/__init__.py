@@ -32,6 +32,7 @@ _LAZY = {
     "EnvAttributeError": "boltzlabs_gym.errors",
     "WorkerError": "boltzlabs_gym.errors",
     "WorkerTimeout": "boltzlabs_gym.errors",
+    "WorkerLost": "boltzlabs_gym.errors",
     "PoolClosedError": "boltzlabs_gym.errors",
     "AsyncStateError": "boltzlabs_gym.errors",
     "CapacityError": "boltzlabs_gym.errors",

@@ -9,6 +9,7 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── EnvCallError (RuntimeError)          call/get_attr/set_attr/render failed in an env: index, failure
      │    └── EnvAttributeError (AttributeError)  the env has no such attribute
      ├── WorkerError (RuntimeError)           a worker died, refused or is unreachable: worker address
+     │    ├── WorkerLost (RuntimeError)       silent past the heartbeat timeout, or unreachable for a send
      │    └── WorkerTimeout (TimeoutError)    no reply within the deadline
      ├── PoolClosedError (RuntimeError)       the pool/vector env was used after close()
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
@@ -58,6 +59,7 @@ __all__ = [
     "EnvAttributeError",
     "WorkerError",
     "WorkerTimeout",
+    "WorkerLost",
     "PoolClosedError",
     "AsyncStateError",
     "CapacityError",
@@ -117,6 +119,12 @@ class WorkerError(BoltzLabsError, RuntimeError):
 
 class WorkerTimeout(WorkerError, TimeoutError):
     """A worker did not answer within its deadline."""
+
+
+class WorkerLost(WorkerError):
+    """A worker is gone as far as the pool can tell: nothing heard from it for the heartbeat
+    timeout, or a request that could not be sent. A pool with ``worker_loss="report"`` reports
+    its envs as errors instead of raising this."""
 
 
 class PoolClosedError(BoltzLabsError, RuntimeError):

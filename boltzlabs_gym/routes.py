@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import WorkerError, WorkerTimeout
+from .errors import WorkerError, WorkerLost, WorkerTimeout
 from .lane import DIRECT_OPS, Lane
 from .link import WorkerLink
 from .protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
@@ -146,8 +146,8 @@ class WorkerRoute:
 class SplitRoute:
     """Several workers: each gets one request with its envs' items; replies come back in item order.
 
-    With ``report_loss``, a worker that is lost (unreachable past the heartbeat timeout, or a
-    send that cannot go out) does not fail the batch: its envs' results are errors that say
+    With ``report_loss``, a worker that is lost (:class:`WorkerLost`: unreachable past the
+    heartbeat timeout, or a send that cannot go out) does not fail the batch: its envs' results are errors that say
     so, now and on every later call, until the pool puts a new link in its place
     (:meth:`replace`). Without it, the loss raises :class:`WorkerError`, as it always did.
     """
@@ -185,8 +185,8 @@ class SplitRoute:
                     route.send_entries(its_entries, its_frames)
                     self._sent.append(route)
                     continue
-                except WorkerError as exc:
-                    if not self.report_loss or isinstance(exc, WorkerTimeout):
+                except WorkerLost as exc:
+                    if not self.report_loss:
                         raise
                     self._mark_lost(ri, exc)
             self._unsent[ri] = [route.link.start + entry[0] for entry in its_entries]
@@ -224,8 +224,8 @@ class SplitRoute:
         for route in sent:
             try:
                 per_route[id(route)], ms = route.wait(max(0.0, deadline - time.monotonic()), raw)
-            except WorkerError as exc:
-                if not self.report_loss or isinstance(exc, WorkerTimeout):
+            except WorkerLost as exc:
+                if not self.report_loss:
                     raise
                 ri = self.routes.index(route)
                 self._mark_lost(ri, exc)

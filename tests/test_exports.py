@@ -37,6 +37,7 @@ PACKAGE_EXPORTS = [
     "SandboxUnavailable",
     "Timing",
     "WorkerError",
+    "WorkerLost",
     "WorkerTimeout",
     "__version__",
     "make_vec",
