@@ -32,6 +32,7 @@ _LAZY = {
     "EnvAttributeError": "boltzlabs_gym.errors",
     "WorkerError": "boltzlabs_gym.errors",
     "WorkerTimeout": "boltzlabs_gym.errors",
+    "WorkerLost": "boltzlabs_gym.errors",
     "PoolClosedError": "boltzlabs_gym.errors",
     "AsyncStateError": "boltzlabs_gym.errors",
     "CapacityError": "boltzlabs_gym.errors",
@@ -44,6 +45,7 @@ _LAZY = {
     "MissingExtraError": "boltzlabs_gym.errors",
     "SnapshotError": "boltzlabs_gym.errors",
     "Snapshot": "boltzlabs_gym.snapshot",
+    "PlacementTimeout": "boltzlabs_gym.errors",
     "PoolStats": "boltzlabs_gym.stats",
 }
 

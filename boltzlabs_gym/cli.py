@@ -27,6 +27,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     argv += ["--capacity", str(args.capacity), "--log-level", args.log_level]
     if args.keys:
         argv += ["--keys", args.keys]
+    if args.keys_stdin:
+        argv.append("--keys-stdin")
     if args.insecure:
         argv.append("--insecure")
     if args.metrics_port is not None:
@@ -130,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
+    p.add_argument(
+        "--keys-stdin",
+        action="store_true",
+        help="read CURVE keys from stdin (one line: z85 worker secret key, then allowed client public keys)",
+    )
     p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
     p.add_argument(
         "--metrics-port",

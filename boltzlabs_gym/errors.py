@@ -9,12 +9,14 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── EnvCallError (RuntimeError)          call/get_attr/set_attr/render failed in an env: index, failure
      │    └── EnvAttributeError (AttributeError)  the env has no such attribute
      ├── WorkerError (RuntimeError)           a worker died, refused or is unreachable: worker address
+     │    ├── WorkerLost (RuntimeError)       silent past the heartbeat timeout, or unreachable for a send
      │    └── WorkerTimeout (TimeoutError)    no reply within the deadline
      ├── PoolClosedError (RuntimeError)       the pool/vector env was used after close()
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
      ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
      ├── SnapshotError (RuntimeError)         a snapshot, restore or fork was refused or failed: index
      ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
+     ├── PlacementTimeout (TimeoutError)      Ray did not place the workers' actors: what was asked, what there is
      ├── NetnsUnavailable (RuntimeError)      a test network namespace cannot be made (boltzlabs_gym.testing)
      ├── ArchiveError (ValueError)            an env directory archive was refused
      ├── CodecError (ValueError)              a value or payload does not match its space
@@ -58,10 +60,12 @@ __all__ = [
     "EnvAttributeError",
     "WorkerError",
     "WorkerTimeout",
+    "WorkerLost",
     "PoolClosedError",
     "AsyncStateError",
     "CapacityError",
     "SandboxUnavailable",
+    "PlacementTimeout",
     "NetnsUnavailable",
     "ArchiveError",
     "CodecError",
@@ -119,6 +123,12 @@ class WorkerTimeout(WorkerError, TimeoutError):
     """A worker did not answer within its deadline."""
 
 
+class WorkerLost(WorkerError):
+    """A worker is gone as far as the pool can tell: nothing heard from it for the heartbeat
+    timeout, or a request that could not be sent. A pool with ``worker_loss="report"`` reports
+    its envs as errors instead of raising this."""
+
+
 class PoolClosedError(BoltzLabsError, RuntimeError):
     """The pool or vector env was used after ``close()``."""
 
@@ -133,6 +143,16 @@ class CapacityError(BoltzLabsError, RuntimeError):
 
 class SandboxUnavailable(BoltzLabsError, RuntimeError):
     """The requested isolation cannot be had on this host; the message says why and how."""
+
+
+class PlacementTimeout(BoltzLabsError, TimeoutError):
+    """Ray did not place the workers' actors in time (``boltzlabs_gym.ray``): the message says
+    what was asked and what the cluster has; ``asked`` and ``cluster`` hold them."""
+
+    def __init__(self, message: str, asked: object = None, cluster: object = None):
+        super().__init__(message)
+        self.asked = asked
+        self.cluster = cluster
 
 
 class NetnsUnavailable(BoltzLabsError, RuntimeError):

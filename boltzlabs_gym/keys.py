@@ -12,6 +12,11 @@ other ``*.key`` public key in ``DIR`` (add a file per extra client). A pool give
 ``keys=DIR`` loads ``client.key_secret`` and pins ``worker.key``. Missing, empty or
 malformed keys raise :class:`KeyFileError`; nothing is silently skipped (pyzmq's own
 loader only logs such errors and then denies everyone).
+
+Keys need not be files: a launcher (``boltzlabs_gym.ray``) makes them in memory, hands a
+worker its secret key and allowed client keys on its stdin (``--keys-stdin``, one line read
+by :func:`parse_worker_keys_line`) and gives a pool a :class:`ClientKeys` (``keys=``).
+:func:`write_client_keys` saves such keys for ``boltzlabs-gym status --keys DIR``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,16 @@ from dataclasses import dataclass
 
 from .errors import KeyFileError
 
-__all__ = ["KeyFileError", "WorkerKeys", "ClientKeys", "generate_keys", "load_worker_keys", "load_client_keys"]
+__all__ = [
+    "KeyFileError",
+    "WorkerKeys",
+    "ClientKeys",
+    "generate_keys",
+    "load_worker_keys",
+    "load_client_keys",
+    "parse_worker_keys_line",
+    "write_client_keys",
+]
 
 WORKER_NAME = "worker"
 CLIENT_NAME = "client"
@@ -102,3 +116,55 @@ def load_client_keys(directory: str) -> ClientKeys:
     public, secret = _load(os.path.join(directory, CLIENT_NAME + ".key_secret"), want_secret=True)
     server_public, _ = _load(os.path.join(directory, WORKER_NAME + ".key"), want_secret=False)
     return ClientKeys(public, secret, server_public)
+
+
+def parse_worker_keys_line(line: str) -> WorkerKeys:
+    """A worker's keys from one line of z85 keys: its secret key, then the allowed client public keys.
+
+    What ``boltzlabs-gym worker --keys-stdin`` reads: nothing on a command line or in the
+    environment, where other processes of the same user could read it.
+    """
+    import zmq
+
+    words = line.split()
+    if len(words) < 2:
+        raise KeyFileError("--keys-stdin wants one line: the worker's z85 secret key, then allowed client public keys")
+    bad = [w[:8] + "..." for w in words if len(w) != 40]
+    if bad:
+        raise KeyFileError(f"--keys-stdin: not 40-character z85 keys: {bad}")
+    secret = words[0].encode("ascii")
+    try:
+        public = zmq.curve_public(secret)
+    except (ValueError, zmq.ZMQError) as exc:
+        raise KeyFileError(f"--keys-stdin: the secret key is malformed: {exc}") from None
+    return WorkerKeys(public, secret, frozenset(w.encode("ascii") for w in words[1:]))
+
+
+def write_client_keys(directory: str, keys: ClientKeys) -> dict[str, str]:
+    """Save in-memory client keys as a key directory ``load_client_keys`` (and ``boltzlabs-gym
+    status --keys DIR``) reads: ``client.key_secret`` (mode 0600) and the pinned ``worker.key``.
+
+    The directory is created mode 0700 and must not hold keys already.
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    paths = {
+        CLIENT_NAME + "_secret": os.path.join(directory, CLIENT_NAME + ".key_secret"),
+        WORKER_NAME: os.path.join(directory, WORKER_NAME + ".key"),
+    }
+    for path in paths.values():
+        if os.path.exists(path):
+            raise KeyFileError(f"{path} already exists; refusing to overwrite keys")
+    files = (
+        (paths[CLIENT_NAME + "_secret"], keys.public, keys.secret, 0o600),
+        (paths[WORKER_NAME], keys.server_public, b"", 0o644),
+    )
+    for path, public, secret, mode in files:
+        quoted = {name: '"' + key.decode("ascii") + '"' for name, key in (("public", public), ("secret", secret))}
+        lines = ["metadata", "curve", "    public-key = " + quoted["public"]]
+        if secret:
+            lines.append("    secret-key = " + quoted["secret"])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(path, mode)
+    return paths

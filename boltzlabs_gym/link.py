@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 
 from .channel import Channel, ChannelClosed, ChannelError
-from .errors import CapacityError, EnvStartError, SandboxUnavailable, WorkerError, WorkerTimeout
+from .errors import CapacityError, EnvStartError, SandboxUnavailable, WorkerError, WorkerLost, WorkerTimeout
 from .lane import Lane
 from .protocol import LENT, LENT_FDS, decode_header, encode_header
 
@@ -142,7 +142,7 @@ class WorkerLink:
             self.sock.send_multipart([encode_header(header), *frames])
         except zmq.Again:
             hint = self.handshake_failure() or "it is down, unreachable, or refused the connection"
-            raise WorkerError(f"worker {self.address} is unreachable: cannot send ({hint})", self.address) from None
+            raise WorkerLost(f"worker {self.address} is unreachable: cannot send ({hint})", self.address) from None
         except ChannelClosed:
             self._raise_worker_gone()
         return seq
@@ -170,7 +170,7 @@ class WorkerLink:
                 raise WorkerTimeout(f"worker {self.address} did not answer within {timeout:.1f} s", self.address)
             if now - self.last_heard > self.heartbeat_timeout:
                 hint = self.handshake_failure() or "it died, hangs, or the network is down"
-                raise WorkerError(
+                raise WorkerLost(
                     f"worker {self.address} is unreachable: nothing heard for {now - self.last_heard:.1f} s "
                     f"(heartbeat timeout {self.heartbeat_timeout:g} s): {hint}",
                     self.address,

@@ -31,6 +31,8 @@ __all__ = ["make_vec", "register_envs", "vector_entry_point"]
 #: Options that belong to the pool rather than to the envs.
 POOL_OPTIONS = (
     "workers",
+    "keys",
+    "worker_loss",
     "isolation",
     "mode",
     "step_timeout",

@@ -34,11 +34,13 @@ import zmq
 from .archive import pack_dir
 from .errors import AsyncStateError, PoolClosedError, SnapshotError, WorkerError
 from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack, pack_steps
+from .keys import ClientKeys
 from .link import WorkerLink, start_local_worker
 from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, jsonable
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
 from .snapshot import Snapshot
+from .sources import WorkerSource, client_keys_from, reopen_lost, worker_addresses
 from .startup import connect_workers, open_sessions
 from .stats import PoolRecorder, PoolStats
 from .timing import Timing
@@ -66,8 +68,11 @@ class RLPool:
         env_dir: an env directory whose ``env.py`` calls :func:`boltzlabs_gym.env.serve`.
         n: number of envs.
         workers: worker addresses (``tcp://host:port``); default: start a local worker.
-            Envs are split across workers by their free capacity, or by ``split``.
-        keys: CURVE key directory (``boltzlabs-gym keygen``) for authenticated workers.
+            Envs are split across workers by their free capacity, or by ``split``. Or a
+            :class:`~boltzlabs_gym.sources.WorkerSource` (``boltzlabs_gym.ray.RayWorkers``):
+            workers placed for you, with their addresses and keys.
+        keys: CURVE key directory (``boltzlabs-gym keygen``) for authenticated workers, or
+            :class:`~boltzlabs_gym.keys.ClientKeys` held in memory (a source brings its own).
         split: explicit number of envs per worker (same order as ``workers``).
         heartbeat_timeout: seconds of silence after which a worker counts as dead or
             unreachable (the pool pings it every ``heartbeat_interval`` while waiting).
@@ -117,6 +122,13 @@ class RLPool:
             extra. Remote workers serve their own (``boltzlabs-gym worker --metrics-port``).
         snapshot_budget: bytes of env snapshots the local worker holds (default 1 GiB; see
             :meth:`snapshot`). Remote workers have their own (``boltzlabs-gym worker --snapshot-budget``).
+        worker_loss: what a remote worker lost past ``heartbeat_timeout`` does to a call:
+            ``"raise"`` a :class:`~boltzlabs_gym.WorkerError`, or ``"report"`` its envs'
+            results as errors in their slots (truncated episodes, ``info["boltzlabs_error"]``)
+            until a hard reset re-creates them on the worker that took its place in a
+            :class:`~boltzlabs_gym.sources.WorkerSource` (:attr:`lost_workers` lists the lost).
+            Default: ``"report"`` for a source, ``"raise"`` otherwise. ``"report"`` needs
+            ``envs_per_sandbox=1``.
     """
 
     def __init__(
@@ -124,7 +136,7 @@ class RLPool:
         env_dir: str | os.PathLike,
         n: int,
         *,
-        workers: Sequence[str] | None = None,
+        workers: Sequence[str] | WorkerSource | None = None,
         isolation: str = "auto",
         mode: str = "default",
         step_timeout: float = 30.0,
@@ -133,7 +145,7 @@ class RLPool:
         limits: Limits | None = None,
         serialize_measurement: bool = False,
         env_vars: dict[str, str] | None = None,
-        keys: str | os.PathLike | None = None,
+        keys: str | os.PathLike | ClientKeys | None = None,
         split: Sequence[int] | None = None,
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 10.0,
@@ -144,6 +156,7 @@ class RLPool:
         envs_per_sandbox: int = 1,
         metrics_port: int | None = None,
         snapshot_budget: int | None = None,
+        worker_loss: str | None = None,
     ):
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
@@ -160,20 +173,30 @@ class RLPool:
             raise ValueError(f"direct must be True or False, got {direct!r}")
         self.direct = direct
         self.envs_per_sandbox = check_envs_per_sandbox(envs_per_sandbox)
+        #: Where the workers came from, when given whole (``workers=RayWorkers(...)``), and their addresses.
+        self._source, addresses = worker_addresses(workers, keys)
+        #: A source's worker addresses -> their positions in it (a replacement takes the same).
+        self._source_positions = {a: i for i, a in enumerate(addresses or ()) if self._source is not None}
+        if worker_loss not in (None, "raise", "report"):
+            raise ValueError(f"worker_loss must be 'raise' or 'report', got {worker_loss!r}")
+        if worker_loss == "report" and (not addresses or envs_per_sandbox != 1):
+            raise ValueError("worker_loss='report' is for remote workers with envs_per_sandbox=1")
+        default_loss = "report" if self._source is not None and envs_per_sandbox == 1 else "raise"
+        self.worker_loss = worker_loss or default_loss
         #: Which sandbox and slot each env has (one env per sandbox unless ``envs_per_sandbox`` > 1).
         self.layout = SandboxLayout(n, self.envs_per_sandbox)
         if heartbeat_interval <= 0 or heartbeat_timeout <= heartbeat_interval:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
-        if split is not None and (not workers or len(split) != len(workers) or sum(split) != n or min(split) < 0):
+        if split is not None and (not addresses or len(split) != len(addresses) or sum(split) != n or min(split) < 0):
             raise ValueError(f"split must give one count per worker and sum to n={n}, got {split!r}")
         if split is not None and any(c % envs_per_sandbox for c in list(split)[:-1]):
             raise ValueError(
                 f"split counts must be multiples of envs_per_sandbox={envs_per_sandbox} (but the last): "
                 f"a sandbox cannot span workers; got {split!r}"
             )
-        self._check_metrics_port(metrics_port, workers)
+        self._check_metrics_port(metrics_port, addresses)
         if snapshot_budget is not None:
-            if workers:
+            if addresses:
                 raise ValueError(
                     "snapshot_budget is for the pool's own local worker; start remote workers with "
                     "`boltzlabs-gym worker --snapshot-budget BYTES`"
@@ -185,11 +208,7 @@ class RLPool:
         self.heartbeat_interval = float(heartbeat_interval)
         self.busy_poll_us = float(busy_poll_us)
         self.heartbeat_timeout = float(heartbeat_timeout)
-        self._keys = None
-        if keys is not None:
-            from .keys import load_client_keys
-
-            self._keys = load_client_keys(os.fspath(keys))
+        self._keys = client_keys_from(keys)
         self.env_dir = os.fspath(env_dir)
         self.mode = mode
         self.env_aslr = env_aslr
@@ -234,29 +253,26 @@ class RLPool:
             archive, digest = pack_dir(self.env_dir)
             #: The env directory's content hash: snapshots restore only into envs of the same one.
             self.archive_hash = digest
-            self._start_links(workers, split)
-            self.isolation = open_sessions(
-                self._links,
-                archive,
-                digest,
-                {
-                    "isolation": isolation,
-                    "mode": mode,
-                    "limits": self.limits.to_json(),
-                    "step_timeout": self.step_timeout,
-                    "reset_timeout": self.reset_timeout,
-                    "start_timeout": self.start_timeout,
-                    "serialize_measurement": bool(serialize_measurement),
-                    "env_vars": dict(env_vars or {}),
-                    "env_aslr": env_aslr,
-                    "envs_per_sandbox": self.envs_per_sandbox,
-                    # A local worker dies with this process; only remote ones need a lease.
-                    "lease_s": float(lease) if workers else 86400.0,
-                },
-                n,
-                self.start_timeout,
-                self.envs_per_sandbox,
-            )
+            self._start_links(addresses, split)
+            config = {
+                "isolation": isolation,
+                "mode": mode,
+                "limits": self.limits.to_json(),
+                "step_timeout": self.step_timeout,
+                "reset_timeout": self.reset_timeout,
+                "start_timeout": self.start_timeout,
+                "serialize_measurement": bool(serialize_measurement),
+                "env_vars": dict(env_vars or {}),
+                "env_aslr": env_aslr,
+                "envs_per_sandbox": self.envs_per_sandbox,
+                # A local worker dies with this process; only remote ones need a lease.
+                "lease_s": float(lease) if addresses else 86400.0,
+            }
+            # Kept to re-create a lost worker's envs on its replacement (see _reopen_lost); it
+            # holds no reference to the pool, whose finalizer must not wait for a cycle collection.
+            start_timeout, k = self.start_timeout, self.envs_per_sandbox
+            self._open_sessions = lambda links: open_sessions(links, archive, digest, config, n, start_timeout, k)
+            self.isolation = self._open_sessions(self._links)
             self.start_progress = (n, n)
             if metrics_port is not None:
                 self.metrics_url = self._links[0].call({"op": "status"}, timeout=30.0).get("metrics")
@@ -272,11 +288,14 @@ class RLPool:
         k, sandboxes = self.envs_per_sandbox, self.layout.sandboxes
         if workers:
             per_worker = None if split is None else [-(-c // k) for c in split]
+            source = self._source
+            keys = self._keys if source is None else [source.client_keys(a) for a in workers]
             connect_workers(
-                self._ctx, workers, sandboxes, per_worker, self._links, keys=self._keys, seq=self._seq, **heartbeat
+                self._ctx, workers, sandboxes, per_worker, self._links, keys=keys, seq=self._seq, **heartbeat
             )
             routes = [WorkerRoute(link, sandboxes) for link in self._links]
-            self._route = routes[0] if len(routes) == 1 else SplitRoute(routes, sandboxes)
+            report = self.worker_loss == "report"
+            self._route = routes[0] if len(routes) == 1 and not report else SplitRoute(routes, sandboxes, report)
             return
         worker_args = [] if self._metrics_port is None else ["--metrics-port", str(self._metrics_port)]
         if self._snapshot_budget is not None:
@@ -503,9 +522,14 @@ class RLPool:
         seeds = self._validate_seeds(seed)
         op_name = "hard_reset" if hard else "reset"
         widened = self._widen_to_sandboxes(mask) if hard and self.envs_per_sandbox > 1 else mask
+        # Envs of a lost worker re-created on its replacement: fresh, so a plain reset starts them.
+        fresh = self._reopen_lost() if hard else None
+        if fresh is not None:
+            widened = widened | fresh
         items = []
         for i in np.flatnonzero(widened):
-            op = {"op": op_name, "seed": seeds[i] if mask[i] else None}
+            name = "reset" if fresh is not None and fresh[i] else op_name
+            op = {"op": name, "seed": seeds[i] if mask[i] else None}
             if options and mask[i]:  # a neighbour restarted with it comes back plainly reset
                 op["options"] = jsonable(options)
             items.append((int(i), op, ()))
@@ -519,7 +543,9 @@ class RLPool:
             obs[r.index], self.reset_infos[r.index], _ = read_reset(r, deadline_s)
             if not mask[r.index]:
                 self.reset_infos[r.index]["boltzlabs_restarted"] = (
-                    "its sandbox was restarted by a neighbour's hard reset"
+                    "its worker was lost and replaced"
+                    if fresh is not None and fresh[r.index]
+                    else "its sandbox was restarted by a neighbour's hard reset"
                 )
         self._last_obs = obs
         return obs
@@ -744,6 +770,46 @@ class RLPool:
         for address, ids in by_worker.items():
             self._release_snapshots(address, ids)
 
+    def _reopen_lost(self) -> np.ndarray | None:
+        """Re-create the envs of every lost worker that its source has replaced; the envs re-created
+        (``None``: none). A lost worker not replaced yet keeps reporting errors."""
+        route = self._route
+        if not isinstance(route, SplitRoute) or not route.lost or self._source is None:
+            return None
+        fresh = np.zeros(self.n, dtype=bool)
+        addresses = list(self._source.addresses)
+        heartbeat = {"heartbeat_interval": self.heartbeat_interval, "heartbeat_timeout": self.heartbeat_timeout}
+        for ri in sorted(route.lost):
+            lost = route.routes[ri].link
+            position = self._source_positions.get(lost.address, len(addresses))
+            address = addresses[position] if position < len(addresses) else None
+            if address is None or address == lost.address:
+                continue  # not replaced (yet): its envs go on reporting the loss
+            link = reopen_lost(
+                self._ctx,
+                lost,
+                address,
+                self._source.client_keys(address),
+                self._open_sessions,
+                seq=self._seq,
+                send_timeout=self.heartbeat_timeout,
+                **heartbeat,
+            )
+            route.replace(ri, link)
+            self._links[self._links.index(lost)] = link
+            lost.close()
+            self._source_positions[address] = position
+            fresh[link.start : link.start + link.count] = True
+        return fresh if fresh.any() else None
+
+    @property
+    def lost_workers(self) -> dict[str, str]:
+        """Remote workers found lost (``worker_loss="report"``), with why; empty when all are well."""
+        route = self._route
+        if not isinstance(route, SplitRoute):
+            return {}
+        return {route.routes[ri].link.address: why for ri, why in route.lost.items()}
+
     def _widen_to_sandboxes(self, mask: np.ndarray) -> np.ndarray:
         """A hard reset restarts whole sandboxes: ``mask`` grown to every env of a sandbox it touches."""
         k = self.envs_per_sandbox
@@ -807,7 +873,10 @@ class RLPool:
         template = 0
         snapshots = 0
         layout = self.layout
+        lost = self.lost_workers
         for link in self._links:
+            if link.address in lost:
+                continue  # its envs are gone: 0 bytes
             header = link.call({"op": "memory"}, timeout=60.0)
             for local, pss in enumerate(header["pss"]):
                 # A sandbox of several envs: its PSS split evenly between them.
@@ -888,8 +957,9 @@ class RLPool:
         if self._closed:
             return
         self._closed = True
+        lost = self.lost_workers if hasattr(self, "_route") else {}
         for link in self._links:
-            if link.session is not None and link.process is None:
+            if link.session is not None and link.process is None and link.address not in lost:
                 try:
                     link.call({"op": "close"}, timeout=5.0)
                 except Exception:  # noqa: BLE001 - closing is best effort towards remote workers

@@ -24,10 +24,10 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import WorkerError, WorkerTimeout
+from .errors import WorkerError, WorkerLost, WorkerTimeout
 from .lane import DIRECT_OPS, Lane
 from .link import WorkerLink
-from .protocol import ADOPT, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
+from .protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
 from .results import EnvResult, parse_result
 
 log = logging.getLogger("boltzlabs_gym.pool")
@@ -70,6 +70,7 @@ class WorkerRoute:
         self.link = link
         self.n = n  # the pool's size: indices are checked against it
         self._seq: int | None = None
+        self.last_entries: list = []  # the entries of the last request sent (which envs a lost worker had)
 
     def send(self, items: Items) -> float:
         n, start = self.n, self.link.start
@@ -86,6 +87,7 @@ class WorkerRoute:
         """Send ready-made ``[local index, op, n_frames]`` entries (from :class:`SplitRoute`);
         none: nothing is sent (the worker refuses an empty batch) and the wait returns none."""
         t0 = time.perf_counter()
+        self.last_entries = entries
         self._seq = self.link.send({"op": "batch", "items": entries}, frames) if entries else None
         return t0
 
@@ -142,13 +144,23 @@ class WorkerRoute:
 
 
 class SplitRoute:
-    """Several workers: each gets one request with its envs' items; replies come back in item order."""
+    """Several workers: each gets one request with its envs' items; replies come back in item order.
 
-    def __init__(self, routes: list[WorkerRoute], n: int):
+    With ``report_loss``, a worker that is lost (:class:`WorkerLost`: unreachable past the
+    heartbeat timeout, or a send that cannot go out) does not fail the batch: its envs' results are errors that say
+    so, now and on every later call, until the pool puts a new link in its place
+    (:meth:`replace`). Without it, the loss raises :class:`WorkerError`, as it always did.
+    """
+
+    def __init__(self, routes: list[WorkerRoute], n: int, report_loss: bool = False):
         self.routes = routes
         self.n = n
+        self.report_loss = report_loss
+        #: Route position -> why its worker counts as lost (``report_loss`` only).
+        self.lost: dict[int, str] = {}
         self._sent: list[WorkerRoute] = []
         self._order: list[tuple[int, int]] = []
+        self._unsent: dict[int, list[int]] = {}  # lost routes' env indices of the batch in flight
 
     def send(self, items: Items) -> float:
         n, routes = self.n, self.routes
@@ -164,12 +176,37 @@ class SplitRoute:
             frames[ri].extend(payloads)
             order.append((ri, len(mine) - 1))
         t0 = time.perf_counter()
-        self._sent, self._order = [], order
-        for route, its_entries, its_frames in zip(routes, entries, frames):
-            if its_entries:
-                route.send_entries(its_entries, its_frames)
-                self._sent.append(route)
+        self._sent, self._order, self._unsent = [], order, {}
+        for ri, (route, its_entries, its_frames) in enumerate(zip(routes, entries, frames)):
+            if not its_entries:
+                continue
+            if ri not in self.lost:
+                try:
+                    route.send_entries(its_entries, its_frames)
+                    self._sent.append(route)
+                    continue
+                except WorkerLost as exc:
+                    if not self.report_loss:
+                        raise
+                    self._mark_lost(ri, exc)
+            self._unsent[ri] = [route.link.start + entry[0] for entry in its_entries]
         return t0
+
+    def _mark_lost(self, ri: int, exc: Exception) -> None:
+        address = self.routes[ri].link.address
+        log.warning("worker %s is lost; its envs report errors until it is replaced: %s", address, exc)
+        self.lost[ri] = (
+            f"worker {address} is lost ({exc}); its envs are gone: replace the worker "
+            "(RayWorkers.replace_dead()) and hard-reset them (pool.reset(hard=True))"
+        )
+
+    def replace(self, ri: int, link: WorkerLink) -> WorkerLink:
+        """Put ``link`` (a new worker's, hosting the same envs) in place of lost route ``ri``'s; the old link."""
+        route = self.routes[ri]
+        old, route.link = route.link, link
+        route._seq = None
+        self.lost.pop(ri, None)
+        return old
 
     def _route_of(self, index: int) -> int:
         for ri, route in enumerate(self.routes):
@@ -183,10 +220,22 @@ class SplitRoute:
         per_route: dict[int, list[EnvResult]] = {}
         per_worker_ms: dict[str, float] = {}
         deadline = time.monotonic() + timeout
+        unsent, self._unsent = self._unsent, {}
         for route in sent:
-            per_route[id(route)], ms = route.wait(max(0.0, deadline - time.monotonic()), raw)
+            try:
+                per_route[id(route)], ms = route.wait(max(0.0, deadline - time.monotonic()), raw)
+            except WorkerLost as exc:
+                if not self.report_loss:
+                    raise
+                ri = self.routes.index(route)
+                self._mark_lost(ri, exc)
+                unsent[ri] = [route.link.start + e[0] for e in route.last_entries]
+                continue
             per_worker_ms.update(ms)
         routes = self.routes
+        for ri, indices in unsent.items():
+            reason = self.lost[ri]
+            per_route[id(routes[ri])] = [EnvResult(index, ERROR, {"message": reason}, []) for index in indices]
         return [per_route[id(routes[ri])][pos] for ri, pos in self._order], per_worker_ms
 
 

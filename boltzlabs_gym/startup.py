@@ -39,21 +39,23 @@ def connect_workers(
     """Connect to the workers at ``addresses`` and put into ``links`` those that get envs (``n`` split
     by their free capacity, or by ``split``), with their envs' index ranges.
 
-    ``links`` holds every link opened, whatever happens: the caller closes them.
+    ``links`` holds every link opened, whatever happens: the caller closes them. ``keys``: the
+    client keys for every worker, or a list of them, one per address.
     """
+    per_address = keys if isinstance(keys, list) else [keys] * len(addresses)
     probes = [
         WorkerLink(
             ctx,
             address,
             0,
             0,
-            keys=keys,
+            keys=its_keys,
             send_timeout=heartbeat_timeout,
             seq=seq,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
         )
-        for address in addresses
+        for address, its_keys in zip(addresses, per_address)
     ]
     links.extend(probes)
     free = [int(link.call({"op": "status"}, timeout=heartbeat_timeout)["free"]) for link in probes]

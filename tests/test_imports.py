@@ -170,3 +170,10 @@ def test_the_env_side_imports_no_worker_or_client_code():
 if __name__ == "__main__":  # python tests/test_imports.py: print the circles
     for cycle in find_cycles(_package_edges(import_graph())):
         print(" <-> ".join(cycle))
+
+
+def test_ray_is_imported_by_boltzlabs_gym_ray_only():
+    # The pool takes RayWorkers through the WorkerSource protocol (sources.py), never by importing it.
+    graph = import_graph()
+    users = {m for m, deps in graph.items() if "ray" in deps}
+    assert users and all(m == "boltzlabs_gym.ray" or m.startswith("boltzlabs_gym.ray.") for m in users), users

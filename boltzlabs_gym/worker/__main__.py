@@ -42,6 +42,15 @@ def _raise_fd_limit() -> None:
             pass
 
 
+def _read_keys_line() -> str:
+    """One line of keys from stdin, then stdin becomes /dev/null (nothing later inherits the pipe)."""
+    line = sys.stdin.readline()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m boltzlabs_gym.worker")
     parser.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock")
@@ -49,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process dies")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--keys", default=None, help="CURVE key directory (boltzlabs-gym keygen DIR)")
+    parser.add_argument(
+        "--keys-stdin",
+        action="store_true",
+        help="read CURVE keys from stdin: one line, the worker's z85 secret key then allowed client public keys",
+    )
     parser.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without keys")
     parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
     parser.add_argument(
@@ -81,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     set_subreaper()
     _raise_fd_limit()
     keys = None
-    if args.keys:
-        from ..keys import KeyFileError, load_worker_keys
+    if args.keys and args.keys_stdin:
+        print("boltzlabs worker: --keys and --keys-stdin exclude each other", file=sys.stderr)
+        return 2
+    if args.keys or args.keys_stdin:
+        from ..keys import KeyFileError, load_worker_keys, parse_worker_keys_line
 
         try:
-            keys = load_worker_keys(args.keys)
+            keys = parse_worker_keys_line(_read_keys_line()) if args.keys_stdin else load_worker_keys(args.keys)
         except KeyFileError as exc:
             print(f"boltzlabs worker: {exc}", file=sys.stderr)
             return 2
