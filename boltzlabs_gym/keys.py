@@ -22,7 +22,7 @@ by :func:`parse_worker_keys_line`) and gives a pool a :class:`ClientKeys` (``key
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import KeyFileError
 
@@ -44,14 +44,14 @@ CLIENT_NAME = "client"
 @dataclass(frozen=True)
 class WorkerKeys:
     public: bytes
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in a log line or a traceback's locals
     allowed_clients: frozenset[bytes]
 
 
 @dataclass(frozen=True)
 class ClientKeys:
     public: bytes
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in a log line, an EnvSpec or a traceback's locals
     server_public: bytes
 
 
@@ -125,19 +125,28 @@ def parse_worker_keys_line(line: str) -> WorkerKeys:
     environment, where other processes of the same user could read it.
     """
     import zmq
+    import zmq.utils.z85
 
     words = line.split()
     if len(words) < 2:
         raise KeyFileError("--keys-stdin wants one line: the worker's z85 secret key, then allowed client public keys")
-    bad = [w[:8] + "..." for w in words if len(w) != 40]
-    if bad:
-        raise KeyFileError(f"--keys-stdin: not 40-character z85 keys: {bad}")
-    secret = words[0].encode("ascii")
+    keys = []
+    for position, word in enumerate(words):
+        # Checked whole (z85-decoded to 32 bytes) and never echoed: word 0 is a secret, and a
+        # malformed client key would otherwise be accepted and admit nobody, silently.
+        what = "the secret key" if position == 0 else f"client key {position}"
+        try:
+            key = word.encode("ascii")
+            if len(key) != 40 or len(zmq.utils.z85.decode(key)) != 32:
+                raise ValueError("not 40 characters")
+        except (UnicodeError, ValueError, KeyError, TypeError):
+            raise KeyFileError(f"--keys-stdin: {what} is not a 40-character z85 key") from None
+        keys.append(key)
     try:
-        public = zmq.curve_public(secret)
-    except (ValueError, zmq.ZMQError) as exc:
-        raise KeyFileError(f"--keys-stdin: the secret key is malformed: {exc}") from None
-    return WorkerKeys(public, secret, frozenset(w.encode("ascii") for w in words[1:]))
+        public = zmq.curve_public(keys[0])
+    except (ValueError, zmq.ZMQError):
+        raise KeyFileError("--keys-stdin: the secret key is malformed") from None
+    return WorkerKeys(public, keys[0], frozenset(keys[1:]))
 
 
 def write_client_keys(directory: str, keys: ClientKeys) -> dict[str, str]:

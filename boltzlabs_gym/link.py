@@ -68,6 +68,7 @@ class WorkerLink:
         self.monitor = None
         self.last_heard = time.monotonic()
         self.last_ping = 0.0
+        self.last_sent = 0.0  # when the last request went out (time.monotonic)
         #: Envs started so far, from the worker's interim replies to ``create``.
         self.started = 0
         #: Called after each interim start-up count (see :attr:`started`).
@@ -140,6 +141,7 @@ class WorkerLink:
             header["token"] = self.token
         try:
             self.sock.send_multipart([encode_header(header), *frames])
+            self.last_sent = time.monotonic()
         except zmq.Again:
             hint = self.handshake_failure() or "it is down, unreachable, or refused the connection"
             raise WorkerLost(f"worker {self.address} is unreachable: cannot send ({hint})", self.address) from None
@@ -156,19 +158,22 @@ class WorkerLink:
         """
         started = time.monotonic()
         deadline = started + timeout
-        self.last_heard = started
+        # Silence counts from when this request went out (or the last word since): a pool that waits
+        # on several workers in turn finds every lost one within one heartbeat timeout, not one each.
+        self.last_heard = heard_before = max(self.last_heard, self.last_sent)
         while True:
             now = time.monotonic()
             left = deadline - now
             if left <= 0:
-                if self.last_heard == started:
+                if self.last_heard == heard_before:
                     hint = self.handshake_failure() or "it died, hangs, or the network is down"
                     raise WorkerTimeout(
                         f"worker {self.address} is unreachable: nothing heard within {timeout:.1f} s: {hint}",
                         self.address,
                     )
                 raise WorkerTimeout(f"worker {self.address} did not answer within {timeout:.1f} s", self.address)
-            if now - self.last_heard > self.heartbeat_timeout:
+            # (a reply that came while the pool waited on another worker is no silence: read it first)
+            if now - self.last_heard > self.heartbeat_timeout and not self._message_waiting():
                 hint = self.handshake_failure() or "it died, hangs, or the network is down"
                 raise WorkerLost(
                     f"worker {self.address} is unreachable: nothing heard for {now - self.last_heard:.1f} s "
@@ -201,6 +206,12 @@ class WorkerLink:
             if failure:
                 raise WorkerError(f"worker {self.address}: {failure}", self.address)
             self._check_alive()
+
+    def _message_waiting(self) -> bool:
+        try:
+            return bool(self.sock.poll(0, zmq.POLLIN))
+        except (ChannelClosed, ChannelError):
+            return False  # the next poll raises it with its own message
 
     def call(self, header: dict, frames: Sequence[bytes] = (), timeout: float = 30.0) -> dict:
         """Send a request and return its reply's header; an error reply raises."""

@@ -175,8 +175,15 @@ class RLPool:
         self.envs_per_sandbox = check_envs_per_sandbox(envs_per_sandbox)
         #: Where the workers came from, when given whole (``workers=RayWorkers(...)``), and their addresses.
         self._source, addresses = worker_addresses(workers, keys)
+        if isolation == "auto" and getattr(self._source, "sandboxed_only", False):
+            # Workers in a Ray cluster: an env without a sandbox would run as the Ray user, with the
+            # network (Ray's unauthenticated GCS and dashboard) and Ray's files in reach.
+            isolation = "strict"
         #: A source's worker addresses -> their positions in it (a replacement takes the same).
         self._source_positions = {a: i for i, a in enumerate(addresses or ()) if self._source is not None}
+        #: Position -> the public key of the worker there when its link was made: a replacement that
+        #: happens to bind the same address is told apart by its key.
+        self._source_keys = {i: self._worker_key(a) for a, i in self._source_positions.items()}
         if worker_loss not in (None, "raise", "report"):
             raise ValueError(f"worker_loss must be 'raise' or 'report', got {worker_loss!r}")
         if worker_loss == "report" and (not addresses or envs_per_sandbox != 1):
@@ -569,6 +576,7 @@ class RLPool:
         """
         self._check_snapshot_call("snapshot")
         index = self._check_index(index, "snapshot")
+        self._check_not_lost([index], "snapshot")
         self._release_forgotten()
         [r] = self._run_items([(index, {"op": "snapshot"}, ())])
         reply = r.reply if r.status == OK else None
@@ -631,6 +639,13 @@ class RLPool:
             )
         targets = self._snapshot_targets(where)
         seeds = self._validate_reseed(reseed, len(targets))
+        self._check_not_lost(targets, "restore")
+        if snap.worker is not None and snap.worker in self.lost_workers:
+            raise SnapshotError(
+                f"the snapshot of env {snap.source} was held by worker {snap.worker}, which is lost; "
+                "only snapshots saved before (snap.save) outlive their worker",
+                snap.source,
+            )
         self._release_forgotten()
         ids, imported = self._place_snapshot(snap, targets)
         items = []
@@ -665,6 +680,20 @@ class RLPool:
                 f"{what}() needs envs_per_sandbox=1: the envs of a multi-env sandbox share one process and "
                 "one workspace, so one of them cannot be copied alone"
             )
+
+    def _check_not_lost(self, indices: list[int], what: str) -> None:
+        """Refuse at once (not after a heartbeat's wait) a snapshot call that needs a lost worker."""
+        lost = self.lost_workers
+        if not lost:
+            return
+        for i in indices:
+            address = self._link_of(i).address
+            if address in lost:
+                raise SnapshotError(
+                    f"{what}: env {i} is on worker {address}, which is lost; replace it and hard-reset its envs "
+                    "(RayWorkers.replace_dead(), pool.reset(hard=True)) first",
+                    i,
+                )
 
     def _check_index(self, index: Any, what: str) -> int:
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or not 0 <= int(index) < self.n:
@@ -774,17 +803,22 @@ class RLPool:
         """Re-create the envs of every lost worker that its source has replaced; the envs re-created
         (``None``: none). A lost worker not replaced yet keeps reporting errors."""
         route = self._route
-        if not isinstance(route, SplitRoute) or not route.lost or self._source is None:
+        if not isinstance(route, SplitRoute) or self._source is None:
             return None
         fresh = np.zeros(self.n, dtype=bool)
         addresses = list(self._source.addresses)
         heartbeat = {"heartbeat_interval": self.heartbeat_interval, "heartbeat_timeout": self.heartbeat_timeout}
-        for ri in sorted(route.lost):
+        # Every route, not only those found lost: a worker replaced before any call noticed its loss
+        # is re-created on the same hard reset.
+        for ri in range(len(route.routes)):
             lost = route.routes[ri].link
             position = self._source_positions.get(lost.address, len(addresses))
             address = addresses[position] if position < len(addresses) else None
-            if address is None or address == lost.address:
+            if address is None:
                 continue  # not replaced (yet): its envs go on reporting the loss
+            key = self._worker_key(address)
+            if address == lost.address and key == self._source_keys.get(position):
+                continue  # the same worker: alive, or lost and not replaced yet
             link = reopen_lost(
                 self._ctx,
                 lost,
@@ -799,8 +833,14 @@ class RLPool:
             self._links[self._links.index(lost)] = link
             lost.close()
             self._source_positions[address] = position
+            self._source_keys[position] = key
             fresh[link.start : link.start + link.count] = True
         return fresh if fresh.any() else None
+
+    def _worker_key(self, address: str) -> bytes | None:
+        """The public key of the source's worker at ``address`` (``None``: it runs without keys)."""
+        keys = self._source.client_keys(address) if self._source is not None else None
+        return None if keys is None else keys.server_public
 
     @property
     def lost_workers(self) -> dict[str, str]:
@@ -958,12 +998,21 @@ class RLPool:
             return
         self._closed = True
         lost = self.lost_workers if hasattr(self, "_route") else {}
+        # Every close sent first, then the answers awaited within one shared 5 s: a pool whose
+        # workers are gone closes in 5 s, not 5 s per worker.
+        sent = []
         for link in self._links:
             if link.session is not None and link.process is None and link.address not in lost:
                 try:
-                    link.call({"op": "close"}, timeout=5.0)
+                    sent.append((link, link.send({"op": "close"})))
                 except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
                     pass
+        deadline = time.monotonic() + 5.0
+        for link, seq in sent:
+            try:
+                link.recv(seq, max(0.1, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
+                pass
         self._finalizer()
 
     @staticmethod

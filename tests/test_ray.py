@@ -54,7 +54,8 @@ def _ours() -> set[int]:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.cmdline())
-            if "boltzlabs_gym.worker" in cmd or "boltzlabs_gym.env" in cmd or "boltzlabs" in p.name():
+            # env processes run `python -c "...BOLTZLABS_ENV_DIR..."` (spawned) or are named boltz-* (forked)
+            if "boltzlabs_gym.worker" in cmd or "BOLTZLABS_ENV_DIR" in cmd or "boltz" in p.name():
                 out.add(p.pid)
         except psutil.Error:
             pass
@@ -141,7 +142,9 @@ def test_envs_never_see_ray_and_keys_travel_in_memory(cluster, tmp_path):
             assert os.stat(os.path.join(keydir, "client.key_secret")).st_mode & 0o077 == 0
             out = subprocess.run(
                 [sys.executable, "-m", "boltzlabs_gym.cli", "status", workers.addresses[0], "--keys", keydir],
-                capture_output=True, text=True, timeout=60,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             assert out.returncode == 0, out.stderr
             assert json.loads(out.stdout)["authenticated"] is True
@@ -199,8 +202,14 @@ def test_lost_node_is_reported_without_a_hang(cluster):
     extra = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     head_id = ray.get_runtime_context().get_node_id()
-    extra_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] and
-                    n["NodeID"] != head_id and n["RayletSocketName"] == extra.raylet_socket_name)
+    extra_id = next(
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"]
+        and n["NodeManagerAddress"]
+        and n["NodeID"] != head_id
+        and n["RayletSocketName"] == extra.raylet_socket_name
+    )
     with RayWorkers(node_ids=[head_id, extra_id], capacity=8, resources={"CPU": 0.1}) as workers:
         assert [w.node_id for w in workers.workers] == [head_id, extra_id]
         doomed = _tree([workers.workers[1].pid])
@@ -228,7 +237,8 @@ def test_leaving_with_and_a_killed_trainer_leave_no_process(cluster, tmp_path):
     assert wait_until(lambda: _gone(procs), 20)
     # A trainer that dies without closing anything: Ray kills its actors, the workers follow.
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, ray
         from boltzlabs_gym import RLPool
         from boltzlabs_gym.ray import RayWorkers
@@ -238,7 +248,8 @@ def test_leaving_with_and_a_killed_trainer_leave_no_process(cluster, tmp_path):
         pool.reset()
         print(json.dumps([w.pid for w in workers.workers]), flush=True)
         import time; time.sleep(600)
-    """))
+    """)
+    )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         line = trainer.stdout.readline()
@@ -257,12 +268,12 @@ def test_pending_actors_time_out_saying_what_was_asked_and_what_there_is(cluster
     message = str(info.value)
     assert "{'CPU': 64}" in message and "CPU: " in message and "live node(s)" in message
     with pytest.raises(PlacementTimeout, match="STRICT_SPREAD"):
-        RayWorkers(num_workers=NODES + 2, capacity=4, resources={"CPU": 0.1}, strategy="STRICT_SPREAD",
-                   placement_timeout=2.0).start()
+        RayWorkers(
+            num_workers=NODES + 2, capacity=4, resources={"CPU": 0.1}, strategy="STRICT_SPREAD", placement_timeout=2.0
+        ).start()
     # nothing placed stays reserved: a fitting request goes through at once
     with RayWorkers(num_workers=1, capacity=4, placement_timeout=10.0) as workers:
         assert len(workers.addresses) == 1
-
 
 
 def test_a_refusal_is_raised_not_taken_for_a_lost_worker(cluster):
@@ -274,3 +285,59 @@ def test_a_refusal_is_raised_not_taken_for_a_lost_worker(cluster):
             with pytest.raises(WorkerError, match="reclaimed") as info:
                 pool.step([1, 1])
             assert not isinstance(info.value, boltzlabs_gym.WorkerLost) and not pool.lost_workers
+
+
+def test_two_lost_workers_found_in_one_heartbeat_and_replaced_before_noticed(cluster):
+    """Several lost workers cost one heartbeat timeout, not one each; a replacement made before any
+    call noticed the loss is picked up by the next hard reset; snapshots refuse lost workers at once;
+    the actors leave no temp dirs behind."""
+    import glob
+    import tempfile
+
+    from boltzlabs_gym import SnapshotError
+
+    temp = tempfile.gettempdir()
+    before_dirs = set(glob.glob(os.path.join(temp, "boltzlabs-ray-*")))
+    with RayWorkers(num_workers=NODES, capacity=16) as workers:
+        with RLPool(
+            os.path.join(ENVS, "snap"), n=6, workers=workers, isolation=ISOLATION, heartbeat_timeout=3.0
+        ) as pool:
+            pool.reset(seed=0)
+            snap = pool.snapshot(0)  # held by worker 0
+            for i in (0, 2):
+                ray.kill(workers._actors[i], no_restart=True)
+            assert wait_until(lambda: workers.dead() == [0, 2], 15)
+            t0 = time.monotonic()
+            obs, *_ = pool.step([1] * 6)
+            took = time.monotonic() - t0
+            assert took < 3.0 * 1.7, f"two lost workers took {took:.1f} s to find (heartbeat 3 s)"
+            assert sorted(pool.lost_workers) == sorted([workers.workers[0].address, workers.workers[2].address])
+            t0 = time.monotonic()
+            with pytest.raises(SnapshotError, match="lost"):
+                pool.restore(snap, where=[3])
+            with pytest.raises(SnapshotError, match="env 5 is on worker .* which is lost"):
+                pool.snapshot(5)
+            assert time.monotonic() - t0 < 1.0, "a snapshot call that needs a lost worker must not wait"
+            workers.replace_dead()
+            assert pool.reset(hard=True, seed=0) is not None and not pool.lost_workers
+            assert all(o is not None for o in pool.step([1] * 6)[0])
+            # a worker replaced before the pool noticed its loss
+            ray.kill(workers._actors[1], no_restart=True)
+            assert wait_until(lambda: workers.dead() == [1], 15)
+            workers.replace_dead()
+            pool.reset(hard=True, seed=0)
+            assert all(o is not None for o in pool.step([1] * 6)[0]) and not pool.lost_workers
+    assert set(glob.glob(os.path.join(temp, "boltzlabs-ray-*"))) <= before_dirs
+
+
+def test_closed_workers_do_not_start_again_and_the_secret_does_not_travel(cluster):
+    import pickle
+
+    workers = RayWorkers(num_workers=1, capacity=4)
+    with pytest.raises(TypeError, match="secret key"):
+        pickle.dumps(workers)
+    with workers:
+        keys = workers.client_keys(workers.addresses[0])
+        assert "secret" not in repr(keys) and keys.secret not in repr(keys).encode()
+    with pytest.raises(WorkerError, match="closed"):
+        workers.start()

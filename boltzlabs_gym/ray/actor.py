@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -70,8 +69,9 @@ class WorkerHost:
         self.worker_args = list(worker_args)
         self.process: subprocess.Popen | None = None
         self.info: dict | None = None
-        self._logdir = tempfile.mkdtemp(prefix="boltzlabs-ray-actor-")  # mode 0700
-        self._log_path = os.path.join(self._logdir, "worker.log")
+        # The worker's stderr: a file unlinked at once, so that nothing is left on the node however
+        # the actor ends (killed by Ray, a lost node); the open descriptor keeps it readable.
+        self._log = tempfile.TemporaryFile(prefix="boltzlabs-ray-worker-")  # noqa: SIM115 - lives with the actor
 
     def start(self, host: str | None = None, start_timeout: float = 60.0) -> dict:
         """Start the worker bound to an ephemeral port of ``host`` (default: this node's IP);
@@ -85,16 +85,15 @@ class WorkerHost:
         argv = [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", f"tcp://{host}:*"]
         argv += ["--capacity", str(self.capacity), "--keys-stdin", "--parent-pid", str(os.getpid())]
         argv += ["--log-level", self.log_level, *self.worker_args]
-        with open(self._log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=worker_environment(),
-                close_fds=True,
-                **_own_process_group(),
-            )
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=worker_environment(),
+            close_fds=True,
+            **_own_process_group(),
+        )
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None  # both are pipes
         try:
@@ -126,11 +125,9 @@ class WorkerHost:
     def log_tail(self, size: int = 4000) -> str:
         """The end of the worker's stderr log."""
         try:
-            with open(self._log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - size))
-                return f.read().decode("utf-8", "replace")
-        except OSError:
+            end = os.fstat(self._log.fileno()).st_size
+            return os.pread(self._log.fileno(), size, max(0, end - size)).decode("utf-8", "replace")
+        except (OSError, ValueError):
             return ""
 
     def stop(self, grace: float = 10.0) -> int | None:
@@ -152,7 +149,6 @@ class WorkerHost:
         code = process.wait(5.0)
         if process.stdout is not None:
             process.stdout.close()
-        shutil.rmtree(self._logdir, ignore_errors=True)
         return code
 
     def __del__(self):  # an actor torn down by Ray without stop(): the worker's PDEATHSIG covers a kill

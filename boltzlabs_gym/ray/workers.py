@@ -83,6 +83,10 @@ class RayWorkers:
             when one is started.
     """
 
+    #: Pools on these workers default to ``isolation="strict"`` (see :class:`~boltzlabs_gym.pool.RLPool`):
+    #: unsandboxed env code would run as the Ray user, next to Ray's unauthenticated services.
+    sandboxed_only = True
+
     def __init__(
         self,
         num_workers: int | None = None,
@@ -132,6 +136,7 @@ class RayWorkers:
         self._actors: list[Any] = []
         self._pg: Any = None
         self._closed = False
+        self._started_once = False
 
     # ------------------------------------------------------------------ the WorkerSource protocol
     @property
@@ -148,9 +153,14 @@ class RayWorkers:
 
     # ------------------------------------------------------------------ start
     def start(self) -> RayWorkers:
-        """Connect to Ray (or start it), place the actors and start their workers; idempotent."""
+        """Connect to Ray (or start it), place the actors and start their workers; idempotent. A
+        start that failed (a placement timeout) may be tried again; a closed object may not."""
+        if self._closed and self._started_once:
+            raise WorkerError("these RayWorkers were closed; make a new RayWorkers to start workers again")
         if self.workers:
             return self
+        self._closed = False
+        self._started_once = True
         t0 = time.monotonic()
         self._connect()
         t1 = time.monotonic()
@@ -162,6 +172,7 @@ class RayWorkers:
             self.workers = [self._worker(info) for info in infos]
         except BaseException:
             self.close()
+            self._started_once = False  # nothing runs: a later start() may try again
             raise
         t3 = time.monotonic()
         self.startup = StartupTimes(connect_s=t1 - t0, placement_s=t2 - t1, workers_s=t3 - t2)
@@ -242,7 +253,7 @@ class RayWorkers:
             ],
         }
         message = (
-            f"Ray could not place {asked} within {self.placement_timeout:g} s. The cluster has "
+            f"Ray could not place {asked} in time. The cluster has "
             f"{len(cluster['nodes'])} live node(s), in total {_short(cluster['total'])}, available now "
             f"{_short(cluster['available'])}; per node: "
             + "; ".join(f"{n['ip']} {n['node_id']} {_short(n['resources'])}" for n in cluster["nodes"])
@@ -410,9 +421,18 @@ class RayWorkers:
     def __repr__(self) -> str:
         return f"RayWorkers(num_workers={self.num_workers}, capacity={self.capacity}, addresses={self.addresses})"
 
+    def __reduce__(self):
+        # It holds the trainer's CURVE secret key: pickled into a Ray task, an RLlib env_config or a
+        # Gymnasium EnvSpec, it would land in Ray's object store or a log.
+        raise TypeError(
+            "RayWorkers holds the trainer's secret key and cannot be pickled; pass it to RLPool/make_vec "
+            "in the process that made it, and give other processes keys saved with save_client_keys()"
+        )
+
 
 def _short(resources: dict) -> str:
-    keep = {k: v for k, v in resources.items() if not k.startswith(("node:", "bundle_group", "accelerator_type"))}
+    internal = ("node:", "bundle_group", "accelerator_type")
+    keep = {k: v for k, v in resources.items() if not k.startswith(internal) and "_group_" not in k}
     return (
         "{" + ", ".join(f"{k}: {v:g}" if isinstance(v, float) else f"{k}: {v}" for k, v in sorted(keep.items())) + "}"
     )
