@@ -59,13 +59,16 @@ def test_worker_takes_its_keys_on_stdin_and_admits_only_that_client():
 
 @pytest.mark.parametrize("line, why", [
     (b"\n", "wants one line"),
-    (b"tooshort somethingelse\n", "not 40-character z85 keys"),
+    (b"tooshort somethingelse\n", "the secret key is not a 40-character z85 key"),
+    ("é".encode() * 20 + b" " + b"x" * 40 + b"\n", "the secret key is not a 40-character z85 key"),
 ])
 def test_worker_refuses_bad_key_lines(line, why):
     proc, ready = _start(line)
     try:
         assert ready == "" and proc.wait(15) == 2
-        assert why in proc.stderr.read().decode()
+        err = proc.stderr.read().decode()
+        assert why in err
+        assert "tooshort" not in err and "é" not in err  # a secret, however malformed, is never echoed
     finally:
         _stop(proc)
 
