@@ -6,6 +6,8 @@ One run, both modes, on the machine at hand. Per mode, the median and p90 over `
   workspace in its sandbox; the worker keeps the blob);
 * ``restore 1``: ``envs.restore(snap, [1])`` until the batched ``(obs, infos)`` are back;
 * ``fork 8``: ``envs.fork(0, into=[1..8])`` end to end (snapshot, restore into 8 slots, release);
+* ``fork 8 fresh``: the same with ``fresh=True``: each of the 8 slots hard-reset first, so that every
+  copy runs in a new process in a new sandbox;
 * ``hard reset 1``: ``envs.pool.reset(where=[1], hard=True)``: kill, wipe and restart one env;
 * ``fresh start``: a new vector env of one env, from ``make_vec`` until ``reset()`` returned (a
   worker and an env process started);
@@ -71,6 +73,7 @@ def measure(mode: str, repeats: int, held: int) -> dict:
         snap = snaps[0]
         t_restore = _timed(lambda: envs.restore(snap, [1]), repeats)
         t_fork = _timed(lambda: envs.fork(0, into=list(range(1, N))), repeats)
+        t_fork_fresh = _timed(lambda: envs.fork(0, into=list(range(1, N)), fresh=True), max(5, repeats // 5))
         for s in snaps:
             s.release()
         mask = np.zeros(N, dtype=bool)
@@ -98,6 +101,7 @@ def measure(mode: str, repeats: int, held: int) -> dict:
         "snapshot_ms": _ms(t_snapshot),
         "restore_1_ms": _ms(t_restore),
         "fork_8_ms": _ms(t_fork),
+        "fork_8_fresh_ms": _ms(t_fork_fresh),
         "hard_reset_1_ms": _ms(t_hard),
         "fresh_start_ms": _ms(t_fresh),
         "held_bytes": nbytes,
@@ -114,8 +118,9 @@ def render(rows: list[dict], meta: dict) -> str:
         f"{meta['repeats']} repeats (hard reset and fresh start fewer), {meta['held']} snapshots held for the memory figure.",
         "Median (p90) in ms.",
         "",
-        "| mode | snapshot | restore 1 | fork 8 | hard reset 1 | fresh start | held snapshot | worker PSS per held |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | snapshot | restore 1 | fork 8 | fork 8 fresh | hard reset 1 | fresh start | held snapshot "
+        "| worker PSS per held |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
 
@@ -124,6 +129,7 @@ def render(rows: list[dict], meta: dict) -> str:
 
         lines.append(
             f"| {r['mode']} | {cell('snapshot_ms')} | {cell('restore_1_ms')} | {cell('fork_8_ms')} | "
+            f"{cell('fork_8_fresh_ms')} | "
             f"{cell('hard_reset_1_ms')} | {cell('fresh_start_ms')} | {r['held_bytes'] / 1024:.1f} KiB | "
             f"{r['worker_pss_per_snapshot_bytes'] / 1024:.1f} KiB |"
         )

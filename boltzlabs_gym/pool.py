@@ -600,7 +600,12 @@ class RLPool:
         return snap
 
     def restore(
-        self, snap: Snapshot, where: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None
+        self,
+        snap: Snapshot,
+        where: Sequence[int] | np.ndarray,
+        *,
+        reseed: Sequence[int] | None = None,
+        fresh: bool = False,
     ) -> list:
         """Make the envs ``where`` (indices, or a boolean mask) exact copies of ``snap``; all ``n``
         observations come back, as from :meth:`reset` (the others unchanged in their slots).
@@ -612,8 +617,13 @@ class RLPool:
         first (portable snapshots only). Refused, with nothing changed, for a released snapshot,
         one of another env directory, or bad indices; an env whose restore fails reports it in
         :attr:`reset_infos` like a failed reset.
+
+        By default a copy is loaded into the process its slot already has (a millisecond): what
+        the state does not carry (child processes, files under ``/tmp``, module globals the env
+        does not reach) stays that process's own. ``fresh=True`` hard-resets each slot first, so
+        every copy starts in a new process in a new sandbox (a hard reset's cost, see the README).
         """
-        results = self.restore_results(snap, where, reseed=reseed)
+        results = self.restore_results(snap, where, reseed=reseed, fresh=fresh)
         obs = list(self._last_obs)
         for r in results:
             obs[r.index], self.reset_infos[r.index], _ = read_reset(r, self.reset_timeout)
@@ -621,7 +631,12 @@ class RLPool:
         return obs
 
     def restore_results(
-        self, snap: Snapshot, where: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None
+        self,
+        snap: Snapshot,
+        where: Sequence[int] | np.ndarray,
+        *,
+        reseed: Sequence[int] | None = None,
+        fresh: bool = False,
     ) -> list[EnvResult]:
         """:meth:`restore`'s work, returning each target env's result as a reset's (for adapters that
         decode observations themselves, as the vector env does)."""
@@ -652,14 +667,25 @@ class RLPool:
         for i, seed in zip(targets, seeds):
             items.append((i, {"op": "restore", "snapshot": ids[self._link_of(i).address], "reseed": seed}, ()))
         try:
+            if fresh:
+                # A new process in a new sandbox for each copy first: nothing of what the slot's last
+                # occupant left (child processes, /tmp files, module state) reaches the copy.
+                self._run_items([(i, {"op": "hard_reset", "seed": None}, ()) for i in targets])
             return self._run_items(items)
         finally:
             for address, snapshot_id in imported:
                 self._release_snapshots(address, [snapshot_id])
 
-    def fork(self, index: int, into: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None) -> list:
+    def fork(
+        self,
+        index: int,
+        into: Sequence[int] | np.ndarray,
+        *,
+        reseed: Sequence[int] | None = None,
+        fresh: bool = False,
+    ) -> list:
         """Branch env ``index``'s current state into the envs ``into``: :meth:`snapshot`, then
-        :meth:`restore` (with ``reseed``), then release. Returns all ``n`` observations.
+        :meth:`restore` (with ``reseed`` and ``fresh``), then release. Returns all ``n`` observations.
 
         >>> obs = pool.fork(0, into=[1, 2, 3], reseed=[11, 12, 13])   # doctest: +SKIP
         """
@@ -669,7 +695,7 @@ class RLPool:
             raise SnapshotError(f"fork of env {index} into itself: leave {index} out of 'into'", index)
         self._validate_reseed(reseed, len(targets))
         with self.snapshot(index) as snap:
-            return self.restore(snap, targets, reseed=reseed)
+            return self.restore(snap, targets, reseed=reseed, fresh=fresh)
 
     def _check_snapshot_call(self, what: str) -> None:
         self._check_open()

@@ -709,20 +709,29 @@ class BoltzLabsVecEnv(VectorEnv):
         meta = {"autoreset": bool(self._autoreset_envs[i]), "seed": self._env_seeds[i]}
         return self.pool.snapshot(i, meta=meta)
 
-    def restore(self, snap: Snapshot, indices: Sequence[int] | np.ndarray, *, reseed: Sequence[int] | None = None):
+    def restore(
+        self,
+        snap: Snapshot,
+        indices: Sequence[int] | np.ndarray,
+        *,
+        reseed: Sequence[int] | None = None,
+        fresh: bool = False,
+    ):
         """Make the envs ``indices`` exact copies of ``snap``; returns ``(obs, infos)`` batched as
         :meth:`reset` does (every env's observation; infos of the restored envs only).
 
         A copy's episode goes on where the snapshot's was: the same observation, and an autoreset
-        still due if one was. ``reseed`` gives each copy its own random streams (see
-        :meth:`RLPool.restore <boltzlabs_gym.pool.RLPool.restore>`).
+        still due if one was. ``reseed`` gives each copy its own random streams, and ``fresh=True``
+        a new process in a new sandbox (see :meth:`RLPool.restore <boltzlabs_gym.pool.RLPool.restore>`).
         """
         self._check_open()
         self._check_idle("restore")
-        results = self.pool.restore_results(snap, indices, reseed=reseed)
+        results = self.pool.restore_results(snap, indices, reseed=reseed, fresh=fresh)
         return self._take_restored(results, snap, reseed)
 
-    def fork(self, index: int, into: Sequence[int] | np.ndarray, reseed: Sequence[int] | None = None):
+    def fork(
+        self, index: int, into: Sequence[int] | np.ndarray, reseed: Sequence[int] | None = None, fresh: bool = False
+    ):
         """Branch env ``index`` into the envs ``into`` (snapshot, restore, release); ``(obs, infos)``
         as :meth:`restore` returns them.
 
@@ -736,7 +745,7 @@ class BoltzLabsVecEnv(VectorEnv):
             raise SnapshotError(f"fork of env {i} into itself: leave {i} out of 'into'", i)
         self.pool._validate_reseed(reseed, len(targets))
         with self.snapshot(i) as snap:
-            return self.restore(snap, targets, reseed=reseed)
+            return self.restore(snap, targets, reseed=reseed, fresh=fresh)
 
     def _take_restored(self, results: list[EnvResult], snap: Snapshot, reseed: Sequence[int] | None):
         reset_timeout = self.pool.reset_timeout

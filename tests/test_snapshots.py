@@ -511,3 +511,28 @@ def test_a_local_pool_sets_its_workers_snapshot_budget():
             pool.snapshot(0)
     with pytest.raises(ValueError, match="snapshot_budget"):
         RLPool(SNAP, n=1, snapshot_budget=-1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fresh_restore_puts_each_copy_in_a_new_process(mode):
+    """By default a copy is loaded into its slot's process; fresh=True hard-resets the slot first, so
+    the copy runs in a new process (a new sandbox), exactly as the source would have gone on."""
+    with closing(_cartpole(3, mode)) as envs:
+        envs.reset(seed=0)
+        with RLPool(SNAP, n=3, mode=mode, isolation=ISOLATION) as pool:
+            pool.reset(seed=0)
+            before = [w["token"] for w in pool.step(["who"] * 3)[0]]
+            pool.fork(0, into=[1])
+            pool.fork(0, into=[2], fresh=True)
+            after = [w["token"] for w in pool.step(["who"] * 3)[0]]
+            assert after[1] == before[1], "a plain restore loads into the slot's own process"
+            assert after[2] != before[2], "a fresh restore starts a new process"
+            got = pool.step([1, 1, 1])[0]
+            assert got[0] == got[1] == got[2]
+        envs.step(np.array([1, 1, 1]))
+        snap = envs.snapshot(0)
+        obs, _ = envs.restore(snap, [2], fresh=True)
+        np.testing.assert_array_equal(obs[2], obs[0])
+        a, *_ = envs.step(np.array([0, 1, 0]))
+        np.testing.assert_array_equal(a[2], a[0])
+        snap.release()
