@@ -333,34 +333,21 @@ class _StateHooks:
             self.reseed = reseed
 
 
-def _snapshot(env: Any, last_obs: Any) -> tuple[dict, list]:
+def _snapshot(env: Any, last_obs: Any, started: bool) -> tuple[dict, list]:
     if isinstance(env, _StateHooks) and not hasattr(env, "get_state"):
         return {
             "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
             "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
         }, []
-    try:
-        blob = envstate.capture(env, last_obs, workspace_now())
-    except Exception as exc:  # noqa: BLE001 - a snapshot never ends the env: a refusal or a get_state() error
-        message = str(exc) if isinstance(exc, envstate.SnapshotRefused) else f"{type(exc).__name__}: {exc}"
-        return {"error": f"cannot snapshot: {message}" if not message.startswith("cannot") else message}, []
-    return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
+    return envstate.snapshot_reply(env, last_obs, started, workspace_now())
 
 
 def _restore(env: Any, msg: dict, payloads: list) -> tuple[Any, dict]:
     """The env to serve from now on and the reply (as a reset's) after restoring ``payloads[0]``."""
-    seed = msg.get("reseed")
-    if seed is not None and (type(seed) is not int or seed < 0):
-        return env, {"error": f"reseed must be a non-negative int or null, got {seed!r}"}
-    if len(payloads) != 1:
-        return env, {"error": "restore needs exactly one payload: the snapshot blob"}
     try:
-        state = envstate.load(payloads[0])
-        env = envstate.apply(state, env, workspace_now())
-        if seed is not None:
-            envstate.reseed(env, seed)
-    except Exception as exc:  # noqa: BLE001 - a refusal or the state's own unpickling error
-        return env, {"error": f"restore failed: {type(exc).__name__}: {exc}"}
+        env, state = envstate.restore_request(env, msg, payloads, workspace_now())
+    except envstate.SnapshotRefused as exc:
+        return env, {"error": str(exc)}
     return env, {"obs": state["obs"], "info": {}}
 
 
@@ -396,7 +383,7 @@ def _serve_one(
             write_message(proto_out, {})
             return
         elif op == "snapshot":
-            write_message(proto_out, *(_snapshot(env, last_obs) if started else ({"error": envstate.NOT_STARTED}, [])))
+            write_message(proto_out, *_snapshot(env, last_obs, started))
             continue
         elif op == "restore":
             old, (env, reply) = env, _restore(env, msg, payloads)

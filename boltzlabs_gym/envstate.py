@@ -28,6 +28,7 @@ import random
 import stat
 import sys
 import tarfile
+from collections.abc import Sequence
 from typing import Any
 
 #: The first bytes of every blob: a format tag the env side checks before it unpickles.
@@ -99,6 +100,38 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
             "give the env get_state()/set_state() that return only what it needs to go on"
         )
     return blob
+
+
+def snapshot_reply(env: Any, last_obs: Any, started: bool, workspace: str | None) -> tuple[dict, list]:
+    """The answer to a ``snapshot`` request: the blob as its one payload, or an error reply. A
+    snapshot never ends the env: a refusal, or an error in its ``get_state()``, is answered."""
+    if not started:
+        return {"error": NOT_STARTED}, []
+    try:
+        blob = capture(env, last_obs, workspace)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the env serves on
+        message = str(exc) if isinstance(exc, SnapshotRefused) else f"{type(exc).__name__}: {exc}"
+        return {"error": message if message.startswith("cannot") else f"cannot snapshot: {message}"}, []
+    return {"snapshot": {"kind": PORTABLE, "bytes": len(blob)}}, [blob]
+
+
+def restore_request(env: Any, msg: dict, payloads: Sequence, workspace: str | None) -> tuple[Any, dict]:
+    """Serve a ``restore`` request: the env to serve from now on, and the state it was given (its
+    ``"obs"`` is the answer's observation). :class:`SnapshotRefused`, with the message to answer,
+    when it cannot be done: the env is then as it was (see :func:`apply`)."""
+    seed = msg.get("reseed")
+    if seed is not None and (type(seed) is not int or seed < 0):
+        raise SnapshotRefused(f"reseed must be a non-negative int or null, got {seed!r}")
+    if len(payloads) != 1:
+        raise SnapshotRefused("restore needs exactly one payload: the snapshot blob")
+    try:
+        state = load(payloads[0])
+        env = apply(state, env, workspace)
+        if seed is not None:
+            reseed(env, seed)
+    except Exception as exc:  # noqa: BLE001 - a refusal, or the state's own unpickling error: the env serves on
+        raise SnapshotRefused(f"restore failed: {type(exc).__name__}: {exc}") from None
+    return env, state
 
 
 def _packed_or_refused(workspace: str) -> bytes | None:

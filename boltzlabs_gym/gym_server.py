@@ -371,32 +371,18 @@ class GymServer:
         return {"frame": frame_j}, out
 
     def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
-        """The env's state as one blob (:func:`boltzlabs_gym.envstate.capture`); an env that cannot be
-        pickled answers an error that says what to add."""
-        if not self.started:
-            return {"error": envstate.NOT_STARTED}, []
-        try:
-            blob = envstate.capture(self.env, self.last_obs, envside.workspace_now())
-        except Exception as exc:  # noqa: BLE001 - a snapshot never ends the env: a refusal or a get_state() error
-            message = str(exc) if isinstance(exc, envstate.SnapshotRefused) else f"{type(exc).__name__}: {exc}"
-            return {"error": f"cannot snapshot: {message}" if not message.startswith("cannot") else message}, []
-        return {"snapshot": {"kind": envstate.PORTABLE, "bytes": len(blob)}}, [blob]
+        """The env's state as one blob (:func:`boltzlabs_gym.envstate.snapshot_reply`); an env that
+        cannot be pickled answers an error that says what to add."""
+        return envstate.snapshot_reply(self.env, self.last_obs, self.started, envside.workspace_now())
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
-        seed = msg.get("reseed")
-        if seed is not None and (type(seed) is not int or seed < 0):
-            return {"error": f"reseed must be a non-negative int or null, got {seed!r}"}, []
-        if len(payloads) != 1:
-            return {"error": "restore needs exactly one payload: the snapshot blob"}, []
         try:
-            state = envstate.load(payloads[0])
-            old, self.env = self.env, envstate.apply(state, self.env, envside.workspace_now())
-            if seed is not None:
-                envstate.reseed(self.env, seed)
-        except Exception as exc:  # noqa: BLE001 - a refusal, or the state's own unpickling error: the env serves on
-            return {"error": f"restore failed: {type(exc).__name__}: {exc}"}, []
-        if old is not self.env:
+            env, state = envstate.restore_request(self.env, msg, payloads, envside.workspace_now())
+        except envstate.SnapshotRefused as exc:
+            return {"error": str(exc)}, []
+        old, self.env = self.env, env
+        if old is not env:
             try:
                 old.close()  # the env it replaced (a window, a file) is let go of now, not at exit
             except Exception:

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -576,14 +576,14 @@ class RLPool:
         """
         self._check_snapshot_call("snapshot")
         index = self._check_index(index, "snapshot")
-        self._check_not_lost([index], "snapshot")
+        link = self._link_of(index)
+        self._check_not_lost({index: link}, "snapshot")
         self._release_forgotten()
         [r] = self._run_items([(index, {"op": "snapshot"}, ())])
         reply = r.reply if r.status == OK else None
         info = reply.get("snapshot") if isinstance(reply, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
             raise SnapshotError(f"cannot snapshot env {index}: {_reason(r)}", index)
-        link = self._link_of(index)
         snap = Snapshot(
             kind=str(info.get("kind")),
             env=self.archive_hash,
@@ -654,7 +654,8 @@ class RLPool:
             )
         targets = self._snapshot_targets(where)
         seeds = self._validate_reseed(reseed, len(targets))
-        self._check_not_lost(targets, "restore")
+        links = {i: self._link_of(i) for i in targets}
+        self._check_not_lost(links, "restore")
         if snap.worker is not None and snap.worker in self.lost_workers:
             raise SnapshotError(
                 f"the snapshot of env {snap.source} was held by worker {snap.worker}, which is lost; "
@@ -662,10 +663,10 @@ class RLPool:
                 snap.source,
             )
         self._release_forgotten()
-        ids, imported = self._place_snapshot(snap, targets)
+        ids, imported = self._place_snapshot(snap, {link.address: link for link in links.values()}.values())
         items = []
         for i, seed in zip(targets, seeds):
-            items.append((i, {"op": "restore", "snapshot": ids[self._link_of(i).address], "reseed": seed}, ()))
+            items.append((i, {"op": "restore", "snapshot": ids[links[i].address], "reseed": seed}, ()))
         try:
             if fresh:
                 # A new process in a new sandbox for each copy first: nothing of what the slot's last
@@ -689,13 +690,19 @@ class RLPool:
 
         >>> obs = pool.fork(0, into=[1, 2, 3], reseed=[11, 12, 13])   # doctest: +SKIP
         """
+        index, targets = self.check_fork(index, into, reseed)
+        with self.snapshot(index) as snap:
+            return self.restore(snap, targets, reseed=reseed, fresh=fresh)
+
+    def check_fork(self, index: Any, into: Any, reseed: Any) -> tuple[int, list[int]]:
+        """A fork's source index and target indices, checked before anything is sent (for the
+        adapters' ``fork`` too): :class:`~boltzlabs_gym.errors.SnapshotError` for bad ones."""
         index = self._check_index(index, "fork")
         targets = self._snapshot_targets(into)
         if index in targets:
             raise SnapshotError(f"fork of env {index} into itself: leave {index} out of 'into'", index)
         self._validate_reseed(reseed, len(targets))
-        with self.snapshot(index) as snap:
-            return self.restore(snap, targets, reseed=reseed, fresh=fresh)
+        return index, targets
 
     def _check_snapshot_call(self, what: str) -> None:
         self._check_open()
@@ -707,13 +714,14 @@ class RLPool:
                 "one workspace, so one of them cannot be copied alone"
             )
 
-    def _check_not_lost(self, indices: list[int], what: str) -> None:
-        """Refuse at once (not after a heartbeat's wait) a snapshot call that needs a lost worker."""
+    def _check_not_lost(self, links: dict[int, WorkerLink], what: str) -> None:
+        """Refuse at once (not after a heartbeat's wait) a snapshot call that needs a lost worker;
+        ``links``: each env's link."""
         lost = self.lost_workers
         if not lost:
             return
-        for i in indices:
-            address = self._link_of(i).address
+        for i, link in links.items():
+            address = link.address
             if address in lost:
                 raise SnapshotError(
                     f"{what}: env {i} is on worker {address}, which is lost; replace it and hard-reset its envs "
@@ -760,13 +768,15 @@ class RLPool:
                 return link
         raise SnapshotError(f"env {index} is on no worker of this pool")  # unreachable: the links cover every env
 
-    def _place_snapshot(self, snap: Snapshot, targets: list[int]) -> tuple[dict[str, str], list[tuple[str, str]]]:
-        """The snapshot's id on each worker of ``targets``, importing it where it is not held; and
-        the ids imported (released after the restore)."""
+    def _place_snapshot(
+        self, snap: Snapshot, links: Iterable[WorkerLink]
+    ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """The snapshot's id on each of the workers of ``links``, importing it where it is not held;
+        and the ids imported (released after the restore)."""
         ids: dict[str, str] = {}
         imported: list[tuple[str, str]] = []
         try:
-            for link in {self._link_of(i).address: self._link_of(i) for i in targets}.values():
+            for link in links:
                 held = snap.held_by(self, link.address)
                 if held is None:
                     blob = snap.blob()

@@ -33,6 +33,7 @@ __all__ = [
     "NetnsUnavailable",
     "wait_until",
     "alive",
+    "pids_gone",
     "CODE_ENV_GOOD",
     "CODE_ENV_WRONG",
     "CODE_ENV_BROKEN",
@@ -180,6 +181,19 @@ def alive(procs) -> list:
         except psutil.Error:
             pass
     return out
+
+
+def pids_gone(pids) -> bool:
+    """Whether none of ``pids`` runs any more (gone, or a zombie): :func:`alive` for bare pids."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return not alive(procs)
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:

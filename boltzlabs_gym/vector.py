@@ -40,7 +40,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
 from . import codec
-from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, SnapshotError, WorkerTimeout
+from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
 from .grouping import GroupResult
 from .pool import OK, RLPool
 from .protocol import FLAG_TERMINATED, FLAG_TRUNCATED
@@ -739,11 +739,7 @@ class BoltzLabsVecEnv(VectorEnv):
         """
         self._check_open()
         self._check_idle("fork")
-        i = self.pool._check_index(index, "fork")
-        targets = self.pool._snapshot_targets(into)
-        if i in targets:
-            raise SnapshotError(f"fork of env {i} into itself: leave {i} out of 'into'", i)
-        self.pool._validate_reseed(reseed, len(targets))
+        i, targets = self.pool.check_fork(index, into, reseed)
         with self.snapshot(i) as snap:
             return self.restore(snap, targets, reseed=reseed, fresh=fresh)
 

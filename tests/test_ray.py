@@ -27,7 +27,7 @@ from boltzlabs_gym.keys import ClientKeys  # noqa: E402
 from boltzlabs_gym.ray import RayWorkers  # noqa: E402
 
 from conftest import COUNTER, ENVS, FAULTY, ISOLATION  # noqa: E402
-from workers import wait_until  # noqa: E402
+from workers import pids_gone, wait_until  # noqa: E402
 
 ATTEST = os.path.join(ENVS, "boltz_attest")
 NODES = 3
@@ -73,15 +73,6 @@ def _tree(pids) -> set[int]:
             pass
     return out
 
-
-def _gone(pids) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
 
 
 @pytest.fixture
@@ -175,7 +166,7 @@ def test_killed_actor_is_reported_in_its_slots_then_replaced(cluster):
             lost_envs = [i for i in range(6) if pool._links[1].start <= i < pool._links[1].start + pool._links[1].count]
             ray.kill(workers._actors[1], no_restart=True)
             # the actor's worker and its envs die with it (PDEATHSIG, then the worker's own clean-up)
-            assert wait_until(lambda: _gone(doomed), 15)
+            assert wait_until(lambda: pids_gone(doomed), 15)
             t0 = time.monotonic()
             obs, rewards, dones, infos = pool.step([1] * 6)
             assert time.monotonic() - t0 < 3.0 + 3.0
@@ -217,7 +208,7 @@ def test_lost_node_is_reported_without_a_hang(cluster):
             pool.reset()
             cluster.remove_node(extra, allow_graceful=False)
             # the node's processes go: its actor, so its worker, so its envs
-            assert wait_until(lambda: _gone(doomed), 20)
+            assert wait_until(lambda: pids_gone(doomed), 20)
             t0 = time.monotonic()
             obs, _, dones, infos = pool.step([1] * 4)
             assert time.monotonic() - t0 < 3.0 + 3.0
@@ -234,7 +225,7 @@ def test_leaving_with_and_a_killed_trainer_leave_no_process(cluster, tmp_path):
             pool.reset()
             procs = _tree(w.pid for w in workers.workers)
             assert len(procs) >= 2 + 4  # two workers and (at least) their four envs
-    assert wait_until(lambda: _gone(procs), 20)
+    assert wait_until(lambda: pids_gone(procs), 20)
     # A trainer that dies without closing anything: Ray kills its actors, the workers follow.
     script = tmp_path / "trainer.py"
     script.write_text(
@@ -259,7 +250,7 @@ def test_leaving_with_and_a_killed_trainer_leave_no_process(cluster, tmp_path):
         trainer.kill()
         trainer.wait(10)
         trainer.stdout.close()
-    assert wait_until(lambda: _gone(pids), 30), [psutil.Process(p).cmdline() for p in pids if not _gone([p])]
+    assert wait_until(lambda: pids_gone(pids), 30), [psutil.Process(p).cmdline() for p in pids if not pids_gone([p])]
 
 
 def test_pending_actors_time_out_saying_what_was_asked_and_what_there_is(cluster):

@@ -8,23 +8,13 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
 import pytest
 
 pytest.importorskip("ray", reason='Ray is not installed (pip install "boltzlabs-gym[ray]")')
 
 from conftest import COUNTER, ISOLATION  # noqa: E402
-from workers import wait_until  # noqa: E402
+from workers import pids_gone, wait_until  # noqa: E402
 
-
-def _gone(pids) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
 
 
 def test_without_a_cluster_a_local_one_is_started_and_said_so(tmp_path):
@@ -46,4 +36,4 @@ def test_without_a_cluster_a_local_one_is_started_and_said_so(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "no running Ray cluster found" in out.stderr and "starting a local one" in out.stderr
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
-    assert wait_until(lambda: _gone(pids), 20)
+    assert wait_until(lambda: pids_gone(pids), 20)
