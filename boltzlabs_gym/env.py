@@ -333,19 +333,19 @@ class _StateHooks:
             self.reseed = reseed
 
 
-def _snapshot(env: Any, last_obs: Any, started: bool) -> tuple[dict, list]:
+def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None) -> tuple[dict, list] | None:
     if isinstance(env, _StateHooks) and not hasattr(env, "get_state"):
         return {
             "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
             "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
         }, []
-    return envstate.snapshot_reply(env, last_obs, started, workspace_now())
+    return envstate.snapshot_reply(env, last_obs, started, workspace_now(), kind)
 
 
-def _restore(env: Any, msg: dict, payloads: list) -> tuple[Any, dict]:
+def _restore(env: Any, msg: dict, payloads: list, last_obs: Any = None) -> tuple[Any, dict]:
     """The env to serve from now on and the reply (as a reset's) after restoring ``payloads[0]``."""
     try:
-        env, state = envstate.restore_request(env, msg, payloads, workspace_now())
+        env, state = envstate.restore_request(env, msg, payloads, workspace_now(), last_obs)
     except envstate.SnapshotRefused as exc:
         return env, {"error": str(exc)}
     return env, {"obs": state["obs"], "info": {}}
@@ -383,10 +383,12 @@ def _serve_one(
             write_message(proto_out, {})
             return
         elif op == "snapshot":
-            write_message(proto_out, *_snapshot(env, last_obs, started))
+            answer = _snapshot(env, last_obs, started, msg.get("kind"))
+            if answer is not None:  # None: a memory snapshot's copy, which answers its restore instead
+                write_message(proto_out, *answer)
             continue
         elif op == "restore":
-            old, (env, reply) = env, _restore(env, msg, payloads)
+            old, (env, reply) = env, _restore(env, msg, payloads, last_obs)
             if "error" not in reply:
                 reset, step, last_obs, started = env.reset, env.step, reply["obs"], True
                 if on_restore is not None:

@@ -35,6 +35,8 @@ __all__ = [
     "PerEnvStr",
     "in_template",
     "install_template_hook",
+    "install_memory_snapshots",
+    "memory_snapshots",
     "template_fork",
     "MAX_LINE_BYTES",
     "MAX_TRACEBACK_CHARS",
@@ -97,6 +99,22 @@ if _template:
     ENV_DIR, WORKSPACE, ENV_INDEX = PerEnvStr(ENV_DIR), PerEnvStr(WORKSPACE), PerEnvInt(ENV_INDEX)
 #: The fork loop, installed by the template's bootstrap (worker code, never imported from here).
 _template_hook: Callable[[], None] | None = None
+
+
+#: What makes memory snapshots in this env process (boltz mode's namespaces backend installs it; see
+#: :mod:`boltzlabs_gym.worker.cowfork`), or None where there are none.
+_memory_snapshots: Any = None
+
+
+def install_memory_snapshots(maker: Any) -> None:
+    """Let this env take memory snapshots through ``maker`` (``refusal()``, ``snapshot()``, ``take_copy()``)."""
+    global _memory_snapshots
+    _memory_snapshots = maker
+
+
+def memory_snapshots() -> Any:
+    """This process's memory-snapshot maker, or None (every env that is not a boltz namespaces env)."""
+    return _memory_snapshots
 
 
 def in_template() -> bool:
@@ -300,6 +318,15 @@ def _iov_max() -> int:
 _IOV_MAX = _iov_max()
 
 
+#: The protocol's fds (requests in, replies out) once :func:`protect_channel_fds` took them.
+_channel: tuple[int, int] | None = None
+
+
+def channel_fds() -> tuple[int, int] | None:
+    """The fds this env reads requests from and writes replies to, or None before it serves."""
+    return _channel
+
+
 def protect_channel_fds() -> tuple[int, int]:
     """Take fds 0/1 for the protocol and point ``print()`` (and fd 1) at stderr.
 
@@ -308,7 +335,9 @@ def protect_channel_fds() -> tuple[int, int]:
     fd 1 is a copy of stderr and only the returned fds (private copies of the old
     0 and 1) reach the worker.
     """
+    global _channel
     proto_in, proto_out = os.dup(0), os.dup(1)
+    _channel = (proto_in, proto_out)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

@@ -34,7 +34,7 @@ from typing import Any
 #: The first bytes of every blob: a format tag the env side checks before it unpickles.
 BLOB_MAGIC = b"BLZSTATE1\n"
 #: The snapshot kind these blobs are (reported on the trainer's Snapshot).
-PORTABLE = "portable"
+PORTABLE, MEMORY, AUTO = "portable", "memory", "auto"  # as in boltzlabs_gym.protocol
 #: The largest blob: one env reply's payload limit (protocol.MAX_ENV_PAYLOAD_BYTES, 256 MiB; a test
 #: ties the two), less room for the request line a restore sends it with.
 MAX_BLOB_BYTES = (256 << 20) - (64 << 10)
@@ -102,11 +102,34 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
     return blob
 
 
-def snapshot_reply(env: Any, last_obs: Any, started: bool, workspace: str | None) -> tuple[dict, list]:
+def snapshot_reply(
+    env: Any, last_obs: Any, started: bool, workspace: str | None, kind: Any = None
+) -> tuple[dict, list] | None:
     """The answer to a ``snapshot`` request: the blob as its one payload, or an error reply. A
-    snapshot never ends the env: a refusal, or an error in its ``get_state()``, is answered."""
+    snapshot never ends the env: a refusal, or an error in its ``get_state()``, is answered.
+
+    ``kind`` ``"memory"`` or ``"auto"`` (the worker asks for it where the env can fork: boltz
+    mode, namespaces backend): the process swaps roles with a held fork of itself (see
+    :mod:`boltzlabs_gym.worker.cowfork`) and answers ``{"snapshot": {"kind": "memory"}}``; in a
+    copy forked later from the holder, this returns ``None``: nothing to answer, the copy waits
+    for its restore request. ``"auto"`` falls back to the portable blob where the env cannot fork.
+    """
     if not started:
         return {"error": NOT_STARTED}, []
+    if kind in (MEMORY, AUTO):
+        from . import envside
+
+        maker = envside.memory_snapshots()
+        why = "this env process cannot fork copies (not a boltz-mode env of the namespaces backend)"
+        if maker is not None:
+            try:
+                role = maker.snapshot()
+            except Exception as exc:  # noqa: BLE001 - MemorySnapshotRefused: nothing changed
+                why = str(exc)
+            else:
+                return None if role == "copy" else ({"snapshot": {"kind": MEMORY}}, [])
+        if kind == MEMORY:
+            return {"error": f"cannot take a memory snapshot: {why}"}, []
     try:
         blob = capture(env, last_obs, workspace)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the env serves on
@@ -115,13 +138,30 @@ def snapshot_reply(env: Any, last_obs: Any, started: bool, workspace: str | None
     return {"snapshot": {"kind": PORTABLE, "bytes": len(blob)}}, [blob]
 
 
-def restore_request(env: Any, msg: dict, payloads: Sequence, workspace: str | None) -> tuple[Any, dict]:
+def restore_request(
+    env: Any, msg: dict, payloads: Sequence, workspace: str | None, last_obs: Any = None
+) -> tuple[Any, dict]:
     """Serve a ``restore`` request: the env to serve from now on, and the state it was given (its
     ``"obs"`` is the answer's observation). :class:`SnapshotRefused`, with the message to answer,
-    when it cannot be done: the env is then as it was (see :func:`apply`)."""
+    when it cannot be done: the env is then as it was (see :func:`apply`).
+
+    A memory snapshot's restore (``"kind": "memory"``) reaches a process that already is the copy
+    (forked from the holder): it only reseeds when asked and answers with ``last_obs``."""
     seed = msg.get("reseed")
     if seed is not None and (type(seed) is not int or seed < 0):
         raise SnapshotRefused(f"reseed must be a non-negative int or null, got {seed!r}")
+    if msg.get("kind") == MEMORY:
+        from . import envside
+
+        maker = envside.memory_snapshots()
+        if maker is None or not maker.take_copy() or payloads:
+            raise SnapshotRefused("a memory snapshot's restore reached a process that is not a fresh copy of it")
+        if seed is not None:
+            try:
+                reseed(env, seed)
+            except Exception as exc:  # noqa: BLE001
+                raise SnapshotRefused(f"restore failed: reseed: {type(exc).__name__}: {exc}") from None
+        return env, {"obs": last_obs}
     if len(payloads) != 1:
         raise SnapshotRefused("restore needs exactly one payload: the snapshot blob")
     try:

@@ -370,15 +370,16 @@ class GymServer:
         frame_j, out = encode_info(frame, zero_copy=True)
         return {"frame": frame_j}, out
 
-    def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+    def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
         """The env's state as one blob (:func:`boltzlabs_gym.envstate.snapshot_reply`); an env that
         cannot be pickled answers an error that says what to add."""
-        return envstate.snapshot_reply(self.env, self.last_obs, self.started, envside.workspace_now())
+        reply = envstate.snapshot_reply(self.env, self.last_obs, self.started, envside.workspace_now(), msg.get("kind"))
+        return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
         try:
-            env, state = envstate.restore_request(self.env, msg, payloads, envside.workspace_now())
+            env, state = envstate.restore_request(self.env, msg, payloads, envside.workspace_now(), self.last_obs)
         except envstate.SnapshotRefused as exc:
             return {"error": str(exc)}, []
         old, self.env = self.env, env

@@ -36,7 +36,7 @@ from .errors import AsyncStateError, PoolClosedError, SnapshotError, WorkerError
 from .grouping import GroupPlan, GroupResult, SandboxLayout, check_envs_per_sandbox, pack, pack_steps
 from .keys import ClientKeys
 from .link import WorkerLink, start_local_worker
-from .protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, check_poll_us, jsonable
+from .protocol import DEFAULT_BUSY_POLL_US, ERROR, MEMORY, OK, SNAPSHOT_KINDS, STRAGGLER, check_poll_us, jsonable
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
 from .snapshot import Snapshot
@@ -558,9 +558,19 @@ class RLPool:
         return obs
 
     # ------------------------------------------------------------------ snapshots
-    def snapshot(self, index: int, *, meta: dict | None = None) -> Snapshot:
+    def snapshot(self, index: int, *, kind: str = "auto", meta: dict | None = None) -> Snapshot:
         """Env ``index``'s full state now (its env, its random generators, its workspace's files),
         held by its worker; restore it with :meth:`restore` or branch with :meth:`fork`.
+
+        ``kind`` (reported as :attr:`Snapshot.kind <boltzlabs_gym.snapshot.Snapshot.kind>`):
+
+        * ``"memory"``: the env process itself is held (a fork of it, sharing its memory
+          copy-on-write); each restore forks a copy of it in a new sandbox of its own. For
+          ``mode="boltz"`` pools with the namespaces backend, single-threaded envs alone in
+          their sandbox with no open files; it cannot leave its worker (no save, no move).
+        * ``"portable"``: the env writes its state as a blob (pickled inside its sandbox), which
+          can be saved and moved between workers and is loaded into the target slot's process.
+        * ``"auto"`` (default): memory where the env can take it, else portable.
 
         The env is not changed. Refused (:class:`~boltzlabs_gym.errors.SnapshotError`) for an env
         that no reset or restore started since its process was (re)started (a straggler, a crash or
@@ -576,10 +586,12 @@ class RLPool:
         """
         self._check_snapshot_call("snapshot")
         index = self._check_index(index, "snapshot")
+        if kind not in SNAPSHOT_KINDS:
+            raise SnapshotError(f"snapshot kind must be one of {', '.join(SNAPSHOT_KINDS)}, got {kind!r}", index)
         link = self._link_of(index)
         self._check_not_lost({index: link}, "snapshot")
         self._release_forgotten()
-        [r] = self._run_items([(index, {"op": "snapshot"}, ())])
+        [r] = self._run_items([(index, {"op": "snapshot", "kind": kind}, ())])
         reply = r.reply if r.status == OK else None
         info = reply.get("snapshot") if isinstance(reply, dict) else None
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
@@ -668,7 +680,7 @@ class RLPool:
         for i, seed in zip(targets, seeds):
             items.append((i, {"op": "restore", "snapshot": ids[links[i].address], "reseed": seed}, ()))
         try:
-            if fresh:
+            if fresh and snap.kind != MEMORY:  # (a memory snapshot's copies always are new processes)
                 # A new process in a new sandbox for each copy first: nothing of what the slot's last
                 # occupant left (child processes, /tmp files, module state) reaches the copy.
                 self._run_items([(i, {"op": "hard_reset", "seed": None}, ()) for i in targets])
@@ -684,14 +696,16 @@ class RLPool:
         *,
         reseed: Sequence[int] | None = None,
         fresh: bool = False,
+        kind: str = "auto",
     ) -> list:
-        """Branch env ``index``'s current state into the envs ``into``: :meth:`snapshot`, then
-        :meth:`restore` (with ``reseed`` and ``fresh``), then release. Returns all ``n`` observations.
+        """Branch env ``index``'s current state into the envs ``into``: :meth:`snapshot` (of
+        ``kind``), then :meth:`restore` (with ``reseed`` and ``fresh``), then release. Returns all
+        ``n`` observations.
 
         >>> obs = pool.fork(0, into=[1, 2, 3], reseed=[11, 12, 13])   # doctest: +SKIP
         """
         index, targets = self.check_fork(index, into, reseed)
-        with self.snapshot(index) as snap:
+        with self.snapshot(index, kind=kind) as snap:
             return self.restore(snap, targets, reseed=reseed, fresh=fresh)
 
     def check_fork(self, index: Any, into: Any, reseed: Any) -> tuple[int, list[int]]:

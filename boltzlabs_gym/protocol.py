@@ -97,11 +97,22 @@ Snapshots (envs_per_sandbox 1). Two per-env ops, as ``batch`` items, and one wor
   a sandbox). The worker keeps the blob, within its snapshot budget, and answers the item
   ``{"snapshot": {"id": str, "kind": str, "bytes": n}}`` with no payload; over budget, the
   item is an ``"error"`` result whose message says how much is held and what to release.
+* ``{"op": "snapshot", "kind": "memory" | "auto"}`` (boltz mode, namespaces backend): a memory
+  snapshot. The worker first copies the env's workspace, sends the env the continued source's
+  socket on its control socket (``"swap"``) and arms its seccomp supervisor; the env forks its
+  continuation into a nested sandbox and becomes the holder (:mod:`boltzlabs_gym.worker.cowfork`).
+  The continuation answers ``{"snapshot": {"kind": "memory"}}`` with no payload, and the worker
+  answers the item as above (``bytes``: the holder's memory and the workspace copy). ``auto``
+  falls back to the portable kind (its reply) where the env cannot fork; ``memory`` is then an
+  ``"error"`` result naming why.
 * ``{"op": "restore", "snapshot": id, "reseed": int|null}``: the worker gives the env the
   blob it holds under ``id`` (:data:`SNAPSHOT_ID`) as the request's one payload (an unknown
   or released id is an ``"error"`` result: nothing is sent to the env). The env loads it
   (its env, generators and workspace files), reseeds when asked, and answers as a ``reset``
-  does: ``{"obs": ..., "info": {}}``.
+  does: ``{"obs": ..., "info": {}}``. For a memory snapshot the worker replaces the env's
+  process with a copy forked from the holder (into the slot's new cgroup, with the snapshot's
+  workspace) and sends it ``{"op": "restore", "kind": "memory", "reseed": ...}`` with no
+  payload; the copy answers the same way.
 * ``{"op": "snapshots", "session": sid, "action": "release" | "export" | "import", ...}``:
   ``release`` with ``"ids": [...]`` forgets blobs; ``export`` with ``"id"`` answers
   ``{"kind", "bytes"}`` and the blob as one frame; ``import`` sends a blob as one frame and
@@ -166,7 +177,11 @@ MAX_ENVS_PER_SANDBOX = 4096
 #: Snapshots (see above): the per-env ops, the restore item's key naming the blob, and the kind of
 #: snapshot an env's own state blob is.
 SNAPSHOT, RESTORE, SNAPSHOT_ID = "snapshot", "restore", "snapshot"
-PORTABLE = "portable"
+#: Snapshot kinds: the env's own state blob (saveable, movable), a held fork of the env process
+#: (boltz mode, namespaces: copy-on-write, stays on its worker), and "auto" (a snapshot item's
+#: ``kind``: memory where the env can take one, else portable).
+PORTABLE, MEMORY, AUTO = "portable", "memory", "auto"
+SNAPSHOT_KINDS = (AUTO, MEMORY, PORTABLE)
 #: The worker's default snapshot budget: bytes of blobs it holds for all sessions together.
 DEFAULT_SNAPSHOT_BUDGET = 1 << 30
 

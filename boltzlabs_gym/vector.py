@@ -693,7 +693,7 @@ class BoltzLabsVecEnv(VectorEnv):
         return self.pool.batch_wait()
 
     # ------------------------------------------------------------------ snapshots
-    def snapshot(self, index: int) -> Snapshot:
+    def snapshot(self, index: int, kind: str = "auto") -> Snapshot:
         """Env ``index``'s full state now, as a :class:`~boltzlabs_gym.snapshot.Snapshot` (see
         :meth:`RLPool.snapshot <boltzlabs_gym.pool.RLPool.snapshot>`); it also keeps whether the env
         is due an autoreset, which a restored copy then is too.
@@ -707,7 +707,7 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_idle("snapshot")
         i = self.pool._check_index(index, "snapshot")
         meta = {"autoreset": bool(self._autoreset_envs[i]), "seed": self._env_seeds[i]}
-        return self.pool.snapshot(i, meta=meta)
+        return self.pool.snapshot(i, kind=kind, meta=meta)
 
     def restore(
         self,
@@ -730,7 +730,12 @@ class BoltzLabsVecEnv(VectorEnv):
         return self._take_restored(results, snap, reseed)
 
     def fork(
-        self, index: int, into: Sequence[int] | np.ndarray, reseed: Sequence[int] | None = None, fresh: bool = False
+        self,
+        index: int,
+        into: Sequence[int] | np.ndarray,
+        reseed: Sequence[int] | None = None,
+        fresh: bool = False,
+        kind: str = "auto",
     ):
         """Branch env ``index`` into the envs ``into`` (snapshot, restore, release); ``(obs, infos)``
         as :meth:`restore` returns them.
@@ -740,7 +745,7 @@ class BoltzLabsVecEnv(VectorEnv):
         self._check_open()
         self._check_idle("fork")
         i, targets = self.pool.check_fork(index, into, reseed)
-        with self.snapshot(i) as snap:
+        with self.snapshot(i, kind=kind) as snap:
             return self.restore(snap, targets, reseed=reseed, fresh=fresh)
 
     def _take_restored(self, results: list[EnvResult], snap: Snapshot, reseed: Sequence[int] | None):

@@ -26,6 +26,8 @@ from .sandbox.base import SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlim
 #: fds the template finds its control socket and the worker's lifeline on.
 CTL_FD = 3
 LIFELINE_FD = 4
+from .cowfork import CONTROL_FD  # noqa: E402 - a forked env's control socket (memory snapshots)
+
 #: process names (comm) of a template and of the envs forked from it.
 TEMPLATE_COMM = "boltz-template"
 ENV_COMM = "boltz-env"
@@ -100,7 +102,7 @@ def template_main() -> None:
         from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import seccomp
 
-        filt = seccomp.build_filter()
+        filt = seccomp.build_filter(notify=seccomp.COPY_SYSCALLS)  # the worker answers these: see cowfork
     import_fds = _open_fds() - {0, 1, 2, CTL_FD, LIFELINE_FD}
     std_ids = {}
     for i in (0, 1, 2):
@@ -281,22 +283,7 @@ def _become_env(
             # (the spare already has its own mount, net, IPC and UTS namespaces and /proc)
             if req.get("cgroup"):
                 L.unshare(L.CLONE_NEWCGROUP)  # after the worker moved us: rooted at our own cgroup
-            size = int(limits.tmpfs_bytes)
-            # A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp):
-            # carry those mounts over onto the new tmpfs.
-            from .sandbox.namespaces import _python_paths
-
-            under_tmp = [
-                (p, os.open(p, os.O_PATH | os.O_CLOEXEC))
-                for p in _python_paths(sys.executable)
-                if p.startswith("/tmp/")
-            ]
-            L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
-            for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
-                os.makedirs(path, exist_ok=True)
-                L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
-                os.close(held)
-            L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
+            mount_private_tmp(int(limits.tmpfs_bytes))
             L.move_mount_fd(tree, SANDBOX_WORKSPACE)
             os.close(tree)
             tree = -1
@@ -319,11 +306,19 @@ def _become_env(
         have_cg = bool(req.get("cgroup"))
         apply_rlimits(limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
         os.chdir(req["workspace"])
+        listener = -1
         if filt is not None:
             from .sandbox import seccomp
 
-            seccomp.install(filt)
-        os.write(csock_fd, b"ok")
+            listener = seccomp.install_with_listener(filt) if ns else seccomp.install(filt)
+        # "ok", with the filter's listener for the worker (this process must not keep it), and the
+        # channel kept as the env's control socket for memory snapshots (see cowfork)
+        keep_control = ns and listener is not None and listener >= 0 and CONTROL_FD not in import_fds | set(import_std)
+        socket.send_fds(socket.socket(fileno=os.dup(csock_fd)), [b"ok"], [listener] if keep_control else [])
+        if listener is not None and listener >= 0:
+            os.close(listener)
+        if keep_control:
+            os.dup2(csock_fd, CONTROL_FD, inheritable=False)
         os.close(csock_fd)
     except BaseException as exc:  # noqa: BLE001 - never fall back into the template's loop
         msg = f"boltzlabs boltz env setup failed: {type(exc).__name__}: {exc}"
@@ -350,7 +345,7 @@ def _become_env(
             os.close(null)
     for fd, std in import_std.items():
         os.dup2(std, fd, inheritable=False)
-    for fd in _open_fds() - {0, 1, 2} - import_fds - set(import_std):
+    for fd in _open_fds() - {0, 1, 2, CONTROL_FD} - import_fds - set(import_std):
         try:
             os.close(fd)
         except OSError:
@@ -366,6 +361,38 @@ def _become_env(
     )
     _reseed()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
+    if ns and _fd_open(CONTROL_FD):
+        from . import cowfork
+
+        cowfork.install(ENV_INSIDE_UID)
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def mount_private_tmp(size: int) -> None:
+    """Fresh size-limited tmpfs ``/tmp`` and ``/dev/shm`` (a forked env's, and a memory snapshot copy's).
+
+    A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp): those mounts are
+    carried over onto the new tmpfs.
+    """
+    from .sandbox import _linux as L
+    from .sandbox.namespaces import _python_paths
+
+    under_tmp = [
+        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable) if p.startswith("/tmp/")
+    ]
+    L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
+    for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
+        os.makedirs(path, exist_ok=True)
+        L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
+        os.close(held)
+    L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
 
 
 def _per_env_bindings() -> list[tuple[dict, str, int]]:

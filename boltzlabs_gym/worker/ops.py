@@ -9,7 +9,10 @@ calls are in flight). Errors it raises become error replies (``Worker._handle_re
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import ClassVar
@@ -18,26 +21,45 @@ from ..archive import is_archive_hash
 from ..errors import ArchiveError
 from ..protocol import (
     ADOPT,
+    AUTO,
     ERROR,
     FAULTS,
     GROUP_SLOTS,
     LEND,
     LENT_FAULT,
     MAX_ENV_PAYLOAD_BYTES,
+    MEMORY,
     OK,
+    PORTABLE,
     RESTORE,
     SNAPSHOT,
     SNAPSHOT_ID,
+    SNAPSHOT_KINDS,
     error_reply,
     parse_json,
 )
 from . import memory
 from .envproc import json_error
+from .holders import copy_workspace
 from .parts import WorkerParts
 from .sandbox import select_backend
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
 from .snapshots import SnapshotBudgetExceeded
 from .stats import envs_by_state, read_lane_report
+
+log = logging.getLogger(__name__)
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
 
 #: The most bytes one snapshot blob may have: one env reply's payload limit, which is also what an
 #: env reads with one request (envstate.MAX_BLOB_BYTES keeps under it).
@@ -46,17 +68,54 @@ MAX_SNAPSHOT_BYTES = MAX_ENV_PAYLOAD_BYTES
 
 class _SnapshotCatcher:
     """Stands in for a batch as a snapshot call's destination: keeps the env's blob in the worker's
-    store and passes the batch the blob's id instead of its bytes."""
+    store and passes the batch the blob's id instead of its bytes. For a memory snapshot
+    (``swap``: the launcher, the env, the worker's end of the continued source's socket and the
+    workspace copy) it finishes the role swap: the env's slot gets the continued source, the
+    store the holder (see :mod:`boltzlabs_gym.worker.cowfork`)."""
 
-    __slots__ = ("batch", "store", "session", "source")
+    __slots__ = ("batch", "store", "session", "source", "swap")
 
     def __init__(self, batch: Batch, store, session: Session, source: int):
         self.batch, self.store, self.session, self.source = batch, store, session, source
+        self.swap: tuple | None = None
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
-        if status == OK:
+        if self.swap is not None:
+            status, reply, payloads = self._end_swap(status, reply, payloads)
+        elif status == OK:
             status, reply, payloads = self._hold(reply, payloads)
         self.batch.done(pos, index, status, reply, payloads)
+
+    def _end_swap(self, status: str, reply: bytes, payloads: list) -> tuple[str, bytes, list]:
+        launcher, env, sock, workspace_copy = self.swap
+        self.swap = None
+        info = None
+        if status == OK:
+            try:
+                answer = parse_json(reply)
+                info = answer.get("snapshot") if isinstance(answer, dict) else None
+            except ValueError:
+                pass
+        swapped = isinstance(info, dict) and info.get("kind") == MEMORY and not payloads
+        launched = env.launched
+        try:
+            result = launcher.end_swap(launched, sock, swapped, workspace_copy) if launched is not None else None
+        except Exception as exc:  # noqa: BLE001 - the env swapped but cannot be tracked: end it
+            log.warning("memory snapshot of env %s: %s", self.source, exc)
+            shutil.rmtree(workspace_copy, ignore_errors=True)
+            if launched is not None:
+                launched.kill()
+            return ERROR, json_error(f"memory snapshot of env {self.source} failed: {exc}; the env was ended"), []
+        if result is None:
+            shutil.rmtree(workspace_copy, ignore_errors=True)
+            return self._hold(reply, payloads) if status == OK else (status, reply, payloads)
+        env.launched, holder = result
+        nbytes = holder.pss() + _tree_bytes(workspace_copy)
+        try:
+            held = self.store.hold(self.session.sid, self.source, MEMORY, b"", holder=holder, nbytes=nbytes)
+        except SnapshotBudgetExceeded as exc:
+            return ERROR, json_error(f"snapshot of env {self.source} refused: {exc}", refused="budget"), []
+        return OK, json.dumps({"snapshot": held.describe()}).encode(), []
 
     def _hold(self, reply: bytes, payloads: list) -> tuple[str, bytes, list]:
         try:
@@ -177,6 +236,7 @@ class OpHandlers(WorkerParts):
             used += nframes
         if used != len(payloads):
             raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
+        copies: list = []  # memory-snapshot restores: forked together, after the loop
         lend = header.get(LEND) is True and session.lend and self._may_lend(client, session)
         batch = Batch(client, header.get("seq"), len(calls), self._reply_batch)
         batch.lend_from = session if lend else None
@@ -193,7 +253,12 @@ class OpHandlers(WorkerParts):
                 if prepared is None:
                     continue  # refused: already answered, nothing sent to the env
                 op, frames, target = prepared
+                if "_holder" in op:
+                    copies.append((env, op, target, pos))
+                    continue
             self._submit(session, env, op, frames, target, pos)
+        if copies:
+            self._restore_copies(session, copies)
         self._deadlines.seal(time.monotonic())
         if not calls:
             self._reply_batch(batch)  # only faults or adoptions: nothing to wait for
@@ -208,7 +273,7 @@ class OpHandlers(WorkerParts):
             batch.done(pos, env.index, ERROR, json_error(message, refused="envs_per_sandbox"), [])
             return None
         if op["op"] == SNAPSHOT:
-            return {"op": SNAPSHOT}, (), _SnapshotCatcher(batch, self.snapshots, session, index)
+            return self._prepare_snapshot(session, env, op, batch, pos)
         held = self.snapshots.get(session.sid, op.get(SNAPSHOT_ID))
         if held is None or frames:
             why = "restore carries no frames" if frames else f"snapshot {str(op.get(SNAPSHOT_ID))[:40]!r} is not held"
@@ -216,7 +281,61 @@ class OpHandlers(WorkerParts):
             batch.done(pos, env.index, ERROR, json_error(message, refused="not_held"), [])
             return None
         reseed = op.get("reseed")
-        return {"op": RESTORE, "reseed": reseed}, (held.blob,), batch
+        if held.holder is None:
+            return {"op": RESTORE, "reseed": reseed}, (held.blob,), batch
+        # a memory snapshot: the slot's process is replaced by a copy forked from the holder (with the
+        # batch's other copies of it: _restore_copies), which then answers the restore like any env
+        return {"op": RESTORE, "kind": MEMORY, "reseed": reseed, "_holder": held.holder}, (), batch
+
+    def _restore_copies(self, session: Session, copies: list) -> None:
+        """Fork the batch's memory-snapshot copies (``(env, op, batch, pos)``), per holder, then
+        send each its restore request."""
+        by_holder: dict = {}
+        for item in copies:
+            by_holder.setdefault(id(item[1]["_holder"]), []).append(item)
+        for items in by_holder.values():
+            holder = items[0][1]["_holder"]
+            failed = self._replace_with_copies(session, [env for env, _op, _b, _p in items], holder)
+            for env, op, batch, pos in items:
+                op.pop("_holder")
+                if env.index in failed:
+                    message = f"env {env.global_index}: restore failed: {failed[env.index]}"
+                    batch.done(pos, env.index, ERROR, json_error(message), [])
+                else:
+                    self._submit(session, env, op, (), batch, pos)
+
+    def _prepare_snapshot(self, session: Session, env, op: dict, batch: Batch, pos: int):
+        """A snapshot item: a memory snapshot where the env can take one (``kind`` "auto" or
+        "memory"), else a portable one; ``None`` when refused here."""
+        index = env.global_index
+        want = op.get("kind") or AUTO
+        if want not in SNAPSHOT_KINDS:
+            batch.done(pos, env.index, ERROR, json_error(f"env {index}: unknown snapshot kind {str(want)[:20]!r}"), [])
+            return None
+        catcher = _SnapshotCatcher(batch, self.snapshots, session, index)
+        if want == PORTABLE:
+            return {"op": SNAPSHOT}, (), catcher
+        why = (
+            session.backend.memory_snapshots_unavailable(env.launched)
+            if hasattr(session.backend, "memory_snapshots_unavailable")
+            else "memory snapshots need mode='boltz' (envs forked from a template) with isolation='namespaces'"
+        )
+        if why is None:
+            copy = tempfile.mkdtemp(prefix="snap-", dir=os.path.dirname(env.workspace))
+            try:
+                copy_workspace(env.workspace, copy)
+                sock = session.backend.begin_swap(env.launched)
+            except Exception as exc:  # noqa: BLE001 - the env was not asked: nothing changed
+                shutil.rmtree(copy, ignore_errors=True)
+                why = f"could not prepare it: {type(exc).__name__}: {exc}"
+            else:
+                catcher.swap = (session.backend, env, sock, copy)
+                return {"op": SNAPSHOT, "kind": want}, (), catcher
+        if want == MEMORY:
+            message = f"env {index}: cannot take a memory snapshot: {why}; take kind='portable' instead"
+            batch.done(pos, env.index, ERROR, json_error(message, refused="memory"), [])
+            return None
+        return {"op": SNAPSHOT}, (), catcher
 
     def _op_snapshots(self, client, header, payloads):
         """Release, export or import a session's snapshot blobs (see "Snapshots" in the protocol)."""

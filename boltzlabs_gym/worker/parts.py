@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import select
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .deadlines import Deadlines
 from .envproc import Call, EnvProcess
@@ -83,3 +83,4 @@ class WorkerParts:
         def _kill_env(self, session: Session, env: EnvProcess) -> int | None: ...
         def _reap_now(self, pid: int | None) -> int | None: ...
         def _wipe(self, path: str) -> None: ...
+        def _replace_with_copies(self, session: Session, envs: list[EnvProcess], holder: Any) -> dict[int, str]: ...

@@ -13,6 +13,7 @@ import itertools
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..protocol import DEFAULT_SNAPSHOT_BUDGET
 
@@ -33,9 +34,13 @@ class HeldSnapshot:
     kind: str
     blob: bytes
     created: float = field(default_factory=time.time)
+    #: a memory snapshot's held process (:class:`~boltzlabs_gym.worker.holders.Holder`); None for a blob
+    holder: Any = None
+    #: what it counts against the budget: the blob's length, or a holder's memory and workspace copy
+    nbytes: int = 0
 
     def describe(self) -> dict:
-        return {"id": self.id, "kind": self.kind, "bytes": len(self.blob)}
+        return {"id": self.id, "kind": self.kind, "bytes": self.nbytes}
 
 
 class SnapshotStore:
@@ -50,19 +55,32 @@ class SnapshotStore:
         # Unguessable ids: a client names only its own session's blobs, but an id leaked in a log
         # should not name another session's blob by luck either (ids are also checked per session).
         self._counter = itertools.count(1)
+        #: released memory snapshots whose holders still wait for their copies: ``(session, holder)``
+        self._lingering: list[tuple[str, Any]] = []
 
-    def hold(self, session: str, source: int, kind: str, blob: bytes) -> HeldSnapshot:
-        """Keep ``blob`` for ``session``; :class:`SnapshotBudgetExceeded` when it does not fit."""
-        if self.held_bytes + len(blob) > self.budget:
+    def hold(
+        self, session: str, source: int, kind: str, blob: bytes, *, holder: Any = None, nbytes: int | None = None
+    ) -> HeldSnapshot:
+        """Keep ``blob`` (or a memory snapshot's ``holder``, counted as ``nbytes``) for ``session``;
+        :class:`SnapshotBudgetExceeded` when it does not fit (a refused holder is released)."""
+        size = len(blob) if nbytes is None else nbytes
+        self._prune_lingering()
+        if self.held_bytes + self._lingering_bytes() + size > self.budget:
+            if holder is not None:
+                holder.release()
+                self._lingering.append((session, holder))
             raise SnapshotBudgetExceeded(
                 f"the worker's snapshot budget is {self.budget} bytes and {self.held_bytes} are held "
                 f"({len(self._held)} snapshots, every client's); this one needs {len(blob)} more: release "
                 "snapshots (snap.release()) or raise the budget (RLPool(snapshot_budget=...) for a local pool, "
                 "`boltzlabs-gym worker --snapshot-budget` for a remote worker)"
             )
-        snap = HeldSnapshot(f"z{next(self._counter)}-{secrets.token_hex(6)}", session, source, kind, bytes(blob))
+        snap_id = f"z{next(self._counter)}-{secrets.token_hex(6)}"
+        snap = HeldSnapshot(snap_id, session, source, kind, bytes(blob), holder=holder, nbytes=size)
+        if holder is not None:
+            holder.nbytes = size
         self._held[snap.id] = snap
-        self.held_bytes += len(snap.blob)
+        self.held_bytes += size
         return snap
 
     def get(self, session: str, snapshot_id: object) -> HeldSnapshot | None:
@@ -76,21 +94,51 @@ class SnapshotStore:
         if snap is None:
             return False
         del self._held[snap.id]
-        self.held_bytes -= len(snap.blob)
+        self.held_bytes -= snap.nbytes
+        if snap.holder is not None:
+            # the holder is PID 1 of the namespace its copies (and the continued source) live under:
+            # it exits after the last of them, and counts until then
+            snap.holder.release()
+            self._lingering.append((session, snap.holder))
         return True
 
+    def kill_session_holders(self, session: str) -> None:
+        """Kill every holder of ``session`` now, held or released (the session is closing)."""
+        for snap in self.of_session(session):
+            if snap.holder is not None:
+                snap.holder.kill()
+        for owner, holder in self._lingering:
+            if owner == session:
+                holder.kill()
+
+    def _prune_lingering(self) -> None:
+        self._lingering = [(s, h) for s, h in self._lingering if h.alive()]
+
+    def _lingering_bytes(self, session: str | None = None) -> int:
+        """Released holders still alive, as they were counted when taken (not measured again: reading
+        a process's PSS walks its page tables)."""
+        return sum(h.nbytes for s, h in self._lingering if session is None or s == session)
+
     def release_session(self, session: str) -> int:
-        """Forget every blob of ``session`` (it closed); how many there were."""
+        """Forget every blob of ``session`` (it closed) and kill its holders; how many there were."""
+        self.kill_session_holders(session)
         ids = [sid for sid, snap in self._held.items() if snap.session == session]
         for snapshot_id in ids:
             self.release(session, snapshot_id)
+        self._lingering = [(s, h) for s, h in self._lingering if s != session]
         return len(ids)
 
     def of_session(self, session: str) -> list[HeldSnapshot]:
         return [snap for snap in self._held.values() if snap.session == session]
 
     def session_bytes(self, session: str) -> int:
-        return sum(len(snap.blob) for snap in self._held.values() if snap.session == session)
+        """What ``session``'s snapshots hold: blobs, held processes and released holders that still
+        wait for their copies (processes measured now)."""
+        self._prune_lingering()
+        held = sum(
+            snap.holder.pss() if snap.holder is not None else len(snap.blob) for snap in self.of_session(session)
+        )
+        return held + sum(h.pss() for s, h in self._lingering if s == session)
 
     def listing(self, session: str) -> list[dict]:
         """What ``status`` shows of a session's blobs."""

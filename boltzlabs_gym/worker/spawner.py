@@ -15,7 +15,8 @@ import sys
 import time
 
 from ..protocol import GROUP_OPS, GROUP_SLOTS
-from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
+from .envproc import BUSY, DEAD, IDLE, QUEUED, STARTING, Call, EnvProcess, describe_exit
+from .holders import copy_workspace
 from .parts import WorkerParts
 from .sandbox import LaunchSpec
 from .sandbox.base import wipe_workspace
@@ -130,6 +131,51 @@ class Spawning(WorkerParts):
         self._send_call(session, env, start_call)
         self._deadlines.seal(time.monotonic())  # a long start-up must not delay its deadline
 
+    def _replace_with_copies(self, session: Session, envs: list[EnvProcess], holder) -> dict[int, str]:
+        """Replace each env's process with a copy forked from a memory snapshot's ``holder``, ready
+        for its restore request. Returns ``{env.index: reason}`` for those that could not be: nothing
+        changed if the holder is gone or an env is busy; a slot emptied for a copy that then failed
+        gets a fresh env, as after a crash."""
+        if holder.released or not holder.alive():
+            why = "the snapshot's holder is gone (released, or its worker lost it)"
+            return {env.index: why for env in envs}
+        failed = {env.index: f"the env is {env.state.value}, not idle" for env in envs if not _replaceable(env)}
+        envs = [env for env in envs if env.index not in failed]
+        for env in envs:
+            if env.state is QUEUED:  # a respawn waiting for a start slot: the copy takes its place
+                env.state, env.pending_start = DEAD, None
+        # The occupants are killed, not waited for: a SIGKILLed process runs no code of its own again,
+        # its pid namespace dies with it, and the copy gets a cgroup and (below) a workspace of its own
+        # content. The worker reaps its children later, as after any kill.
+        for env in envs:
+            self._kill_env(session, env)
+        launcher, batch, started = session.backend, [], []
+        for env in envs:
+            try:
+                self._wipe(env.workspace)
+                copy_workspace(holder.workspace, env.workspace)
+                env.spawn(
+                    _CopyStarter(launcher, holder, batch), lambda e, i, o, r: self._launch_spec(session, e, i, o, r)
+                )
+            except Exception as exc:  # noqa: BLE001 - this slot is empty now: a fresh env for it
+                failed[env.index] = f"could not fork a copy: {type(exc).__name__}: {exc}"
+                self._queue_start(session, env, None)
+                continue
+            started.append(env)
+        if batch:
+            launcher.finish_copies(holder, batch)
+        for env in started:
+            launched = env.launched
+            if launched is not None and launched.setup_error is None:
+                self._register_env(env)
+                env.state = IDLE
+                env.pending_start = None
+                continue
+            failed[env.index] = f"could not fork a copy: {launched.setup_error if launched else 'no process'}"
+            self._kill_env(session, env)
+            self._queue_start(session, env, None)
+        return failed
+
     def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
         python_bin = os.path.dirname(sys.executable)
         return LaunchSpec(
@@ -186,6 +232,8 @@ class Spawning(WorkerParts):
             )
         elif natural and status is not None:
             reason = f"the env {describe_exit(status)}"
+        elif natural:  # a memory snapshot's copy: its exit status goes to the holder, its parent
+            reason = f"{reason.split(' (')[0]}: the env exited"
         elif exited:
             reason = f"{reason.split(' (')[0]} but did not exit within {EXIT_GRACE_S:g} s; killed"
         return reason
@@ -261,8 +309,9 @@ class Spawning(WorkerParts):
             try:
                 if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
                     return True
-            except ChildProcessError:
-                return False
+            except ChildProcessError:  # not ours to wait for (a memory snapshot's copy): watch /proc
+                if _exited(pid):
+                    return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.002)
@@ -273,3 +322,34 @@ class Spawning(WorkerParts):
             wipe_workspace(path)
         except Exception:  # noqa: BLE001
             log.exception("could not wipe workspace %s", path)
+
+
+class _CopyStarter:
+    """Backend-shaped, for ``EnvProcess.spawn``: its launch asks a memory snapshot's holder for a copy
+    (:meth:`~.template.TemplateLauncher.start_copy`); ``finish_copies`` completes the batch."""
+
+    name = "namespaces"
+
+    def __init__(self, launcher, holder, batch: list) -> None:
+        self.launcher, self.holder, self.batch = launcher, holder, batch
+
+    def launch(self, spec: LaunchSpec):
+        return self.launcher.start_copy(self.holder, spec, self.batch)
+
+
+def _replaceable(env: EnvProcess) -> bool:
+    """Whether a memory snapshot's copy may take ``env``'s slot now: idle, dead, or (re)starting
+    with nobody waiting for its first answer (a respawn after a crash)."""
+    if env.state in (IDLE, DEAD, QUEUED, STARTING):
+        return True
+    call = env.current
+    return env.state is BUSY and call is not None and call.kind == "start" and call.user_call is None
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True

@@ -241,6 +241,31 @@ def seccomp_set_filter(prog: bytes, n_instructions: int) -> None:
         raise _err("seccomp(SET_MODE_FILTER)")
 
 
+def seccomp_set_filter_listener(prog: bytes, n_instructions: int) -> int:
+    """Install a filter with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``; return the listener fd (CLOEXEC)."""
+
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _Fprog(n_instructions, ctypes.cast(buf, ctypes.c_void_p))
+    # SECCOMP_SET_MODE_FILTER = 1, flags SECCOMP_FILTER_FLAG_NEW_LISTENER = 8 (no TSYNC: the caller is
+    # single-threaded, and TSYNC with a listener needs TSYNC_ESRCH)
+    fd = _libc.syscall(_NR["seccomp"], 1, 8, ctypes.byref(fprog))
+    if fd < 0:
+        raise _err("seccomp(SET_MODE_FILTER, NEW_LISTENER)")
+    return int(fd)
+
+
+PIDFD_SIGNAL_NR = {"x86_64": 424, "aarch64": 424}
+
+
+def pidfd_send_signal(pidfd: int, sig: int) -> None:
+    """Signal the process ``pidfd`` refers to (never a later process that reuses its pid)."""
+    if _libc.syscall(PIDFD_SIGNAL_NR.get(MACHINE, 424), pidfd, sig, None, 0) != 0:
+        raise _err("pidfd_send_signal")
+
+
 def pidfd_open(pid: int) -> int:
     fd = _libc.syscall(_NR["pidfd_open"], pid, 0)
     if fd < 0:

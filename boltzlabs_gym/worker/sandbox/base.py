@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
 
@@ -172,6 +172,12 @@ class Launched:
     oom_killed: Callable[[], bool] = lambda: False
     #: paths as the env sees them: {"env_dir": ..., "workspace": ...}
     paths: dict = field(default_factory=dict)
+    #: boltz namespaces envs: the worker's end of the env's control socket (memory snapshots) and
+    #: the env's cgroup; ``None`` elsewhere
+    control: Any = None
+    cgroup: Any = None
+    #: whether ``pid`` is the worker's child (a memory snapshot's copy is its holder's)
+    child: bool = True
 
     def kill(self) -> None:
         self.kill_tree()

@@ -29,6 +29,7 @@ _RET_K = 0x06
 _RET_ALLOW = 0x7FFF0000
 _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
+_RET_USER_NOTIF = 0x7FC00000
 
 _OFF_NR, _OFF_ARCH, _OFF_ARG0_LO = 0, 4, 16
 
@@ -154,10 +155,25 @@ def supported() -> bool:
     return _linux.MACHINE == "x86_64"
 
 
+#: What a memory snapshot's copy needs to build its own nested sandbox (a user namespace with
+#: the others, then ``/proc``, ``/tmp``, ``/dev/shm`` and its workspace): an env filter built with
+#: ``notify=COPY_SYSCALLS`` hands these to the worker (``SECCOMP_RET_USER_NOTIF``) instead of
+#: refusing them in the kernel. The worker refuses them (EPERM, as the plain filter does) except
+#: for the processes it is making copies with; see :mod:`.notify`.
+COPY_SYSCALLS = ("unshare", "mount", "move_mount")
+
+
 def build_filter(
-    socket_families: tuple[int, ...] = (AF_UNIX,), deny: tuple[str, ...] = DENY, unshare_deny_flags: int = 0
+    socket_families: tuple[int, ...] = (AF_UNIX,),
+    deny: tuple[str, ...] = DENY,
+    unshare_deny_flags: int = 0,
+    notify: tuple[str, ...] = (),
 ):
     """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
+
+    ``notify``: syscalls the filter hands to its listener (``SECCOMP_RET_USER_NOTIF``; install it
+    with :func:`install_with_listener`) instead of refusing them; the rest of ``deny`` still fails
+    with EPERM in the kernel.
 
     ``unshare_deny_flags``: when ``unshare`` is not in ``deny``, an ``unshare`` whose flags
     (arg0) include any of these fails with EPERM (the boltz template may create PID, mount,
@@ -174,8 +190,11 @@ def build_filter(
         (_JGE_K, 0, 1, X32_SYSCALL_BIT),
         (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS),
     ]
+    for name in notify:
+        ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_USER_NOTIF)]
     for name in deny:
-        ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
+        if name not in notify:
+            ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
     ins += [(_JEQ_K, 0, 1, NR_X86_64["clone3"]), (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
     if unshare_deny_flags and "unshare" not in deny:
         ins += [
@@ -209,3 +228,13 @@ def install(prog) -> None:
     """Install a filter built by :func:`build_filter` on the calling process (sets no_new_privs)."""
     _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
     _linux.seccomp_set_filter(*prog)
+
+
+def install_with_listener(prog) -> int:
+    """Install a ``notify=`` filter on the calling (single-threaded) process; return its listener fd.
+
+    The caller must hand the fd to the worker and close it before any env code runs: a process
+    that holds its own listener could approve its own children's calls.
+    """
+    _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
+    return _linux.seccomp_set_filter_listener(*prog)

@@ -61,7 +61,10 @@ class Env:
             return {"files": _files()}, 0.0, False, {}
         if action == "who":
             pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
-            return {"token": _TOKEN, "pid": os.getpid(), "pids": pids}, 0.0, False, {}
+            # the PID namespace tells processes apart where the token cannot: a memory snapshot's copy
+            # is a fork of its source, token and all
+            pidns = os.stat("/proc/self/ns/pid").st_ino
+            return {"token": _TOKEN, "pid": os.getpid(), "pids": pids, "pidns": pidns}, 0.0, False, {}
         if isinstance(action, list) and action[:1] == ["chmod"]:
             os.chmod(os.path.join(WORKSPACE, action[1]), action[2])
             return {"t": self.t}, 0.0, False, {}

@@ -1,0 +1,430 @@
+"""Memory snapshots, the env's side: a held fork of the env, and copies forked from it, each in a new sandbox.
+
+Runs in boltz-mode envs of the namespaces backend (installed by
+:func:`~boltzlabs_gym.worker.forkserver._become_env`); the worker's side is
+:mod:`boltzlabs_gym.worker.holders`. Nothing is serialised: the snapshot *is* a process, and a
+copy shares its memory copy-on-write.
+
+Why the source is the one that moves
+------------------------------------
+A process can only be forked into its own PID namespace or one below it, and a namespace's
+processes see (and may signal) everything below them. So a copy forked from a holder that sits
+in the source's namespace would be visible to the source. At a snapshot the roles swap instead:
+
+* the env process (PID 1 of its namespace, call it E) forks X, which makes a user namespace
+  with PID, mount, IPC and UTS namespaces under it and forks S, PID 1 of the new PID namespace.
+  S mounts its own ``/proc``, drops every capability and goes on serving the env's slot: the
+  *source continues in S*, with the same pipes, workspace, cgroup and memory;
+* E stops serving and becomes the snapshot's **holder**: it never runs env code again (its
+  stack stays inside :func:`snapshot`; the garbage collector is off, so no finaliser runs), it
+  only forks copies when the worker asks. The worker moves it into a cgroup of its own.
+* each copy is forked from the holder the same way (X', then C, PID 1 of its own namespaces,
+  with a network namespace too), gets the target slot's pipes, a fresh ``/tmp`` and ``/dev/shm``,
+  the snapshot's workspace (copied by the worker) at ``/workspace``, and the target slot's cgroup.
+
+Copies and the continued source are siblings under the holder: none can see another, or the
+holder. The holder is PID 1 of the old namespace, so it must outlive them all: after a release
+it exits once its last copy has.
+
+The user namespaces these steps make need the calls that the env filter hands to the worker
+(:data:`~boltzlabs_gym.worker.sandbox.seccomp.COPY_SYSCALLS`); the worker lets them through
+only for the two processes it expects (:mod:`~boltzlabs_gym.worker.sandbox.notify`). Env code
+that makes the same calls is refused, as before. Each copy keeps the env's seccomp filter
+(inherited: it cannot be removed), its rlimits and uid.
+
+A copy is exact: the same interpreter, heap, RNG states and open episode. What it does not
+carry: other processes (the env must be alone in its namespace), open files other than its
+pipes (refused, since a copy would share their offsets with the source), ``/tmp``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import json
+import os
+import random
+import select
+import signal
+import socket
+
+from .. import envside
+from .sandbox.base import SANDBOX_WORKSPACE, Limits
+
+#: Where the env keeps its control socket (the worker's SO_PASSCRED end hears which process speaks).
+CONTROL_FD = 200
+HOLDER_COMM = "boltz-holder"
+#: The deepest PID namespace an env may take a memory snapshot in: each generation of snapshots nests
+#: one user and one PID namespace deeper, and Linux allows 32 of each (the host's and the sandbox's
+#: take some). Deeper, the memory kind is refused (``"auto"`` takes a portable snapshot instead).
+MAX_DEPTH = 28
+#: How long an env waits for the worker's half of a snapshot (the new source's socket).
+_SWAP_TIMEOUT_S = 10.0
+
+
+class MemorySnapshotRefused(Exception):
+    """This env cannot take a memory snapshot now (the message says why); nothing changed."""
+
+
+class CowForks:
+    """The env side's memory-snapshot maker (what :func:`boltzlabs_gym.envside.memory_snapshots` returns)."""
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self._fresh_copy = False
+        #: at the snapshot: every fd on one of the env's channel pipes, and which (0 requests,
+        #: 1 replies, 2 stderr); a copy points the same fds at its own slot's pipes
+        self._roles: dict[int, int] = {}
+        self._random_state: object = None
+
+    # ------------------------------------------------------------------ checks
+    def refusal(self) -> str | None:
+        """Why a memory snapshot cannot be taken now, or None."""
+        from .sandbox import _linux as L
+
+        n = L.num_threads()
+        if n != 1:
+            return (
+                f"the env has {n} threads, and a fork keeps only one: set OMP_NUM_THREADS=1, "
+                "OPENBLAS_NUM_THREADS=1 and MKL_NUM_THREADS=1 (before numpy is imported), or take kind='portable'"
+            )
+        depth = _pid_namespace_depth()
+        if depth >= MAX_DEPTH:
+            return (
+                f"the env is {depth} namespaces deep (each memory snapshot nests its continuation one "
+                "namespace deeper, and Linux nests at most 32): hard-reset it to start afresh, or take "
+                "kind='portable'"
+            )
+        others = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and p != "1")
+        if others:
+            return (
+                f"the env has {len(others)} other process(es) in its sandbox, which a fork would not copy "
+                "(and which could reach the copies): end them first, or take kind='portable'"
+            )
+        roles, extra = self._classify_fds()
+        if roles is None:
+            return "the env is not serving requests yet"
+        if extra:
+            return (
+                f"the env has {len(extra)} open file(s) ({', '.join(extra[:3])}), whose offsets a copy "
+                "would share with the source: close them before the snapshot, or take kind='portable'"
+            )
+        return None
+
+    def _classify_fds(self) -> tuple[dict[int, int] | None, list[str]]:
+        """``(roles, unexpected)``: the fds on the env's channel pipes (fd -> 0 requests, 1 replies,
+        2 stderr), and the open fds that are neither those, ``/dev/null`` nor the control socket."""
+        channel = envside.channel_fds()
+        if channel is None:
+            return None, []
+        ids = {}
+        for role, fd in enumerate((*channel, 2)):
+            st = os.fstat(fd)
+            ids[(st.st_dev, st.st_ino)] = role
+        null = os.stat(os.devnull)
+        roles, extra = {}, []
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd == CONTROL_FD:
+                continue
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue  # the listdir's own descriptor, closed by now
+            key = (st.st_dev, st.st_ino)
+            if key in ids:
+                roles[fd] = ids[key]
+            elif (st.st_rdev, st.st_ino) != (null.st_rdev, null.st_ino) or not _is_chr(st):
+                try:
+                    extra.append(f"fd {fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+                except OSError:
+                    extra.append(f"fd {fd}")
+        return roles, extra
+
+    # ------------------------------------------------------------------ the snapshot (in E)
+    def snapshot(self) -> str:
+        """Swap roles with a new process (see the module doc). Returns ``"source"`` in the process
+        that now serves the env; in the holder it never returns, except in each copy forked from
+        it, where it returns ``"copy"``. :class:`MemorySnapshotRefused` leaves the env as it was."""
+        why = self.refusal()
+        if why:
+            raise MemorySnapshotRefused(why)
+        self._roles = self._classify_fds()[0] or {}
+        # Python reseeds its global generator in every fork child (random's at-fork hook): the copies
+        # and the continued source put back the state it had here, so that they replay it exactly
+        self._random_state = random.getstate()
+        ctl = socket.socket(fileno=os.dup(CONTROL_FD))
+        try:
+            ctl.setblocking(True)  # (the file description is shared with CONTROL_FD: no timeout mode on it)
+            p = select.poll()
+            p.register(ctl.fileno(), select.POLLIN)
+            if not p.poll(int(_SWAP_TIMEOUT_S * 1000)):
+                raise MemorySnapshotRefused("the worker did not send its half of the snapshot in time")
+            msg, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
+        except OSError as exc:
+            raise MemorySnapshotRefused(f"the worker did not send its half of the snapshot: {exc}") from None
+        finally:
+            ctl.close()
+        if msg != b"swap" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise MemorySnapshotRefused(f"the worker sent {msg[:20]!r} instead of a snapshot's socket")
+        new_ctl = fds[0]
+        done_r, done_w = os.pipe()
+        gc.disable()  # from here on, no finaliser of the env's objects runs in a process of ours
+        x = os.fork()
+        if x == 0:  # X: make the namespaces, fork S, exit
+            os.close(done_r)
+            try:
+                _nest(self.uid, net=False)
+                if os.fork() == 0:
+                    self._become_source(new_ctl, done_w)
+                    return "source"
+            except BaseException as exc:  # noqa: BLE001 - reported to E, which serves on
+                _write(done_w, f"!{type(exc).__name__}: {exc}".encode())
+                os._exit(1)
+            os._exit(0)
+        os.close(done_w)
+        os.close(new_ctl)
+        answer = _read_all(done_r)
+        os.close(done_r)
+        _wait(x)
+        if answer != b"1":
+            gc.enable()
+            why = answer[1:].decode("utf-8", "replace") if answer.startswith(b"!") else "it died"
+            raise MemorySnapshotRefused(f"could not start the env's continuation: {why}")
+        return self._hold()
+
+    def _become_source(self, new_ctl: int, done_w: int) -> None:
+        """In S: finish the nested sandbox, take the new control socket, say so."""
+        from .sandbox import _linux as L
+
+        try:
+            L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+            _drop_privileges(self.uid)
+            os.dup2(new_ctl, CONTROL_FD, inheritable=False)
+            os.close(new_ctl)
+            _announce(CONTROL_FD)
+        except BaseException as exc:  # noqa: BLE001
+            _write(done_w, f"!{type(exc).__name__}: {exc}".encode())
+            os._exit(1)
+        random.setstate(self._random_state)
+        _write(done_w, b"1")
+        os.close(done_w)
+        gc.enable()
+
+    # ------------------------------------------------------------------ the holder (E, from now on)
+    def _hold(self) -> str:
+        """Serve the worker's fork requests until released; returns only in a copy."""
+        _set_name(HOLDER_COMM)
+        null = os.open(os.devnull, os.O_RDWR)
+        for name in os.listdir("/proc/self/fd"):  # the slot's pipes are the continued source's now:
+            fd = int(name)  # every fd but the control socket goes to /dev/null (its number stays valid)
+            if fd not in (CONTROL_FD, null):
+                try:
+                    os.dup2(null, fd)
+                except OSError:
+                    pass
+        os.close(null)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)  # an env's own handlers never run here
+        signal.signal(signal.SIGCHLD, _reap_children)
+        ctl = socket.socket(fileno=CONTROL_FD)
+        ctl.setblocking(True)
+        while True:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 8)
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+            if not msg:
+                break  # released (the worker closed its end) or the worker is gone
+            if not msg.startswith(b"fork") or len(fds) != 5:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            x = os.fork()
+            if x == 0:
+                ctl.detach()
+                return self._make_copy(json.loads(msg[4:]), fds)
+            for fd in fds:
+                os.close(fd)
+        ctl.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        while True:  # the copies live in namespaces under ours: they end before the holder does
+            try:
+                os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+        os._exit(0)
+
+    def _make_copy(self, req: dict, fds: list[int]) -> str:
+        """In X' (forked by the holder): say who we are, make the copy's namespaces, wait until the
+        worker has moved us into the slot's cgroup, and fork the copy (born in that cgroup)."""
+        stdin_fd, stdout_fd, stderr_fd, csock, tree = fds
+        os.close(CONTROL_FD)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        try:
+            _announce(csock)  # the worker moves us into the slot's cgroup while we make the namespaces
+            _nest(self.uid, net=True)
+            if os.read(csock, 16) != b"go":  # moved: the copy is forked into the slot's cgroup
+                os._exit(0)
+            if os.fork() == 0:
+                self._become_copy(req, stdin_fd, stdout_fd, stderr_fd, csock, tree)
+                return "copy"
+        except BaseException as exc:  # noqa: BLE001
+            _write(csock, f"!could not make the copy's namespaces: {type(exc).__name__}: {exc}".encode())
+            os._exit(1)
+        os._exit(0)
+
+    def _become_copy(self, req: dict, stdin_fd: int, stdout_fd: int, stderr_fd: int, csock: int, tree: int) -> None:
+        """In C, PID 1 of its own namespaces: the spare's last steps, then an env of the target slot."""
+        from .forkserver import mount_private_tmp
+        from .sandbox import _linux as L
+
+        try:
+            _announce(csock)  # who the copy is (its pid, stamped by the kernel)
+            L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+            if req.get("cgroup"):
+                L.unshare(L.CLONE_NEWCGROUP)
+            mount_private_tmp(int(Limits.from_json(req.get("limits")).tmpfs_bytes))
+            L.move_mount_fd(tree, SANDBOX_WORKSPACE)
+            os.close(tree)
+            os.chdir(req.get("workspace") or SANDBOX_WORKSPACE)
+            _drop_privileges(self.uid)
+            os.write(csock, b"ok")
+        except BaseException as exc:  # noqa: BLE001
+            _write(csock, f"!copy set-up failed: {type(exc).__name__}: {exc}".encode())
+            os._exit(127)
+        # the fds that were on the source's channel pipes now go to this slot's (the rest of what the
+        # holder has is /dev/null); then the descriptors of the hand-over are closed
+        new = {0: stdin_fd, 1: stdout_fd, 2: stderr_fd}
+        moved = {role: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for role, fd in new.items()}
+        for fd in new.values():
+            os.close(fd)
+        for fd, role in self._roles.items():
+            os.dup2(moved[role], fd, inheritable=fd <= 2)
+        os.dup2(csock, CONTROL_FD, inheritable=False)
+        os.close(csock)
+        for fd in moved.values():
+            os.close(fd)
+        env = req.get("env") or {}
+        os.environ.clear()
+        os.environ.update(env)
+        random.setstate(self._random_state)
+        self._fresh_copy = True
+        gc.enable()
+
+    def take_copy(self) -> bool:
+        """Whether this process is a copy that has not answered its restore yet (then it has)."""
+        fresh, self._fresh_copy = self._fresh_copy, False
+        return fresh
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _pid_namespace_depth() -> int:
+    """How many PID namespaces deep this process is (0: the host's)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) - 2
+    except OSError:
+        pass
+    return 0
+
+
+def _nest(uid: int, net: bool) -> None:
+    """A user namespace (our uid and gid mapped to themselves) with PID, mount, IPC, UTS (and net)
+    namespaces owned by it."""
+    from .sandbox import _linux as L
+
+    gid = os.getgid()  # (read before: unmapped ids read as the overflow id in the new namespace)
+    flags = L.CLONE_NEWUSER | L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+    L.unshare(flags | (L.CLONE_NEWNET if net else 0))
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _drop_privileges(uid: int) -> None:
+    """Drop what the new user namespace gave (a full capability and bounding set); stay dumpable so
+    that a later snapshot can write its own id maps."""
+    from .sandbox import _linux as L
+
+    L.drop_bounding_caps(L.cap_last_cap())
+    os.setresgid(os.getgid(), os.getgid(), os.getgid())
+    os.setresuid(uid, uid, uid)
+    L.capset_none()
+    L.prctl(L.PR_SET_DUMPABLE, 1)
+
+
+def _announce(fd: int) -> None:
+    """One byte on the worker's SO_PASSCRED socket: the kernel stamps our pid (as the worker sees it)."""
+    os.write(fd, b"p")
+
+
+def _reap_children(_sig, _frame) -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if not pid:
+            return
+
+
+def _wait(pid: int) -> None:
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            return
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return
+
+
+def _read_all(fd: int) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except InterruptedError:
+            continue
+        if not chunk:
+            return out
+        out += chunk
+
+
+def _write(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
+def _set_name(name: str) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
+    except Exception:  # noqa: BLE001 - cosmetic
+        pass
+
+
+def _is_chr(st: os.stat_result) -> bool:
+    import stat
+
+    return stat.S_ISCHR(st.st_mode)
+
+
+def install(uid: int) -> None:
+    """In a freshly set-up boltz namespaces env: memory snapshots from now on."""
+    envside.install_memory_snapshots(CowForks(uid))
+
+
+__all__ = ["CONTROL_FD", "CowForks", "MemorySnapshotRefused", "install"]

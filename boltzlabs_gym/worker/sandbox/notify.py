@@ -1,0 +1,222 @@
+"""The worker's answer to its envs' gated syscalls (seccomp user notification).
+
+A boltz env's seccomp filter hands ``unshare``, ``mount`` and ``move_mount``
+(:data:`~.seccomp.COPY_SYSCALLS`) to a listener the worker holds, instead of failing them in
+the kernel. :class:`Supervisor` answers every such call on one thread: **EPERM**, exactly what
+the plain filter returns, unless the caller is a process the worker is making a memory
+snapshot's copy with at that moment (see :mod:`boltzlabs_gym.worker.cowfork`). So an env that
+never forks is refused the same calls as before; the only difference is who says no.
+
+Who is let through, and why user code cannot be
+----------------------------------------------
+The worker *arms* one process at a time, around one operation it asked for: the env it is
+snapshotting (which is then alone in its PID namespace: the worker checked it has no child
+process) or the snapshot's holder (which never runs env code). While armed, a call is let
+through only from a process whose parent, or grandparent, is the armed process and which did
+not exist when it was armed (``known``: the holder's earlier children, that is its live copies,
+which run env code and are refused like any env). Those are the two processes the armed one
+forks for the copy: the one that makes the user namespace and the one that becomes the copy's
+PID 1. The worker disarms before it sends the copy (or the continued source) any request, so
+no env code runs while a process of its is let through. The parent is read from
+``/proc/<pid>/stat`` and the notification is checked still pending afterwards
+(``SECCOMP_IOCTL_NOTIF_ID_VALID``), so a caller that died meanwhile cannot lend its pid to
+another process.
+
+What a let-through process can do: create a user namespace with PID, mount, net, IPC and UTS
+namespaces under it (what any unprivileged user can do on a stock distribution), and mount
+inside its own mount namespace. The filter's other refusals stay in force (the filter is
+inherited and cannot be removed), and the copy drops every capability before it answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import select
+import struct
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+# ioctls on a seccomp listener (x86_64; the structures are fixed-size there)
+_NOTIF_RECV = 0xC0502100  # _IOWR('!', 0, struct seccomp_notif)        (80 bytes)
+_NOTIF_SEND = 0xC0182101  # _IOWR('!', 1, struct seccomp_notif_resp)   (24 bytes)
+_NOTIF_ID_VALID = 0x40082102  # _IOW('!', 2, __u64)
+_NOTIF_SIZE = 80
+_FLAG_CONTINUE = 1
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (from /proc), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children_of(pid: int) -> set[int]:
+    """The live children of ``pid`` (its main thread's, which is every child of a single-threaded process)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return {int(x) for x in f.read().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+@dataclass
+class _Armed:
+    pid: int
+    known: frozenset[int] = field(default_factory=frozenset)
+
+
+class Supervisor:
+    """Answers the gated syscalls of every env whose listener it watches, on one daemon thread.
+
+    >>> sup = Supervisor()                        # doctest: +SKIP
+    >>> sup.watch(listener_fd)                    # takes ownership of the fd
+    >>> with sup.armed(holder_pid, known=children_of(holder_pid)):
+    ...     ...                                   # the holder forks a copy; its set-up is let through
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed: dict[int, _Armed] = {}
+        self._poll = select.poll()
+        self._fds: set[int] = set()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._poll.register(self._wake_r, select.POLLIN)
+        self._closed = False
+        self.allowed = 0  # calls let through, for tests and status
+        self.refused = 0
+        self._thread = threading.Thread(target=self._run, name="boltzlabs-seccomp-supervisor", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the worker's side
+    def watch(self, listener_fd: int) -> None:
+        """Answer ``listener_fd``'s notifications from now on; closed once no process uses its filter."""
+        with self._lock:
+            if self._closed:
+                os.close(listener_fd)
+                return
+            self._fds.add(listener_fd)
+            self._poll.register(listener_fd, select.POLLIN)
+        self._wake()
+
+    def arm(self, pid: int, known: set[int] | frozenset[int] = frozenset()) -> None:
+        """Let through the calls of processes ``pid`` forks from now on (not those in ``known``)."""
+        with self._lock:
+            self._armed[pid] = _Armed(pid, frozenset(known))
+
+    def disarm(self, pid: int) -> None:
+        with self._lock:
+            self._armed.pop(pid, None)
+
+    def armed(self, pid: int, known: set[int] | frozenset[int] = frozenset()):
+        """``arm`` for the duration of a ``with`` block."""
+        sup = self
+
+        class _Ctx:
+            def __enter__(self):
+                sup.arm(pid, known)
+                return sup
+
+            def __exit__(self, *exc):
+                sup.disarm(pid)
+
+        return _Ctx()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds, self._fds = self._fds, set()
+        self._wake()
+        self._thread.join(timeout=2.0)
+        for fd in fds:
+            os.close(fd)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # ------------------------------------------------------------------ the thread
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"w")
+        except BlockingIOError:
+            pass
+
+    def _run(self) -> None:
+        while True:
+            try:
+                events = self._poll.poll()
+            except InterruptedError:
+                continue
+            with self._lock:
+                if self._closed:
+                    return
+            for fd, ev in events:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                if ev & select.POLLIN:
+                    self._answer_one(fd)
+                elif ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    self._forget(fd)  # no process uses this filter any more
+
+    def _forget(self, fd: int) -> None:
+        with self._lock:
+            if fd not in self._fds:
+                return
+            self._fds.discard(fd)
+            self._poll.unregister(fd)
+        os.close(fd)
+
+    def _answer_one(self, fd: int) -> None:
+        buf = bytearray(_NOTIF_SIZE)
+        try:
+            fcntl.ioctl(fd, _NOTIF_RECV, buf, True)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EINTR):  # the caller died (or was interrupted) first
+                return
+            log.warning("seccomp listener %d: %s; no longer watched", fd, exc)
+            self._forget(fd)
+            return
+        nid, pid = struct.unpack_from("QI", buf, 0)
+        ok = self._may_pass(pid)
+        if ok:
+            try:  # the caller is still the one that asked: its pid was not reused meanwhile
+                fcntl.ioctl(fd, _NOTIF_ID_VALID, bytearray(struct.pack("Q", nid)), True)
+            except OSError:
+                return
+        resp = struct.pack("QqiI", nid, 0, 0 if ok else -errno.EPERM, _FLAG_CONTINUE if ok else 0)
+        try:
+            fcntl.ioctl(fd, _NOTIF_SEND, bytearray(resp), True)
+        except OSError:
+            return  # the caller died meanwhile
+        if ok:
+            self.allowed += 1
+        else:
+            self.refused += 1
+
+    def _may_pass(self, pid: int) -> bool:
+        with self._lock:
+            armed = dict(self._armed)
+        if not armed:
+            return False
+        parent = parent_of(pid)
+        if parent is None:
+            return False
+        a = armed.get(parent)
+        if a is not None and pid not in a.known:
+            return True
+        grandparent = parent_of(parent)
+        a = armed.get(grandparent) if grandparent is not None else None
+        return a is not None and parent not in a.known
+
+
+__all__ = ["Supervisor", "children_of", "parent_of"]
