@@ -333,13 +333,13 @@ class _StateHooks:
             self.reseed = reseed
 
 
-def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None) -> tuple[dict, list] | None:
+def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None, nonce: Any = None) -> tuple[dict, list] | None:
     if isinstance(env, _StateHooks) and not hasattr(env, "get_state"):
         return {
             "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
             "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
         }, []
-    return envstate.snapshot_reply(env, last_obs, started, workspace_now(), kind)
+    return envstate.snapshot_reply(env, last_obs, started, workspace_now(), kind, nonce)
 
 
 def _restore(env: Any, msg: dict, payloads: list, last_obs: Any = None) -> tuple[Any, dict]:
@@ -383,7 +383,7 @@ def _serve_one(
             write_message(proto_out, {})
             return
         elif op == "snapshot":
-            answer = _snapshot(env, last_obs, started, msg.get("kind"))
+            answer = _snapshot(env, last_obs, started, msg.get("kind"), msg.get("swap"))
             if answer is not None:  # None: a memory snapshot's copy, which answers its restore instead
                 write_message(proto_out, *answer)
             continue

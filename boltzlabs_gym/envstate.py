@@ -103,7 +103,7 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
 
 
 def snapshot_reply(
-    env: Any, last_obs: Any, started: bool, workspace: str | None, kind: Any = None
+    env: Any, last_obs: Any, started: bool, workspace: str | None, kind: Any = None, nonce: Any = None
 ) -> tuple[dict, list] | None:
     """The answer to a ``snapshot`` request: the blob as its one payload, or an error reply. A
     snapshot never ends the env: a refusal, or an error in its ``get_state()``, is answered.
@@ -113,6 +113,7 @@ def snapshot_reply(
     :mod:`boltzlabs_gym.worker.cowfork`) and answers ``{"snapshot": {"kind": "memory"}}``; in a
     copy forked later from the holder, this returns ``None``: nothing to answer, the copy waits
     for its restore request. ``"auto"`` falls back to the portable blob where the env cannot fork.
+    ``nonce``: the request's ``swap`` key, which names the worker's message with the new socket.
     """
     if not started:
         return {"error": NOT_STARTED}, []
@@ -123,13 +124,21 @@ def snapshot_reply(
         why = "this env process cannot fork copies (not a boltz-mode env of the namespaces backend)"
         if maker is not None:
             try:
-                role = maker.snapshot()
+                role = maker.snapshot(nonce if isinstance(nonce, str) else "")
             except Exception as exc:  # noqa: BLE001 - MemorySnapshotRefused: nothing changed
                 why = str(exc)
             else:
                 return None if role == "copy" else ({"snapshot": {"kind": MEMORY}}, [])
         if kind == MEMORY:
             return {"error": f"cannot take a memory snapshot: {why}"}, []
+        reply = _portable_reply(env, last_obs, workspace)
+        if "error" in reply[0]:  # neither kind: say why not for both
+            reply[0]["error"] += f" (and a memory snapshot: {why})"
+        return reply
+    return _portable_reply(env, last_obs, workspace)
+
+
+def _portable_reply(env: Any, last_obs: Any, workspace: str | None) -> tuple[dict, list]:
     try:
         blob = capture(env, last_obs, workspace)
     except Exception as exc:  # noqa: BLE001 - whatever failed, the env serves on

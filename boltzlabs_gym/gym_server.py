@@ -373,7 +373,9 @@ class GymServer:
     def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
         """The env's state as one blob (:func:`boltzlabs_gym.envstate.snapshot_reply`); an env that
         cannot be pickled answers an error that says what to add."""
-        reply = envstate.snapshot_reply(self.env, self.last_obs, self.started, envside.workspace_now(), msg.get("kind"))
+        reply = envstate.snapshot_reply(
+            self.env, self.last_obs, self.started, envside.workspace_now(), msg.get("kind"), msg.get("swap")
+        )
         return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:

@@ -47,6 +47,7 @@ import random
 import select
 import signal
 import socket
+import time
 
 from .. import envside
 from .sandbox.base import SANDBOX_WORKSPACE, Limits
@@ -54,6 +55,7 @@ from .sandbox.base import SANDBOX_WORKSPACE, Limits
 #: Where the env keeps its control socket (the worker's SO_PASSCRED end hears which process speaks).
 CONTROL_FD = 200
 HOLDER_COMM = "boltz-holder"
+ENV_COMM = "boltz-env"  # as forkserver names a forked env
 #: The deepest PID namespace an env may take a memory snapshot in: each generation of snapshots nests
 #: one user and one PID namespace deeper, and Linux allows 32 of each (the host's and the sandbox's
 #: take some). Deeper, the memory kind is refused (``"auto"`` takes a portable snapshot instead).
@@ -78,8 +80,8 @@ class CowForks:
         self._random_state: object = None
 
     # ------------------------------------------------------------------ checks
-    def refusal(self) -> str | None:
-        """Why a memory snapshot cannot be taken now, or None."""
+    def refusal(self, ignore: int | None = None) -> str | None:
+        """Why a memory snapshot cannot be taken now, or None (``ignore``: the worker's socket fd)."""
         from .sandbox import _linux as L
 
         n = L.num_threads()
@@ -101,7 +103,7 @@ class CowForks:
                 f"the env has {len(others)} other process(es) in its sandbox, which a fork would not copy "
                 "(and which could reach the copies): end them first, or take kind='portable'"
             )
-        roles, extra = self._classify_fds()
+        roles, extra = self._classify_fds(ignore)
         if roles is None:
             return "the env is not serving requests yet"
         if extra:
@@ -111,7 +113,7 @@ class CowForks:
             )
         return None
 
-    def _classify_fds(self) -> tuple[dict[int, int] | None, list[str]]:
+    def _classify_fds(self, ignore: int | None = None) -> tuple[dict[int, int] | None, list[str]]:
         """``(roles, unexpected)``: the fds on the env's channel pipes (fd -> 0 requests, 1 replies,
         2 stderr), and the open fds that are neither those, ``/dev/null`` nor the control socket."""
         channel = envside.channel_fds()
@@ -125,7 +127,7 @@ class CowForks:
         roles, extra = {}, []
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
-            if fd == CONTROL_FD:
+            if fd in (CONTROL_FD, ignore):
                 continue
             try:
                 st = os.fstat(fd)
@@ -142,34 +144,22 @@ class CowForks:
         return roles, extra
 
     # ------------------------------------------------------------------ the snapshot (in E)
-    def snapshot(self) -> str:
+    def snapshot(self, nonce: str = "") -> str:
         """Swap roles with a new process (see the module doc). Returns ``"source"`` in the process
         that now serves the env; in the holder it never returns, except in each copy forked from
-        it, where it returns ``"copy"``. :class:`MemorySnapshotRefused` leaves the env as it was."""
-        why = self.refusal()
-        if why:
-            raise MemorySnapshotRefused(why)
-        self._roles = self._classify_fds()[0] or {}
+        it, where it returns ``"copy"``. :class:`MemorySnapshotRefused` leaves the env as it was.
+        ``nonce``: the request's, which the worker's ``swap`` message on the control socket repeats."""
+        got = _take_swap(nonce.encode())  # (also drops what refused snapshots left queued)
+        why = self.refusal(ignore=got)
+        if why or got is None:
+            if got is not None:
+                os.close(got)
+            raise MemorySnapshotRefused(why or "the worker did not send its half of the snapshot in time")
+        self._roles = self._classify_fds(ignore=got)[0] or {}
         # Python reseeds its global generator in every fork child (random's at-fork hook): the copies
         # and the continued source put back the state it had here, so that they replay it exactly
         self._random_state = random.getstate()
-        ctl = socket.socket(fileno=os.dup(CONTROL_FD))
-        try:
-            ctl.setblocking(True)  # (the file description is shared with CONTROL_FD: no timeout mode on it)
-            p = select.poll()
-            p.register(ctl.fileno(), select.POLLIN)
-            if not p.poll(int(_SWAP_TIMEOUT_S * 1000)):
-                raise MemorySnapshotRefused("the worker did not send its half of the snapshot in time")
-            msg, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
-        except OSError as exc:
-            raise MemorySnapshotRefused(f"the worker did not send its half of the snapshot: {exc}") from None
-        finally:
-            ctl.close()
-        if msg != b"swap" or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise MemorySnapshotRefused(f"the worker sent {msg[:20]!r} instead of a snapshot's socket")
-        new_ctl = fds[0]
+        new_ctl = got
         done_r, done_w = os.pipe()
         gc.disable()  # from here on, no finaliser of the env's objects runs in a process of ours
         x = os.fork()
@@ -285,6 +275,7 @@ class CowForks:
         from .forkserver import mount_private_tmp
         from .sandbox import _linux as L
 
+        _set_name(ENV_COMM)  # (forked from the holder, whose name it had)
         try:
             _announce(csock)  # who the copy is (its pid, stamped by the kernel)
             L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
@@ -325,6 +316,37 @@ class CowForks:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def _take_swap(nonce: bytes) -> int | None:
+    """The continued source's socket from the worker's ``swap`` message for this request (waiting
+    for it a while); every other message queued on the control socket is dropped with its fds."""
+    ctl = socket.socket(fileno=os.dup(CONTROL_FD))
+    found = None
+    try:
+        ctl.setblocking(False)  # (the file description is shared with CONTROL_FD: reset below)
+        p = select.poll()
+        p.register(ctl.fileno(), select.POLLIN)
+        deadline = time.monotonic() + _SWAP_TIMEOUT_S
+        while True:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(ctl, 64, 2)
+            except BlockingIOError:
+                if found is not None or not nonce or not p.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                    return found
+                continue
+            except OSError:
+                return found
+            if not msg and not fds:
+                return found  # the worker closed its end
+            if found is None and msg == b"swap" + nonce and len(fds) == 1:
+                found = fds[0]
+                continue
+            for fd in fds:
+                os.close(fd)
+    finally:
+        ctl.setblocking(True)
+        ctl.close()
+
+
 def _pid_namespace_depth() -> int:
     """How many PID namespaces deep this process is (0: the host's)."""
     try:

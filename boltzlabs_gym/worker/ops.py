@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -324,13 +325,14 @@ class OpHandlers(WorkerParts):
             copy = tempfile.mkdtemp(prefix="snap-", dir=os.path.dirname(env.workspace))
             try:
                 copy_workspace(env.workspace, copy)
-                sock = session.backend.begin_swap(env.launched)
+                nonce = secrets.token_hex(8)
+                sock = session.backend.begin_swap(env.launched, nonce)
             except Exception as exc:  # noqa: BLE001 - the env was not asked: nothing changed
                 shutil.rmtree(copy, ignore_errors=True)
                 why = f"could not prepare it: {type(exc).__name__}: {exc}"
             else:
                 catcher.swap = (session.backend, env, sock, copy)
-                return {"op": SNAPSHOT, "kind": want}, (), catcher
+                return {"op": SNAPSHOT, "kind": want, "swap": nonce}, (), catcher
         if want == MEMORY:
             message = f"env {index}: cannot take a memory snapshot: {why}; take kind='portable' instead"
             batch.done(pos, env.index, ERROR, json_error(message, refused="memory"), [])

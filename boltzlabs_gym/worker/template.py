@@ -663,14 +663,15 @@ class TemplateLauncher:
             )
         return None
 
-    def begin_swap(self, launched: Launched):
-        """Before a memory snapshot request: hand the env the continued source's socket and arm the
-        supervisor for the env's forks. Returns the worker's end of that socket."""
+    def begin_swap(self, launched: Launched, nonce: str):
+        """Before a memory snapshot request (whose ``swap`` key is ``nonce``): hand the env the
+        continued source's socket and arm the supervisor for the env's forks. Returns the worker's
+        end of that socket."""
         _drain(launched.control)  # whatever the env's own code queued on its control socket
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         try:
-            socket.send_fds(launched.control, [b"swap"], [theirs.fileno()])
+            socket.send_fds(launched.control, [b"swap" + nonce.encode()], [theirs.fileno()])
         except OSError:
             ours.close()
             raise

@@ -1,0 +1,238 @@
+"""Memory snapshots (boltz mode, namespaces backend): a held fork of the env, copies forked from it.
+
+Real pools, real sandboxes: the copies' isolation is checked from inside them (what they can see,
+signal and call) and from the host (their cgroups, the holders' processes); the privilege the
+copies' set-up needs is attacked from the source, a copy and their child processes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from contextlib import closing
+
+import numpy as np
+import psutil
+import pytest
+from conftest import ENVS
+
+import boltzlabs_gym
+from boltzlabs_gym import RLPool, SnapshotError
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+COW = os.path.join(ENVS, "cow")
+SNAP = os.path.join(ENVS, "snap")
+
+
+def _pool(n: int, **kw) -> RLPool:
+    pool = RLPool(COW, n=n, mode="boltz", isolation="namespaces", **kw)
+    if pool.isolation is None or pool.isolation.backend != "namespaces":  # pragma: no cover - not root
+        pool.close()
+        pytest.skip("memory snapshots need mode='boltz' with the namespaces backend (root)")
+    return pool
+
+
+def _holders() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == "boltz-holder":
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _env_processes() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == "boltz-env" and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host():
+    """Source (continued), copies and holder: separate PID and network namespaces, each sees only
+    itself, none can signal another, each copy in its own cgroup, same uid and hostname."""
+    with _pool(4) as pool:
+        pool.reset(seed=1)
+        pool.step([["write", "a", "source"], 0, 0, 0])
+        with pool.snapshot(0, kind="memory") as snap:
+            assert snap.kind == "memory" and not snap.saveable and snap.nbytes > 0
+            pool.restore(snap, where=[1, 2])
+        who = pool.step(["who"] * 4)[0]
+        assert len({w["pidns"] for w in who}) == 4 and len({w["netns"] for w in who[1:3]}) == 2
+        for w in who:
+            assert w["pids"] == [1], f"an env sees other processes: {w['pids']}"
+            assert w["uid"] == who[3]["uid"] and w["hostname"] == who[3]["hostname"]
+        hits = pool.step(["signal_all"] * 4)[0]
+        assert all(h["signalled"] == [] for h in hits)
+        # from the host: every env process in a cgroup of its own; the holder outside them all
+        envs = _env_processes()
+        assert len(envs) == 4
+        cgroups = {p.pid: open(f"/proc/{p.pid}/cgroup").read() for p in envs}
+        assert len(set(cgroups.values())) == 4, "two envs share a cgroup"
+        [holder] = _holders()
+        assert holder.pid not in cgroups
+        files = pool.step(["files"] * 4)[0]
+        assert [f["files"] for f in files] == [{"a": "source"}] * 3 + [{}]
+
+
+def test_env_code_cannot_use_the_calls_the_copies_need():
+    """unshare and mount stay refused (EPERM) for env code: in a fresh env, in the continued
+    source, in a copy, and in their child processes hammering unshare while copies are forked."""
+    with _pool(4) as pool:
+        pool.reset(seed=0)
+        fresh = pool.step(["escape", 0, 0, 0])[0][0]
+        assert fresh == {"unshare_user": errno.EPERM, "unshare_mount": errno.EPERM, "mount": errno.EPERM}
+        with pool.snapshot(0, kind="memory") as snap:
+            pool.restore(snap, where=[1])
+            got = pool.step(["escape", "escape", 0, 0])[0]
+            assert got[0] == got[1] == fresh
+            # a copy and the source start processes that try all along, while the holder forks
+            pool.step([["unshare_loop", 2.0], ["unshare_loop", 2.0], 0, 0])
+            deadline = time.monotonic() + 2.0
+            rounds = 0
+            while time.monotonic() < deadline:
+                pool.restore(snap, where=[2, 3])
+                rounds += 1
+            time.sleep(0.5)
+            escaped = [f["files"].get("escaped") for f in pool.step(["files", "files", 0, 0])[0][:2]]
+        assert rounds >= 3
+        for text in escaped:
+            ok, tries = map(int, text.split())
+            assert tries > 10 and ok == 0, f"env code made a user namespace {ok} times in {tries} tries"
+
+
+def test_memory_kind_refusals_name_the_fix_and_change_nothing():
+    """A thread, an open file or a child process refuse the memory kind (auto falls back to the
+    portable one); a memory snapshot cannot be saved or leave its worker; default mode has none."""
+    with _pool(4) as pool:
+        pool.reset(seed=0)
+        pool.step(["thread", "open", "spawn", 0])
+        t = [o["t"] for o in pool.step([1, 1, 1, 1])[0]]
+        for i, match in [(0, "threads.*OPENBLAS_NUM_THREADS=1"), (1, "open file.*log.txt"), (2, "child process")]:
+            with pytest.raises(SnapshotError, match=f"env {i}.*{match}"):
+                pool.snapshot(i, kind="memory")
+        # "auto" falls back to the portable kind; where that fails too (a thread does not pickle),
+        # the error says why for both
+        with pytest.raises(SnapshotError, match="env 0.*pickle.*and a memory snapshot.*threads"):
+            pool.snapshot(0)
+        with pytest.raises(SnapshotError, match="env 1.*pickle.*and a memory snapshot.*open file"):
+            pool.snapshot(1)
+        with pool.snapshot(2) as snap:
+            assert snap.kind == "portable"
+        pool.step([0, "tidy", "tidy", 0])
+        assert [o["t"] for o in pool.step([1, 1, 1, 1])[0]] == [t[0] + 2, t[1] + 1, t[2] + 1, t[3] + 2]
+        for i in (1, 2):  # closed the file, ended the child: the memory kind again
+            with pool.snapshot(i, kind="memory") as snap:
+                assert snap.kind == "memory"
+        with pool.snapshot(3) as snap:
+            with pytest.raises(SnapshotError, match="cannot leave"):
+                snap.save("/tmp/never-written.blz")
+        with pytest.raises(SnapshotError, match="kind must be one of"):
+            pool.snapshot(3, kind="cow")
+    with RLPool(COW, n=1, mode="default", isolation="auto") as pool:
+        pool.reset(seed=0)
+        with pytest.raises(SnapshotError, match="env 0.*memory snapshots need mode='boltz'"):
+            pool.snapshot(0, kind="memory")
+        assert pool.step([1])[0][0]["t"] == 1
+
+
+def test_copies_replay_exactly_reseed_apart_and_snapshot_again():
+    """A copy replays its source's draws; reseeded copies differ and repeat; a copy's own snapshot
+    (one namespace deeper) restores exactly too."""
+    with _pool(4) as pool:
+        pool.reset(seed=3)
+        pool.step([1, 1, 1, 1])
+        with pool.snapshot(0) as snap:
+            source = [pool.step([1, 0, 0, 0])[0][0] for _ in range(5)]
+            pool.restore(snap, where=[1])
+            assert [pool.step([0, 1, 0, 0])[0][1] for _ in range(5)] == source
+            pool.restore(snap, where=[2, 3], reseed=[7, 7])
+            a, b = zip(*[pool.step([0, 0, 1, 1])[0][2:] for _ in range(3)])
+            assert a == b and list(a) != source[:3]
+        with pool.snapshot(1) as deeper:
+            later = [pool.step([0, 1, 0, 0])[0][1] for _ in range(3)]
+            pool.restore(deeper, where=[3])
+            assert [pool.step([0, 0, 0, 1])[0][3] for _ in range(3)] == later
+
+
+def test_holders_stay_while_their_copies_live_and_go_after():
+    """A released snapshot's holder waits for the copies (and the continued source) in its
+    namespaces, is counted until then, and exits once they are gone; close kills what is left."""
+    with _pool(3) as pool:
+        pool.reset(seed=0)
+        snap = pool.snapshot(0)
+        pool.restore(snap, where=[1, 2])
+        assert len(_holders()) == 1
+        pool.memory()
+        assert pool.snapshot_bytes > 0
+        snap.release()
+        assert len(_holders()) == 1, "the holder went while its copies were alive"
+        pool.reset(seed=0, hard=True)
+        deadline = time.monotonic() + 5
+        while _holders() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _holders() == []
+        pool.memory()
+        assert pool.snapshot_bytes == 0
+        pool.fork(0, into=[1, 2])  # and close with a live holder and its copies
+        assert len(_holders()) == 1
+
+
+def test_status_lists_memory_snapshots_on_a_remote_worker():
+    """`boltzlabs-gym status` lists a held memory snapshot; one cannot move to another worker."""
+    from test_snapshots import _status
+    from workers import WorkerProcess
+
+    a, b = WorkerProcess(capacity=2), WorkerProcess(capacity=2)
+    try:
+        with RLPool(COW, n=2, workers=[a.address, b.address], mode="boltz", isolation="namespaces") as pool:
+            if pool.isolation.backend != "namespaces":  # pragma: no cover
+                pytest.skip("memory snapshots need the namespaces backend")
+            pool.reset(seed=0)
+            with pool.snapshot(0) as snap:
+                [listed] = _status(a.address)["sessions"][0]["snapshots"]
+                assert listed["kind"] == "memory" and listed["source"] == 0 and listed["bytes"] > 0
+                with pytest.raises(SnapshotError, match="cannot leave"):
+                    pool.restore(snap, where=[1])
+                pool.restore(snap, where=[0])
+            assert pool.step([1, 1])[0][0]["t"] == 1
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_vector_env_forks_cartpole_copies_that_match_the_source():
+    with closing(boltzlabs_gym.make_vec("CartPole-v1", num_envs=8, mode="boltz", isolation="namespaces")) as envs:
+        if envs.pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("memory snapshots need the namespaces backend")
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.ones(8, dtype=np.int64))
+        obs, _ = envs.fork(0, into=list(range(1, 8)))
+        assert all(np.array_equal(obs[0], obs[i]) for i in range(1, 8))
+        rng = np.random.default_rng(0)
+        for _ in range(20):
+            a = np.full(8, rng.integers(0, 2))
+            obs, *_ = envs.step(a)
+            assert all(np.array_equal(obs[0], obs[i]) for i in range(1, 8))
+
+
+def test_snap_env_memory_copies_keep_workspace_and_generators():
+    """The portable kind's test env, with the memory kind: files and both global generators."""
+    with RLPool(SNAP, n=2, mode="boltz", isolation="namespaces") as pool:
+        if pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("memory snapshots need the namespaces backend")
+        pool.reset(seed=[5, 6])
+        pool.step([["write", "notes.txt", "from env 0"], 0])
+        with pool.snapshot(0, kind="memory") as snap:
+            source = [pool.step([a, 0])[0][0] for a in (1, "files", 2)]
+            pool.restore(snap, where=[1])
+            assert [pool.step([0, a])[0][1] for a in (1, "files", 2)] == source
