@@ -48,6 +48,7 @@ import select
 import signal
 import socket
 import time
+from typing import Any
 
 from .. import envside
 from .sandbox.base import SANDBOX_WORKSPACE, Limits
@@ -77,7 +78,7 @@ class CowForks:
         #: at the snapshot: every fd on one of the env's channel pipes, and which (0 requests,
         #: 1 replies, 2 stderr); a copy points the same fds at its own slot's pipes
         self._roles: dict[int, int] = {}
-        self._random_state: object = None
+        self._random_state: Any = None
 
     # ------------------------------------------------------------------ checks
     def refusal(self, ignore: int | None = None) -> str | None:

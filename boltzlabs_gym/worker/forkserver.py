@@ -307,15 +307,15 @@ def _become_env(
         apply_rlimits(limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
         os.chdir(req["workspace"])
         listener = -1
-        if filt is not None:
+        if filt is not None:  # (only built for the namespaces kind)
             from .sandbox import seccomp
 
-            listener = seccomp.install_with_listener(filt) if ns else seccomp.install(filt)
+            listener = seccomp.install_with_listener(filt)
         # "ok", with the filter's listener for the worker (this process must not keep it), and the
         # channel kept as the env's control socket for memory snapshots (see cowfork)
-        keep_control = ns and listener is not None and listener >= 0 and CONTROL_FD not in import_fds | set(import_std)
+        keep_control = ns and listener >= 0 and CONTROL_FD not in import_fds | set(import_std)
         socket.send_fds(socket.socket(fileno=os.dup(csock_fd)), [b"ok"], [listener] if keep_control else [])
-        if listener is not None and listener >= 0:
+        if listener >= 0:
             os.close(listener)
         if keep_control:
             os.dup2(csock_fd, CONTROL_FD, inheritable=False)

@@ -88,6 +88,7 @@ class _SnapshotCatcher:
         self.batch.done(pos, index, status, reply, payloads)
 
     def _end_swap(self, status: str, reply: bytes, payloads: list) -> tuple[str, bytes, list]:
+        assert self.swap is not None
         launcher, env, sock, workspace_copy = self.swap
         self.swap = None
         info = None

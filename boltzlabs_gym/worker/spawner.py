@@ -149,7 +149,8 @@ class Spawning(WorkerParts):
         # content. The worker reaps its children later, as after any kill.
         for env in envs:
             self._kill_env(session, env)
-        launcher, batch, started = session.backend, [], []
+        launcher, started = session.backend, []
+        batch: list = []  # the copies started together (template._PendingCopy)
         for env in envs:
             try:
                 self._wipe(env.workspace)

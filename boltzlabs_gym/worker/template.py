@@ -109,6 +109,7 @@ import struct
 import sys
 import time
 from dataclasses import replace
+from typing import Any
 
 from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 from .sandbox.base import (
@@ -947,7 +948,7 @@ class _PendingCopy:
 
     launched: Launched
     ours: socket.socket
-    cg: object
+    cg: Any  # the copy's EnvCgroup, or None
     start: float
     paths: dict
     known: frozenset = frozenset()  # the holder's children before the batch (its live copies)
