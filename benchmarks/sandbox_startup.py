@@ -19,14 +19,13 @@ import sys
 import tempfile
 import time
 
+import boltzlabs
+import boltzlabs_gym
 from boltzlabs_gym.worker.sandbox import LaunchSpec, Limits
 from boltzlabs_gym.worker.sandbox.base import wipe_workspace
 from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
 from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
 from boltzlabs_gym.worker.sandbox.process import ProcessBackend
-
-import boltzlabs
-import boltzlabs_gym
 
 RUNTIME = {
     "boltzlabs_gym": os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)),

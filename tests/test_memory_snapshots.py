@@ -15,10 +15,10 @@ from contextlib import closing
 import numpy as np
 import psutil
 import pytest
-from conftest import ENVS
 
 import boltzlabs_gym
 from boltzlabs_gym import RLPool, SnapshotError
+from conftest import ENVS
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -132,9 +132,8 @@ def test_memory_kind_refusals_name_the_fix_and_change_nothing():
         for i in (1, 2):  # closed the file, ended the child: the memory kind again
             with pool.snapshot(i, kind="memory") as snap:
                 assert snap.kind == "memory"
-        with pool.snapshot(3) as snap:
-            with pytest.raises(SnapshotError, match="cannot leave"):
-                snap.save("/tmp/never-written.blz")
+        with pool.snapshot(3) as snap, pytest.raises(SnapshotError, match="cannot leave"):
+            snap.save("/tmp/never-written.blz")
         with pytest.raises(SnapshotError, match="kind must be one of"):
             pool.snapshot(3, kind="cow")
     with RLPool(COW, n=1, mode="default", isolation="auto") as pool:
