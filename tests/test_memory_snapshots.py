@@ -34,6 +34,11 @@ def _pool(n: int, **kw) -> RLPool:
     return pool
 
 
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def _holders() -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):
@@ -75,7 +80,7 @@ def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host():
         # from the host: every env process in a cgroup of its own; the holder outside them all
         envs = _env_processes()
         assert len(envs) == 4
-        cgroups = {p.pid: open(f"/proc/{p.pid}/cgroup").read() for p in envs}
+        cgroups = {p.pid: _read(f"/proc/{p.pid}/cgroup") for p in envs}
         assert len(set(cgroups.values())) == 4, "two envs share a cgroup"
         [holder] = _holders()
         assert holder.pid not in cgroups
