@@ -26,11 +26,14 @@ COW = os.path.join(ENVS, "cow")
 SNAP = os.path.join(ENVS, "snap")
 
 
-def _pool(n: int, **kw) -> RLPool:
-    pool = RLPool(COW, n=n, mode="boltz", isolation="namespaces", **kw)
+MODES = ["default", "boltz"]
+
+
+def _pool(n: int, mode: str = "boltz", **kw) -> RLPool:
+    pool = RLPool(COW, n=n, mode=mode, isolation="namespaces", **kw)
     if pool.isolation is None or pool.isolation.backend != "namespaces":  # pragma: no cover - not root
         pool.close()
-        pytest.skip("memory snapshots need mode='boltz' with the namespaces backend (root)")
+        pytest.skip("memory snapshots need the namespaces backend (root)")
     return pool
 
 
@@ -51,20 +54,27 @@ def _holders() -> list[psutil.Process]:
 
 
 def _env_processes() -> list[psutil.Process]:
+    """The env processes under this test (each is PID 1 of its own PID namespace), holders aside."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.name() == "boltz-env" and p.status() != psutil.STATUS_ZOMBIE:
+            if p.name() in ("boltz-holder", "boltz-template", "boltz-spare") or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            nspid = [
+                line.split()[1:] for line in _read(f"/proc/{p.pid}/status").splitlines() if line.startswith("NSpid:")
+            ]
+            if nspid and len(nspid[0]) > 1 and nspid[0][-1] == "1":
                 out.append(p)
-        except psutil.Error:
+        except (psutil.Error, OSError):
             pass
     return out
 
 
-def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host():
+@pytest.mark.parametrize("mode", MODES)
+def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host(mode):
     """Source (continued), copies and holder: separate PID and network namespaces, each sees only
     itself, none can signal another, each copy in its own cgroup, same uid and hostname."""
-    with _pool(4) as pool:
+    with _pool(4, mode) as pool:
         pool.reset(seed=1)
         pool.step([["write", "a", "source"], 0, 0, 0])
         with pool.snapshot(0, kind="memory") as snap:
@@ -74,7 +84,8 @@ def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host():
         assert len({w["pidns"] for w in who}) == 4 and len({w["netns"] for w in who[1:3]}) == 2
         for w in who:
             assert w["pids"] == [1], f"an env sees other processes: {w['pids']}"
-            assert w["uid"] == who[3]["uid"] and w["hostname"] == who[3]["hostname"]
+            assert w["uid"] == who[0]["uid"] or w is who[3]  # a copy keeps its source's uid
+            assert w["hostname"] == who[3]["hostname"]
         hits = pool.step(["signal_all"] * 4)[0]
         assert all(h["signalled"] == [] for h in hits)
         # from the host: every env process in a cgroup of its own; the holder outside them all
@@ -88,10 +99,11 @@ def test_a_copy_is_its_own_sandbox_seen_from_inside_and_from_the_host():
         assert [f["files"] for f in files] == [{"a": "source"}] * 3 + [{}]
 
 
-def test_env_code_cannot_use_the_calls_the_copies_need():
+@pytest.mark.parametrize("mode", MODES)
+def test_env_code_cannot_use_the_calls_the_copies_need(mode):
     """unshare and mount stay refused (EPERM) for env code: in a fresh env, in the continued
     source, in a copy, and in their child processes hammering unshare while copies are forked."""
-    with _pool(4) as pool:
+    with _pool(4, mode) as pool:
         pool.reset(seed=0)
         fresh = pool.step(["escape", 0, 0, 0])[0][0]
         assert fresh == {"unshare_user": errno.EPERM, "unshare_mount": errno.EPERM, "mount": errno.EPERM}
@@ -116,7 +128,7 @@ def test_env_code_cannot_use_the_calls_the_copies_need():
 
 def test_memory_kind_refusals_name_the_fix_and_change_nothing():
     """A thread, an open file or a child process refuse the memory kind (auto falls back to the
-    portable one); a memory snapshot cannot be saved or leave its worker; default mode has none."""
+    portable one); a memory snapshot cannot be saved or leave its worker; the process backend has none."""
     with _pool(4) as pool:
         pool.reset(seed=0)
         pool.step(["thread", "open", "spawn", 0])
@@ -141,17 +153,18 @@ def test_memory_kind_refusals_name_the_fix_and_change_nothing():
             snap.save("/tmp/never-written.blz")
         with pytest.raises(SnapshotError, match="kind must be one of"):
             pool.snapshot(3, kind="cow")
-    with RLPool(COW, n=1, mode="default", isolation="auto") as pool:
+    with RLPool(COW, n=1, mode="default", isolation="process") as pool:
         pool.reset(seed=0)
-        with pytest.raises(SnapshotError, match="env 0.*memory snapshots need mode='boltz'"):
+        with pytest.raises(SnapshotError, match="env 0.*memory snapshots need the namespaces backend"):
             pool.snapshot(0, kind="memory")
         assert pool.step([1])[0][0]["t"] == 1
 
 
-def test_copies_replay_exactly_reseed_apart_and_snapshot_again():
+@pytest.mark.parametrize("mode", MODES)
+def test_copies_replay_exactly_reseed_apart_and_snapshot_again(mode):
     """A copy replays its source's draws; reseeded copies differ and repeat; a copy's own snapshot
     (one namespace deeper) restores exactly too."""
-    with _pool(4) as pool:
+    with _pool(4, mode) as pool:
         pool.reset(seed=3)
         pool.step([1, 1, 1, 1])
         with pool.snapshot(0) as snap:
@@ -167,10 +180,11 @@ def test_copies_replay_exactly_reseed_apart_and_snapshot_again():
             assert [pool.step([0, 0, 0, 1])[0][3] for _ in range(3)] == later
 
 
-def test_holders_stay_while_their_copies_live_and_go_after():
+@pytest.mark.parametrize("mode", MODES)
+def test_holders_stay_while_their_copies_live_and_go_after(mode):
     """A released snapshot's holder waits for the copies (and the continued source) in its
     namespaces, is counted until then, and exits once they are gone; close kills what is left."""
-    with _pool(3) as pool:
+    with _pool(3, mode) as pool:
         pool.reset(seed=0)
         snap = pool.snapshot(0)
         pool.restore(snap, where=[1, 2])
@@ -191,13 +205,13 @@ def test_holders_stay_while_their_copies_live_and_go_after():
 
 
 def test_status_lists_memory_snapshots_on_a_remote_worker():
-    """`boltzlabs-gym status` lists a held memory snapshot; one cannot move to another worker."""
+    """`boltzlabs-gym status` lists a held memory snapshot; one cannot move to another worker (default mode)."""
     from test_snapshots import _status
     from workers import WorkerProcess
 
     a, b = WorkerProcess(capacity=2), WorkerProcess(capacity=2)
     try:
-        with RLPool(COW, n=2, workers=[a.address, b.address], mode="boltz", isolation="namespaces") as pool:
+        with RLPool(COW, n=2, workers=[a.address, b.address], isolation="namespaces") as pool:
             if pool.isolation.backend != "namespaces":  # pragma: no cover
                 pytest.skip("memory snapshots need the namespaces backend")
             pool.reset(seed=0)

@@ -79,6 +79,7 @@ class CowForks:
         #: 1 replies, 2 stderr); a copy points the same fds at its own slot's pipes
         self._roles: dict[int, int] = {}
         self._random_state: Any = None
+        self._comm = ENV_COMM
 
     # ------------------------------------------------------------------ checks
     def refusal(self, ignore: int | None = None) -> str | None:
@@ -157,6 +158,7 @@ class CowForks:
                 os.close(got)
             raise MemorySnapshotRefused(why or "the worker did not send its half of the snapshot in time")
         self._roles = self._classify_fds(ignore=got)[0] or {}
+        self._comm = _comm()
         # Python reseeds its global generator in every fork child (random's at-fork hook): the copies
         # and the continued source put back the state it had here, so that they replay it exactly
         self._random_state = random.getstate()
@@ -276,7 +278,7 @@ class CowForks:
         from .forkserver import mount_private_tmp
         from .sandbox import _linux as L
 
-        _set_name(ENV_COMM)  # (forked from the holder, whose name it had)
+        _set_name(self._comm)  # (forked from the holder, whose name it had)
         try:
             _announce(csock)  # who the copy is (its pid, stamped by the kernel)
             L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
@@ -346,6 +348,14 @@ def _take_swap(nonce: bytes) -> int | None:
     finally:
         ctl.setblocking(True)
         ctl.close()
+
+
+def _comm() -> str:
+    try:
+        with open("/proc/self/comm") as f:
+            return f.read().strip() or ENV_COMM
+    except OSError:
+        return ENV_COMM
 
 
 def _pid_namespace_depth() -> int:

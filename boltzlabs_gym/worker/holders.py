@@ -26,13 +26,16 @@ class SharedCgroup:
     """A cgroup that two processes' owners share (a holder and the source that continued from it):
     removed (through the launcher's graveyard, which retries) when the last of them lets go."""
 
-    def __init__(self, cgroup: Any, graveyard: list, users: int) -> None:
-        self.cgroup, self.graveyard, self.users = cgroup, graveyard, users
+    def __init__(self, cgroup: Any, graveyard: list, users: int, remove_now: bool = False) -> None:
+        self.cgroup, self.graveyard, self.users, self.remove_now = cgroup, graveyard, users, remove_now
 
     def drop(self) -> None:
         self.users -= 1
         if self.users == 0:
-            self.graveyard.append(self.cgroup)
+            if self.remove_now:  # (waits, bounded, for the last processes to leave)
+                self.cgroup.remove()
+            else:
+                self.graveyard.append(self.cgroup)
 
     def signal_all(self) -> None:
         self.cgroup.signal_all()
@@ -47,6 +50,8 @@ class Holder:
     control: Any  # socket.socket
     cgroup: Any  # SharedCgroup (the source slot's, shared with the continued source) or None
     workspace: str  # the frozen copy of the env's workspace (host path)
+    uid: int = 0  # the env's (host) uid and gid: its copies keep them
+    gid: int = 0
     released: bool = False
     nbytes: int = 0  # what it counts against the worker's snapshot budget (set when held)
     _cgroup_dropped: bool = False

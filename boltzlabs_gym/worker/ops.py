@@ -320,7 +320,7 @@ class OpHandlers(WorkerParts):
         why = (
             session.backend.memory_snapshots_unavailable(env.launched)
             if hasattr(session.backend, "memory_snapshots_unavailable")
-            else "memory snapshots need mode='boltz' (envs forked from a template) with isolation='namespaces'"
+            else "memory snapshots need the namespaces backend (a sandbox that can nest one per copy)"
         )
         if why is None:
             copy = tempfile.mkdtemp(prefix="snap-", dir=os.path.dirname(env.workspace))

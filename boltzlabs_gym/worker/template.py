@@ -98,7 +98,6 @@ worker removes.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -109,8 +108,8 @@ import struct
 import sys
 import time
 from dataclasses import replace
-from typing import Any
 
+from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_fds_passcred, try_remove
 from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
@@ -207,7 +206,7 @@ class TemplateError(RuntimeError):
     """The template could not import the env or fork it; the message says why."""
 
 
-class TemplateLauncher:
+class TemplateLauncher(CopyLauncher):
     """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template."""
 
     def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str]):
@@ -236,7 +235,6 @@ class TemplateLauncher:
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
         self._graveyard: list = []  # cgroups of killed envs whose processes were still exiting
-        self._sup = None  # the seccomp supervisor (memory snapshots), started with the first env that needs it
         self._live = 0  # envs launched and not yet cleaned up
         #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
         self.last_phases_ms: dict[str, float] = {}
@@ -252,6 +250,11 @@ class TemplateLauncher:
     @property
     def template_pid(self) -> int | None:
         return self._tpl.pid if self._tpl is not None and self._tpl.alive() else None
+
+    def _copies_possible(self) -> str | None:
+        if self.kind != "ns":
+            return "memory snapshots need isolation='namespaces' (boltz mode forks them in a nested sandbox)"
+        return None
 
     def pss(self) -> int:
         """PSS in bytes of the template process itself (its envs are counted per env)."""
@@ -502,7 +505,7 @@ class TemplateLauncher:
         from .sandbox import cgroups
 
         if self._graveyard:
-            self._graveyard = [g for g in self._graveyard if not _try_remove(g)]
+            self._graveyard = [g for g in self._graveyard if not try_remove(g)]
 
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
@@ -510,6 +513,7 @@ class TemplateLauncher:
             env = child_environment(
                 spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
             )
+            env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it: see cowfork)
             workspace = SANDBOX_WORKSPACE
         else:
             from .sandbox.process import runtime_pythonpath
@@ -567,7 +571,7 @@ class TemplateLauncher:
                     with open(path, "w") as f:
                         f.write(str(pid))
             ours.send(b"go")
-            msg, got_fds = _recv_fds_passcred(ours)
+            msg, got_fds = recv_fds_passcred(ours)
             for fd in got_fds:  # the env's seccomp listener: ours to answer (it must not keep it)
                 self.supervisor().watch(fd)
             t_ok = time.perf_counter()
@@ -625,7 +629,7 @@ class TemplateLauncher:
                     control.close()
             # no waiting here for a dying PID namespace to empty its cgroup (a hard reset would
             # wait for the old env's teardown): try once, finish later (next launch, or close)
-            if cg is not None and not _try_remove(cg):
+            if cg is not None and not try_remove(cg):
                 self._graveyard.append(cg)
 
         return Launched(
@@ -637,250 +641,6 @@ class TemplateLauncher:
             setup_ms=(time.perf_counter() - start) * 1e3,
             oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
             paths={"env_dir": env["BOLTZLABS_ENV_DIR"], "workspace": workspace},
-        )
-
-    # ---------------------------------------------------------------- memory snapshots (see cowfork, holders)
-    def supervisor(self):
-        """The thread that answers this session's envs' gated syscalls (:mod:`.sandbox.notify`)."""
-        if self._sup is None:
-            from .sandbox.notify import Supervisor
-
-            self._sup = Supervisor()
-        return self._sup
-
-    def memory_snapshots_unavailable(self, launched: Launched | None) -> str | None:
-        """Why the env ``launched`` cannot take a memory snapshot, or None."""
-        if self.kind != "ns":
-            return "memory snapshots need isolation='namespaces' (boltz mode forks them in a nested sandbox)"
-        if launched is None or launched.control is None:
-            return "this env has no control socket (its sandbox has no seccomp filter to gate the copies' set-up)"
-        from .sandbox.notify import children_of
-
-        kids = children_of(launched.pid)
-        if kids:
-            return (
-                f"the env has {len(kids)} child process(es), which a fork would not copy (and which could "
-                "reach the copies): end them first"
-            )
-        return None
-
-    def begin_swap(self, launched: Launched, nonce: str):
-        """Before a memory snapshot request (whose ``swap`` key is ``nonce``): hand the env the
-        continued source's socket and arm the supervisor for the env's forks. Returns the worker's
-        end of that socket."""
-        _drain(launched.control)  # whatever the env's own code queued on its control socket
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        try:
-            socket.send_fds(launched.control, [b"swap" + nonce.encode()], [theirs.fileno()])
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.supervisor().arm(launched.pid)
-        return ours
-
-    def end_swap(self, launched: Launched, ours, swapped: bool, workspace_copy: str):
-        """After the env answered: ``(continued_source_launched, holder)`` when it swapped, else None.
-
-        The holder stays in the slot's cgroup (moving a process between cgroups costs an RCU grace
-        period, several ms): the continued source is signalled through its pidfd alone, and the
-        cgroup is removed once both have let go of it (:class:`~.holders.SharedCgroup`)."""
-        from .holders import Holder, SharedCgroup
-        from .sandbox import _linux as L
-
-        self.supervisor().disarm(launched.pid)
-        if not swapped:
-            ours.close()
-            return None
-        try:
-            ours.settimeout(5.0)
-            msg, pid = _recv_pid(ours)
-            if msg != b"p" or not pid:
-                raise TemplateError(f"the continued source did not say who it is ({msg[:20]!r})")
-        except BaseException:
-            ours.close()
-            raise
-        shared = SharedCgroup(launched.cgroup, self._graveyard, users=2) if launched.cgroup is not None else None
-        holder = Holder(
-            pid=launched.pid,
-            pidfd=L.pidfd_open(launched.pid),
-            control=launched.control,
-            cgroup=shared,
-            workspace=workspace_copy,
-        )
-        source = self._foreign_launched(pid, ours, None, launched.paths, launched.oom_killed, shared=shared)
-        return source, holder
-
-    def start_copy(self, holder, spec: LaunchSpec, batch: list) -> Launched:
-        """Ask ``holder`` to fork a copy for ``spec``'s env (its workspace already filled); returns a
-        Launched that :meth:`finish_copies` completes. ``batch`` collects the copies started together."""
-        from .sandbox import _linux as L
-        from .sandbox import cgroups
-        from .sandbox.notify import children_of
-
-        start = time.perf_counter()
-        if not batch:  # one arming for the whole batch: the holder's children before any of them
-            if self._graveyard:
-                self._graveyard = [g for g in self._graveyard if not _try_remove(g)]
-            known = frozenset(children_of(holder.pid))
-            self.supervisor().arm(holder.pid, known)
-        else:
-            known = batch[0].known
-        os.chown(spec.workspace, self._outer_uid + 1, self._outer_uid + 1)
-        os.chmod(spec.workspace, 0o700)
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
-        cg = None
-        if (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        placeholder = Launched(pid=0, kill_tree=lambda: None)
-        pending = _PendingCopy(placeholder, ours, cg, start, {"env_dir": env["BOLTZLABS_ENV_DIR"]}, known)
-        batch.append(pending)
-        tree = -1
-        try:
-            tree = L.open_tree_clone(spec.workspace)
-            L.mount_setattr_fd(tree, L.MOUNT_ATTR_NOSUID | L.MOUNT_ATTR_NODEV)
-            req = {
-                "index": spec.index,
-                "env": env,
-                "workspace": SANDBOX_WORKSPACE,
-                "limits": spec.limits.to_json(),
-                "cgroup": cg is not None,
-            }
-            socket.send_fds(
-                holder.control,
-                [b"fork" + json.dumps(req).encode()],
-                [spec.stdin_fd, spec.stdout_fd, spec.stderr_fd, theirs.fileno(), tree],
-            )
-        except OSError as exc:
-            pending.error = f"the snapshot's holder is gone ({exc})"
-        finally:
-            theirs.close()
-            if tree >= 0:
-                os.close(tree)
-        return placeholder
-
-    def finish_copies(self, holder, batch: list) -> None:
-        """Complete the copies :meth:`start_copy` asked for, all at once: each says who it is, is
-        moved into its slot's cgroup (back to back: the moves after the first are cheap) and
-        finishes its sandbox. A copy that fails gets ``setup_error`` on its Launched."""
-        from .sandbox.notify import parent_of
-
-        deadline = time.monotonic() + FORK_TIMEOUT
-        waiting = {p.ours.fileno(): p for p in batch if p.error is None}
-        try:
-            while waiting:
-                ready = readable(list(waiting), max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    for p in waiting.values():
-                        p.error = f"the snapshot's holder did not fork a copy within {FORK_TIMEOUT:g} s"
-                    break
-                for fd in ready:
-                    p = waiting[fd]
-                    try:
-                        p.ours.setblocking(False)
-                        msg, pid = _recv_pid(p.ours)
-                    except OSError as exc:
-                        msg, pid = b"!" + str(exc).encode(), None
-                    # three words, each stamped with its sender's pid by the kernel: "p" from the
-                    # holder's fork X (moved into the slot's cgroup, then "go": the copy is forked
-                    # there), "p" from the copy (its pid), "ok" when its sandbox is finished; or "!why"
-                    if msg.startswith(b"!") or not msg:
-                        p.error = msg[1:].decode("utf-8", "replace") or "the copy died during set-up"
-                    elif msg == b"p" and p.forker == 0:
-                        if not pid or parent_of(pid) != holder.pid or pid in p.known:
-                            p.error = f"the snapshot's holder reported an impossible fork pid {pid}"
-                        else:
-                            p.forker = pid
-                            if p.cg is not None:
-                                for path in p.cg.join_files:
-                                    with open(path, "w") as f:
-                                        f.write(str(pid))
-                            p.ours.send(b"go")
-                            continue
-                    elif msg == b"p" and p.pid == 0:
-                        parent = parent_of(pid) if pid else None
-                        if not pid or p.forker not in (parent, pid) and parent != holder.pid:
-                            p.error = f"the snapshot's holder reported an impossible copy pid {pid}"
-                        else:
-                            p.pid = pid
-                            continue
-                    elif msg == b"ok" and p.pid:
-                        p.done = True
-                    else:
-                        why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "it died during set-up"
-                        p.error = f"the copy could not finish its sandbox: {why}"
-                    del waiting[fd]
-        except Exception as exc:  # noqa: BLE001 - every copy still waiting failed with it
-            for p in waiting.values():
-                p.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.supervisor().disarm(holder.pid)
-        for p in batch:
-            self._settle_copy(p)
-
-    def _settle_copy(self, p: _PendingCopy) -> None:
-        if p.error is None and p.done:
-            self._live += 1
-            oom = p.cg.oom_killed if p.cg is not None else (lambda: False)
-            real = self._foreign_launched(p.pid, p.ours, p.cg, {**p.paths, "workspace": SANDBOX_WORKSPACE}, oom)
-            real.setup_ms = (time.perf_counter() - p.start) * 1e3
-            p.launched.__dict__.update(real.__dict__)
-            return
-        if p.pid:
-            try:
-                os.kill(p.pid, signal.SIGKILL)  # (not yet anyone else's: it is waiting on us)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if p.cg is not None:
-            p.cg.remove()
-        p.ours.close()
-        p.launched.setup_error = p.error or "the copy did not finish its set-up"
-
-    def _foreign_launched(self, pid: int, control, cg, paths: dict, oom_killed, shared=None) -> Launched:
-        """A Launched for an env process that is not the worker's child (a memory snapshot's copy,
-        or a source that continued in a nested sandbox): signalled through a pidfd, never by pid.
-        ``cg``: its own cgroup (killed with it, removed after); ``shared``: a cgroup it shares with
-        its holder (never signalled: the pidfd kill ends its whole PID namespace)."""
-        from .sandbox import _linux as L
-
-        pidfd = L.pidfd_open(pid)
-        done: list[bool] = []
-
-        def kill_tree() -> None:
-            try:
-                L.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except OSError:
-                pass
-            if cg is not None:
-                cg.signal_all()
-
-        def cleanup() -> None:
-            if done:
-                return
-            done.append(True)
-            self._live -= 1
-            control.close()
-            os.close(pidfd)
-            if cg is not None and not _try_remove(cg):
-                self._graveyard.append(cg)
-            if shared is not None:
-                shared.drop()
-
-        return Launched(
-            pid=pid,
-            kill_tree=kill_tree,
-            cleanup=cleanup,
-            oom_killed=oom_killed,
-            paths=paths,
-            control=control,
-            cgroup=cg,
-            child=False,
         )
 
     def _grow_template_limit(self, tpl: _Template, limits: Limits) -> None:
@@ -907,9 +667,6 @@ class TemplateLauncher:
         if self._tpl is not None:
             self._tpl.kill()
             self._tpl = None
-        if self._sup is not None:
-            self._sup.close()
-            self._sup = None
         for cg in self._graveyard:
             try:
                 cg.remove()
@@ -923,79 +680,8 @@ class TemplateLauncher:
                 pass
 
 
-def _try_remove(cg) -> bool:
-    """One non-blocking attempt to empty and remove an env cgroup; True when it is gone."""
-    cg.signal_all()
-    left = []
-    for path in cg.paths:
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            left.append(path)
-    cg.paths = left
-    return not left
-
-
 class _TemplateGone(Exception):
     pass
-
-
-@dataclasses.dataclass(eq=False)
-class _PendingCopy:
-    """A memory snapshot's copy between its fork request and its finished sandbox."""
-
-    launched: Launched
-    ours: socket.socket
-    cg: Any  # the copy's EnvCgroup, or None
-    start: float
-    paths: dict
-    known: frozenset = frozenset()  # the holder's children before the batch (its live copies)
-    forker: int = 0  # the holder's fork that makes the copy's namespaces
-    pid: int = 0
-    done: bool = False
-    error: str | None = None
-
-
-def _recv_pid(sock: socket.socket) -> tuple[bytes, int | None]:
-    """One message and the kernel-stamped pid of its sender (SO_PASSCRED), within the socket's timeout."""
-    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
-    pid = None
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid = struct.unpack("iII", data[: struct.calcsize("iII")])[0]
-    return msg, pid
-
-
-def _recv_fds_passcred(sock: socket.socket, maxfds: int = 1) -> tuple[bytes, list[int]]:
-    """One message and its descriptors on a socket with SO_PASSCRED (whose credentials take room
-    in the ancillary buffer too: socket.recv_fds would lose the descriptors)."""
-    size = socket.CMSG_SPACE(maxfds * 4) + socket.CMSG_SPACE(struct.calcsize("iII"))
-    msg, anc, _flags, _addr = sock.recvmsg(65536, size)
-    fds: list[int] = []
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += list(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
-    return msg, fds
-
-
-def _drain(sock: socket.socket) -> None:
-    """Discard whatever is queued on ``sock`` (closing any descriptors it carried)."""
-    timeout = sock.gettimeout()
-    sock.settimeout(0.0)  # (a socket with a timeout waits for input before a MSG_DONTWAIT read)
-    try:
-        for _ in range(1000):
-            try:
-                msg, fds = _recv_fds_passcred(sock, 8)
-            except OSError:  # nothing queued (BlockingIOError), or the env closed its end
-                return
-            for fd in fds:
-                os.close(fd)
-            if not msg and not fds:
-                return
-    finally:
-        sock.settimeout(timeout)
 
 
 def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | None]:

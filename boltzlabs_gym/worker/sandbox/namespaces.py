@@ -39,6 +39,7 @@ import os
 import queue
 import select
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from ..copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher
 from . import _linux as L
 from . import cgroups, seccomp
 from .base import (
@@ -141,6 +143,11 @@ class SandboxPlan:
     fds: tuple[int, int, int]
     cgroup: cgroups.EnvCgroup | None = None
     seccomp_prog: tuple[bytes, int] | None = None
+    #: root mode, an exec'd env: the child's end of its control socket (memory snapshots). The env's
+    #: filter then hands the copies' calls to a listener, sent to the worker over it before the exec;
+    #: the socket stays open in the env at cowfork.CONTROL_FD.
+    control_fd: int = -1
+    seccomp_notify_prog: tuple[bytes, int] | None = None
     cap_last: int = 40
     sched: tuple[int, int] | None = None
     worker_pid: int = 0
@@ -333,21 +340,50 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
     have_cg = plan.cgroup is not None
     apply_rlimits(plan.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
     os.chdir(SANDBOX_WORKSPACE)
-    if plan.seccomp_prog is not None:
+    if plan.control_fd >= 0 and plan.seccomp_notify_prog is not None:
+        _install_with_listener(plan)
+    elif plan.seccomp_prog is not None:
         seccomp.install(plan.seccomp_prog)
+
+
+def _install_with_listener(plan: SandboxPlan) -> None:
+    """The env filter whose gated calls go to the worker (memory snapshots: see cowfork): its listener
+    goes to the worker over the control socket, which stays open at ``CONTROL_FD`` across the exec."""
+    import socket
+
+    from ..cowfork import CONTROL_FD
+
+    listener = seccomp.install_with_listener(plan.seccomp_notify_prog)
+    sock = socket.socket(fileno=os.dup(plan.control_fd))
+    try:
+        socket.send_fds(sock, [b"ok"], [listener])
+    finally:
+        sock.close()
+        os.close(listener)  # (this process must not keep it: it could approve its children's calls)
+    os.dup2(plan.control_fd, CONTROL_FD, inheritable=True)
+    os.close(plan.control_fd)
 
 
 def _exec(plan: SandboxPlan, status_fd: int | None) -> NoReturn:
     wire_std_fds(*plan.fds)
     top = _max_fd()
-    if status_fd is not None and status_fd > 2:
-        os.closerange(3, status_fd)
-        os.closerange(status_fd + 1, top)  # status_fd is CLOEXEC: EOF for the launcher at exec
-    else:
-        os.closerange(3, top)
+    keep = sorted({fd for fd in (status_fd, _control_fd(plan)) if fd is not None and fd > 2})
+    start = 3
+    for fd in keep:  # status_fd is CLOEXEC: EOF for the launcher at exec; the control socket stays
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, top)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     set_layout_randomization(plan.aslr)
     os.execve(plan.argv[0], plan.argv, plan.env)
+
+
+def _control_fd(plan: SandboxPlan) -> int | None:
+    if plan.control_fd < 0 or plan.seccomp_notify_prog is None:
+        return None
+    from ..cowfork import CONTROL_FD
+
+    return CONTROL_FD
 
 
 def _report_failure(status_fd: int | None, stderr_fd: int, exc: BaseException) -> None:
@@ -377,7 +413,7 @@ def _close_fds_except(keep: set[int]) -> None:
 def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | None) -> None:
     """The worker's direct child, already PID 1 of its own PID namespace (root mode)."""
     try:
-        _close_fds_except({status_w, *plan.fds})
+        _close_fds_except({status_w, *plan.fds, plan.control_fd})
         status_w = _high_fd(status_w)
         enter_sandbox(plan, status_fd=status_w)
         if body is None:
@@ -521,11 +557,14 @@ _PROBES: dict = {}
 _PROBE_LOCK = threading.Lock()
 
 
-class NamespaceBackend:
+class NamespaceBackend(CopyLauncher):
     name = "namespaces"
 
     def __init__(self, use_seccomp: bool = True) -> None:
         self.use_seccomp = use_seccomp
+        self._graveyard: list = []  # (copies' cgroups: removed at once here, see _blocking_cleanup)
+        self._live = 0
+        self._blocking_cleanup = True  # a copy's cgroup is removed when it is cleaned up, waiting if need be
         self._probe: tuple[str | None, str] | None = None
         self._probe_lock = threading.Lock()
         self._static: dict | None = None
@@ -623,6 +662,7 @@ class NamespaceBackend:
                 "etc_binds": etc,
                 "newroot": _ensure_newroot(),
                 "seccomp": seccomp.build_filter() if self.use_seccomp else None,
+                "seccomp_notify": seccomp.build_filter(notify=seccomp.COPY_SYSCALLS) if self.use_seccomp else None,
                 "cap_last": L.cap_last_cap(),
             }
         return self._static
@@ -677,6 +717,7 @@ class NamespaceBackend:
             fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd),
             cgroup=cg,
             seccomp_prog=st["seccomp"],
+            seccomp_notify_prog=st["seccomp_notify"],
             cap_last=st["cap_last"],
             sched=sched,
             worker_pid=os.getpid(),
@@ -693,19 +734,68 @@ class NamespaceBackend:
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()
         plan = self.plan(spec, mode, use_cgroup=use_cgroup)
+        ours = None
         if mode == "root":
             os.chown(spec.workspace, plan.uid, plan.gid)
             os.chmod(spec.workspace, 0o700)
+            if plan.seccomp_notify_prog is not None:  # a control socket: memory snapshots (see cowfork)
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+                plan.control_fd = theirs.detach()
+                plan.env[MEMORY_SNAPSHOTS_ENV] = "1"
         try:
             pid, _, error = LAUNCHER.call(lambda: spawn(plan))
         except BaseException:
             if plan.cgroup is not None:
                 plan.cgroup.remove()
+            if ours is not None:
+                ours.close()
             raise
+        finally:
+            if plan.control_fd >= 0:
+                os.close(plan.control_fd)
         cg = plan.cgroup
 
         # PID 1 of the namespace (root) or the keeper (userns)
-        return launched_tree(pid, cg, start, error)
+        launched = launched_tree(pid, cg, start, error)
+        if ours is not None:
+            self._take_listener(launched, ours, cg)
+        return launched
+
+    def _take_listener(self, launched: Launched, ours: socket.socket, cg) -> None:
+        """The env sent its filter's listener before its exec: the worker answers it from now on, and
+        keeps the socket as the env's control socket."""
+        from ..copies import recv_fds_passcred
+        from .notify import shared_supervisor
+
+        ours.settimeout(0.0)
+        try:
+            msg, fds = recv_fds_passcred(ours)
+        except OSError:
+            msg, fds = b"", []
+        if msg != b"ok" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            ours.close()
+            return
+        shared_supervisor().watch(fds[0])
+        ours.settimeout(None)
+        plain_cleanup = launched.cleanup
+
+        def cleanup() -> None:
+            ours.close()
+            plain_cleanup()
+
+        launched.control, launched.cgroup, launched.cleanup = ours, cg, cleanup
+
+    # ---------------------------------------------------------------- memory snapshots (see copies, cowfork)
+    def _copies_possible(self) -> str | None:
+        if self.mode()[0] != "root" or not self.use_seccomp or not seccomp.supported():
+            return (
+                "memory snapshots need the namespaces backend running as root with its seccomp filter "
+                "(the filter hands the copies' set-up to the worker)"
+            )
+        return None
 
 
 __all__ = ["NamespaceBackend", "SandboxPlan", "enter_sandbox", "spawn", "LAUNCHER"]

@@ -219,4 +219,17 @@ class Supervisor:
         return a is not None and parent not in a.known
 
 
-__all__ = ["Supervisor", "children_of", "parent_of"]
+_shared: Supervisor | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_supervisor() -> Supervisor:
+    """The worker's one supervisor thread (started on first use; it ends with the process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Supervisor()
+        return _shared
+
+
+__all__ = ["Supervisor", "children_of", "parent_of", "shared_supervisor"]
