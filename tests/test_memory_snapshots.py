@@ -42,6 +42,14 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _workspace_root(pid: int) -> str:
+    """The host directory mounted at a process's /workspace (its mount's root in /proc/<pid>/mountinfo)."""
+    roots = [
+        line.split()[3] for line in _read(f"/proc/{pid}/mountinfo").splitlines() if line.split()[4] == "/workspace"
+    ]
+    return roots[-1]
+
+
 def _holders() -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):
@@ -200,6 +208,12 @@ def test_holders_stay_while_their_copies_live_and_go_after(mode):
         assert _holders() == []
         pool.memory()
         assert pool.snapshot_bytes == 0
+        # a holder (the source as it was) keeps its workspace mounted: after a hard reset the slot's new
+        # process has another directory, so nothing of the holder's reaches what the new occupant writes
+        with pool.snapshot(0):
+            pool.reset(seed=0, where=np.array([True, False, False]), hard=True)
+            [holder] = _holders()
+            assert _workspace_root(holder.pid) not in {_workspace_root(p.pid) for p in _env_processes()}
         pool.fork(0, into=[1, 2])  # and close with a live holder and its copies
         assert len(_holders()) == 1
 

@@ -445,13 +445,17 @@ def test_hard_links_and_read_only_directories_restore_again_and_again():
         pool.step([["write", "ro/x", "X"], 0])
         pool.step([["chmod", "ro", 0o500], 0])
         files = pool.step(["files", 0])[0][0]["files"]
-        with pool.snapshot(0) as snap:
-            for _ in range(3):  # each restore empties a workspace that holds a read-only directory
-                pool.restore(snap, where=[1])
-                assert pool.step([0, "files"])[0][1]["files"] == files == {"a": "A", "b": "A", "ro/x": "X"}
-        pool.fork(0, into=[1])
-        pool.step([0, ["write", "a", "changed"]])
-        assert pool.step([0, "files"])[0][1]["files"]["b"] == "A", "a hard link became two files"
+        for kind in ("portable", "memory") if pool.isolation.backend == "namespaces" else ("portable",):
+            with pool.snapshot(0, kind=kind) as snap:
+                for _ in range(3):  # each restore empties a workspace that holds a read-only directory
+                    pool.restore(snap, where=[1])
+                    assert pool.step([0, "files"])[0][1]["files"] == files == {"a": "A", "b": "A", "ro/x": "X"}
+            pool.fork(0, into=[1], kind=kind)
+            pool.step([0, ["write", "a", "changed"]])
+            b = pool.step([0, "files"])[0][1]["files"]["b"]
+            # the portable kind's tar makes a hard link two files; the worker's copy keeps it a link
+            assert b == ("A" if kind == "portable" else "changed"), kind
+            pool.step([0, ["write", "a", "A"]])
 
 
 def test_a_restore_that_fails_changes_nothing():

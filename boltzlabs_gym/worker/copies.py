@@ -27,7 +27,7 @@ from .sandbox.base import SANDBOX_ENV_DIR, SANDBOX_RUNTIME, SANDBOX_WORKSPACE, L
 #: cowfork.CONTROL_FD); every env of a launcher that can make them has it.
 MEMORY_SNAPSHOTS_ENV = "BOLTZLABS_MEMORY_SNAPSHOTS"
 #: seconds the holder and the copy may take until the copy's sandbox is ready.
-COPY_TIMEOUT = 20.0
+COPY_TIMEOUT = 5.0
 
 
 class CopyError(RuntimeError):
@@ -60,10 +60,24 @@ class CopyLauncher:
         from .sandbox.notify import children_of
 
         kids = children_of(launched.pid)
+        if kids is None:
+            return "the kernel does not list the env's child processes (/proc/<pid>/task/*/children)"
         if kids:
             return (
                 f"the env has {len(kids)} child process(es), which a fork would not copy (and which could "
                 "reach the copies): end them first"
+            )
+        status = _status(launched.pid)
+        if status.get("Threads") != "1":
+            return (
+                f"the env has {status.get('Threads', '?')} threads, and a fork keeps only one: set OMP_NUM_THREADS=1, "
+                "OPENBLAS_NUM_THREADS=1 and MKL_NUM_THREADS=1 (before numpy is imported)"
+            )
+        shared = _shared_writable_mappings(launched.pid)
+        if shared:
+            return (
+                f"the env has shared writable memory ({', '.join(shared[:3])}), which its copies would share "
+                "with it: unmap it before the snapshot"
             )
         return None
 
@@ -75,7 +89,8 @@ class CopyLauncher:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         try:
-            socket.send_fds(launched.control, [b"swap" + nonce.encode()], [theirs.fileno()])
+            # (never blocks: an env that filled its control socket's queue is refused, not waited for)
+            socket.send_fds(launched.control, [b"swap" + nonce.encode()], [theirs.fileno()], socket.MSG_DONTWAIT)
         except OSError:
             ours.close()
             raise
@@ -98,13 +113,24 @@ class CopyLauncher:
             ours.close()
             return None
         try:
-            ours.settimeout(5.0)
+            ours.settimeout(0.0)  # (it said so before it answered: no waiting here)
             msg, pid = recv_pid(ours)
             if msg != b"p" or not pid:
                 raise CopyError(f"the continued source did not say who it is ({msg[:20]!r})")
+            # both ran the env's own code while they swapped: check what they are before using them
+            why = unconfined(pid)
+            if why is None and _status(launched.pid).get("Threads") != "1":
+                why = "the holder has more than one thread"
+            if why:
+                raise CopyError(f"the continued source is not confined as it must be ({why})")
         except BaseException:
             ours.close()
             raise
+        try:  # the holder pins its copies' namespaces: an OOM kill must pick another process
+            with open(f"/proc/{launched.pid}/oom_score_adj", "w") as f:
+                f.write("-1000")
+        except OSError:
+            pass
         uid, gid = _ids_of(launched.pid)
         shared = None
         if launched.cgroup is not None:
@@ -133,7 +159,10 @@ class CopyLauncher:
         if not batch:  # one arming for the whole batch: the holder's children before any of them
             if self._graveyard:
                 self._graveyard = [g for g in self._graveyard if not try_remove(g)]
-            known = frozenset(children_of(holder.pid))
+            kids = children_of(holder.pid)
+            if kids is None:
+                raise CopyError("the kernel does not list the holder's child processes")
+            known = frozenset(kids)
             self.supervisor().arm(holder.pid, known)
         else:
             known = batch[0].known
@@ -179,6 +208,7 @@ class CopyLauncher:
         """Complete the copies :meth:`start_copy` asked for, all at once: each says who it is, is
         moved into its slot's cgroup (back to back: the moves after the first are cheap) and
         finishes its sandbox. A copy that fails gets ``setup_error`` on its Launched."""
+        from .sandbox import _linux as L
         from .sandbox.notify import parent_of
 
         deadline = time.monotonic() + COPY_TIMEOUT
@@ -215,13 +245,19 @@ class CopyLauncher:
                             continue
                     elif msg == b"p" and p.pid == 0:
                         parent = parent_of(pid) if pid else None
-                        if not pid or p.forker not in (parent, pid) and parent != holder.pid:
+                        # the forker's child (or, once the forker is gone, the holder's), and new
+                        if not pid or pid in p.known or pid == p.forker or parent not in (p.forker, holder.pid):
                             p.error = f"the snapshot's holder reported an impossible copy pid {pid}"
                         else:
                             p.pid = pid
+                            p.pidfd = L.pidfd_open(pid)  # from here on the copy is named by its pidfd
                             continue
                     elif msg == b"ok" and p.pid:
-                        p.done = True
+                        why = unconfined(p.pid)
+                        if why:
+                            p.error = f"the copy is not confined as it must be ({why})"
+                        else:
+                            p.done = True
                     else:
                         why = msg[1:].decode("utf-8", "replace") if msg.startswith(b"!") else "it died during set-up"
                         p.error = f"the copy could not finish its sandbox: {why}"
@@ -235,31 +271,39 @@ class CopyLauncher:
             self._settle_copy(p)
 
     def _settle_copy(self, p: _PendingCopy) -> None:
+        from .sandbox import _linux as L
+
         if p.error is None and p.done:
             self._live += 1
             oom = p.cg.oom_killed if p.cg is not None else (lambda: False)
-            real = self._foreign_launched(p.pid, p.ours, p.cg, {**p.paths, "workspace": SANDBOX_WORKSPACE}, oom)
+            real = self._foreign_launched(
+                p.pid, p.ours, p.cg, {**p.paths, "workspace": SANDBOX_WORKSPACE}, oom, pidfd=p.pidfd
+            )
             real.setup_ms = (time.perf_counter() - p.start) * 1e3
             p.launched.__dict__.update(real.__dict__)
             return
-        if p.pid:
+        if p.pidfd >= 0:
             try:
-                os.kill(p.pid, signal.SIGKILL)  # (not yet anyone else's: it is waiting on us)
-            except (ProcessLookupError, PermissionError):
+                L.pidfd_send_signal(p.pidfd, signal.SIGKILL)
+            except OSError:
                 pass
+            os.close(p.pidfd)
         if p.cg is not None:
             p.cg.remove()
         p.ours.close()
         p.launched.setup_error = p.error or "the copy did not finish its set-up"
 
-    def _foreign_launched(self, pid: int, control, cg, paths: dict, oom_killed, shared=None) -> Launched:
+    def _foreign_launched(
+        self, pid: int, control, cg, paths: dict, oom_killed, shared=None, pidfd: int = -1
+    ) -> Launched:
         """A Launched for an env process that is not the worker's child (a memory snapshot's copy,
         or a source that continued in a nested sandbox): signalled through a pidfd, never by pid.
         ``cg``: its own cgroup (killed with it, removed after); ``shared``: a cgroup it shares with
         its holder (never signalled: the pidfd kill ends its whole PID namespace)."""
         from .sandbox import _linux as L
 
-        pidfd = L.pidfd_open(pid)
+        if pidfd < 0:
+            pidfd = L.pidfd_open(pid)
         done: list[bool] = []
 
         def kill_tree() -> None:
@@ -309,6 +353,7 @@ class _PendingCopy:
     known: frozenset = frozenset()  # the holder's children before the batch (its live copies)
     forker: int = 0  # the holder's fork that makes the copy's namespaces
     pid: int = 0
+    pidfd: int = -1
     done: bool = False
     error: str | None = None
 
@@ -351,6 +396,51 @@ def _drain(sock: socket.socket) -> None:
                 return
     finally:
         sock.settimeout(timeout)
+
+
+def _status(pid: int) -> dict[str, str]:
+    """``/proc/<pid>/status`` as a dict of its first fields ({} when the process is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                out[key] = value.strip().split()[0] if value.strip() else ""
+    except OSError:
+        return {}
+    return out
+
+
+def _shared_writable_mappings(pid: int) -> list[str]:
+    """The process's shared writable mappings (MAP_SHARED memory, SysV shm): a fork shares them."""
+    found = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) >= 2 and fields[1][1] == "w" and fields[1][3] == "s":
+                    found.append(fields[5].strip() if len(fields) > 5 else fields[0])
+    except OSError:
+        return ["(unreadable)"]
+    return found
+
+
+_NO_CAPS = "0000000000000000"
+
+
+def unconfined(pid: int) -> str | None:
+    """What is wrong with a continued source or copy before it is used (it ran the env's own code
+    while it built its sandbox): any capability, no no_new_privs, no seccomp filter, a thread; None if fine."""
+    st = _status(pid)
+    if not st:
+        return "it is gone"
+    wrong = [
+        f"{key} {st.get(key)!r}"
+        for key, want in (("CapEff", _NO_CAPS), ("CapBnd", _NO_CAPS), ("CapPrm", _NO_CAPS),
+                          ("NoNewPrivs", "1"), ("Seccomp", "2"), ("Threads", "1"))
+        if st.get(key) != want
+    ]  # fmt: skip
+    return ", ".join(wrong) or None
 
 
 def _ids_of(pid: int) -> tuple[int, int]:

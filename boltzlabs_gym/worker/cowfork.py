@@ -80,6 +80,8 @@ class CowForks:
         self._roles: dict[int, int] = {}
         self._random_state: Any = None
         self._comm = ENV_COMM
+        self._sigmask: set = set()
+        self._sigchld: Any = None
 
     # ------------------------------------------------------------------ checks
     def refusal(self, ignore: int | None = None) -> str | None:
@@ -219,9 +221,21 @@ class CowForks:
                 except OSError:
                     pass
         os.close(null)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_DFL)  # an env's own handlers never run here
+        # No env code may run here: every signal but SIGCHLD is blocked (so no handler of the env's
+        # runs; the copies unblock what the env had unblocked) and the env's timers are cancelled.
+        # The handlers themselves are left as they are: the copies are forked with them.
+        keep = {signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP}
+        self._sigmask = signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - keep)
+        for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+            signal.setitimer(which, 0)
+        self._sigchld = signal.getsignal(signal.SIGCHLD)
         signal.signal(signal.SIGCHLD, _reap_children)
+        try:
+            return self._serve_forks()
+        except BaseException:  # noqa: BLE001 - whatever it is, it never reaches the env's code
+            os._exit(1)
+
+    def _serve_forks(self) -> str:
         ctl = socket.socket(fileno=CONTROL_FD)
         ctl.setblocking(True)
         while True:
@@ -309,6 +323,10 @@ class CowForks:
         os.environ.clear()
         os.environ.update(env)
         random.setstate(self._random_state)
+        # the signals as the env had them (the holder blocked them and took SIGCHLD)
+        chld = self._sigchld if callable(self._sigchld) or self._sigchld in (signal.SIG_IGN, signal.SIG_DFL) else None
+        signal.signal(signal.SIGCHLD, chld if chld is not None else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._sigmask)
         self._fresh_copy = True
         gc.enable()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import memory
 
-__all__ = ["Holder", "copy_workspace"]
+__all__ = ["Holder", "SharedCgroup", "WorkspaceCopyError", "copy_workspace"]
 
 
 class SharedCgroup:
@@ -103,47 +103,96 @@ class Holder:
         self.gone()
 
 
-def copy_workspace(src: str, dst: str) -> int:
+class WorkspaceCopyError(Exception):
+    """A workspace could not be copied (too big, too deep, or it changed under the copy)."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The deepest directory nesting a memory snapshot copies (each level holds one fd while copying).
+MAX_COPY_DEPTH = 128
+
+
+def copy_workspace(src: str, dst: str, max_bytes: int = 1 << 40, max_entries: int = 100_000) -> int:
     """Copy the tree ``src`` into the empty directory ``dst``: files, directories and symlinks with
-    their modes, owners and times (hard links become separate files; other file types are skipped).
-    Returns the bytes copied. Runs as the worker (root), on a tree only the env wrote: symlinks are
-    copied as links, never followed."""
-    total = 0
-    for root, dirs, files in os.walk(src):
-        rel = os.path.relpath(root, src)
-        out = dst if rel == "." else os.path.join(dst, rel)
-        for name in dirs + files:
-            s = os.path.join(root, name)
-            d = os.path.join(out, name)
-            st = os.lstat(s)
-            if stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(s), d)
-            elif stat.S_ISDIR(st.st_mode):
-                os.mkdir(d, 0o700)
-            elif stat.S_ISREG(st.st_mode):
-                shutil.copyfile(s, d, follow_symlinks=False)
-                total += st.st_size
-            else:
-                continue
-            os.chown(d, st.st_uid, st.st_gid, follow_symlinks=False)
-            if not stat.S_ISLNK(st.st_mode):
-                os.chmod(d, stat.S_IMODE(st.st_mode))
-        dirs[:] = [n for n in dirs if not os.path.islink(os.path.join(root, n))]
-    for root, dirs, _files in os.walk(dst, topdown=False):  # times last: writing into a directory changes its mtime
-        for name in dirs:
-            _copy_times(os.path.join(src, os.path.relpath(os.path.join(root, name), dst)), os.path.join(root, name))
-    for root, _dirs, files in os.walk(dst):
-        for name in files:
-            _copy_times(os.path.join(src, os.path.relpath(os.path.join(root, name), dst)), os.path.join(root, name))
-    st = os.stat(src)
+    their modes, owners and times; hard links stay links (other file types are skipped). Returns the
+    bytes copied; :class:`WorkspaceCopyError` past ``max_bytes`` or ``max_entries``.
+
+    The worker runs this as root on a tree an env wrote, so the source is only ever reached through
+    directory fds opened with ``O_NOFOLLOW`` (a symlink swapped in for a directory or file mid-copy
+    fails the copy; nothing is followed out of the tree). The destination is the worker's own (a
+    fresh snapshot directory, or a slot's emptied workspace whose processes are dead), reached by path.
+    """
+    state: dict[str, Any] = {"bytes": 0, "entries": 0, "links": {}}
+    top = os.open(src, _DIR_FLAGS)
+    try:
+        _copy_dir(top, dst, 0, state, max_bytes, max_entries)
+        st = os.fstat(top)
+    finally:
+        os.close(top)
     os.chown(dst, st.st_uid, st.st_gid)
     os.chmod(dst, stat.S_IMODE(st.st_mode))
-    return total
+    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return int(state["bytes"])
 
 
-def _copy_times(src: str, dst: str) -> None:
+def _copy_dir(sfd: int, dst: str, depth: int, state: dict, max_bytes: int, max_entries: int) -> None:
+    if depth > MAX_COPY_DEPTH:
+        raise WorkspaceCopyError(f"the workspace is nested deeper than {MAX_COPY_DEPTH} directories")
+    with os.scandir(sfd) as it:
+        names = [entry.name for entry in it]
+    for name in names:
+        state["entries"] += 1
+        if state["entries"] > max_entries:
+            raise WorkspaceCopyError(f"the workspace has more than {max_entries} entries")
+        out = os.path.join(dst, name)
+        st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            os.symlink(os.readlink(name, dir_fd=sfd), out)
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(out, 0o700)
+            sub = os.open(name, _DIR_FLAGS, dir_fd=sfd)  # (ELOOP if it became a symlink meanwhile)
+            try:
+                _copy_dir(sub, out, depth + 1, state, max_bytes, max_entries)
+                st = os.fstat(sub)
+            finally:
+                os.close(sub)
+        elif stat.S_ISREG(st.st_mode):
+            if not _copy_file(sfd, name, out, state, max_bytes):
+                continue
+        else:
+            continue  # fifos, sockets, devices: not workspace content
+        os.chown(out, st.st_uid, st.st_gid, follow_symlinks=False)
+        if not stat.S_ISLNK(st.st_mode):
+            os.chmod(out, stat.S_IMODE(st.st_mode))
+        os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+
+
+def _copy_file(sfd: int, name: str, out: str, state: dict, max_bytes: int) -> bool:
+    fin = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=sfd)
     try:
-        st = os.lstat(src)
-        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-    except OSError:
-        pass
+        st = os.fstat(fin)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        key = (st.st_dev, st.st_ino)
+        if st.st_nlink > 1 and key in state["links"]:
+            os.link(state["links"][key], out)  # a hard link stays one
+            return False  # (its owner, mode and times are the first link's)
+        fout = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while True:
+                chunk = os.read(fin, 1 << 20)
+                if not chunk:
+                    break
+                state["bytes"] += len(chunk)
+                if state["bytes"] > max_bytes:
+                    raise WorkspaceCopyError(f"the workspace holds more than {max_bytes} bytes")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fout, view) :]
+        finally:
+            os.close(fout)
+        if st.st_nlink > 1:
+            state["links"][key] = out
+        return True
+    finally:
+        os.close(fin)

@@ -51,17 +51,6 @@ from .stats import envs_by_state, read_lane_report
 log = logging.getLogger(__name__)
 
 
-def _tree_bytes(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
 #: The most bytes one snapshot blob may have: one env reply's payload limit, which is also what an
 #: env reads with one request (envstate.MAX_BLOB_BYTES keeps under it).
 MAX_SNAPSHOT_BYTES = MAX_ENV_PAYLOAD_BYTES
@@ -74,11 +63,12 @@ class _SnapshotCatcher:
     workspace copy) it finishes the role swap: the env's slot gets the continued source, the
     store the holder (see :mod:`boltzlabs_gym.worker.cowfork`)."""
 
-    __slots__ = ("batch", "store", "session", "source", "swap")
+    __slots__ = ("batch", "store", "session", "source", "swap", "memory_why")
 
     def __init__(self, batch: Batch, store, session: Session, source: int):
         self.batch, self.store, self.session, self.source = batch, store, session, source
         self.swap: tuple | None = None
+        self.memory_why: str | None = None  # "auto" fell back to portable here: why (said if that fails too)
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
         if self.swap is not None:
@@ -89,7 +79,7 @@ class _SnapshotCatcher:
 
     def _end_swap(self, status: str, reply: bytes, payloads: list) -> tuple[str, bytes, list]:
         assert self.swap is not None
-        launcher, env, sock, workspace_copy = self.swap
+        launcher, env, sock, workspace_copy, workspace_bytes = self.swap
         self.swap = None
         info = None
         if status == OK:
@@ -112,7 +102,8 @@ class _SnapshotCatcher:
             shutil.rmtree(workspace_copy, ignore_errors=True)
             return self._hold(reply, payloads) if status == OK else (status, reply, payloads)
         env.launched, holder = result
-        nbytes = holder.pss() + _tree_bytes(workspace_copy)
+        env.workspace_pinned = True  # (the holder keeps it mounted: the slot's next process gets another)
+        nbytes = holder.pss() + workspace_bytes
         try:
             held = self.store.hold(self.session.sid, self.source, MEMORY, b"", holder=holder, nbytes=nbytes)
         except SnapshotBudgetExceeded as exc:
@@ -125,6 +116,9 @@ class _SnapshotCatcher:
         except ValueError:
             return OK, reply, payloads  # the client reads it as the bad reply it is
         if not isinstance(answer, dict) or "snapshot" not in answer:
+            if self.memory_why and isinstance(answer, dict) and isinstance(answer.get("error"), str):
+                answer["error"] += f" (and a memory snapshot: {self.memory_why})"  # neither kind: say why for both
+                return OK, json.dumps(answer).encode(), payloads
             return OK, reply, payloads  # the env's own error ({"error": ...}): passed on as it is
         info = answer["snapshot"]
         kind = info.get("kind") if isinstance(info, dict) else None
@@ -323,21 +317,34 @@ class OpHandlers(WorkerParts):
             else "memory snapshots need the namespaces backend (a sandbox that can nest one per copy)"
         )
         if why is None:
+            # Nothing of the env runs now (the worker checked: one thread, blocked reading its next
+            # request, no other process), so its workspace holds still while the worker copies it.
+            room = self.snapshots.room()
             copy = tempfile.mkdtemp(prefix="snap-", dir=os.path.dirname(env.workspace))
             try:
-                copy_workspace(env.workspace, copy)
+                nbytes = copy_workspace(env.workspace, copy, max_bytes=room)
+                # the budget before the env is asked (a refusal after the swap would leave it changed):
+                # the workspace copy and, for the holder, half the env's memory (shared with the source)
+                if nbytes + memory.pid_pss(env.pid or 0) // 2 > room:
+                    raise SnapshotBudgetExceeded(self.snapshots.over_budget_message(nbytes))
                 nonce = secrets.token_hex(8)
                 sock = session.backend.begin_swap(env.launched, nonce)
+            except SnapshotBudgetExceeded as exc:
+                shutil.rmtree(copy, ignore_errors=True)
+                message = f"snapshot of env {index} refused: {exc}"
+                batch.done(pos, env.index, ERROR, json_error(message, refused="budget"), [])
+                return None
             except Exception as exc:  # noqa: BLE001 - the env was not asked: nothing changed
                 shutil.rmtree(copy, ignore_errors=True)
                 why = f"could not prepare it: {type(exc).__name__}: {exc}"
             else:
-                catcher.swap = (session.backend, env, sock, copy)
+                catcher.swap = (session.backend, env, sock, copy, nbytes)
                 return {"op": SNAPSHOT, "kind": want, "swap": nonce}, (), catcher
         if want == MEMORY:
             message = f"env {index}: cannot take a memory snapshot: {why}; take kind='portable' instead"
             batch.done(pos, env.index, ERROR, json_error(message, refused="memory"), [])
             return None
+        catcher.memory_why = why
         return {"op": SNAPSHOT}, (), catcher
 
     def _op_snapshots(self, client, header, payloads):

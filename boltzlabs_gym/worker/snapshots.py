@@ -64,17 +64,12 @@ class SnapshotStore:
         """Keep ``blob`` (or a memory snapshot's ``holder``, counted as ``nbytes``) for ``session``;
         :class:`SnapshotBudgetExceeded` when it does not fit (a refused holder is released)."""
         size = len(blob) if nbytes is None else nbytes
-        self._prune_lingering()
-        if self.held_bytes + self._lingering_bytes() + size > self.budget:
+        if size > self.room():
             if holder is not None:
+                holder.nbytes = size  # (it lingers until its copies and the continued source end)
                 holder.release()
                 self._lingering.append((session, holder))
-            raise SnapshotBudgetExceeded(
-                f"the worker's snapshot budget is {self.budget} bytes and {self.held_bytes} are held "
-                f"({len(self._held)} snapshots, every client's); this one needs {len(blob)} more: release "
-                "snapshots (snap.release()) or raise the budget (RLPool(snapshot_budget=...) for a local pool, "
-                "`boltzlabs-gym worker --snapshot-budget` for a remote worker)"
-            )
+            raise SnapshotBudgetExceeded(self.over_budget_message(size))
         snap_id = f"z{next(self._counter)}-{secrets.token_hex(6)}"
         snap = HeldSnapshot(snap_id, session, source, kind, bytes(blob), holder=holder, nbytes=size)
         if holder is not None:
@@ -82,6 +77,19 @@ class SnapshotStore:
         self._held[snap.id] = snap
         self.held_bytes += size
         return snap
+
+    def room(self) -> int:
+        """Bytes the budget has left (released holders that still wait for their copies count)."""
+        self._prune_lingering()
+        return max(0, self.budget - self.held_bytes - self._lingering_bytes())
+
+    def over_budget_message(self, size: int) -> str:
+        return (
+            f"the worker's snapshot budget is {self.budget} bytes and {self.budget - self.room()} are held "
+            f"({len(self._held)} snapshots, every client's); this one needs {size} more: release "
+            "snapshots (snap.release()) or raise the budget (RLPool(snapshot_budget=...) for a local pool, "
+            "`boltzlabs-gym worker --snapshot-budget` for a remote worker)"
+        )
 
     def get(self, session: str, snapshot_id: object) -> HeldSnapshot | None:
         """The blob ``snapshot_id`` if ``session`` holds it (``None``: unknown, released or another's)."""

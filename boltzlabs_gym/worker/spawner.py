@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import time
 
 from ..protocol import GROUP_OPS, GROUP_SLOTS
@@ -153,6 +154,7 @@ class Spawning(WorkerParts):
         batch: list = []  # the copies started together (template._PendingCopy)
         for env in envs:
             try:
+                self._fresh_workspace_if_pinned(env)
                 self._wipe(env.workspace)
                 copy_workspace(holder.workspace, env.workspace)
                 env.spawn(
@@ -177,7 +179,19 @@ class Spawning(WorkerParts):
             self._queue_start(session, env, None)
         return failed
 
+    def _fresh_workspace_if_pinned(self, env: EnvProcess) -> None:
+        """A slot whose last process was snapshotted (memory kind) gets a new workspace directory: the
+        holder, which is that process, keeps the old one mounted, and must not reach what the slot's
+        next process writes. The old directory is emptied; it goes with the session's directory."""
+        if not env.workspace_pinned:
+            return
+        old = env.workspace
+        env.workspace = tempfile.mkdtemp(prefix="ws-", dir=os.path.dirname(old))
+        env.workspace_pinned = False
+        self._wipe(old)
+
     def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
+        self._fresh_workspace_if_pinned(env)
         python_bin = os.path.dirname(sys.executable)
         return LaunchSpec(
             argv=[sys.executable, "-B", "-s", "-c", ENV_BOOTSTRAP],

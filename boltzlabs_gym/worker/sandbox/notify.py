@@ -58,13 +58,17 @@ def parent_of(pid: int) -> int | None:
         return None
 
 
-def children_of(pid: int) -> set[int]:
-    """The live children of ``pid`` (its main thread's, which is every child of a single-threaded process)."""
+def children_of(pid: int) -> set[int] | None:
+    """The live children of ``pid``'s threads, or None when the kernel does not say (no
+    ``CONFIG_PROC_CHILDREN``, or the process is gone): callers refuse then, never assume none."""
+    found: set[int] = set()
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return {int(x) for x in f.read().split()}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.update(int(x) for x in f.read().split())
     except (OSError, ValueError):
-        return set()
+        return None
+    return found
 
 
 @dataclass
