@@ -268,3 +268,17 @@ def test_snap_env_memory_copies_keep_workspace_and_generators():
             source = [pool.step([a, 0])[0][0] for a in (1, "files", 2)]
             pool.restore(snap, where=[1])
             assert [pool.step([0, a])[0][1] for a in (1, "files", 2)] == source
+
+
+def test_an_env_directory_that_strips_its_envs_filter_still_gets_no_user_namespace():
+    """Boltz mode builds the envs' filters in the template, where the env directory's import code runs;
+    the template's own filter (installed before that code) hands every nested user namespace to the
+    worker, which refuses it, and without one the other calls fail for want of a capability."""
+    with RLPool(os.path.join(ENVS, "cow_unfiltered"), n=2, mode="boltz", isolation="namespaces") as pool:
+        if pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("needs the namespaces backend")
+        pool.reset(seed=0)
+        for got in pool.step([0, 0])[0]:
+            assert got["unshare_user"] == errno.EPERM
+            assert got["unshare_mount"] == errno.EPERM and got["mount"] == errno.EPERM
+            assert got["seccomp"] == "2"  # (the template's filter, inherited)

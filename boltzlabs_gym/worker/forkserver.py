@@ -102,7 +102,9 @@ def template_main() -> None:
         from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import seccomp
 
-        filt = seccomp.build_filter(notify=seccomp.COPY_SYSCALLS)  # the worker answers these: see cowfork
+        # the copies' calls are allowed here: the template's filter below hands every nested user
+        # namespace to the worker, and without one an env process has no capability for them
+        filt = seccomp.build_filter(deny=tuple(n for n in seccomp.DENY if n not in seccomp.COPY_SYSCALLS))
     import_fds = _open_fds() - {0, 1, 2, CTL_FD, LIFELINE_FD}
     std_ids = {}
     for i in (0, 1, 2):
@@ -306,17 +308,13 @@ def _become_env(
         have_cg = bool(req.get("cgroup"))
         apply_rlimits(limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
         os.chdir(req["workspace"])
-        listener = -1
         if filt is not None:  # (only built for the namespaces kind)
             from .sandbox import seccomp
 
-            listener = seccomp.install_with_listener(filt)
-        # "ok", with the filter's listener for the worker (this process must not keep it), and the
-        # channel kept as the env's control socket for memory snapshots (see cowfork)
-        keep_control = ns and listener >= 0 and CONTROL_FD not in import_fds | set(import_std)
-        socket.send_fds(socket.socket(fileno=os.dup(csock_fd)), [b"ok"], [listener] if keep_control else [])
-        if listener >= 0:
-            os.close(listener)
+            seccomp.install(filt)
+        # the channel stays open as the env's control socket for memory snapshots (see cowfork)
+        keep_control = ns and filt is not None and CONTROL_FD not in import_fds | set(import_std)
+        os.write(csock_fd, b"ok" if keep_control else b"ok-")
         if keep_control:
             os.dup2(csock_fd, CONTROL_FD, inheritable=False)
         os.close(csock_fd)

@@ -109,7 +109,7 @@ import sys
 import time
 from dataclasses import replace
 
-from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_fds_passcred, try_remove
+from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, try_remove
 from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
@@ -342,7 +342,15 @@ class TemplateLauncher(CopyLauncher):
         tpl = _Template(pid, pidfd, ours, cgroup, log_path, self._outer_uid)
         ours.settimeout(TEMPLATE_START_TIMEOUT)
         try:
-            msg = ours.recv(4096)
+            msg, fds, _flags, _addr = socket.recv_fds(ours, 4096, 1)
+            if msg == b"listener" and len(fds) == 1:  # the template's filter's (namespaces kind)
+                from .sandbox.notify import shared_supervisor
+
+                shared_supervisor().watch(fds[0])
+                msg = ours.recv(4096)
+            else:
+                for fd in fds:
+                    os.close(fd)
         except (TimeoutError, OSError) as exc:
             msg = b"!" + f"no answer ({exc})".encode()
         if msg != b"ready":
@@ -399,12 +407,13 @@ class TemplateLauncher(CopyLauncher):
         plan.fds = (null_fd, out_fd, log_fd)
         plan.seccomp_prog = (
             seccomp.build_filter(
-                # unshare is allowed in full here, a nested user namespace included: the filter each
-                # forked env stacks on top hands unshare to the worker (seccomp.COPY_SYSCALLS), which
-                # lets only a memory snapshot's copies through. A refusal here would override it.
+                # a nested user namespace goes to the worker (whose supervisor lets only a memory
+                # snapshot's copies through, see cowfork): whatever the env's import code does in the
+                # template, nothing forked from it makes one otherwise
                 deny=tuple(
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
                 ),
+                unshare_notify_flags=L.CLONE_NEWUSER,
             )
             if backend.use_seccomp
             else None
@@ -571,9 +580,9 @@ class TemplateLauncher(CopyLauncher):
                     with open(path, "w") as f:
                         f.write(str(pid))
             ours.send(b"go")
-            msg, got_fds = recv_fds_passcred(ours)
-            for fd in got_fds:  # the env's seccomp listener: ours to answer (it must not keep it)
-                self.supervisor().watch(fd)
+            msg = ours.recv(65536)
+            keep_control = msg == b"ok"  # ("ok-": no control socket kept, so no memory snapshots)
+            msg = b"ok" if msg == b"ok-" else msg
             t_ok = time.perf_counter()
             self.last_phases_ms = {
                 "prepare": (t_sent - start) * 1e3,
@@ -602,7 +611,7 @@ class TemplateLauncher(CopyLauncher):
                 raise TemplateError(f"the template did not fork the env within {FORK_TIMEOUT:g} s") from None
             raise
         control = None
-        if got_fds:
+        if keep_control:
             control = ours  # the env's control socket (memory snapshots)
         else:
             ours.close()
@@ -795,7 +804,13 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         apply_rlimits(plan.limits, memory_via_rlimit=not have_cg, pids_via_rlimit=not have_cg)
         os.chdir(SANDBOX_WORKSPACE)
         if plan.seccomp_prog is not None:
-            seccomp.install(plan.seccomp_prog)
+            listener = seccomp.install_with_listener(plan.seccomp_prog)
+            sock = socket.socket(fileno=os.dup(3))  # (the control socket: _place_fds put it at 3)
+            try:  # the worker answers it; the template never keeps it (nor does anything it forks)
+                socket.send_fds(sock, [b"listener"], [listener])
+            finally:
+                sock.close()
+                os.close(listener)
         else:
             L.prctl(L.PR_SET_NO_NEW_PRIVS, 1)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)

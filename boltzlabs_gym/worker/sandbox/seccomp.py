@@ -156,10 +156,13 @@ def supported() -> bool:
 
 
 #: What a memory snapshot's copy needs to build its own nested sandbox (a user namespace with
-#: the others, then ``/proc``, ``/tmp``, ``/dev/shm`` and its workspace): an env filter built with
-#: ``notify=COPY_SYSCALLS`` hands these to the worker (``SECCOMP_RET_USER_NOTIF``) instead of
-#: refusing them in the kernel. The worker refuses them (EPERM, as the plain filter does) except
-#: for the processes it is making copies with; see :mod:`.notify`.
+#: the others, then ``/proc``, ``/tmp``, ``/dev/shm`` and its workspace). A spawned env's filter
+#: built with ``notify=COPY_SYSCALLS`` hands these to the worker (``SECCOMP_RET_USER_NOTIF``)
+#: instead of refusing them in the kernel; a boltz env's filter allows them, and the template's
+#: own filter below it hands every nested user namespace to the worker
+#: (``unshare_notify_flags=CLONE_NEWUSER``): without one, a process of the env has no capability
+#: for the other two. The worker refuses them (EPERM, as the plain filter does) except for the
+#: processes it is making copies with; see :mod:`.notify`.
 COPY_SYSCALLS = ("unshare", "mount", "move_mount")
 
 
@@ -168,12 +171,14 @@ def build_filter(
     deny: tuple[str, ...] = DENY,
     unshare_deny_flags: int = 0,
     notify: tuple[str, ...] = (),
+    unshare_notify_flags: int = 0,
 ):
     """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
 
     ``notify``: syscalls the filter hands to its listener (``SECCOMP_RET_USER_NOTIF``; install it
     with :func:`install_with_listener`) instead of refusing them; the rest of ``deny`` still fails
-    with EPERM in the kernel.
+    with EPERM in the kernel. ``unshare_notify_flags``: likewise for an ``unshare`` whose flags
+    include any of these (the boltz template: a nested user namespace), when ``unshare`` is allowed.
 
     ``unshare_deny_flags``: when ``unshare`` is not in ``deny``, an ``unshare`` whose flags
     (arg0) include any of these fails with EPERM (the boltz template may create PID, mount,
@@ -196,12 +201,14 @@ def build_filter(
         if name not in notify:
             ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
     ins += [(_JEQ_K, 0, 1, NR_X86_64["clone3"]), (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
-    if unshare_deny_flags and "unshare" not in deny:
+    unshare_flags = unshare_deny_flags or unshare_notify_flags
+    if unshare_flags and "unshare" not in deny:
+        action = _RET_ERRNO | errno.EPERM if unshare_deny_flags else _RET_USER_NOTIF
         ins += [
             (_JEQ_K, 0, 4, NR_X86_64["unshare"]),
             (_LD_W_ABS, 0, 0, _OFF_ARG0_LO),
-            (_JSET_K, 0, 1, unshare_deny_flags),
-            (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+            (_JSET_K, 0, 1, unshare_flags),
+            (_RET_K, 0, 0, action),
             (_RET_K, 0, 0, _RET_ALLOW),
         ]
     # clone: refuse namespace flags (arg0, low 32 bits)
