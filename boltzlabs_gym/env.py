@@ -91,6 +91,7 @@ from .envside import (  # noqa: F401 - re-exported
     freeze_heap,
     group_config,
     group_ops,
+    memory_snapshots,
     protect_channel,
     read_message,
     template_fork,
@@ -339,13 +340,13 @@ def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None, nonce: A
             "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
             "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
         }, []
-    return envstate.snapshot_reply(env, last_obs, started, workspace_now(), kind, nonce)
+    return envstate.snapshot_reply(env, last_obs, started, workspace_now(), kind, nonce, memory_snapshots())
 
 
 def _restore(env: Any, msg: dict, payloads: list, last_obs: Any = None) -> tuple[Any, dict]:
     """The env to serve from now on and the reply (as a reset's) after restoring ``payloads[0]``."""
     try:
-        env, state = envstate.restore_request(env, msg, payloads, workspace_now(), last_obs)
+        env, state = envstate.restore_request(env, msg, payloads, workspace_now(), last_obs, memory_snapshots())
     except envstate.SnapshotRefused as exc:
         return env, {"error": str(exc)}
     return env, {"obs": state["obs"], "info": {}}

@@ -327,25 +327,6 @@ def channel_fds() -> tuple[int, int] | None:
     return _channel
 
 
-class _MemorySnapshotsOnFirstUse:
-    """An exec'd env's memory snapshots (default mode, namespaces backend: the worker set
-    ``BOLTZLABS_MEMORY_SNAPSHOTS`` and left the control socket open): the code that makes them
-    (:mod:`boltzlabs_gym.worker.cowfork`, which also runs in boltz envs) is imported at the first
-    snapshot, not by every env at start."""
-
-    def __getattr__(self, name: str) -> Any:
-        from .worker.cowfork import CowForks
-
-        real = CowForks(os.getuid())
-        install_memory_snapshots(real)
-        return getattr(real, name)
-
-
-def _memory_snapshots_from_environment() -> None:
-    if _memory_snapshots is None and os.environ.get("BOLTZLABS_MEMORY_SNAPSHOTS") == "1":
-        install_memory_snapshots(_MemorySnapshotsOnFirstUse())
-
-
 def protect_channel_fds() -> tuple[int, int]:
     """Take fds 0/1 for the protocol and point ``print()`` (and fd 1) at stderr.
 
@@ -355,7 +336,6 @@ def protect_channel_fds() -> tuple[int, int]:
     0 and 1) reach the worker.
     """
     global _channel
-    _memory_snapshots_from_environment()
     proto_in, proto_out = os.dup(0), os.dup(1)
     _channel = (proto_in, proto_out)
     devnull = os.open(os.devnull, os.O_RDONLY)

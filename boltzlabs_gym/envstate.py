@@ -103,7 +103,13 @@ def capture(env: Any, obs: Any, workspace: str | None) -> bytes:
 
 
 def snapshot_reply(
-    env: Any, last_obs: Any, started: bool, workspace: str | None, kind: Any = None, nonce: Any = None
+    env: Any,
+    last_obs: Any,
+    started: bool,
+    workspace: str | None,
+    kind: Any = None,
+    nonce: Any = None,
+    maker: Any = None,
 ) -> tuple[dict, list] | None:
     """The answer to a ``snapshot`` request: the blob as its one payload, or an error reply. A
     snapshot never ends the env: a refusal, or an error in its ``get_state()``, is answered.
@@ -113,14 +119,12 @@ def snapshot_reply(
     :mod:`boltzlabs_gym.worker.cowfork`) and answers ``{"snapshot": {"kind": "memory"}}``; in a
     copy forked later from the holder, this returns ``None``: nothing to answer, the copy waits
     for its restore request. ``"auto"`` falls back to the portable blob where the env cannot fork.
-    ``nonce``: the request's ``swap`` key, which names the worker's message with the new socket.
+    ``nonce``: the request's ``swap`` key, which names the worker's message with the new socket;
+    ``maker``: this process's memory-snapshot maker (:func:`boltzlabs_gym.envside.memory_snapshots`).
     """
     if not started:
         return {"error": NOT_STARTED}, []
     if kind in (MEMORY, AUTO):
-        from . import envside
-
-        maker = envside.memory_snapshots()
         why = "this env process cannot fork copies (not a boltz-mode env of the namespaces backend)"
         if maker is not None:
             try:
@@ -148,7 +152,7 @@ def _portable_reply(env: Any, last_obs: Any, workspace: str | None) -> tuple[dic
 
 
 def restore_request(
-    env: Any, msg: dict, payloads: Sequence, workspace: str | None, last_obs: Any = None
+    env: Any, msg: dict, payloads: Sequence, workspace: str | None, last_obs: Any = None, maker: Any = None
 ) -> tuple[Any, dict]:
     """Serve a ``restore`` request: the env to serve from now on, and the state it was given (its
     ``"obs"`` is the answer's observation). :class:`SnapshotRefused`, with the message to answer,
@@ -160,9 +164,6 @@ def restore_request(
     if seed is not None and (type(seed) is not int or seed < 0):
         raise SnapshotRefused(f"reseed must be a non-negative int or null, got {seed!r}")
     if msg.get("kind") == MEMORY:
-        from . import envside
-
-        maker = envside.memory_snapshots()
         if maker is None or not maker.take_copy() or payloads:
             raise SnapshotRefused("a memory snapshot's restore reached a process that is not a fresh copy of it")
         if seed is not None:

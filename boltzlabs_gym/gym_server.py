@@ -374,14 +374,22 @@ class GymServer:
         """The env's state as one blob (:func:`boltzlabs_gym.envstate.snapshot_reply`); an env that
         cannot be pickled answers an error that says what to add."""
         reply = envstate.snapshot_reply(
-            self.env, self.last_obs, self.started, envside.workspace_now(), msg.get("kind"), msg.get("swap")
+            self.env,
+            self.last_obs,
+            self.started,
+            envside.workspace_now(),
+            msg.get("kind"),
+            msg.get("swap"),
+            envside.memory_snapshots(),
         )
         return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
         try:
-            env, state = envstate.restore_request(self.env, msg, payloads, envside.workspace_now(), self.last_obs)
+            env, state = envstate.restore_request(
+                self.env, msg, payloads, envside.workspace_now(), self.last_obs, envside.memory_snapshots()
+            )
         except envstate.SnapshotRefused as exc:
             return {"error": str(exc)}, []
         old, self.env = self.env, env

@@ -1,10 +1,12 @@
 """Snapshots of live envs, on the trainer's side: :class:`Snapshot`, a handle on one env's state.
 
 A snapshot is taken by :meth:`RLPool.snapshot <boltzlabs_gym.pool.RLPool.snapshot>` (or the
-vector env's), restored into other slots by ``restore`` and used by ``fork``. Its state is a
-blob the env wrote about itself inside its sandbox (see :mod:`boltzlabs_gym.envstate`); the
-worker that holds it, the trainer and a saved file only carry it: the blob is unpickled
-nowhere but inside a sandbox, so loading a snapshot file runs no code in the trainer.
+vector env's), restored into other slots by ``restore`` and used by ``fork``. Its state is
+either a held process on its worker (``kind="memory"``: a fork of the env, copied again for each
+restore; see :mod:`boltzlabs_gym.worker.cowfork`), or a blob the env wrote about itself inside
+its sandbox (``kind="portable"``, see :mod:`boltzlabs_gym.envstate`), which the worker, the
+trainer and a saved file only carry: the blob is unpickled nowhere but inside a sandbox, so
+loading a snapshot file runs no code in the trainer.
 
 >>> snap = Snapshot.from_blob(b"BLZSTATE1\\n...", env="e3b0c442", source=2)   # what Snapshot.load gives
 >>> snap.kind, snap.source, snap.saveable, snap.nbytes
@@ -38,11 +40,13 @@ SAVEABLE_KINDS = frozenset({PORTABLE})
 class Snapshot:
     """One env's state at one moment: held by a worker, or in memory after :meth:`load`.
 
-    * ``kind``: how the state was captured (``"portable"``: the env's own state blob, see
-      :mod:`boltzlabs_gym.envstate`); :attr:`saveable` says whether it can leave its worker.
+    * ``kind``: how the state was captured (``"memory"``: the env process, held by its worker;
+      ``"portable"``: the env's own state blob, see :mod:`boltzlabs_gym.envstate`);
+      :attr:`saveable` says whether it can leave its worker (portable only).
     * ``source``: the index of the env it was taken from, in its pool; ``env``: the content hash
       of that pool's env directory (a snapshot restores only into envs of the same directory).
-    * ``nbytes``: the blob's size, which counts against the worker's snapshot budget while held.
+    * ``nbytes``: what counts against the worker's snapshot budget while held: the blob's size, or
+      the held process's memory (PSS when taken) and its workspace copy.
 
     It outlives its source: it restores after that env was stepped, reset, killed or closed.
     :meth:`release` (or leaving a ``with`` block) frees the worker's copy; a released snapshot

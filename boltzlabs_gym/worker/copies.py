@@ -20,8 +20,15 @@ import struct
 import time
 from typing import Any
 
-from .forkserver import readable
-from .sandbox.base import SANDBOX_ENV_DIR, SANDBOX_RUNTIME, SANDBOX_WORKSPACE, Launched, LaunchSpec, child_environment
+from .sandbox.base import (
+    SANDBOX_ENV_DIR,
+    SANDBOX_RUNTIME,
+    SANDBOX_WORKSPACE,
+    Launched,
+    LaunchSpec,
+    child_environment,
+    readable,
+)
 
 #: The variable that tells an env process it can take memory snapshots (its control socket is open at
 #: cowfork.CONTROL_FD); every env of a launcher that can make them has it.

@@ -1,7 +1,8 @@
 """Memory snapshots, the env's side: a held fork of the env, and copies forked from it, each in a new sandbox.
 
-Runs in boltz-mode envs of the namespaces backend (installed by
-:func:`~boltzlabs_gym.worker.forkserver._become_env`); the worker's side is
+Runs in the envs of the namespaces backend, both modes (installed by
+:func:`~boltzlabs_gym.worker.forkserver._become_env` in a forked env, at the first snapshot in a
+spawned one); the worker's side is :mod:`boltzlabs_gym.worker.copies` and
 :mod:`boltzlabs_gym.worker.holders`. Nothing is serialised: the snapshot *is* a process, and a
 copy shares its memory copy-on-write.
 
@@ -26,15 +27,18 @@ Copies and the continued source are siblings under the holder: none can see anot
 holder. The holder is PID 1 of the old namespace, so it must outlive them all: after a release
 it exits once its last copy has.
 
-The user namespaces these steps make need the calls that the env filter hands to the worker
-(:data:`~boltzlabs_gym.worker.sandbox.seccomp.COPY_SYSCALLS`); the worker lets them through
-only for the two processes it expects (:mod:`~boltzlabs_gym.worker.sandbox.notify`). Env code
-that makes the same calls is refused, as before. Each copy keeps the env's seccomp filter
-(inherited: it cannot be removed), its rlimits and uid.
+The user namespaces these steps make go to the worker first (the env's filter in default mode,
+the template's in boltz mode, hand them over: see :data:`~boltzlabs_gym.worker.sandbox.seccomp.COPY_SYSCALLS`);
+the worker lets them through only for the processes it expects
+(:mod:`~boltzlabs_gym.worker.sandbox.notify`) and checks each continued source and copy is
+confined before it uses it (:func:`~boltzlabs_gym.worker.copies.unconfined`). Env code that
+makes the same calls is refused, as before. Each copy keeps the env's seccomp filter (inherited:
+it cannot be removed), its rlimits and uid.
 
 A copy is exact: the same interpreter, heap, RNG states and open episode. What it does not
 carry: other processes (the env must be alone in its namespace), open files other than its
-pipes (refused, since a copy would share their offsets with the source), ``/tmp``.
+pipes and shared writable memory (both refused: a copy would share them with the source),
+pending timers (a fork clears them), ``/tmp``.
 """
 
 from __future__ import annotations
@@ -47,14 +51,13 @@ import random
 import select
 import signal
 import socket
+import sys
 import time
 from typing import Any
 
 from .. import envside
-from .sandbox.base import SANDBOX_WORKSPACE, Limits
+from .sandbox.base import CONTROL_FD, SANDBOX_WORKSPACE, Limits
 
-#: Where the env keeps its control socket (the worker's SO_PASSCRED end hears which process speaks).
-CONTROL_FD = 200
 HOLDER_COMM = "boltz-holder"
 ENV_COMM = "boltz-env"  # as forkserver names a forked env
 #: The deepest PID namespace an env may take a memory snapshot in: each generation of snapshots nests
@@ -289,7 +292,6 @@ class CowForks:
 
     def _become_copy(self, req: dict, stdin_fd: int, stdout_fd: int, stderr_fd: int, csock: int, tree: int) -> None:
         """In C, PID 1 of its own namespaces: the spare's last steps, then an env of the target slot."""
-        from .forkserver import mount_private_tmp
         from .sandbox import _linux as L
 
         _set_name(self._comm)  # (forked from the holder, whose name it had)
@@ -337,6 +339,26 @@ class CowForks:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+def mount_private_tmp(size: int) -> None:
+    """Fresh size-limited tmpfs ``/tmp`` and ``/dev/shm`` (a forked env's, and a memory snapshot copy's).
+
+    A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp): those mounts are
+    carried over onto the new tmpfs.
+    """
+    from .sandbox import _linux as L
+    from .sandbox.namespaces import _python_paths
+
+    under_tmp = [
+        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable) if p.startswith("/tmp/")
+    ]
+    L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
+    for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
+        os.makedirs(path, exist_ok=True)
+        L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
+        os.close(held)
+    L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
+
+
 def _take_swap(nonce: bytes) -> int | None:
     """The continued source's socket from the worker's ``swap`` message for this request (waiting
     for it a while); every other message queued on the control socket is dropped with its fds."""

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import sys
 
 from .. import envside
-from .sandbox.base import SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlimits
+from .cowfork import mount_private_tmp
+from .sandbox.base import CONTROL_FD, SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlimits, readable
 
 #: fds the template finds its control socket and the worker's lifeline on.
 CTL_FD = 3
 LIFELINE_FD = 4
-from .cowfork import CONTROL_FD  # noqa: E402 - a forked env's control socket (memory snapshots)
 
 #: process names (comm) of a template and of the envs forked from it.
 TEMPLATE_COMM = "boltz-template"
@@ -55,19 +54,6 @@ TEMPLATE_BOOTSTRAP = (
 def install() -> None:
     """Make :func:`template_main` the fork loop that ``serve()`` enters (see :mod:`boltzlabs_gym.envside`)."""
     envside.install_template_hook(template_main)
-
-
-def readable(fds: list[int], timeout: float) -> set[int]:
-    """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
-    worker with a thousand envs has fds above select's limit of 1024."""
-    p = select.poll()
-    for fd in fds:
-        p.register(fd, select.POLLIN)
-    while True:
-        try:
-            return {fd for fd, _ev in p.poll(max(0, int(timeout * 1000)))}
-        except InterruptedError:
-            continue
 
 
 def _threads() -> int:
@@ -371,26 +357,6 @@ def _fd_open(fd: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def mount_private_tmp(size: int) -> None:
-    """Fresh size-limited tmpfs ``/tmp`` and ``/dev/shm`` (a forked env's, and a memory snapshot copy's).
-
-    A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp): those mounts are
-    carried over onto the new tmpfs.
-    """
-    from .sandbox import _linux as L
-    from .sandbox.namespaces import _python_paths
-
-    under_tmp = [
-        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable) if p.startswith("/tmp/")
-    ]
-    L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
-    for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
-        os.makedirs(path, exist_ok=True)
-        L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
-        os.close(held)
-    L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
 
 
 def _per_env_bindings() -> list[tuple[dict, str, int]]:

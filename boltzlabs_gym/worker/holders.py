@@ -61,7 +61,7 @@ class Holder:
         return memory.pid_pss(self.pid)
 
     def alive(self) -> bool:
-        from .forkserver import readable
+        from .sandbox.base import readable
 
         if self.pidfd >= 0 and not readable([self.pidfd], 0):
             return True

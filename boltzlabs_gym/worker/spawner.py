@@ -53,6 +53,9 @@ EXIT_GRACE_S = 0.5
 #: Run the env directory's env.py as __main__ with the env dir importable.
 ENV_BOOTSTRAP = (
     "import os,runpy,sys\n"
+    # memory snapshots (the namespaces backend left the control socket open: see cowfork)
+    "if os.environ.get('BOLTZLABS_MEMORY_SNAPSHOTS')=='1':\n"
+    " from boltzlabs_gym.worker.cowfork import install;install(os.getuid())\n"
     "d=os.environ['BOLTZLABS_ENV_DIR']\n"
     "sys.path.insert(0,d)\n"
     "sys.argv=[os.path.join(d,'env.py')]\n"

@@ -110,7 +110,7 @@ import time
 from dataclasses import replace
 
 from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, try_remove
-from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP, readable
+from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
@@ -123,6 +123,7 @@ from .sandbox.base import (
     apply_rlimits,
     child_environment,
     kill_process_group,
+    readable,
     set_layout_randomization,
 )
 

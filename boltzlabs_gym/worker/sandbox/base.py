@@ -490,3 +490,23 @@ def kill_process_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+#: Where an env process keeps its control socket to the worker (memory snapshots: see
+#: :mod:`boltzlabs_gym.worker.cowfork`); the worker's end has SO_PASSCRED.
+CONTROL_FD = 200
+
+
+def readable(fds: list[int], timeout: float) -> set[int]:
+    """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
+    worker with a thousand envs has fds above select's limit of 1024."""
+    import select
+
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, select.POLLIN)
+    while True:
+        try:
+            return {fd for fd, _ev in p.poll(max(0, int(timeout * 1000)))}
+        except InterruptedError:
+            continue

@@ -53,6 +53,7 @@ from ..copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher
 from . import _linux as L
 from . import cgroups, seccomp
 from .base import (
+    CONTROL_FD,
     ENV_UID_BASE,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
@@ -351,8 +352,6 @@ def _install_with_listener(plan: SandboxPlan) -> None:
     goes to the worker over the control socket, which stays open at ``CONTROL_FD`` across the exec."""
     import socket
 
-    from ..cowfork import CONTROL_FD
-
     listener = seccomp.install_with_listener(plan.seccomp_notify_prog)
     sock = socket.socket(fileno=os.dup(plan.control_fd))
     try:
@@ -381,8 +380,6 @@ def _exec(plan: SandboxPlan, status_fd: int | None) -> NoReturn:
 def _control_fd(plan: SandboxPlan) -> int | None:
     if plan.control_fd < 0 or plan.seccomp_notify_prog is None:
         return None
-    from ..cowfork import CONTROL_FD
-
     return CONTROL_FD
 
 

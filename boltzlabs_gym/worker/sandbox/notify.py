@@ -1,11 +1,12 @@
 """The worker's answer to its envs' gated syscalls (seccomp user notification).
 
-A boltz env's seccomp filter hands ``unshare``, ``mount`` and ``move_mount``
-(:data:`~.seccomp.COPY_SYSCALLS`) to a listener the worker holds, instead of failing them in
-the kernel. :class:`Supervisor` answers every such call on one thread: **EPERM**, exactly what
-the plain filter returns, unless the caller is a process the worker is making a memory
-snapshot's copy with at that moment (see :mod:`boltzlabs_gym.worker.cowfork`). So an env that
-never forks is refused the same calls as before; the only difference is who says no.
+A spawned env's seccomp filter hands ``unshare``, ``mount`` and ``move_mount``
+(:data:`~.seccomp.COPY_SYSCALLS`) to a listener the worker holds, and a boltz template's filter
+(below every env it forks) hands it every nested user namespace, instead of failing them in the
+kernel. :class:`Supervisor` answers every such call on one thread: **EPERM**, exactly what a
+plain filter returns, unless the caller is a process the worker is making a memory snapshot's
+copy with at that moment (see :mod:`boltzlabs_gym.worker.cowfork`). So an env that never forks
+is refused the same calls as before; the only difference is who says no.
 
 Who is let through, and why user code cannot be
 ----------------------------------------------
@@ -80,10 +81,10 @@ class _Armed:
 class Supervisor:
     """Answers the gated syscalls of every env whose listener it watches, on one daemon thread.
 
-    >>> sup = Supervisor()                        # doctest: +SKIP
-    >>> sup.watch(listener_fd)                    # takes ownership of the fd
-    >>> with sup.armed(holder_pid, known=children_of(holder_pid)):
-    ...     ...                                   # the holder forks a copy; its set-up is let through
+    >>> sup = shared_supervisor()                                # doctest: +SKIP
+    >>> sup.watch(listener_fd)            # takes ownership of the fd  # doctest: +SKIP
+    >>> with sup.armed(holder_pid, known=children_of(holder_pid)):    # doctest: +SKIP
+    ...     ...                           # the holder forks a copy; its set-up is let through
     """
 
     def __init__(self) -> None:
