@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs",
         nargs="+",
-        default=["default:portable", "boltz:portable", "boltz:memory"],
+        default=["default:portable", "default:memory", "boltz:portable", "boltz:memory"],
         help="mode:kind pairs to measure",
     )
     parser.add_argument("--out", default=None, help="write the table here (and the figures as .json beside it)")

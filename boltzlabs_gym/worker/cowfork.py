@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from .. import envside
-from .sandbox.base import CONTROL_FD, SANDBOX_WORKSPACE, Limits
+from .sandbox.base import CONTROL_FD, SANDBOX_WORKSPACE, Limits, python_paths
 
 HOLDER_COMM = "boltz-holder"
 ENV_COMM = "boltz-env"  # as forkserver names a forked env
@@ -346,10 +346,9 @@ def mount_private_tmp(size: int) -> None:
     carried over onto the new tmpfs.
     """
     from .sandbox import _linux as L
-    from .sandbox.namespaces import _python_paths
 
     under_tmp = [
-        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _python_paths(sys.executable) if p.startswith("/tmp/")
+        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in python_paths(sys.executable) if p.startswith("/tmp/")
     ]
     L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
     for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it

@@ -17,6 +17,7 @@ import os
 import resource
 import signal
 import stat
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -510,3 +511,22 @@ def readable(fds: list[int], timeout: float) -> set[int]:
             return {fd for fd, _ev in p.poll(max(0, int(timeout * 1000)))}
         except InterruptedError:
             continue
+
+
+def python_paths(argv0: str | None) -> list[str]:
+    """The Python installation trees a sandbox must show (read-only) for ``argv0`` to run."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.base_prefix, sys.prefix}
+    exe = os.path.realpath(sys.executable)
+    paths.add(os.path.dirname(os.path.dirname(exe)))
+    if argv0 and os.path.isabs(argv0):
+        real = os.path.realpath(argv0)
+        paths.add(os.path.dirname(os.path.dirname(real)))
+        paths.add(os.path.dirname(os.path.dirname(argv0)))
+    keep: list[str] = []
+    for p in sorted(paths, key=len):
+        if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
+            continue
+        if any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
+            continue
+        keep.append(p)
+    return keep

@@ -72,6 +72,9 @@ from .base import (
     set_layout_randomization,
     wire_std_fds,
 )
+from .base import (
+    python_paths as _python_paths,
+)
 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
@@ -157,24 +160,6 @@ class SandboxPlan:
     proc_data: str | None = None
     #: randomize the exec'd program's address-space layout (``LaunchSpec.aslr``)
     aslr: bool = True
-
-
-def _python_paths(argv0: str | None) -> list[str]:
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.base_prefix, sys.prefix}
-    exe = os.path.realpath(sys.executable)
-    paths.add(os.path.dirname(os.path.dirname(exe)))
-    if argv0 and os.path.isabs(argv0):
-        real = os.path.realpath(argv0)
-        paths.add(os.path.dirname(os.path.dirname(real)))
-        paths.add(os.path.dirname(os.path.dirname(argv0)))
-    keep: list[str] = []
-    for p in sorted(paths, key=len):
-        if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
-            continue
-        if any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
-            continue
-        keep.append(p)
-    return keep
 
 
 def _ensure_newroot() -> str:
