@@ -28,9 +28,11 @@ def _local_channel(fd: int | None):
 def _raise_fd_limit() -> None:
     """Lift the soft descriptor limit to the hard one (at most 2**16), as servers do.
 
-    The worker holds three pipes per env and, while lending a local pool its idle envs,
-    a duplicate of two of them per env in flight: under a stock soft limit of 1024 a
-    few hundred envs would exhaust it. Envs get their own limit (``Limits.open_files``).
+    The worker holds three pipes per env (with the namespaces backend as root, also the env's
+    control socket and its seccomp listener, and a pidfd per memory-snapshot copy or holder)
+    and, while lending a local pool its idle envs, a duplicate of two of them per env in flight:
+    under a stock soft limit of 1024 a few hundred envs would exhaust it. Envs get their own
+    limit (``Limits.open_files``).
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # At most 2**16: every env launch closes the inherited range up to the soft limit.
