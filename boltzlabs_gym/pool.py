@@ -630,10 +630,11 @@ class RLPool:
         one of another env directory, or bad indices; an env whose restore fails reports it in
         :attr:`reset_infos` like a failed reset.
 
-        By default a copy is loaded into the process its slot already has (a millisecond): what
-        the state does not carry (child processes, files under ``/tmp``, module globals the env
-        does not reach) stays that process's own. ``fresh=True`` hard-resets each slot first, so
-        every copy starts in a new process in a new sandbox (a hard reset's cost, see the README).
+        A memory snapshot's copy is always a new process, forked from the held one, in a new
+        sandbox. A portable copy is loaded into the process its slot already has (a millisecond):
+        what the state does not carry (child processes, files under ``/tmp``, module globals the
+        env does not reach) stays that process's own; ``fresh=True`` hard-resets each slot first,
+        so every copy starts in a new process in a new sandbox (a hard reset's cost, see the README).
         """
         results = self.restore_results(snap, where, reseed=reseed, fresh=fresh)
         obs = list(self._last_obs)

@@ -15,7 +15,7 @@ import pytest
 
 from boltzlabs_gym import EnvStartError, PoolClosedError, RLPool
 from boltzlabs_gym.errors import AsyncStateError
-
+from boltzlabs_gym.testing import pids_gone, wait_until
 from conftest import CODE_ENV, COUNTER, ENVS, FAULTY, ISOLATION
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -425,19 +425,7 @@ def test_interpreter_exit_without_close_leaves_nothing(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     pids = [int(x) for x in out.stdout.split()]
     assert len(pids) >= 5, out.stderr
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    assert wait_until_gone(procs, 10)
-
-
-def wait_until_gone(procs, timeout: float) -> bool:
-    from boltzlabs_gym.testing import alive, wait_until
-
-    return wait_until(lambda: not alive(procs), timeout)
+    assert wait_until(lambda: pids_gone(pids), 10)
 
 
 class _EchoLink:

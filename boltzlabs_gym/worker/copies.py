@@ -46,6 +46,9 @@ class CopyLauncher:
 
     _graveyard: list
     _live: int
+    #: remove a copy's cgroup when it is cleaned up, waiting if need be (a launcher that never
+    #: retries its graveyard), rather than once and later again
+    _blocking_cleanup = False
 
     def _copies_possible(self) -> str | None:
         """Why this launcher's envs cannot take memory snapshots at all, or None."""
@@ -126,7 +129,8 @@ class CopyLauncher:
                 raise CopyError(f"the continued source did not say who it is ({msg[:20]!r})")
             # both ran the env's own code while they swapped: check what they are before using them
             why = unconfined(pid)
-            if why is None and _status(launched.pid).get("Threads") != "1":
+            holder_status = _status(launched.pid)
+            if why is None and holder_status.get("Threads") != "1":
                 why = "the holder has more than one thread"
             if why:
                 raise CopyError(f"the continued source is not confined as it must be ({why})")
@@ -138,19 +142,17 @@ class CopyLauncher:
                 f.write("-1000")
         except OSError:
             pass
-        uid, gid = _ids_of(launched.pid)
         shared = None
         if launched.cgroup is not None:
-            blocking = getattr(self, "_blocking_cleanup", False)
-            shared = SharedCgroup(launched.cgroup, self._graveyard, users=2, remove_now=blocking)
+            shared = SharedCgroup(launched.cgroup, self._graveyard, users=2, remove_now=self._blocking_cleanup)
         holder = Holder(
             pid=launched.pid,
             pidfd=L.pidfd_open(launched.pid),
             control=launched.control,
             cgroup=shared,
             workspace=workspace_copy,
-            uid=uid,
-            gid=gid,
+            uid=int(holder_status["Uid"]),  # (the real ids: the first of each line)
+            gid=int(holder_status["Gid"]),
         )
         source = self._foreign_launched(pid, ours, None, launched.paths, launched.oom_killed, shared=shared)
         return source, holder
@@ -329,7 +331,7 @@ class CopyLauncher:
             control.close()
             os.close(pidfd)
             if cg is not None:
-                if getattr(self, "_blocking_cleanup", False):
+                if self._blocking_cleanup:
                     cg.remove()
                 elif not try_remove(cg):
                     self._graveyard.append(cg)
@@ -448,18 +450,6 @@ def unconfined(pid: int) -> str | None:
         if st.get(key) != want
     ]  # fmt: skip
     return ", ".join(wrong) or None
-
-
-def _ids_of(pid: int) -> tuple[int, int]:
-    """The real uid and gid of ``pid`` as the worker sees them."""
-    uid = gid = -1
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Uid:"):
-                uid = int(line.split()[1])
-            elif line.startswith("Gid:"):
-                gid = int(line.split()[1])
-    return uid, gid
 
 
 def try_remove(cg) -> bool:

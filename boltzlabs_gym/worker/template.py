@@ -104,12 +104,11 @@ import os
 import secrets
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import replace
 
-from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, try_remove
+from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_pid, try_remove
 from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
@@ -709,11 +708,7 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
         if not readable([sock.fileno()], 0.05):
             raise _TemplateGone("the template died while forking")
         break
-    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
-    pid = None
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid = struct.unpack("iII", data[: struct.calcsize("iII")])[0]
+    msg, pid = recv_pid(sock)
     if not msg and pid is None:
         raise _TemplateGone("the template closed the env's channel")
     return msg, pid
@@ -721,14 +716,14 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
 
 def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
     """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
+    from .sandbox.notify import parent_of
+
     me = os.getpid()
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            raise TemplateError(f"forked env {pid} vanished during set-up") from None
+        ppid = parent_of(pid)
+        if ppid is None:
+            raise TemplateError(f"forked env {pid} vanished during set-up")
         if ppid == me:
             return
         if time.monotonic() > deadline:

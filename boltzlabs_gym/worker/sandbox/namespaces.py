@@ -546,7 +546,7 @@ class NamespaceBackend(CopyLauncher):
         self.use_seccomp = use_seccomp
         self._graveyard: list = []  # (copies' cgroups: removed at once here, see _blocking_cleanup)
         self._live = 0
-        self._blocking_cleanup = True  # a copy's cgroup is removed when it is cleaned up, waiting if need be
+        self._blocking_cleanup = True  # (see CopyLauncher: nothing here retries a graveyard)
         self._probe: tuple[str | None, str] | None = None
         self._probe_lock = threading.Lock()
         self._static: dict | None = None

@@ -38,7 +38,6 @@ import os
 import select
 import struct
 import threading
-from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
@@ -72,31 +71,22 @@ def children_of(pid: int) -> set[int] | None:
     return found
 
 
-@dataclass
-class _Armed:
-    pid: int
-    known: frozenset[int] = field(default_factory=frozenset)
-
-
 class Supervisor:
     """Answers the gated syscalls of every env whose listener it watches, on one daemon thread.
 
-    >>> sup = shared_supervisor()                                # doctest: +SKIP
-    >>> sup.watch(listener_fd)            # takes ownership of the fd  # doctest: +SKIP
-    >>> with sup.armed(holder_pid, known=children_of(holder_pid)):    # doctest: +SKIP
-    ...     ...                           # the holder forks a copy; its set-up is let through
+    >>> sup = shared_supervisor()                                         # doctest: +SKIP
+    >>> sup.watch(listener_fd)                   # takes ownership of the fd  # doctest: +SKIP
+    >>> sup.arm(holder_pid, known=children_of(holder_pid))  # its new forks pass  # doctest: +SKIP
+    >>> sup.disarm(holder_pid)                   # before the copy runs env code  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._armed: dict[int, _Armed] = {}
+        self._armed: dict[int, frozenset[int]] = {}  # armed pid -> its children when armed
         self._poll = select.poll()
         self._fds: set[int] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._poll.register(self._wake_r, select.POLLIN)
-        self._closed = False
-        self.allowed = 0  # calls let through, for tests and status
-        self.refused = 0
         self._thread = threading.Thread(target=self._run, name="boltzlabs-seccomp-supervisor", daemon=True)
         self._thread.start()
 
@@ -104,9 +94,6 @@ class Supervisor:
     def watch(self, listener_fd: int) -> None:
         """Answer ``listener_fd``'s notifications from now on; closed once no process uses its filter."""
         with self._lock:
-            if self._closed:
-                os.close(listener_fd)
-                return
             self._fds.add(listener_fd)
             self._poll.register(listener_fd, select.POLLIN)
         self._wake()
@@ -114,36 +101,11 @@ class Supervisor:
     def arm(self, pid: int, known: set[int] | frozenset[int] = frozenset()) -> None:
         """Let through the calls of processes ``pid`` forks from now on (not those in ``known``)."""
         with self._lock:
-            self._armed[pid] = _Armed(pid, frozenset(known))
+            self._armed[pid] = frozenset(known)
 
     def disarm(self, pid: int) -> None:
         with self._lock:
             self._armed.pop(pid, None)
-
-    def armed(self, pid: int, known: set[int] | frozenset[int] = frozenset()):
-        """``arm`` for the duration of a ``with`` block."""
-        sup = self
-
-        class _Ctx:
-            def __enter__(self):
-                sup.arm(pid, known)
-                return sup
-
-            def __exit__(self, *exc):
-                sup.disarm(pid)
-
-        return _Ctx()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            fds, self._fds = self._fds, set()
-        self._wake()
-        self._thread.join(timeout=2.0)
-        for fd in fds:
-            os.close(fd)
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
 
     # ------------------------------------------------------------------ the thread
     def _wake(self) -> None:
@@ -158,9 +120,6 @@ class Supervisor:
                 events = self._poll.poll()
             except InterruptedError:
                 continue
-            with self._lock:
-                if self._closed:
-                    return
             for fd, ev in events:
                 if fd == self._wake_r:
                     try:
@@ -203,10 +162,6 @@ class Supervisor:
             fcntl.ioctl(fd, _NOTIF_SEND, bytearray(resp), True)
         except OSError:
             return  # the caller died meanwhile
-        if ok:
-            self.allowed += 1
-        else:
-            self.refused += 1
 
     def _may_pass(self, pid: int) -> bool:
         with self._lock:
@@ -216,12 +171,12 @@ class Supervisor:
         parent = parent_of(pid)
         if parent is None:
             return False
-        a = armed.get(parent)
-        if a is not None and pid not in a.known:
+        known = armed.get(parent)
+        if known is not None and pid not in known:
             return True
         grandparent = parent_of(parent)
-        a = armed.get(grandparent) if grandparent is not None else None
-        return a is not None and parent not in a.known
+        known = armed.get(grandparent) if grandparent is not None else None
+        return known is not None and parent not in known
 
 
 _shared: Supervisor | None = None
