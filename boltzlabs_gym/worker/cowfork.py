@@ -89,6 +89,24 @@ class CowForks:
     # ------------------------------------------------------------------ checks
     def refusal(self, ignore: int | None = None) -> str | None:
         """Why a memory snapshot cannot be taken now, or None (``ignore``: the worker's socket fd)."""
+        return self._check(ignore)[0]
+
+    def _check(self, ignore: int | None) -> tuple[str | None, dict[int, int]]:
+        """:meth:`refusal`'s answer, and the fds on the env's channel pipes (see :meth:`_classify_fds`)."""
+        why = self._refusal_before_fds()
+        if why:
+            return why, {}
+        roles, extra = self._classify_fds(ignore)
+        if roles is None:
+            return "the env is not serving requests yet", {}
+        if extra:
+            return (
+                f"the env has {len(extra)} open file(s) ({', '.join(extra[:3])}), whose offsets a copy "
+                "would share with the source: close them before the snapshot, or take kind='portable'"
+            ), {}
+        return None, roles
+
+    def _refusal_before_fds(self) -> str | None:
         from .sandbox import _linux as L
 
         n = L.num_threads()
@@ -109,14 +127,6 @@ class CowForks:
             return (
                 f"the env has {len(others)} other process(es) in its sandbox, which a fork would not copy "
                 "(and which could reach the copies): end them first, or take kind='portable'"
-            )
-        roles, extra = self._classify_fds(ignore)
-        if roles is None:
-            return "the env is not serving requests yet"
-        if extra:
-            return (
-                f"the env has {len(extra)} open file(s) ({', '.join(extra[:3])}), whose offsets a copy "
-                "would share with the source: close them before the snapshot, or take kind='portable'"
             )
         return None
 
@@ -157,12 +167,12 @@ class CowForks:
         it, where it returns ``"copy"``. :class:`MemorySnapshotRefused` leaves the env as it was.
         ``nonce``: the request's, which the worker's ``swap`` message on the control socket repeats."""
         got = _take_swap(nonce.encode())  # (also drops what refused snapshots left queued)
-        why = self.refusal(ignore=got)
+        why, roles = self._check(ignore=got)
         if why or got is None:
             if got is not None:
                 os.close(got)
             raise MemorySnapshotRefused(why or "the worker did not send its half of the snapshot in time")
-        self._roles = self._classify_fds(ignore=got)[0] or {}
+        self._roles = roles
         self._comm = _comm()
         # Python reseeds its global generator in every fork child (random's at-fork hook): the copies
         # and the continued source put back the state it had here, so that they replay it exactly
