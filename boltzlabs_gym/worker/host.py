@@ -11,33 +11,65 @@ import tempfile
 log = logging.getLogger("boltzlabs_gym.worker")
 
 
+#: A dead worker's directory is renamed to ``<name>.swept-by-<pid>`` by the worker removing it, so
+#: that workers starting together (a pool replacing several lost workers at once) never remove the
+#: same tree at the same time: one rename wins, the others find nothing there.
+_CLAIM = ".swept-by-"
+
+
 def sweep_stale_workers(workdir: str | None) -> None:
     """Remove what workers that died without cleaning up (SIGKILL) left behind.
 
     Their env processes died with them (pid-namespace inits are killed with their
     parent); their temp dirs and cgroups stay unless the next worker sweeps them.
+    Best effort: a sweep never stops this worker from starting.
     """
     import glob
 
     for path in glob.glob(os.path.join(workdir or tempfile.gettempdir(), "boltzlabs-worker-*")):
+        if not _abandoned(path):
+            continue
+        claimed = path.split(_CLAIM)[0] + f"{_CLAIM}{os.getpid()}"
         try:
-            with open(os.path.join(path, "owner.pid")) as f:
-                owner = int(f.read().strip())
-            os.kill(owner, 0)
-            continue  # its worker is alive
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError):
-            continue  # not ours to judge (no pid file yet, or another user's)
-        log.info("removing %s, left by dead worker %s", path, owner)
-        wipe_tree(path)
-        shutil.rmtree(path, ignore_errors=True)
+            os.rename(path, claimed)
+        except OSError:
+            continue  # another starting worker claimed it first
+        log.info("removing %s, left by a dead worker", path)
+        try:
+            wipe_tree(claimed)
+            os.rmdir(claimed)
+        except OSError as e:
+            log.warning("could not remove %s, left by a dead worker: %s", claimed, e)
     try:
         from .sandbox.cgroups import sweep_stale
 
         sweep_stale()
     except Exception:  # noqa: BLE001 - best effort: no cgroups here, or not ours to remove
         log.debug("cgroup sweep failed", exc_info=True)
+
+
+def _abandoned(path: str) -> bool:
+    """Whether the worker directory ``path`` belongs to no live process: its worker is dead and
+    no live worker is removing it. A directory without a readable pid file is not ours to judge."""
+    _, _, claimant = path.partition(_CLAIM)
+    if claimant.isdigit():  # a sweep began; its pid file may be gone already
+        return not _alive(int(claimant))
+    try:
+        with open(os.path.join(path, "owner.pid")) as f:
+            owner = int(f.read().strip())
+    except (OSError, ValueError):
+        return False  # no pid file yet (a worker starting), or another user's
+    return not _alive(owner)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, another user's
+    return True
 
 
 def drain_fd(fd: int) -> None:

@@ -1,0 +1,65 @@
+"""The worker's plumbing on its host: what dead workers left behind is removed, once."""
+
+import multiprocessing
+import os
+import subprocess
+
+from boltzlabs_gym.worker.host import sweep_stale_workers
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _worker_dir(workdir: str, name: str, owner: int, files: int = 0) -> str:
+    path = os.path.join(workdir, f"boltzlabs-worker-{name}")
+    os.makedirs(path)
+    with open(os.path.join(path, "owner.pid"), "w") as f:
+        f.write(str(owner))
+    for d in range(files // 50):
+        sub = os.path.join(path, "archives", f"a{d}", "pkg")
+        os.makedirs(sub)
+        for k in range(50):
+            with open(os.path.join(sub, f"m{k}.py"), "w") as f:
+                f.write("x = 1\n")
+        os.chmod(sub, 0o555)  # as an unpacked archive is left: read-only
+    return path
+
+
+def _sweep_after(barrier, workdir: str) -> None:
+    barrier.wait()
+    sweep_stale_workers(workdir)
+
+
+def test_workers_starting_together_sweep_each_dead_workers_dir_once(tmp_path):
+    """Replacement workers start at the same time and all sweep: none may fail (a lost race once
+    killed a replacement at start with ENOENT), and every dead worker's tree goes, live ones stay."""
+    workdir = str(tmp_path)
+    dead = [_worker_dir(workdir, f"dead{i}", _dead_pid(), files=400) for i in range(6)]
+    live = _worker_dir(workdir, "live", os.getpid(), files=50)
+    starting = os.path.join(workdir, "boltzlabs-worker-starting")  # no pid file yet
+    os.makedirs(starting)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(4)
+    sweepers = [ctx.Process(target=_sweep_after, args=(barrier, workdir)) for _ in range(4)]
+    for p in sweepers:
+        p.start()
+    for p in sweepers:
+        p.join(60)
+    assert [p.exitcode for p in sweepers] == [0] * 4
+    assert sorted(os.listdir(workdir)) == sorted(os.path.basename(p) for p in (live, starting))
+    assert not any(os.path.exists(p) for p in dead)
+    assert os.path.exists(os.path.join(live, "archives", "a0", "pkg", "m0.py"))
+
+
+def test_a_sweep_cut_short_is_finished_by_the_next_worker(tmp_path):
+    """A worker killed while removing a dead worker's dir leaves it claimed; once the claimant is
+    dead too, the next worker removes it, pid file or not. A live claimant's dir is left to it."""
+    workdir = str(tmp_path)
+    cut_short = _worker_dir(workdir, f"a.swept-by-{_dead_pid()}", _dead_pid(), files=50)
+    os.unlink(os.path.join(cut_short, "owner.pid"))
+    in_progress = _worker_dir(workdir, f"b.swept-by-{os.getpid()}", _dead_pid(), files=50)
+    sweep_stale_workers(workdir)
+    assert os.listdir(workdir) == [os.path.basename(in_progress)]
