@@ -194,10 +194,10 @@ class CowForks:
             os._exit(0)
         os.close(done_w)
         os.close(new_ctl)
-        answer = _read_all(done_r)
+        answer = _read_answer(done_r)
         os.close(done_r)
-        _wait(x)
         if answer != b"1":
+            _wait(x)
             gc.enable()
             why = answer[1:].decode("utf-8", "replace") if answer.startswith(b"!") else "it died"
             raise MemorySnapshotRefused(f"could not start the env's continuation: {why}")
@@ -243,6 +243,7 @@ class CowForks:
             signal.setitimer(which, 0)
         self._sigchld = signal.getsignal(signal.SIGCHLD)
         signal.signal(signal.SIGCHLD, _reap_children)
+        _reap_children(None, None)  # the swap's helper, if it exited before the handler was set
         try:
             return self._serve_forks()
         except BaseException:  # noqa: BLE001 - whatever it is, it never reaches the env's code
@@ -470,16 +471,13 @@ def _wait(pid: int) -> None:
             return
 
 
-def _read_all(fd: int) -> bytes:
-    out = b""
+def _read_answer(fd: int) -> bytes:
+    """The first message on ``fd`` (each side writes its answer in one write), or b"" at EOF."""
     while True:
         try:
-            chunk = os.read(fd, 4096)
+            return os.read(fd, 4096)
         except InterruptedError:
             continue
-        if not chunk:
-            return out
-        out += chunk
 
 
 def _write(fd: int, data: bytes) -> None:
