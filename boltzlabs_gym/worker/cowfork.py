@@ -503,7 +503,11 @@ def _is_chr(st: os.stat_result) -> bool:
 
 
 def install(uid: int) -> None:
-    """In a freshly set-up boltz namespaces env: memory snapshots from now on."""
+    """In a freshly started env of the namespaces backend (either mode): memory snapshots from now on."""
+    # The syscall helpers a snapshot uses, loaded now (about 2 ms, in a default-mode env; a boltz
+    # env has them from its template) rather than on the first snapshot's path.
+    from .sandbox import _linux  # noqa: F401
+
     envside.install_memory_snapshots(CowForks(uid))
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import platform
 
-MACHINE = platform.machine()
+MACHINE = os.uname().machine  # (what platform.machine() reads, without importing platform)
 
 _SYSCALLS = {
     "x86_64": {
@@ -80,7 +79,17 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL:
+    # The usual name first: ctypes.util.find_library runs `ldconfig -p` in a subprocess (about 4 ms,
+    # paid by every env that imports this module on a memory snapshot's path).
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+_libc = _load_libc()
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
