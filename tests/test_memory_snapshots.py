@@ -169,6 +169,29 @@ def test_memory_kind_refusals_name_the_fix_and_change_nothing():
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_the_budget_refuses_a_memory_snapshot_before_the_env_is_asked(mode):
+    """Over the worker's snapshot budget the memory kind is refused before the env swaps: no holder,
+    the same process serves on, counted nothing. "auto" takes the portable kind then, where it fits."""
+    with _pool(2, mode, snapshot_budget=1 << 20) as pool:  # this env's holder needs several MiB
+        pool.reset(seed=0)
+        pool.step([1, 1])
+        serving = sorted(p.pid for p in _env_processes())
+        with pytest.raises(SnapshotError, match=r"env 0.*budget is 1048576 bytes.*this one needs \d+ more"):
+            pool.snapshot(0, kind="memory")
+        assert not _holders() and sorted(p.pid for p in _env_processes()) == serving
+        assert [o["t"] for o in pool.step([1, 1])[0]] == [2, 2]
+        with pool.snapshot(0) as snap:
+            assert snap.kind == "portable" and 0 < snap.nbytes < 1 << 20
+            assert not _holders()
+            pool.memory()
+            assert pool.snapshot_bytes == snap.nbytes
+            assert pool.restore(snap, where=[1])[1]["t"] == 2
+        with pytest.raises(SnapshotError, match=r"env 1.*budget is 1048576 bytes"):
+            pool.fork(1, into=[0], kind="memory")
+        assert [o["t"] for o in pool.step([1, 1])[0]] == [3, 3] and not _holders()
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_copies_replay_exactly_reseed_apart_and_snapshot_again(mode):
     """A copy replays its source's draws; reseeded copies differ and repeat; a copy's own snapshot
     (one namespace deeper) restores exactly too."""

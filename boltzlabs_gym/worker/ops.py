@@ -325,15 +325,18 @@ class OpHandlers(WorkerParts):
                 nbytes = copy_workspace(env.workspace, copy, max_bytes=room)
                 # the budget before the env is asked (a refusal after the swap would leave it changed):
                 # the workspace copy and, for the holder, half the env's memory (shared with the source)
-                if nbytes + memory.pid_pss(env.pid or 0) // 2 > room:
-                    raise SnapshotBudgetExceeded(self.snapshots.over_budget_message(nbytes))
+                needed = nbytes + memory.pid_pss(env.pid or 0) // 2
+                if needed > room:
+                    raise SnapshotBudgetExceeded(self.snapshots.over_budget_message(needed))
                 nonce = secrets.token_hex(8)
                 sock = session.backend.begin_swap(env.launched, nonce)
             except SnapshotBudgetExceeded as exc:
                 shutil.rmtree(copy, ignore_errors=True)
-                message = f"snapshot of env {index} refused: {exc}"
-                batch.done(pos, env.index, ERROR, json_error(message, refused="budget"), [])
-                return None
+                if want == MEMORY:
+                    message = f"snapshot of env {index} refused: {exc}"
+                    batch.done(pos, env.index, ERROR, json_error(message, refused="budget"), [])
+                    return None
+                why = f"it would not fit: {exc}"  # "auto": a portable snapshot, a blob, may still fit
             except Exception as exc:  # noqa: BLE001 - the env was not asked: nothing changed
                 shutil.rmtree(copy, ignore_errors=True)
                 why = f"could not prepare it: {type(exc).__name__}: {exc}"
