@@ -290,6 +290,8 @@ def sweep_stale() -> list[str]:
                         os.rmdir(path)
                         removed.append(path)
                         break
+                    except FileNotFoundError:
+                        break  # another starting worker swept it first
                     except OSError:
                         time.sleep(0.01)
             except OSError:
