@@ -43,6 +43,7 @@ pending timers (a fork clears them), ``/tmp``.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (signal without its enum wrappers: see CowForks._hold)
 import fcntl
 import gc
 import json
@@ -85,6 +86,9 @@ class CowForks:
         self._comm = ENV_COMM
         self._sigmask: set = set()
         self._sigchld: Any = None
+        from .sandbox import _linux as L
+
+        self._cap_last = L.cap_last_cap()  # (read here, not on a snapshot's path: see _hold)
 
     # ------------------------------------------------------------------ checks
     def refusal(self, ignore: int | None = None) -> str | None:
@@ -209,7 +213,7 @@ class CowForks:
 
         try:
             L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
-            _drop_privileges(self.uid)
+            _drop_privileges(self.uid, self._cap_last)
             os.dup2(new_ctl, CONTROL_FD, inheritable=False)
             os.close(new_ctl)
             _announce(CONTROL_FD)
@@ -222,27 +226,30 @@ class CowForks:
         gc.enable()
 
     # ------------------------------------------------------------------ the holder (E, from now on)
+    # What the holder and the continued source run after the fork writes as few heap pages as it
+    # can: every page either side writes becomes a copy the holder keeps (a held snapshot's cost,
+    # measured with benchmarks/snapshot.py). So they make os-level calls (no buffered file objects,
+    # no enum conversions) and what they need to read (cap_last_cap) is read at install.
     def _hold(self) -> str:
         """Serve the worker's fork requests until released; returns only in a copy."""
         _set_name(HOLDER_COMM)
+        # The slot's pipes are the continued source's now: each fd on them goes to /dev/null (its
+        # number stays valid). The snapshot's check found no other fds but /dev/null and the
+        # control socket.
         null = os.open(os.devnull, os.O_RDWR)
-        for name in os.listdir("/proc/self/fd"):  # the slot's pipes are the continued source's now:
-            fd = int(name)  # every fd but the control socket goes to /dev/null (its number stays valid)
-            if fd not in (CONTROL_FD, null):
-                try:
-                    os.dup2(null, fd)
-                except OSError:
-                    pass
+        for fd in self._roles:
+            os.dup2(null, fd)
         os.close(null)
         # No env code may run here: every signal but SIGCHLD is blocked (so no handler of the env's
         # runs; the copies unblock what the env had unblocked) and the env's timers are cancelled.
         # The handlers themselves are left as they are: the copies are forked with them.
-        keep = {signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP}
-        self._sigmask = signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - keep)
-        for which in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
-            signal.setitimer(which, 0)
-        self._sigchld = signal.getsignal(signal.SIGCHLD)
-        signal.signal(signal.SIGCHLD, _reap_children)
+        # (the C module's calls, in plain ints: signal's wrappers convert to and from enums)
+        keep = {_signal.SIGCHLD, _signal.SIGKILL, _signal.SIGSTOP}
+        self._sigmask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals() - keep)
+        for which in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
+            _signal.setitimer(which, 0)
+        self._sigchld = _signal.getsignal(_signal.SIGCHLD)
+        _signal.signal(_signal.SIGCHLD, _reap_children)
         _reap_children(None, None)  # the swap's helper, if it exited before the handler was set
         try:
             return self._serve_forks()
@@ -315,7 +322,7 @@ class CowForks:
             L.move_mount_fd(tree, SANDBOX_WORKSPACE)
             os.close(tree)
             os.chdir(req.get("workspace") or SANDBOX_WORKSPACE)
-            _drop_privileges(self.uid)
+            _drop_privileges(self.uid, self._cap_last)
             os.write(csock, b"ok")
         except BaseException as exc:  # noqa: BLE001
             _write(csock, f"!copy set-up failed: {type(exc).__name__}: {exc}".encode())
@@ -429,16 +436,19 @@ def _nest(uid: int, net: bool) -> None:
     flags = L.CLONE_NEWUSER | L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     L.unshare(flags | (L.CLONE_NEWNET if net else 0))
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)  # (no file object: see CowForks._hold)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
 
 
-def _drop_privileges(uid: int) -> None:
+def _drop_privileges(uid: int, cap_last: int) -> None:
     """Drop what the new user namespace gave (a full capability and bounding set); stay dumpable so
     that a later snapshot can write its own id maps."""
     from .sandbox import _linux as L
 
-    L.drop_bounding_caps(L.cap_last_cap())
+    L.drop_bounding_caps(cap_last)
     os.setresgid(os.getgid(), os.getgid(), os.getgid())
     os.setresuid(uid, uid, uid)
     L.capset_none()
@@ -489,10 +499,12 @@ def _write(fd: int, data: bytes) -> None:
 
 def _set_name(name: str) -> None:
     try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)
-    except Exception:  # noqa: BLE001 - cosmetic
+        fd = os.open("/proc/self/comm", os.O_WRONLY)
+        try:
+            os.write(fd, name.encode())
+        finally:
+            os.close(fd)
+    except OSError:  # cosmetic
         pass
 
 
