@@ -197,6 +197,18 @@ def test_killed_client_envs_are_reclaimed_after_lease(two_workers, tmp_path):
         client.stdout.close()
 
 
+def test_the_first_request_after_the_lease_is_refused_whenever_housekeeping_runs(two_workers):
+    """The lease decides, not the worker's housekeeping tick (about once a second when idle): the
+    first request after a session's lease ran out is refused as reclaimed, and its envs go."""
+    address = two_workers[0].address
+    with RLPool(COUNTER, n=2, workers=[address], isolation=ISOLATION, lease=1.0) as pool:
+        pool.reset()
+        time.sleep(1.5)
+        with pytest.raises(WorkerError, match=r"reclaimed after 1 s without a request \(its lease\)"):
+            pool.step([1, 1])
+        assert status(address)["in_use"] == 0
+
+
 def test_sessions_are_isolated_between_clients(two_workers):
     address = two_workers[0].address
     with RLPool(COUNTER, n=2, workers=[address], isolation=ISOLATION) as pool:

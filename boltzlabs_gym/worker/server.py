@@ -467,11 +467,13 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             or session.owner_key != getattr(self, "_current_user", None)
         ):
             if isinstance(sid, str) and sid in self._expired:
-                raise SessionExpired(
-                    f"session {sid} was reclaimed after {self._expired[sid]:.0f} s without a request (its lease)"
-                )
+                raise self._expired_error(sid)
             raise ValueError(f"no open session {sid!r} for this client")
-        session.last_seen = time.monotonic()
+        now = time.monotonic()
+        if self._lease_passed(session, now):  # (housekeeping had not got to it yet: the lease decides)
+            self._reclaim(session, now)
+            raise self._expired_error(session.sid)
+        session.last_seen = now
         session.client = client
         return session
 
@@ -493,22 +495,40 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
     def _expire_leases(self) -> None:
         now = time.monotonic()
         for session in list(self.sessions.values()):
-            lent = any(env.state is LENT for env in session.envs)  # in use without a request
-            if session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s:
-                log.warning(
-                    "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
-                    session.sid,
-                    now - session.last_seen,
-                    session.cfg.lease_s,
-                    len(session.envs),
-                )
-                self._expired[session.sid] = session.cfg.lease_s
-                self._close_session(session)
+            if self._lease_passed(session, now):
+                self._reclaim(session, now)
+
+    def _expired_error(self, sid: str) -> SessionExpired:
+        return SessionExpired(
+            f"session {sid} was reclaimed after {self._expired[sid]:.0f} s without a request (its lease)"
+        )
+
+    @staticmethod
+    def _lease_passed(session: Session, now: float) -> bool:
+        """Whether ``session`` went longer than its lease without a request (and nothing is lent)."""
+        lent = any(env.state is LENT for env in session.envs)  # in use without a request
+        return session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s
+
+    def _reclaim(self, session: Session, now: float) -> None:
+        log.warning(
+            "session %s: no request for %.0f s (lease %.0f s); reclaiming its %d envs",
+            session.sid,
+            now - session.last_seen,
+            session.cfg.lease_s,
+            len(session.envs),
+        )
+        self._expired[session.sid] = session.cfg.lease_s
+        self._close_session(session)
 
     def _close_session(self, session: Session) -> None:
         session.closed = True
         self.stats.close(session.sid)
         self.snapshots.release_session(session.sid)
+        # Every env is signalled first, then each is cleaned up and reaped: closing takes the slowest
+        # env's exit (namespace teardown, cgroup removal), not the sum of them all.
+        for env in session.envs:
+            if env.launched is not None:
+                env.launched.kill()
         for env in session.envs:
             pid = self._kill_env(session, env)
             self._reap_now(pid)
