@@ -50,6 +50,12 @@ def _our_temp_dirs() -> set[str]:
     return set(glob.glob(os.path.join(_RUN_TMP, "boltzlabs-*")))
 
 
+def our_cgroups() -> set[str]:
+    """Per-env cgroups made by a worker running inside this test process (they carry its pid)."""
+    found = glob.glob(f"/sys/fs/cgroup/*/**/boltzlabs-{os.getpid()}-*", recursive=True)
+    return set(found + glob.glob(f"/sys/fs/cgroup/boltzlabs-{os.getpid()}-*"))
+
+
 @pytest.fixture
 def no_leaks():
     """Fail the test if it leaves processes or boltzlabs temp dirs behind."""

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from boltzlabs_gym import RLPool
+from boltzlabs_gym.testing import wait_until
 from boltzlabs_gym.worker.deadlines import Deadlines
 from boltzlabs_gym.worker.server import Worker
-
-from conftest import COUNTER, FAULTY, ISOLATION
+from conftest import COUNTER, FAULTY, ISOLATION, our_cgroups
 
 
 def test_calls_sent_together_share_one_entry_and_expire_together():
@@ -84,6 +84,7 @@ def worker_in_thread(tmp_path):
     worker.stop()
     thread.join(10)
     assert not thread.is_alive()
+    assert wait_until(lambda: not our_cgroups(), 5), f"leaked cgroups: {sorted(our_cgroups())}"
 
 
 def test_worker_heap_stays_bounded_and_stragglers_are_still_caught(worker_in_thread):

@@ -126,8 +126,13 @@ def test_env_code_cannot_use_the_calls_the_copies_need(mode):
             while time.monotonic() < deadline:
                 pool.restore(snap, where=[2, 3])
                 rounds += 1
-            time.sleep(0.5)
-            escaped = [f["files"].get("escaped") for f in pool.step(["files", "files", 0, 0])[0][:2]]
+            # each loop writes its count after its last try (a loaded machine delays that): wait for both
+            escaped = [None, None]
+            waited_until = time.monotonic() + 20.0
+            while None in escaped and time.monotonic() < waited_until:
+                escaped = [f["files"].get("escaped") for f in pool.step(["files", "files", 0, 0])[0][:2]]
+                time.sleep(0.1)
+        assert None not in escaped, f"the unshare loops did not report: {escaped}"
         assert rounds >= 3
         for text in escaped:
             ok, tries = map(int, text.split())

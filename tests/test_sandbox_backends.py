@@ -4,7 +4,6 @@ network used is loopback. Backends the host cannot provide are skipped with the 
 
 from __future__ import annotations
 
-import glob
 import os
 import select
 import signal
@@ -19,14 +18,14 @@ import time
 import psutil
 import pytest
 
+import boltzlabs
+import boltzlabs_gym
 from boltzlabs_gym.worker.sandbox import LaunchSpec, Limits, select_backend
 from boltzlabs_gym.worker.sandbox.base import wipe_workspace
 from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
 from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
 from boltzlabs_gym.worker.sandbox.process import ProcessBackend
-
-import boltzlabs
-import boltzlabs_gym
+from conftest import our_cgroups
 
 RUNTIME = {
     "boltzlabs_gym": os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)),
@@ -61,26 +60,44 @@ def no_leaks():
     """Every test must leave no child process and no per-env cgroup behind."""
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
+    cgroups_before = our_cgroups()  # (an in-process worker's, test_deadlines, are checked there)
     yield
     deadline = time.monotonic() + 5
     left = []
     while time.monotonic() < deadline:
-        left = [p for p in me.children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in me.children(recursive=True) if p.pid not in before and _running(p)]
         if not left:
             break
         time.sleep(0.05)
+    left_cmdlines = [(p.pid, _cmdline(p)) for p in left]
     for p in left:
-        p.kill()
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     while True:  # reap any zombie children we made
         try:
             if os.waitpid(-1, os.WNOHANG)[0] == 0:
                 break
         except ChildProcessError:
             break
-    cgs = glob.glob(f"/sys/fs/cgroup/*/**/boltzlabs-{os.getpid()}-*", recursive=True)
-    cgs += glob.glob(f"/sys/fs/cgroup/boltzlabs-{os.getpid()}-*")
-    assert not left, f"leaked processes: {[(p.pid, p.cmdline()) for p in left]}"
+    cgs = sorted(our_cgroups() - cgroups_before)
+    assert not left, f"leaked processes: {left_cmdlines}"
     assert not cgs, f"leaked cgroups: {cgs}"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return ["(gone)"]
 
 
 @pytest.fixture
