@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import secrets
 import signal
 import time
 
@@ -90,7 +91,7 @@ def _do_probe() -> tuple[str | None, str]:
     mem = os.path.join(_CG, "memory") + (own.get("memory", "/") if own.get("memory", "/") != "/" else "")
     pids = os.path.join(_CG, "pids") + (own.get("pids", "/") if own.get("pids", "/") != "/" else "")
     if os.path.isfile(f"{mem}/memory.limit_in_bytes") and os.path.isfile(f"{pids}/cgroup.procs"):
-        name = f"boltzlabs-probe-{os.getpid()}"
+        name = f"boltzlabs-probe-{os.getpid()}-{secrets.token_hex(4)}"
         made = []
         try:
             for base in (mem, pids):
@@ -127,7 +128,9 @@ class EnvCgroup:
 
     def __init__(self, kind: str, memory_bytes: int | None, pids: int | None, tag: str = "env"):
         self.kind = kind
-        name = f"boltzlabs-{os.getpid()}-{tag}-{next(_counter)}"
+        # The pid says whose it is (a later worker sweeps a dead worker's); the token keeps a worker
+        # that got a dead one's pid from colliding with what that one left behind.
+        name = f"boltzlabs-{os.getpid()}-{tag}-{next(_counter)}-{secrets.token_hex(4)}"
         own = _own_paths()
         self.paths: list[str] = []
         try:
