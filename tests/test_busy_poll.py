@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from boltzlabs_gym import RLPool
+from boltzlabs_gym.worker import server
 from boltzlabs_gym.worker.server import Worker
 
 from conftest import COUNTER, ISOLATION
@@ -25,20 +26,42 @@ def worker(tmp_path):
     ours.close()
 
 
-def test_spins_only_after_a_pool_that_came_back_within_the_window(worker):
+class _Clock:
+    """The worker module's ``time``, with a ``perf_counter`` the test moves (no scheduler in the way)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_spins_only_after_a_pool_that_came_back_within_the_window(worker, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(server, "time", clock)
     worker._local_replied()
     assert not worker._spin_until, "nothing known yet about this pool: sleep"
+    clock.now += 0.001
     worker._local_request_arrived()  # came back at once
     worker._local_replied()
-    assert worker._spin_until > time.perf_counter(), "it came back fast: stay awake for it"
+    assert worker._spin_until == pytest.approx(clock.now + 0.05), "it came back fast: stay awake for it"
     worker._spin_until = 0.0
-    time.sleep(0.2)  # a slow learner: longer than the 50 ms window
+    clock.now += 0.2  # a slow learner: longer than the 50 ms window
     worker._local_request_arrived()
     worker._local_replied()
     assert not worker._spin_until, "the last gap was longer than the window: sleep"
+    clock.now += 0.049
     worker._local_request_arrived()
     worker._local_replied()
-    assert worker._spin_until, "fast again: spin again"
+    assert worker._spin_until == pytest.approx(clock.now + 0.05), "fast again (49 ms): spin again"
+    worker._spin_until = 0.0
+    clock.now += 0.051
+    worker._local_request_arrived()
+    worker._local_replied()
+    assert not worker._spin_until, "51 ms: past the window, sleep"
 
 
 def test_zero_window_never_spins(worker):
