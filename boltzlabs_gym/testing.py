@@ -16,12 +16,14 @@ from 198.18.0.0/15, the range set aside for network benchmark tests.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -90,6 +92,23 @@ class WorkerProcess:
             self.stop()
             raise WorkerError(f"worker did not start: {line!r} {tail}")
         self.address = line.split()[1]
+        # The worker logs for as long as it runs (a warning per env fault): its output is read all
+        # along, keeping the tail, or a long-lived worker would block once a pipe's 64 KiB filled.
+        self._tail: collections.deque[str] = collections.deque(maxlen=200)
+        self._drains = [threading.Thread(target=self._drain, args=(s,), daemon=True) for s in (stdout, stderr)]
+        for t in self._drains:
+            t.start()
+
+    def _drain(self, stream) -> None:
+        try:
+            for line in stream:
+                self._tail.append(line)
+        except (OSError, ValueError):
+            pass
+
+    def log_tail(self) -> str:
+        """The last lines the worker wrote (stdout and stderr, as they came)."""
+        return "".join(self._tail)
 
     @property
     def pid(self) -> int:
@@ -112,6 +131,8 @@ class WorkerProcess:
     def stop(self) -> None:
         """SIGTERM and wait: the worker closes every session first."""
         self._terminate()
+        for t in getattr(self, "_drains", []):
+            t.join(5)  # (they end at the pipes' EOF, now that the worker has exited)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream:
                 stream.close()

@@ -275,13 +275,18 @@ class RayWorkers:
 
     # ------------------------------------------------------------------ watch and replace
     def dead(self, timeout: float = 5.0) -> list[int]:
-        """Positions of the workers whose actor or worker process is gone (a killed actor, a lost node)."""
+        """Positions of the workers whose actor or worker process is gone (a killed actor, a lost node).
+
+        An actor that does not answer within ``timeout`` counts as gone only if its worker does not
+        answer a ping either: Ray busy with a lost node can be slow to answer for a healthy actor,
+        which :meth:`replace_dead` must not kill."""
         refs = [a.alive.remote() for a in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         out = []
         for i, ref in enumerate(refs):
             if ref not in ready:
-                out.append(i)  # no answer: a node that is going, or gone
+                if not self._answers_ping(i, timeout):
+                    out.append(i)  # neither answers: a node that is going, or gone
                 continue
             try:
                 if not ray.get(ref):
@@ -289,6 +294,32 @@ class RayWorkers:
             except ray.exceptions.RayError:
                 out.append(i)
         return out
+
+    def _link(self, ctx, w: RayWorker, timeout: float):
+        """A link to worker ``w`` for one-off calls (no session)."""
+        from ..link import WorkerLink
+
+        return WorkerLink(
+            ctx,
+            w.address,
+            0,
+            0,
+            keys=self.client_keys(w.address),
+            heartbeat_interval=1.0,
+            heartbeat_timeout=timeout,
+            send_timeout=timeout,
+        )
+
+    def _answers_ping(self, i: int, timeout: float) -> bool:
+        ctx = zmq.Context()
+        link = self._link(ctx, self.workers[i], timeout)
+        try:
+            return bool(link.call({"op": "ping"}, timeout=timeout).get("ok"))
+        except WorkerError:
+            return False
+        finally:
+            link.close()
+            ctx.destroy(linger=0)
 
     def replace_dead(self, timeout: float = 5.0) -> list[str]:
         """Start a new worker in place of each dead one (same position, new address and key); the
@@ -331,23 +362,12 @@ class RayWorkers:
         ``node_id``, ``node_ip``, ``envs`` (in all sessions), ``in_use``/``free`` (sandboxes),
         ``pss_bytes`` (envs and templates), ``worker_pss_bytes``, ``isolation`` (the sessions'
         backends) and the whole reply as ``status``; ``error`` for a worker that did not answer."""
-        from ..link import WorkerLink
-
         ctx = zmq.Context()
         out = []
         try:
             for w in self.workers:
                 row: dict[str, Any] = {"address": w.address, "node_id": w.node_id, "node_ip": w.node_ip}
-                link = WorkerLink(
-                    ctx,
-                    w.address,
-                    0,
-                    0,
-                    keys=self.client_keys(w.address),
-                    heartbeat_interval=1.0,
-                    heartbeat_timeout=timeout,
-                    send_timeout=timeout,
-                )
+                link = self._link(ctx, w, timeout)
                 try:
                     header = link.call({"op": "status"}, timeout=timeout)
                     sessions = header.get("sessions") or []
