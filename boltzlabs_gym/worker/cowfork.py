@@ -1,8 +1,8 @@
 """Memory snapshots, the env's side: a held fork of the env, and copies forked from it, each in a new sandbox.
 
 Runs in the envs of the namespaces backend, both modes (installed by
-:func:`~boltzlabs_gym.worker.forkserver._become_env` in a forked env, at the first snapshot in a
-spawned one); the worker's side is :mod:`boltzlabs_gym.worker.copies` and
+:func:`~boltzlabs_gym.worker.forkserver._become_env` in a forked env, by the bootstrap at start in
+a spawned one); the worker's side is :mod:`boltzlabs_gym.worker.copies` and
 :mod:`boltzlabs_gym.worker.holders`. Nothing is serialised: the snapshot *is* a process, and a
 copy shares its memory copy-on-write.
 
@@ -16,9 +16,14 @@ in the source's namespace would be visible to the source. At a snapshot the role
   with PID, mount, IPC and UTS namespaces under it and forks S, PID 1 of the new PID namespace.
   S mounts its own ``/proc``, drops every capability and goes on serving the env's slot: the
   *source continues in S*, with the same pipes, workspace, cgroup and memory;
-* E stops serving and becomes the snapshot's **holder**: it never runs env code again (its
-  stack stays inside :func:`snapshot`; the garbage collector is off, so no finaliser runs), it
-  only forks copies when the worker asks. The worker moves it into a cgroup of its own.
+* E stops serving and becomes the snapshot's **holder**: from the start of the snapshot no env
+  code runs in it (every signal is blocked, so no handler of the env's runs; the garbage collector
+  is off, so no finaliser runs; its stack stays inside :func:`snapshot`), and it only forks copies
+  when the worker asks. It stays in the slot's cgroup. The exception is code the env planted in
+  the interpreter *before* the snapshot that runs at a fork (``os.register_at_fork`` hooks, a
+  ``pthread_atfork`` callback through ctypes, a replaced ``os.fork``): it runs in E, the holder and
+  the processes that make each copy, as at any fork of that state. Such a state is taken over,
+  and the snapshot's copies carry it anyway.
 * each copy is forked from the holder the same way (X', then C, PID 1 of its own namespaces,
   with a network namespace too), gets the target slot's pipes, a fresh ``/tmp`` and ``/dev/shm``,
   the snapshot's workspace (copied by the worker) at ``/workspace``, and the target slot's cgroup.
@@ -84,7 +89,8 @@ class CowForks:
         self._roles: dict[int, int] = {}
         self._random_state: Any = None
         self._comm = ENV_COMM
-        self._sigmask: set = set()
+        self._sigmask: set = set()  # the env's signal mask when the snapshot began
+        self._gc_was_enabled = True
         self._sigchld: Any = None
         from .sandbox import _linux as L
 
@@ -170,42 +176,58 @@ class CowForks:
         that now serves the env; in the holder it never returns, except in each copy forked from
         it, where it returns ``"copy"``. :class:`MemorySnapshotRefused` leaves the env as it was.
         ``nonce``: the request's, which the worker's ``swap`` message on the control socket repeats."""
-        got = _take_swap(nonce.encode())  # (also drops what refused snapshots left queued)
-        why, roles = self._check(ignore=got)
-        if why or got is None:
-            if got is not None:
-                os.close(got)
-            raise MemorySnapshotRefused(why or "the worker did not send its half of the snapshot in time")
-        self._roles = roles
-        self._comm = _comm()
-        # Python reseeds its global generator in every fork child (random's at-fork hook): the copies
-        # and the continued source put back the state it had here, so that they replay it exactly
-        self._random_state = random.getstate()
-        new_ctl = got
-        done_r, done_w = os.pipe()
-        gc.disable()  # from here on, no finaliser of the env's objects runs in a process of ours
-        x = os.fork()
-        if x == 0:  # X: make the namespaces, fork S, exit
+        # From here on no code of the env's runs in this process, which becomes the holder: no
+        # signal handler (every signal is blocked; the continued source and the copies get the
+        # env's mask back) and no finaliser (the collector is off). So what the check below finds
+        # is what the holder has.
+        self._gc_was_enabled = gc.isenabled()
+        gc.disable()
+        self._sigmask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        try:
+            got = _take_swap(nonce.encode())  # (also drops what refused snapshots left queued)
+            why, roles = self._check(ignore=got)
+            if why or got is None:
+                if got is not None:
+                    os.close(got)
+                raise MemorySnapshotRefused(why or "the worker did not send its half of the snapshot in time")
+            self._roles = roles
+            self._comm = _comm()
+            # Python reseeds its global generator in every fork child (random's at-fork hook): the
+            # copies and the continued source put back the state it had here, so they replay it exactly
+            self._random_state = random.getstate()
+            new_ctl = got
+            done_r, done_w = os.pipe()
+            x = os.fork()
+            if x == 0:  # X: make the namespaces, fork S, exit
+                os.close(done_r)
+                try:
+                    _nest(self.uid, net=False)
+                    if os.fork() == 0:
+                        self._become_source(new_ctl, done_w)
+                        return "source"
+                except BaseException as exc:  # noqa: BLE001 - reported to E, which serves on
+                    _write(done_w, f"!{type(exc).__name__}: {exc}".encode())
+                    os._exit(1)
+                os._exit(0)
+            os.close(done_w)
+            os.close(new_ctl)
+            answer = _read_answer(done_r)
             os.close(done_r)
-            try:
-                _nest(self.uid, net=False)
-                if os.fork() == 0:
-                    self._become_source(new_ctl, done_w)
-                    return "source"
-            except BaseException as exc:  # noqa: BLE001 - reported to E, which serves on
-                _write(done_w, f"!{type(exc).__name__}: {exc}".encode())
-                os._exit(1)
-            os._exit(0)
-        os.close(done_w)
-        os.close(new_ctl)
-        answer = _read_answer(done_r)
-        os.close(done_r)
-        if answer != b"1":
-            _wait(x)
-            gc.enable()
-            why = answer[1:].decode("utf-8", "replace") if answer.startswith(b"!") else "it died"
-            raise MemorySnapshotRefused(f"could not start the env's continuation: {why}")
+            if answer != b"1":
+                _wait(x)
+                why = answer[1:].decode("utf-8", "replace") if answer.startswith(b"!") else "it died"
+                raise MemorySnapshotRefused(f"could not start the env's continuation: {why}")
+        except BaseException:  # refused, or failed before the swap: the env serves on as it was
+            self._resume_env()
+            raise
         return self._hold()
+
+    def _resume_env(self) -> None:
+        """Give the env back what :meth:`snapshot` took for the swap: its collector, its signal mask
+        (in that order: a signal that waited runs its handler as the env would)."""
+        if self._gc_was_enabled:
+            gc.enable()
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, self._sigmask)
 
     def _become_source(self, new_ctl: int, done_w: int) -> None:
         """In S: finish the nested sandbox, take the new control socket, say so."""
@@ -223,7 +245,7 @@ class CowForks:
         random.setstate(self._random_state)
         _write(done_w, b"1")
         os.close(done_w)
-        gc.enable()
+        self._resume_env()
 
     # ------------------------------------------------------------------ the holder (E, from now on)
     # What the holder and the continued source run after the fork writes as few heap pages as it
@@ -233,23 +255,24 @@ class CowForks:
     def _hold(self) -> str:
         """Serve the worker's fork requests until released; returns only in a copy."""
         _set_name(HOLDER_COMM)
-        # The slot's pipes are the continued source's now: each fd on them goes to /dev/null (its
-        # number stays valid). The snapshot's check found no other fds but /dev/null and the
-        # control socket.
         null = os.open(os.devnull, os.O_RDWR)
-        for fd in self._roles:
-            os.dup2(null, fd)
+        for name in os.listdir("/proc/self/fd"):  # the slot's pipes are the continued source's now:
+            fd = int(name)  # every fd but the control socket goes to /dev/null (its number stays valid)
+            if fd not in (CONTROL_FD, null):
+                try:
+                    os.dup2(null, fd)
+                except OSError:
+                    pass
         os.close(null)
-        # No env code may run here: every signal but SIGCHLD is blocked (so no handler of the env's
-        # runs; the copies unblock what the env had unblocked) and the env's timers are cancelled.
-        # The handlers themselves are left as they are: the copies are forked with them.
-        # (the C module's calls, in plain ints: signal's wrappers convert to and from enums)
-        keep = {_signal.SIGCHLD, _signal.SIGKILL, _signal.SIGSTOP}
-        self._sigmask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals() - keep)
+        # No env code may run here: every signal but SIGCHLD stays blocked (as it has been since the
+        # snapshot began: no handler of the env's runs; the copies get the env's mask back) and the
+        # env's timers are cancelled. The handlers themselves are left as they are: the copies are
+        # forked with them. (The C module's calls, in plain ints: signal's wrappers use enums.)
         for which in (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF):
             _signal.setitimer(which, 0)
         self._sigchld = _signal.getsignal(_signal.SIGCHLD)
         _signal.signal(_signal.SIGCHLD, _reap_children)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGCHLD})  # (even if the env had it blocked)
         _reap_children(None, None)  # the swap's helper, if it exited before the handler was set
         try:
             return self._serve_forks()
@@ -346,9 +369,8 @@ class CowForks:
         # the signals as the env had them (the holder blocked them and took SIGCHLD)
         chld = self._sigchld if callable(self._sigchld) or self._sigchld in (signal.SIG_IGN, signal.SIG_DFL) else None
         signal.signal(signal.SIGCHLD, chld if chld is not None else signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._sigmask)
         self._fresh_copy = True
-        gc.enable()
+        self._resume_env()
 
     def take_copy(self) -> bool:
         """Whether this process is a copy that has not answered its restore yet (then it has)."""

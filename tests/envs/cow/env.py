@@ -8,10 +8,14 @@ worker (a user namespace, a mount namespace, a mount) and returns their errnos;
 for that long and writes how often it succeeded to ``/workspace/escaped``; ``["signal_all"]``
 tries to signal every other process it can see; ``"thread"`` starts a thread, ``"open"`` keeps a
 workspace file open, ``"spawn"`` starts a child process, ``"tidy"`` undoes those three;
-``["write", name, text]`` writes a workspace file and ``"files"`` returns them.
+``["write", name, text]`` writes a workspace file and ``"files"`` returns them; ``["itimer", s]``
+runs a SIGALRM handler every ``s`` seconds (0: stops) that appends to ``/workspace/alarms`` "1" if
+it runs with the collector off (as a memory snapshot's swap and holder have it), else "0";
+``"block_sigchld"`` blocks SIGCHLD.
 """
 
 import ctypes
+import gc
 import os
 import random
 import signal
@@ -54,6 +58,12 @@ def _unshare_loop(seconds: float) -> None:
     with open(os.path.join(WORKSPACE, "escaped"), "w") as f:
         f.write(f"{ok} {tries}")
     os._exit(0)
+
+
+def _on_alarm(_sig, _frame) -> None:
+    fd = os.open(os.path.join(WORKSPACE, "alarms"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, b"0" if gc.isenabled() else b"1")
+    os.close(fd)
 
 
 class Env:
@@ -123,6 +133,13 @@ class Env:
                 elif hasattr(h, "close"):
                     h.close()
             self.held = [h for h in self.held if isinstance(h, threading.Thread)]
+            return {"t": self.t}, 0.0, False, {}
+        if isinstance(action, list) and action[:1] == ["itimer"]:
+            signal.signal(signal.SIGALRM, _on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, float(action[1]), float(action[1]))
+            return {"t": self.t}, 0.0, False, {}
+        if action == "block_sigchld":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
             return {"t": self.t}, 0.0, False, {}
         if action == "files":
             out = {}
