@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 from contextlib import closing
 
@@ -18,6 +19,7 @@ import pytest
 
 import boltzlabs_gym
 from boltzlabs_gym import RLPool, SnapshotError
+from boltzlabs_gym.testing import wait_until
 from conftest import ENVS
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -197,6 +199,33 @@ def test_the_budget_refuses_a_memory_snapshot_before_the_env_is_asked(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_no_env_signal_handler_runs_once_a_snapshot_began_and_holders_reap_their_helpers(mode):
+    """With a timer firing every millisecond, the env's SIGALRM handler never runs with the collector
+    off, i.e. in the process that becomes the holder, from the start of the swap on (the copies and
+    the continued source get the env's mask back). A holder reaps the helpers it forks even when
+    the env had SIGCHLD blocked."""
+    with _pool(3, mode) as pool:
+        pool.reset(seed=0)
+        pool.step([["itimer", 0.001], "block_sigchld", 0])
+        time.sleep(0.05)
+        for _ in range(5):
+            with pool.snapshot(0, kind="memory") as snap:
+                pool.restore(snap, where=[2])
+            pool.step([["itimer", 0.001], 0, 0])  # (a fork clears timers: the continued source's anew)
+            time.sleep(0.02)
+        pool.step([["itimer", 0], 0, 0])
+        alarms = pool.step(["files", 0, 0])[0][0]["files"]["alarms"]
+        assert "0" in alarms and "1" not in alarms, alarms
+        with pool.snapshot(1, kind="memory") as snap:
+            pool.restore(snap, where=[0, 2])
+            holders = _holders()
+            assert holders
+            assert wait_until(
+                lambda: not any(k.status() == psutil.STATUS_ZOMBIE for h in holders for k in h.children()), 5
+            ), "a holder left its helpers unreaped"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_copies_replay_exactly_reseed_apart_and_snapshot_again(mode):
     """A copy replays its source's draws; reseeded copies differ and repeat; a copy's own snapshot
     (one namespace deeper) restores exactly too."""
@@ -310,3 +339,35 @@ def test_an_env_directory_that_strips_its_envs_filter_still_gets_no_user_namespa
             assert got["unshare_user"] == errno.EPERM
             assert got["unshare_mount"] == errno.EPERM and got["mount"] == errno.EPERM
             assert got["seccomp"] == "2"  # (the template's filter, inherited)
+
+
+def test_the_gate_lets_through_only_processes_born_since_it_was_armed():
+    """The supervisor's rule, on plain processes: a child of the armed process, or a child of such a
+    child, passes only if it (and that child) started after the arming and was not known then. A
+    process re-parented to the holder later (a copy whose forker exited) is older: refused."""
+    from boltzlabs_gym.worker.sandbox.notify import Supervisor
+
+    started = []
+    old = subprocess.Popen(["sh", "-c", "read x; sleep 30 & wait"], stdin=subprocess.PIPE)
+    started.append(old)
+    try:
+        time.sleep(0.1)  # ten clock ticks older than the arming
+        sup = Supervisor()
+        sup.arm(os.getpid())
+        new = subprocess.Popen(["sleep", "30"])
+        started.append(new)
+        old.stdin.write(b"go\n")
+        old.stdin.flush()
+        assert wait_until(lambda: psutil.Process(old.pid).children(), 5)
+        (grandchild,) = psutil.Process(old.pid).children()
+        started.append(grandchild)
+        assert sup._may_pass(new.pid)
+        assert not sup._may_pass(old.pid), "born before the arming"
+        assert not sup._may_pass(grandchild.pid), "its parent was born before the arming"
+        sup.disarm(os.getpid())
+        assert not sup._may_pass(new.pid), "disarmed"
+    finally:
+        for p in started:
+            p.kill()
+        for p in started[:2]:
+            p.wait()

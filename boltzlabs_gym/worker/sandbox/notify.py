@@ -15,7 +15,9 @@ snapshotting (which is then alone in its PID namespace: the worker checked it ha
 process) or the snapshot's holder (which never runs env code). While armed, a call is let
 through only from a process whose parent, or grandparent, is the armed process and which did
 not exist when it was armed (``known``: the holder's earlier children, that is its live copies,
-which run env code and are refused like any env). Those are the two processes the armed one
+which run env code and are refused like any env; and only a process started since the arming,
+so a copy re-parented to the holder when its forker exits is refused too). Those are the two
+processes the armed one
 forks for the copy: the one that makes the user namespace and the one that becomes the copy's
 PID 1. The worker disarms before it sends the copy (or the continued source) any request, so
 no env code runs while a process of its is let through. The parent is read from
@@ -38,6 +40,7 @@ import os
 import select
 import struct
 import threading
+import time
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +54,23 @@ _FLAG_CONTINUE = 1
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of ``pid`` (from /proc), or None when it is gone."""
+    got = _parent_and_start(pid)
+    return None if got is None else got[0]
+
+
+def _parent_and_start(pid: int) -> tuple[int, int] | None:
+    """``pid``'s parent and start time (clock ticks since boot), from /proc; None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _ticks_now() -> int:
+    """Now, in the unit of /proc/<pid>/stat's start time (clock ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def children_of(pid: int) -> set[int] | None:
@@ -82,7 +97,8 @@ class Supervisor:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._armed: dict[int, frozenset[int]] = {}  # armed pid -> its children when armed
+        #: armed pid -> (its children when armed, when it was armed in /proc start-time ticks)
+        self._armed: dict[int, tuple[frozenset[int], int]] = {}
         self._poll = select.poll()
         self._fds: set[int] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -101,7 +117,7 @@ class Supervisor:
     def arm(self, pid: int, known: set[int] | frozenset[int] = frozenset()) -> None:
         """Let through the calls of processes ``pid`` forks from now on (not those in ``known``)."""
         with self._lock:
-            self._armed[pid] = frozenset(known)
+            self._armed[pid] = (frozenset(known), _ticks_now())
 
     def disarm(self, pid: int) -> None:
         with self._lock:
@@ -168,15 +184,20 @@ class Supervisor:
             armed = dict(self._armed)
         if not armed:
             return False
-        parent = parent_of(pid)
-        if parent is None:
+        caller = _parent_and_start(pid)
+        if caller is None:
             return False
-        known = armed.get(parent)
-        if known is not None and pid not in known:
-            return True
-        grandparent = parent_of(parent)
-        known = armed.get(grandparent) if grandparent is not None else None
-        return known is not None and parent not in known
+        parent, started = caller
+        # Only a process born after the arming (to the tick) passes: a copy (env code) whose forker
+        # exited is re-parented to the holder and is not in ``known`` if that happened since.
+        if parent in armed:
+            known, armed_at = armed[parent]
+            return pid not in known and started >= armed_at - 1
+        above = _parent_and_start(parent)
+        if above is None or above[0] not in armed:
+            return False
+        known, armed_at = armed[above[0]]
+        return parent not in known and min(started, above[1]) >= armed_at - 1
 
 
 _shared: Supervisor | None = None
