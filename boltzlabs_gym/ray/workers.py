@@ -282,18 +282,20 @@ class RayWorkers:
         which :meth:`replace_dead` must not kill."""
         refs = [a.alive.remote() for a in self._actors]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        out = []
+        out, silent = [], []
         for i, ref in enumerate(refs):
             if ref not in ready:
-                if not self._answers_ping(i, timeout):
-                    out.append(i)  # neither answers: a node that is going, or gone
+                silent.append(i)
                 continue
             try:
                 if not ray.get(ref):
                     out.append(i)
             except ray.exceptions.RayError:
                 out.append(i)
-        return out
+        if silent:  # neither the actor nor its worker answers: gone
+            answers = self._ping_all(silent, timeout)
+            out += [i for i in silent if not answers[i]]
+        return sorted(out)
 
     def _link(self, ctx, w: RayWorker, timeout: float):
         """A link to worker ``w`` for one-off calls (no session)."""
@@ -310,16 +312,30 @@ class RayWorkers:
             send_timeout=timeout,
         )
 
-    def _answers_ping(self, i: int, timeout: float) -> bool:
+    def _ping_all(self, positions: list[int], timeout: float) -> dict[int, bool]:
+        """Whether each of these workers answers a ping; all are sent at once, with one deadline."""
         ctx = zmq.Context()
-        link = self._link(ctx, self.workers[i], timeout)
+        links = {i: self._link(ctx, self.workers[i], timeout) for i in positions}
+        answered: dict[int, bool] = {}
         try:
-            return bool(link.call({"op": "ping"}, timeout=timeout).get("ok"))
-        except WorkerError:
-            return False
+            sent = {}
+            for i, link in links.items():
+                try:
+                    sent[i] = link.send({"op": "ping"})
+                except WorkerError:
+                    answered[i] = False
+            deadline = time.monotonic() + timeout
+            for i, seq in sent.items():
+                try:
+                    header, _ = links[i].recv(seq, max(0.0, deadline - time.monotonic()))
+                    answered[i] = bool(header.get("ok"))
+                except WorkerError:
+                    answered[i] = False
         finally:
-            link.close()
+            for link in links.values():
+                link.close()
             ctx.destroy(linger=0)
+        return answered
 
     def replace_dead(self, timeout: float = 5.0) -> list[str]:
         """Start a new worker in place of each dead one (same position, new address and key); the

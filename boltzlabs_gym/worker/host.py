@@ -29,7 +29,8 @@ def sweep_stale_workers(workdir: str | None) -> None:
     for path in glob.glob(os.path.join(workdir or tempfile.gettempdir(), "boltzlabs-worker-*")):
         if not _abandoned(path):
             continue
-        claimed = path.split(_CLAIM)[0] + f"{_CLAIM}{os.getpid()}"
+        name = os.path.basename(path)
+        claimed = os.path.join(os.path.dirname(path), name.split(_CLAIM)[0] + f"{_CLAIM}{os.getpid()}")
         try:
             os.rename(path, claimed)
         except OSError:
@@ -51,7 +52,7 @@ def sweep_stale_workers(workdir: str | None) -> None:
 def _abandoned(path: str) -> bool:
     """Whether the worker directory ``path`` belongs to no live process: its worker is dead and
     no live worker is removing it. A directory without a readable pid file is not ours to judge."""
-    _, _, claimant = path.partition(_CLAIM)
+    _, _, claimant = os.path.basename(path).partition(_CLAIM)
     if claimant.isdigit():  # a sweep began; its pid file may be gone already
         return not _alive(int(claimant))
     try:

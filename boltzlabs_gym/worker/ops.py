@@ -397,7 +397,10 @@ class OpHandlers(WorkerParts):
         if session is not None:
             # Whoever holds the session's token (and CURVE key) may close it, as for every other
             # op; the ROUTER identity is only where the last reply went, not who owns the session.
-            self._session_for(client, header)
+            try:
+                self._session_for(client, header)
+            except SessionExpired:
+                return {"ok": True}  # its lease ran out just now: reclaimed, as closing would have
             self._close_session(session)
         return {"ok": True}
 
