@@ -180,9 +180,11 @@ class CowForks:
         # signal handler (every signal is blocked; the continued source and the copies get the
         # env's mask back) and no finaliser (the collector is off). So what the check below finds
         # is what the holder has.
+        # (signals first: a handler whose signal came just before runs as the call returns, with
+        # the collector still on, as anywhere in the env)
+        self._sigmask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         self._gc_was_enabled = gc.isenabled()
         gc.disable()
-        self._sigmask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         try:
             got = _take_swap(nonce.encode())  # (also drops what refused snapshots left queued)
             why, roles = self._check(ignore=got)
