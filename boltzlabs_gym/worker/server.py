@@ -505,9 +505,11 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
 
     @staticmethod
     def _lease_passed(session: Session, now: float) -> bool:
-        """Whether ``session`` went longer than its lease without a request (and nothing is lent)."""
-        lent = any(env.state is LENT for env in session.envs)  # in use without a request
-        return session.create_seq is None and not lent and now - session.last_seen > session.cfg.lease_s
+        """Whether ``session`` went longer than its lease without a request (and nothing is lent).
+        Every request asks, so the scan of its envs comes last, only once the time has run out."""
+        if session.create_seq is not None or now - session.last_seen <= session.cfg.lease_s:
+            return False
+        return not any(env.state is LENT for env in session.envs)  # lent: in use without a request
 
     def _reclaim(self, session: Session, now: float) -> None:
         log.warning(
