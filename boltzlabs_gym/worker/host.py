@@ -8,6 +8,8 @@ import shutil
 import signal
 import tempfile
 
+from .sandbox.cgroups import pid_alive
+
 log = logging.getLogger("boltzlabs_gym.worker")
 
 
@@ -54,23 +56,13 @@ def _abandoned(path: str) -> bool:
     no live worker is removing it. A directory without a readable pid file is not ours to judge."""
     _, _, claimant = os.path.basename(path).partition(_CLAIM)
     if claimant.isdigit():  # a sweep began; its pid file may be gone already
-        return not _alive(int(claimant))
+        return not pid_alive(int(claimant))
     try:
         with open(os.path.join(path, "owner.pid")) as f:
             owner = int(f.read().strip())
     except (OSError, ValueError):
         return False  # no pid file yet (a worker starting), or another user's
-    return not _alive(owner)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, another user's
-    return True
+    return not pid_alive(owner)
 
 
 def drain_fd(fd: int) -> None:

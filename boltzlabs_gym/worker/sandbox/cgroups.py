@@ -279,7 +279,7 @@ def sweep_stale() -> list[str]:
                 owner = int(os.path.basename(path).split("-")[1])
             except (IndexError, ValueError):
                 continue
-            if owner == os.getpid() or _alive(owner):
+            if owner == os.getpid() or pid_alive(owner):
                 continue
             try:
                 with open(os.path.join(path, "cgroup.procs")) as f:
@@ -302,7 +302,8 @@ def sweep_stale() -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
         return True
