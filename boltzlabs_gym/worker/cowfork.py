@@ -213,7 +213,7 @@ class CowForks:
                 os._exit(0)
             os.close(done_w)
             os.close(new_ctl)
-            answer = _read_answer(done_r)
+            answer = os.read(done_r, 4096)  # each side answers in one write; b"" if both died silent
             os.close(done_r)
             if answer != b"1":
                 _wait(x)
@@ -287,8 +287,6 @@ class CowForks:
         while True:
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 20, 8)
-            except InterruptedError:
-                continue
             except OSError:
                 break
             if not msg:
@@ -310,8 +308,6 @@ class CowForks:
                 os.wait()
             except ChildProcessError:
                 break
-            except InterruptedError:
-                continue
         os._exit(0)
 
     def _make_copy(self, req: dict, fds: list[int]) -> str:
@@ -495,23 +491,10 @@ def _reap_children(_sig, _frame) -> None:
 
 
 def _wait(pid: int) -> None:
-    while True:
-        try:
-            os.waitpid(pid, 0)
-            return
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            return
-
-
-def _read_answer(fd: int) -> bytes:
-    """The first message on ``fd`` (each side writes its answer in one write), or b"" at EOF."""
-    while True:
-        try:
-            return os.read(fd, 4096)
-        except InterruptedError:
-            continue
+    try:
+        os.waitpid(pid, 0)  # (Python retries it when a signal interrupts it)
+    except ChildProcessError:
+        pass
 
 
 def _write(fd: int, data: bytes) -> None:
