@@ -12,18 +12,17 @@ Who is let through, and why user code cannot be
 ----------------------------------------------
 The worker *arms* one process at a time, around one operation it asked for: the env it is
 snapshotting (which is then alone in its PID namespace: the worker checked it has no child
-process) or the snapshot's holder (which never runs env code). While armed, a call is let
-through only from a process whose parent, or grandparent, is the armed process and which did
-not exist when it was armed (``known``: the holder's earlier children, that is its live copies,
-which run env code and are refused like any env; and only a process started since the arming,
-so a copy re-parented to the holder when its forker exits is refused too). Those are the two
-processes the armed one
-forks for the copy: the one that makes the user namespace and the one that becomes the copy's
-PID 1. The worker disarms before it sends the copy (or the continued source) any request, so
-no env code runs while a process of its is let through. The parent is read from
-``/proc/<pid>/stat`` and the notification is checked still pending afterwards
-(``SECCOMP_IOCTL_NOTIF_ID_VALID``), so a caller that died meanwhile cannot lend its pid to
-another process.
+process) or the snapshot's holder (which runs no env code from the snapshot on, see
+:mod:`boltzlabs_gym.worker.cowfork`). While armed, a call is let through only from a process
+whose parent, or grandparent, is the armed process, which did not exist when it was armed
+(``known``: the holder's earlier children, that is its live copies, which run env code and are
+refused like any env) and which started since the arming (so a copy re-parented to the holder
+when its forker exits is refused too). Those are the two processes the armed one forks for the
+copy: the one that makes the user namespace and the one that becomes the copy's PID 1. The
+worker disarms before it sends the copy (or the continued source) any request, so no env code
+runs while a process of its is let through. The parent is read from ``/proc/<pid>/stat`` and
+the notification is checked still pending afterwards (``SECCOMP_IOCTL_NOTIF_ID_VALID``), so a
+caller that died meanwhile cannot lend its pid to another process.
 
 What a let-through process can do: create a user namespace with PID, mount, net, IPC and UTS
 namespaces under it (what any unprivileged user can do on a stock distribution), and mount
