@@ -238,7 +238,9 @@ def test_the_same_archive_uploaded_twice_at_once_is_unpacked_once(worker):
 def test_a_bad_upload_of_a_digest_does_not_fail_another_clients_good_one(worker):
     """Client A announces digest H with the wrong bytes while client B sends H's real archive:
     A gets the error, B's archive is unpacked. (Both wait behind a slow third archive, so
-    B's request arrives while A's is still pending.)"""
+    B's request arrives while A's is still pending; A's ping is answered before B sends, so the
+    worker has A's upload first. Were B's first, A's bytes would never be checked and A would
+    rightly get B's archive.)"""
     slow = _slow_archive(b'liar')
     good = _many_files(50)
     digest = archive_hash(good)
@@ -248,6 +250,9 @@ def test_a_bad_upload_of_a_digest_does_not_fail_another_clients_good_one(worker)
         first = _send_upload(ctx, worker.address, slow)
         assert wait_until(lambda: _staging_of(archives, slow), 30, 0.005)
         liar = _send_upload(ctx, worker.address, _many_files(60), seq=2, digest=digest)
+        liar.send_multipart([encode_header({"op": "ping", "seq": 20})])
+        assert liar.poll(30_000), "worker did not answer the ping behind the liar's upload"
+        assert decode_header(liar.recv_multipart()[0])["seq"] == 20
         honest = _send_upload(ctx, worker.address, good, seq=3)
         replies = {}
         for name, sock in (("first", first), ("liar", liar), ("honest", honest)):
