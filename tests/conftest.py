@@ -39,11 +39,20 @@ def pytest_sessionfinish(session, exitstatus):
 ISOLATION = os.environ.get("BOLTZLABS_TEST_ISOLATION", "auto")
 
 
-def _descendants() -> set[int]:
-    try:
-        return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
-    except psutil.Error:
-        return set()
+def _descendants() -> set[tuple[int, float]]:
+    """Our live descendants as (pid, start time): a reused pid is not the process seen before.
+
+    One that exits or is reaped while we look is left out; it must not empty the whole set
+    (an empty "before" would count every module-scoped fixture's process as leaked).
+    """
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.add((proc.pid, proc.create_time()))
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 def _our_temp_dirs() -> set[str]:
@@ -69,7 +78,7 @@ def no_leaks():
             return
         time.sleep(0.1)
     details = []
-    for pid in leaked:
+    for pid, _started in leaked:
         try:
             details.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
         except psutil.Error:

@@ -196,10 +196,10 @@ def test_the_worker_exits_when_its_pool_is_killed(tmp_path):
     """))
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        worker_pid = int(trainer.stdout.readline())
+        worker = psutil.Process(int(trainer.stdout.readline()))  # taken while it surely runs
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(10)
-        assert psutil.wait_procs([psutil.Process(worker_pid)], timeout=20)[1] == []
+        assert psutil.wait_procs([worker], timeout=20)[1] == []
     finally:
         if trainer.poll() is None:
             trainer.kill()

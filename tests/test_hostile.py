@@ -150,10 +150,19 @@ def _upload(address: str, data: bytes, timeout: float = 120.0, digest: str | Non
 
 def _worker_root(pid: int) -> str:
     """The working directory of the worker process ``pid`` (under this run's TMPDIR)."""
-    roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*"))
-             if open(os.path.join(d, "owner.pid")).read().strip() == str(pid)]
+    roots = [d for d in glob.glob(os.path.join(os.environ["TMPDIR"], "boltzlabs-worker-*")) if _owner(d) == str(pid)]
     assert len(roots) == 1, roots
     return roots[0]
+
+
+def _owner(worker_dir: str) -> str | None:
+    """The pid a worker directory names, if it still has one (another worker may be starting,
+    stopping or sweeping it meanwhile)."""
+    try:
+        with open(os.path.join(worker_dir, "owner.pid")) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 @pytest.mark.parametrize("case", ["unpacked_size", "file_count", "packed_size"])
@@ -555,8 +564,8 @@ def test_sigint_during_a_long_step_exits_cleanly(tmp_path):
         from boltzlabs_gym import RLPool
         with RLPool({FAULTY!r}, n=3, isolation={ISOLATION!r}, step_timeout=30) as pool:
             pool.reset()
-            print("READY", pool._links[0].process.pid, flush=True)
-            try:
+            try:  # READY inside: a SIGINT that comes before the step starts is caught the same
+                print("READY", pool._links[0].process.pid, flush=True)
                 pool.step([{{"sleep": 5}}, 1, 1])
             except KeyboardInterrupt:
                 print("INTERRUPTED", flush=True)

@@ -24,7 +24,7 @@ from boltzlabs_gym.keys import generate_keys
 from boltzlabs_gym.protocol import PROTOCOL_VERSION, decode_header, encode_header
 
 from conftest import COUNTER, FAULTY, ISOLATION
-from workers import WorkerProcess, wait_until
+from workers import WorkerProcess, alive, wait_until
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -165,7 +165,7 @@ def test_killed_worker_gives_clear_error_within_heartbeat(two_workers):
         assert time.monotonic() - t0 < 3.0 + 2.0
         assert "unreachable" in str(info.value) and info.value.worker == addresses[1]
         # the killed worker's envs died with it: no orphans
-        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in envs), 10)
+        assert wait_until(lambda: not alive(envs), 10), f"the killed worker's envs outlived it: {alive(envs)}"
     finally:
         pool.close()
     # a restarted worker sweeps the dead one's temp dir (and cgroups)
@@ -177,7 +177,7 @@ def test_killed_client_envs_are_reclaimed_after_lease(two_workers, tmp_path):
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(f"""
         from boltzlabs_gym import RLPool
-        pool = RLPool({COUNTER!r}, n=3, workers=[{address!r}], isolation={ISOLATION!r}, lease=2.0)
+        pool = RLPool({COUNTER!r}, n=3, workers=[{address!r}], isolation={ISOLATION!r}, lease=6.0)
         pool.reset()
         print("READY", flush=True)
         import time; time.sleep(600)
@@ -190,7 +190,7 @@ def test_killed_client_envs_are_reclaimed_after_lease(two_workers, tmp_path):
         client.kill()
         client.wait(10)
         assert wait_until(lambda: status(address)["in_use"] == 0, 30)
-        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in envs), 10)
+        assert wait_until(lambda: not alive(envs), 10), f"reclaimed envs still run: {alive(envs)}"
     finally:
         client.kill()
         client.wait()

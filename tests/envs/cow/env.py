@@ -146,8 +146,11 @@ class Env:
         if action == "files":
             out = {}
             for name in sorted(os.listdir(WORKSPACE)):
-                with open(os.path.join(WORKSPACE, name)) as f:
-                    out[name] = f.read()
+                try:
+                    with open(os.path.join(WORKSPACE, name)) as f:
+                        out[name] = f.read()
+                except FileNotFoundError:  # renamed meanwhile (the unshare loop's report)
+                    pass
             return {"files": out}, 0.0, False, {}
         if isinstance(action, list) and action[:1] == ["write"]:
             with open(os.path.join(WORKSPACE, action[1]), "w") as f:
