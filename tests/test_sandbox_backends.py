@@ -21,7 +21,7 @@ import pytest
 import boltzlabs
 import boltzlabs_gym
 from boltzlabs_gym.worker.sandbox import LaunchSpec, Limits, select_backend
-from boltzlabs_gym.worker.sandbox.base import wipe_workspace
+from boltzlabs_gym.worker.sandbox.base import CONTROL_FD, wipe_workspace
 from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
 from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
 from boltzlabs_gym.worker.sandbox.process import ProcessBackend
@@ -129,10 +129,16 @@ class Env:
     """One env started through a backend with three pipes."""
 
     def __init__(self, backend, code: str, env_dir: str, workspace: str, limits: Limits | None = None,
-                 index: int = 0, env: dict | None = None, args: tuple = ()):
+                 index: int = 0, env: dict | None = None, args: tuple = (), at: dict[int, int] | None = None):
         in_r, self.stdin = os.pipe()
         self.stdout, out_w = os.pipe()
         self.stderr, err_w = os.pipe()
+        ends = [in_r, out_w, err_w]
+        for role, number in (at or {}).items():  # hand the child's end of pipe ``role`` over as fd ``number``
+            os.dup2(ends[role], number, inheritable=False)
+            os.close(ends[role])
+            ends[role] = number
+        in_r, out_w, err_w = ends
         spec = LaunchSpec(
             argv=[sys.executable, "-B", "-s", "-c", textwrap.dedent(code), *args],
             env_dir=env_dir, workspace=workspace, stdin_fd=in_r, stdout_fd=out_w, stderr_fd=err_w,
@@ -543,6 +549,30 @@ def test_wipe_workspace_removes_readonly_things(backend, dirs):
     st = os.stat(ws)
     assert (st.st_uid, st.st_gid) == owner and stat.S_IMODE(st.st_mode) == 0o700
     assert os.path.isdir("/etc")
+
+
+@pytest.mark.parametrize("role", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_pipe_handed_over_at_the_control_fd_number_still_reaches_the_env(role, dirs):
+    """A worker with a few hundred envs gives a child pipe ends numbered 200 and up: one at
+    CONTROL_FD (where the env keeps its memory-snapshot control socket) must not be replaced by that
+    socket. (It was: the env's stdout became the socket, and every restart of that slot failed.)"""
+    env_dir, make_ws, _ = dirs
+    backend = _backend("namespaces")
+    if backend.mode()[0] != "root":
+        pytest.skip("only root mode gives an exec'd env a control socket")
+    with pytest.raises(OSError):
+        os.fstat(CONTROL_FD)  # free in this process, so the pipe can be put there
+    env = Env(backend, """
+        import os, stat, sys
+        line = sys.stdin.readline()
+        sys.stderr.write("err " + line)
+        sys.stderr.flush()
+        print("out", line.strip(), stat.S_ISSOCK(os.fstat(200).st_mode), flush=True)
+    """, env_dir, make_ws(), at={role: CONTROL_FD})
+    env.send("hello")
+    assert env.read_line() == "out hello True"
+    env.wait()
+    assert env.exit_code == 0 and env.err == b"err hello\n", env.err
 
 
 def test_setup_failure_is_reported(sandbox, dirs):

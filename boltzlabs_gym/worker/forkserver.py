@@ -21,7 +21,7 @@ import sys
 
 from .. import envside
 from .cowfork import mount_private_tmp
-from .sandbox.base import CONTROL_FD, SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlimits, readable
+from .sandbox.base import CONTROL_FD, SANDBOX_ENV_DIR, SANDBOX_WORKSPACE, Limits, apply_rlimits, readable, vacate_fd
 
 #: fds the template finds its control socket and the worker's lifeline on.
 CTL_FD = 3
@@ -300,6 +300,8 @@ def _become_env(
             seccomp.install(filt)
         # the channel stays open as the env's control socket for memory snapshots (see cowfork)
         keep_control = ns and filt is not None and CONTROL_FD not in import_fds | set(import_std)
+        if keep_control:  # (what the env's import opened keeps its number; the fds we were sent need not)
+            stdin_fd, stdout_fd, stderr_fd, csock_fd = vacate_fd(CONTROL_FD, [stdin_fd, stdout_fd, stderr_fd, csock_fd])
         os.write(csock_fd, b"ok" if keep_control else b"ok-")
         if keep_control:
             os.dup2(csock_fd, CONTROL_FD, inheritable=False)

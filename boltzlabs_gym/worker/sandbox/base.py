@@ -498,6 +498,23 @@ def kill_process_group(pgid: int) -> None:
 CONTROL_FD = 200
 
 
+def vacate_fd(slot: int, fds: list[int]) -> list[int]:
+    """``fds`` with each one that is ``slot`` moved to a free descriptor (close-on-exec), and
+    ``slot`` closed, so that something can be dup2-ed onto ``slot`` without replacing one of them.
+
+    A worker with a few hundred envs hands its children pipe ends numbered past
+    :data:`CONTROL_FD`; one that sat there was replaced by the control socket, and the env's
+    stdout became that socket.
+    """
+    if slot not in fds:
+        return list(fds)
+    import fcntl
+
+    moved = fcntl.fcntl(slot, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(slot)
+    return [moved if fd == slot else fd for fd in fds]
+
+
 def readable(fds: list[int], timeout: float) -> set[int]:
     """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
     worker with a thousand envs has fds above select's limit of 1024."""

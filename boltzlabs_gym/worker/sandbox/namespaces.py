@@ -70,6 +70,7 @@ from .base import (
     launched_tree,
     probe_launch,
     set_layout_randomization,
+    vacate_fd,
     wire_std_fds,
 )
 from .base import (
@@ -397,6 +398,9 @@ def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | Non
     try:
         _close_fds_except({status_w, *plan.fds, plan.control_fd})
         status_w = _high_fd(status_w)
+        if _control_fd(plan) is not None:  # the control socket goes to CONTROL_FD before the exec
+            *fds, status_w, plan.control_fd = vacate_fd(CONTROL_FD, [*plan.fds, status_w, plan.control_fd])
+            plan.fds = (fds[0], fds[1], fds[2])
         enter_sandbox(plan, status_fd=status_w)
         if body is None:
             _exec(plan, status_w)
