@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import sys
 import time
 from contextlib import closing
 
@@ -404,3 +405,55 @@ def test_the_gate_lets_through_only_processes_born_since_it_was_armed():
             p.kill()
         for p in started[:2]:
             p.wait()
+
+
+# Run in its own process: it becomes a child subreaper, as a holder is its namespace's PID 1.
+_VANISHING_FORKER = r"""
+import ctypes, os, sys, time
+from boltzlabs_gym.worker.sandbox import notify
+
+ctypes.CDLL("libc.so.6").prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us
+sup = notify.Supervisor()
+sup.arm(os.getpid())
+go_r, go_w = os.pipe()
+pid_r, pid_w = os.pipe()
+forker = os.fork()
+if forker == 0:  # the copy's forker: forks the copy, then exits when told
+    copy = os.fork()
+    if copy == 0:
+        time.sleep(30)
+        os._exit(0)
+    os.write(pid_w, str(copy).encode())
+    os.read(go_r, 1)
+    os._exit(0)
+copy = int(os.read(pid_r, 32))
+real = notify._parent_and_start
+looks = []
+
+def first_look_then_forker_reaped(pid):
+    got = real(pid)
+    if pid == copy and not looks:  # the supervisor has read "parent: forker"; now the forker goes
+        looks.append(got[0])
+        os.write(go_w, b"x")
+        os.waitpid(forker, 0)
+        while real(copy)[0] != os.getpid():
+            time.sleep(0.001)
+    return got
+
+notify._parent_and_start = first_look_then_forker_reaped
+passed = sup._may_pass(copy)
+notify._parent_and_start = real
+os.kill(copy, 9)
+os.waitpid(copy, 0)
+print(looks == [forker], passed)
+"""
+
+
+def test_the_gate_judges_a_copy_whose_forker_exits_mid_call_as_the_holders_child():
+    """A copy's forker exits right after the fork, while the copy may be making its first gated
+    call; a forker reaped between the gate's two reads of the copy's parentage must not turn the
+    copy away (it did: 1 restore in a few hundred after a crash under load got EPERM on its /proc
+    mount). Real processes; the exit is forced into that gap."""
+    out = subprocess.run([sys.executable, "-c", _VANISHING_FORKER], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr

@@ -265,11 +265,13 @@ def test_a_snapshot_outlives_its_source(mode):
         assert "boltzlabs_straggler" in infos[0]
         with pytest.raises(SnapshotError, match=r"env 0.*has not been reset since its process was.*reset it"):
             pool.snapshot(0)
-        pool.restore(snap, where=[0])
+        obs = pool.restore(snap, where=[0])
+        assert obs[0] is not None, pool.reset_infos[0]
         assert pool.step([1, 0])[0][0] == expected
         _, _, _, infos = pool.step(["crash", 0])
         assert "boltzlabs_error" in infos[0]
-        pool.restore(snap, where=[0, 1])
+        obs = pool.restore(snap, where=[0, 1])
+        assert obs[0] is not None and obs[1] is not None, pool.reset_infos
         assert pool.step([1, 1])[0] == [expected, expected]
         assert pool.step(["files", 0])[0][0]["files"] == {"f": "kept"}
         pool.snapshot(0).release()  # restored, so its state is its own again

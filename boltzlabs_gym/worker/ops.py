@@ -296,6 +296,7 @@ class OpHandlers(WorkerParts):
                 op.pop("_holder")
                 if env.index in failed:
                     message = f"env {env.global_index}: restore failed: {failed[env.index]}"
+                    log.warning("session %s %s", session.sid, message)
                     batch.done(pos, env.index, ERROR, json_error(message), [])
                 else:
                     self._submit(session, env, op, (), batch, pos)

@@ -49,6 +49,9 @@ _NOTIF_SEND = 0xC0182101  # _IOWR('!', 1, struct seccomp_notif_resp)   (24 bytes
 _NOTIF_ID_VALID = 0x40082102  # _IOW('!', 2, __u64)
 _NOTIF_SIZE = 80
 _FLAG_CONTINUE = 1
+#: how often a caller's parentage is read when its parent vanishes between the reads (once re-parented,
+#: a second look settles it; the third is for a reaper that was itself exiting)
+_LOOKS = 3
 
 
 def parent_of(pid: int) -> int | None:
@@ -183,20 +186,27 @@ class Supervisor:
             armed = dict(self._armed)
         if not armed:
             return False
-        caller = _parent_and_start(pid)
-        if caller is None:
-            return False
-        parent, started = caller
-        # Only a process born after the arming (to the tick) passes: a copy (env code) whose forker
-        # exited is re-parented to the holder and is not in ``known`` if that happened since.
-        if parent in armed:
-            known, armed_at = armed[parent]
-            return pid not in known and started >= armed_at - 1
-        above = _parent_and_start(parent)
-        if above is None or above[0] not in armed:
-            return False
-        known, armed_at = armed[above[0]]
-        return parent not in known and min(started, above[1]) >= armed_at - 1
+        # The copy's forker exits as soon as it has forked the copy, which may be mid-call: a parent
+        # that is gone by the second read was reaped, and the caller is its reaper's child now (the
+        # holder's, as PID 1 of their namespace): look again. Each look applies the same rules.
+        for _ in range(_LOOKS):
+            caller = _parent_and_start(pid)
+            if caller is None:
+                return False
+            parent, started = caller
+            # Only a process born after the arming (to the tick) passes: a copy (env code) whose forker
+            # exited is re-parented to the holder and is not in ``known`` if that happened since.
+            if parent in armed:
+                known, armed_at = armed[parent]
+                return pid not in known and started >= armed_at - 1
+            above = _parent_and_start(parent)
+            if above is None:
+                continue
+            if above[0] not in armed:
+                return False
+            known, armed_at = armed[above[0]]
+            return parent not in known and min(started, above[1]) >= armed_at - 1
+        return False
 
 
 _shared: Supervisor | None = None
