@@ -22,7 +22,9 @@ copy: the one that makes the user namespace and the one that becomes the copy's 
 worker disarms before it sends the copy (or the continued source) any request, so no env code
 runs while a process of its is let through. The parent is read from ``/proc/<pid>/stat`` and
 the notification is checked still pending afterwards (``SECCOMP_IOCTL_NOTIF_ID_VALID``), so a
-caller that died meanwhile cannot lend its pid to another process.
+caller that died meanwhile cannot lend its pid to another process. A parent that is gone by the
+time its own parent is read (the copy's forker exits right after its fork, and the holder reaps it
+at once) is read past: the caller is then the holder's child, and is judged as one.
 
 What a let-through process can do: create a user namespace with PID, mount, net, IPC and UTS
 namespaces under it (what any unprivileged user can do on a stock distribution), and mount
