@@ -139,7 +139,7 @@ class Spawning(WorkerParts):
         """Replace each env's process with a copy forked from a memory snapshot's ``holder``, ready
         for its restore request. Returns ``{env.index: reason}`` for those that could not be: nothing
         changed if the holder is gone or an env is busy; a slot emptied for a copy that then failed
-        gets a fresh env, as after a crash."""
+        (twice: a copy whose set-up failed is forked once more) gets a fresh env, as after a crash."""
         if holder.released or not holder.alive():
             why = "the snapshot's holder is gone (released, or its worker lost it)"
             return {env.index: why for env in envs}
@@ -153,7 +153,29 @@ class Spawning(WorkerParts):
         # content. The worker reaps its children later, as after any kill.
         for env in envs:
             self._kill_env(session, env)
+        errors = self._fork_copies(session, envs, holder)
+        if errors and not holder.released and holder.alive():
+            # A copy's set-up is a handful of namespace and mount calls, gated by the worker; one
+            # that failed (rarely, and not for the holder's sake: its other copies succeed) is
+            # forked again before its slot is given up.
+            for env in errors:
+                log.warning(
+                    "session %s env %d: a memory snapshot's copy failed (%s); forking it again",
+                    session.sid,
+                    env.global_index,
+                    errors[env],
+                )
+            errors = self._fork_copies(session, list(errors), holder)
+        for env, why in errors.items():
+            failed[env.index] = why
+            self._queue_start(session, env, None)
+        return failed
+
+    def _fork_copies(self, session: Session, envs: list[EnvProcess], holder) -> dict[EnvProcess, str]:
+        """Fork a copy from ``holder`` into each (emptied) slot, as one batch; the copies are registered
+        and idle. Returns why each slot that has none failed (its process killed, if it had one)."""
         launcher, started = session.backend, []
+        errors: dict[EnvProcess, str] = {}
         batch: list = []  # the copies started together (template._PendingCopy)
         for env in envs:
             try:
@@ -163,9 +185,8 @@ class Spawning(WorkerParts):
                 env.spawn(
                     _CopyStarter(launcher, holder, batch), lambda e, i, o, r: self._launch_spec(session, e, i, o, r)
                 )
-            except Exception as exc:  # noqa: BLE001 - this slot is empty now: a fresh env for it
-                failed[env.index] = f"could not fork a copy: {type(exc).__name__}: {exc}"
-                self._queue_start(session, env, None)
+            except Exception as exc:  # noqa: BLE001 - this slot stays empty
+                errors[env] = f"could not fork a copy: {type(exc).__name__}: {exc}"
                 continue
             started.append(env)
         if batch:
@@ -177,10 +198,9 @@ class Spawning(WorkerParts):
                 env.state = IDLE
                 env.pending_start = None
                 continue
-            failed[env.index] = f"could not fork a copy: {launched.setup_error if launched else 'no process'}"
+            errors[env] = f"could not fork a copy: {launched.setup_error if launched else 'no process'}"
             self._kill_env(session, env)
-            self._queue_start(session, env, None)
-        return failed
+        return errors
 
     def _fresh_workspace_if_pinned(self, env: EnvProcess) -> None:
         """A slot whose last process was snapshotted (memory kind) gets a new workspace directory: the
