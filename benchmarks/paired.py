@@ -179,12 +179,13 @@ def make_sb3(kind: str, factory, n: int):
 
 
 def make_envpool(env_name: str, n: int, seed: int = 0):
+    # (the workload first: installing envpool would not help a Python env, so say that, installed or not)
+    if env_name != "cartpole":
+        raise Skip("envpool runs only its own C++ envs; no Python-env workload")
     try:
         import envpool
     except Exception as exc:
         raise Skip(f"envpool not importable ({type(exc).__name__}: {exc}); pip install envpool") from None
-    if env_name != "cartpole":
-        raise Skip("envpool runs only its own C++ envs; no Python-env workload")
     return EnvPoolStepper(envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=seed))
 
 
