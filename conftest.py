@@ -1,5 +1,5 @@
 """Doctest collection of the package (pyproject: --doctest-modules): optional parts whose
-dependency is not installed are left out, as their tests skip (tests/test_ray.py)."""
+dependency is not installed are left out, as their tests skip (tests/adapters/test_ray.py)."""
 
 import importlib.util
 

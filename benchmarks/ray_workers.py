@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 import boltzlabs_gym  # noqa: E402
-from boltzlabs_gym.keys import generate_keys  # noqa: E402
+from boltzlabs_gym.wire.keys import generate_keys  # noqa: E402
 from boltzlabs_gym.testing import WorkerProcess  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "ray_workers.md")

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from boltzlabs_gym import RLPool  # noqa: E402
-from boltzlabs_gym.keys import generate_keys  # noqa: E402
+from boltzlabs_gym.wire.keys import generate_keys  # noqa: E402
 from boltzlabs_gym.testing import NetnsHost, NetnsUnavailable, WorkerProcess  # noqa: E402
 
 COUNTER = os.path.join(ROOT, "envs", "counter")

@@ -1,6 +1,6 @@
 """Restore a memory snapshot again and again after its copy crashed, and count restores that were not exact.
 
-Each round is ``tests/test_snapshots.py::test_a_snapshot_outlives_its_source`` in a fresh pool of
+Each round is ``tests/client/test_snapshots.py::test_a_snapshot_outlives_its_source`` in a fresh pool of
 the snapshot test env (two envs): snapshot env 0, step, soft- and hard-reset it, kill it as a
 straggler, restore the snapshot into it, crash that copy, then, after a random pause of 0-100
 ms (so the restore meets the crashed slot's respawn at every stage), restore into both slots and

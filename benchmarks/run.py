@@ -61,7 +61,7 @@ HANG_DIR = os.path.join(HERE, "env_dirs", "hang_counter")
 
 # --------------------------------------------------------------------------- suites
 SUITES = {
-    # tests/test_benchmarks.py: every implementation once, tiny.
+    # tests/integration/test_benchmarks.py: every implementation once, tiny.
     "smoke": dict(
         sizes=[4],
         steps={4: 40},
@@ -78,7 +78,7 @@ SUITES = {
         straggler_bound_s=1.0,
         step_timeout_s=0.5,
     ),
-    # Under 3 minutes on an idle 2-core box with room to spare (tests/test_benchmarks.py); at n=64
+    # Under 3 minutes on an idle 2-core box with room to spare (tests/integration/test_benchmarks.py); at n=64
     # the start-up of 64-env pools alone took it to 171-207 s. The full suite measures n=64 and up.
     "quick": dict(
         sizes=[8, 32],

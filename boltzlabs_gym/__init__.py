@@ -1,7 +1,7 @@
 """boltzlabs_gym: Gymnasium vector environments over a pool of sandboxed, resident env processes.
 
 Eight counter envs stepped in lockstep (skipped as a doctest: it starts a worker and
-sandboxed env processes; the README's quickstart and ``tests/test_pool.py`` run it):
+sandboxed env processes; the README's quickstart and ``tests/client/test_pool.py`` run it):
 
 >>> from boltzlabs_gym import RLPool                      # doctest: +SKIP
 >>> with RLPool("./envs/counter", n=8) as pool:           # doctest: +SKIP
@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import importlib
 
+from . import _moved
+
 __version__ = "0.1.0"
 
+_moved.install()  # old module paths (boltzlabs_gym.pool, boltzlabs_gym.codec, ...) keep working
+
 _LAZY = {
-    "RLPool": "boltzlabs_gym.pool",
-    "Timing": "boltzlabs_gym.timing",
+    "RLPool": "boltzlabs_gym.client.pool",
+    "Timing": "boltzlabs_gym.client.timing",
     "BoltzLabsVecEnv": "boltzlabs_gym.vector",
     "make_vec": "boltzlabs_gym.make",
-    "Limits": "boltzlabs_gym.worker.sandbox.base",
-    "IsolationReport": "boltzlabs_gym.worker.sandbox.base",
+    "Limits": "boltzlabs_gym.wire.limits",
+    "IsolationReport": "boltzlabs_gym.wire.limits",
     # The exception tree (boltzlabs_gym.errors); NetnsUnavailable stays in boltzlabs_gym.testing.
     "BoltzLabsError": "boltzlabs_gym.errors",
     "EnvStartError": "boltzlabs_gym.errors",
@@ -44,9 +48,9 @@ _LAZY = {
     "MetricsPortError": "boltzlabs_gym.errors",
     "MissingExtraError": "boltzlabs_gym.errors",
     "SnapshotError": "boltzlabs_gym.errors",
-    "Snapshot": "boltzlabs_gym.snapshot",
+    "Snapshot": "boltzlabs_gym.client.snapshot",
     "PlacementTimeout": "boltzlabs_gym.errors",
-    "PoolStats": "boltzlabs_gym.stats",
+    "PoolStats": "boltzlabs_gym.client.stats",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -52,7 +52,7 @@ Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` (K) above 1 in it
 environment, the process hosts ``BOLTZLABS_ENV_COUNT`` envs (its slots) and every request
 is a group request: per-env ops as above, one per slot named, answered with one group
 reply that carries each slot's reply (see "Sandboxes of several envs" in
-:mod:`boltzlabs_gym.protocol`; ``describe``, ``reset``, ``step`` and ``close`` per slot,
+:mod:`boltzlabs_gym.wire.protocol`; ``describe``, ``reset``, ``step`` and ``close`` per slot,
 and a ``close`` closes them all). Only the factory form can do this: the function form's
 functions share their module's state, so it refuses to start with K > 1.
 
@@ -73,10 +73,10 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
-from . import envstate
+from .envside import state as envstate
 
 # Env code imports these from here; they live in the env side's shared module.
-from .envside import (  # noqa: F401 - re-exported
+from .envside.framing import (  # noqa: F401 - re-exported
     ENV_DIR,
     ENV_INDEX,
     MAX_LINE_BYTES,
@@ -235,14 +235,14 @@ def serve(
         serve(factory=Counter)
 
     ``observation_space``/``action_space`` optionally declare Gymnasium spaces in their
-    JSON form (see :mod:`boltzlabs_gym.spaces`; ``{"type": "Discrete", "n": 2}``), so
+    JSON form (see :mod:`boltzlabs_gym.wire.spaces`; ``{"type": "Discrete", "n": 2}``), so
     that the vector env can batch observations into arrays.
 
     A ``print()`` in user code goes to stderr, never into the channel. An exception
     in ``reset`` or ``step`` is turned into a terminal transition whose info carries
     the traceback (``info["boltzlabs_exception"]``); the process keeps serving.
 
-    Snapshots (``pool.snapshot(i)``, ``pool.fork(i, into=...)``; see :mod:`boltzlabs_gym.envstate`):
+    Snapshots (``pool.snapshot(i)``, ``pool.fork(i, into=...)``; see :mod:`boltzlabs_gym.envside.state`):
     a factory's env object is pickled as it is, unless it has ``get_state()``/``set_state(state)``
     methods, which are used instead. The function form keeps its state in module globals the
     library cannot see: pass ``get_state=`` (returns picklable state) and ``set_state=`` (takes it
@@ -322,7 +322,7 @@ def _close_envs(envs: list) -> None:
 
 class _StateHooks:
     """The function form as an env object: its ``reset``/``step`` and, when given, the state hooks
-    that make it snapshottable (:mod:`~boltzlabs_gym.envstate` pickles what ``get_state`` returns)."""
+    that make it snapshottable (:mod:`~boltzlabs_gym.envside.state` pickles what ``get_state`` returns)."""
 
     def __init__(self, reset, step, get_state, set_state, reseed) -> None:
         self.reset, self.step = reset, step

@@ -25,8 +25,8 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── MetricsPortError (OSError)           the /metrics port cannot be bound (in use, refused): port
      └── MissingExtraError (ImportError)      an optional dependency is not installed: the extra to install
 
-The classes are also importable where they are used (``boltzlabs_gym.codec.CodecError``,
-``boltzlabs_gym.keys.KeyFileError``, ``boltzlabs_gym.protocol.ProtocolError``,
+The classes are also importable where they are used (``boltzlabs_gym.wire.codec.CodecError``,
+``boltzlabs_gym.wire.keys.KeyFileError``, ``boltzlabs_gym.wire.protocol.ProtocolError``,
 ``boltzlabs_gym.worker.sandbox.SandboxUnavailable``, ``boltzlabs_gym.testing.NetnsUnavailable``):
 those are the same objects, not copies.
 
@@ -98,7 +98,7 @@ class EnvCallError(BoltzLabsError, RuntimeError):
     """A ``call``, ``get_attr``, ``set_attr`` or ``render`` failed in one env.
 
     ``index`` is the env's index in the pool; ``failure`` the
-    :class:`~boltzlabs_gym.results.Failure` that describes it.
+    :class:`~boltzlabs_gym.client.results.Failure` that describes it.
     """
 
     def __init__(self, message: str, index: int | None = None, failure: object = None):

@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from .factories import make_env
+from .envside.factories import make_env
 from .vector import BoltzLabsVecEnv
 
 __all__ = ["make_vec", "register_envs", "vector_entry_point"]

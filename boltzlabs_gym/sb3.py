@@ -30,7 +30,7 @@ Semantics are SB3's (``DummyVecEnv``'s, checked step by step in the tests):
 Stragglers (an env that misses the pool's ``step_timeout``) and crashed envs end their
 episode by truncation; their info carries ``"boltzlabs_straggler"`` or ``"boltzlabs_error"``
 (a dict with ``kind``, ``reason``, ``stderr`` and ``deadline_s``, the shape every adapter uses:
-see :mod:`boltzlabs_gym.results`) and they are counted in :attr:`straggler_count` /
+see :mod:`boltzlabs_gym.client.results`) and they are counted in :attr:`straggler_count` /
 :attr:`error_count`. The env is respawned and reset before ``step_wait`` returns, so
 the returned observation is a genuine reset observation (``terminal_observation`` is a
 zero observation: the real one never arrived).
@@ -56,9 +56,9 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 
 from gymnasium.vector import AutoresetMode
 
-from . import codec
-from .factories import SB3EnvFactory
-from .results import read_value
+from .client.results import read_value
+from .envside.factories import SB3EnvFactory
+from .wire import codec
 
 if TYPE_CHECKING:
     import gymnasium as gym

@@ -15,7 +15,7 @@ themselves in-process and return the final and the new observation in one reply.
 An env that misses ``step_timeout`` or crashes comes back truncated, with a zero
 observation and ``infos["boltzlabs_straggler"]`` / ``infos["boltzlabs_error"]`` (dicts of
 arrays ``kind``, ``reason``, ``stderr``, ``deadline_s`` with ``_`` masks, the shape of
-:mod:`boltzlabs_gym.results`); it is respawned and reset on the next step without an
+:mod:`boltzlabs_gym.client.results`); it is respawned and reset on the next step without an
 extra round trip.
 """
 
@@ -39,15 +39,15 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
-from . import codec
+from .client.grouping import GroupResult
+from .client.pool import OK, RLPool
+from .client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
+from .client.snapshot import Snapshot
+from .client.stats import PoolStats
 from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
-from .grouping import GroupResult
-from .pool import OK, RLPool
-from .protocol import FLAG_TERMINATED, FLAG_TRUNCATED
-from .results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
-from .snapshot import Snapshot
-from .spaces import JsonSpace, seed_space_from_json, space_from_json
-from .stats import PoolStats
+from .wire import codec
+from .wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
+from .wire.spaces import JsonSpace, seed_space_from_json, space_from_json
 
 __all__ = [
     "BoltzLabsVecEnv",
@@ -324,14 +324,14 @@ class BoltzLabsVecEnv(VectorEnv):
         return codec.decode_info(obj, payloads, copy=True)
 
     def _read_reset(self, r: EnvResult, reset_timeout: float) -> ResetOutcome:
-        """A reset result read by :mod:`~boltzlabs_gym.results`; a failed env's obs is the zero obs.
+        """A reset result read by :mod:`~boltzlabs_gym.client.results`; a failed env's obs is the zero obs.
 
         ``reset_timeout`` is the pool's, read once per batch by the caller."""
         out = read_reset(r, reset_timeout, self._obs_decoders[r.index], self._decode_info)
         return out if out.obs is not None else out._replace(obs=deepcopy(self._zero_obs))
 
     def _read_step(self, r: EnvResult, step_timeout: float) -> Transition:
-        """A step result read by :mod:`~boltzlabs_gym.results`, with zero obs where none could be had.
+        """A step result read by :mod:`~boltzlabs_gym.client.results`, with zero obs where none could be had.
 
         ``step_timeout`` is the pool's, read once per batch by the caller."""
         t = read_step(r, step_timeout, self._obs_decoders[r.index], self._decode_info)
@@ -694,8 +694,8 @@ class BoltzLabsVecEnv(VectorEnv):
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, index: int, kind: str = "auto") -> Snapshot:
-        """Env ``index``'s full state now, as a :class:`~boltzlabs_gym.snapshot.Snapshot` (see
-        :meth:`RLPool.snapshot <boltzlabs_gym.pool.RLPool.snapshot>`); it also keeps whether the env
+        """Env ``index``'s full state now, as a :class:`~boltzlabs_gym.client.snapshot.Snapshot` (see
+        :meth:`RLPool.snapshot <boltzlabs_gym.client.pool.RLPool.snapshot>`); it also keeps whether the env
         is due an autoreset, which a restored copy then is too.
 
         >>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=8)   # doctest: +SKIP
@@ -722,7 +722,7 @@ class BoltzLabsVecEnv(VectorEnv):
 
         A copy's episode goes on where the snapshot's was: the same observation, and an autoreset
         still due if one was. ``reseed`` gives each copy its own random streams, and ``fresh=True``
-        a new process in a new sandbox (see :meth:`RLPool.restore <boltzlabs_gym.pool.RLPool.restore>`).
+        a new process in a new sandbox (see :meth:`RLPool.restore <boltzlabs_gym.client.pool.RLPool.restore>`).
         """
         self._check_open()
         self._check_idle("restore")
@@ -891,7 +891,7 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
 
 def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
     """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
-    from .gym_server import write_factory_env_dir
+    from .envside.gym_server import write_factory_env_dir
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
     try:

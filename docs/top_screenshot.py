@@ -4,7 +4,7 @@
     PYTHONPATH=. python docs/top_screenshot.py
 
 A local pool of 8 faulty envs steps a few times, one env hangs past its 0.5 s deadline,
-then ``top``'s table (``boltzlabs_gym.top.render``, what the command prints) is exported by
+then ``top``'s table (``boltzlabs_gym.cli.top.render``, what the command prints) is exported by
 ``rich`` as text and drawn with Pillow in DejaVu Sans Mono (offline: no browser, no SVG renderer).
 """
 
@@ -23,7 +23,7 @@ def frame_text() -> str:
     from rich.console import Console
 
     from boltzlabs_gym import RLPool
-    from boltzlabs_gym.top import fetch_status, render
+    from boltzlabs_gym.cli.top import fetch_status, render
 
     with RLPool(FAULTY, n=8, step_timeout=0.5, metrics_port=0) as pool:
         pool.reset(seed=0)

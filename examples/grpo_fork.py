@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from boltzlabs_gym import RLPool
-from boltzlabs_gym.results import Transition, read_step
+from boltzlabs_gym.client.results import Transition, read_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE_TASK = os.path.join(os.path.dirname(HERE), "envs", "code_task")

@@ -8,7 +8,7 @@ Ray places one actor per worker (a placement group, SPREAD by default, or ``node
 each actor starts a real ``boltzlabs-gym worker`` (:mod:`.actor`) and returns the address it
 bound and its CURVE public key. Steps go trainer to worker over ZeroMQ with CURVE, never
 through Ray; env code runs in the workers' sandboxes, never in a Ray process.
-:class:`RayWorkers` is a :class:`~boltzlabs_gym.sources.WorkerSource`: pools and vector envs
+:class:`RayWorkers` is a :class:`~boltzlabs_gym.client.sources.WorkerSource`: pools and vector envs
 take it as ``workers=``.
 """
 

@@ -14,7 +14,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from ..errors import PlacementTimeout, WorkerError
-from ..keys import ClientKeys, write_client_keys
+from ..wire.keys import ClientKeys, write_client_keys
 from .actor import WorkerHost
 
 log = logging.getLogger("boltzlabs_gym.ray")
@@ -83,7 +83,7 @@ class RayWorkers:
             when one is started.
     """
 
-    #: Pools on these workers default to ``isolation="strict"`` (see :class:`~boltzlabs_gym.pool.RLPool`):
+    #: Pools on these workers default to ``isolation="strict"`` (see :class:`~boltzlabs_gym.client.pool.RLPool`):
     #: unsandboxed env code would run as the Ray user, next to Ray's unauthenticated services.
     sandboxed_only = True
 
@@ -299,7 +299,7 @@ class RayWorkers:
 
     def _link(self, ctx, w: RayWorker, timeout: float):
         """A link to worker ``w`` for one-off calls (no session)."""
-        from ..link import WorkerLink
+        from ..client.link import WorkerLink
 
         return WorkerLink(
             ctx,

@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 
-from ..protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, poll_us_argument
+from ..wire.protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, poll_us_argument
 from .host import set_parent_death_signal, set_subreaper
 from .server import Worker
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "--local-fd",
         type=int,
         default=None,
-        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.channel)",
+        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.wire.channel)",
     )
     parser.add_argument(
         "--busy-poll-us",
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print("boltzlabs worker: --keys and --keys-stdin exclude each other", file=sys.stderr)
         return 2
     if args.keys or args.keys_stdin:
-        from ..keys import KeyFileError, load_worker_keys, parse_worker_keys_line
+        from ..wire.keys import KeyFileError, load_worker_keys, parse_worker_keys_line
 
         try:
             keys = parse_worker_keys_line(_read_keys_line()) if args.keys_stdin else load_worker_keys(args.keys)

@@ -1,6 +1,6 @@
 """One resident env process as the worker sees it: its process, its calls, its stderr.
 
-The protocol pipes and their untrusted-reply parser are :class:`~boltzlabs_gym.envpipe.EnvPipe`;
+The protocol pipes and their untrusted-reply parser are :class:`~boltzlabs_gym.wire.envpipe.EnvPipe`;
 a reply that breaks the protocol is an :class:`EnvFault`, and the worker kills and
 respawns the env.
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..envpipe import EnvPipe
-from ..protocol import PROGRESS_FILE
+from ..wire.envpipe import EnvPipe
+from ..wire.protocol import PROGRESS_FILE
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.
@@ -245,7 +245,7 @@ def describe_exit(status: int | None) -> str:
 
 def read_progress(workspace: str) -> int | None:
     """The slot a multi-env sandbox was serving, from its progress file (see
-    :data:`~boltzlabs_gym.protocol.PROGRESS_FILE`); ``None`` when it was idle or the file is
+    :data:`~boltzlabs_gym.wire.protocol.PROGRESS_FILE`); ``None`` when it was idle or the file is
     missing or not what the env side writes.
 
     The workspace is the env's: the file is opened without following a link and read only

@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from ..archive import is_archive_hash
 from ..errors import ArchiveError
-from ..protocol import (
+from ..wire.archive import is_archive_hash
+from ..wire.protocol import (
     ADOPT,
     AUTO,
     ERROR,
@@ -39,13 +39,13 @@ from ..protocol import (
     error_reply,
     parse_json,
 )
-from . import memory
+from . import pss as memory
 from .envproc import json_error
-from .holders import copy_workspace
+from .memory_snapshots.holders import copy_workspace
 from .parts import WorkerParts
 from .sandbox import select_backend
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
-from .snapshots import SnapshotBudgetExceeded
+from .snapshot_store import SnapshotBudgetExceeded
 from .stats import envs_by_state, read_lane_report
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class _SnapshotCatcher:
     store and passes the batch the blob's id instead of its bytes. For a memory snapshot
     (``swap``: the launcher, the env, the worker's end of the continued source's socket and the
     workspace copy) it finishes the role swap: the env's slot gets the continued source, the
-    store the holder (see :mod:`boltzlabs_gym.worker.cowfork`)."""
+    store the holder (see :mod:`boltzlabs_gym.envside.memory_snapshot`)."""
 
     __slots__ = ("batch", "store", "session", "source", "swap", "memory_why")
 
@@ -132,7 +132,8 @@ class _SnapshotCatcher:
 
 
 class OpHandlers(WorkerParts):
-    """``_op_<name>`` for each op of :data:`~boltzlabs_gym.protocol.WORKER_OPS`; :attr:`HANDLERS` maps names to them."""
+    """``_op_<name>`` for each op of :data:`~boltzlabs_gym.wire.protocol.WORKER_OPS`; :attr:`HANDLERS` maps
+    names to them."""
 
     def _op_ping(self, client, header, payloads):
         if header.get("session") is not None:
@@ -159,7 +160,7 @@ class OpHandlers(WorkerParts):
         if not is_archive_hash(digest):
             # It names a directory: checked here, before the thread checks the content.
             raise ArchiveError(
-                f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.archive.archive_hash)"
+                f"upload 'hash' {digest[:80]!r} is not a SHA-256 hex digest (boltzlabs_gym.wire.archive.archive_hash)"
             )
         dest = os.path.join(self.root, "archives", digest)
         self.uploads.submit(digest, payloads[0], dest, waiter=(client, header.get("seq")))

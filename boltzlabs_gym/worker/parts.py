@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from .deadlines import Deadlines
 from .envproc import Call, EnvProcess
 from .session import Batch, Session
-from .snapshots import SnapshotStore
+from .snapshot_store import SnapshotStore
 from .stats import WorkerStats
 
 if TYPE_CHECKING:
-    from ..channel import WorkerChannel
+    from ..wire.channel import WorkerChannel
 
 
 class WorkerParts:

@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from random import random
 
-from ..envpipe import EnvFault
-from ..lending import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
-from ..protocol import (
+from ..wire.call_rules import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
+from ..wire.envpipe import EnvFault
+from ..wire.protocol import (
     ERROR,
     GROUP_OPS,
     GROUP_SLOTS,

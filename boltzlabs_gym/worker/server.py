@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
-from ..archive import ArchiveLimits
-from ..channel import ChannelClosed, ChannelError, WorkerChannel
 from ..errors import ArchiveError
-from ..protocol import (
+from ..wire.archive import ArchiveLimits
+from ..wire.channel import ChannelClosed, ChannelError, WorkerChannel
+from ..wire.protocol import (
     DEFAULT_BUSY_POLL_US,
     DEFAULT_SNAPSHOT_BUDGET,
     ERROR,
@@ -56,14 +56,14 @@ from ..protocol import (
     error_reply,
 )
 from .deadlines import Deadlines
+from .direct_lane import Lending
 from .envproc import CLOSED, LENT, EnvProcess, json_error
 from .host import drain_fd, sweep_stale_workers, wipe_tree
-from .lender import Lending
 from .ops import OpHandlers
 from .sandbox import SandboxUnavailable
 from .scheduling import Scheduling
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
-from .snapshots import SnapshotStore
+from .snapshot_store import SnapshotStore
 from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
 from .stats import WorkerStats
 from .uploads import Uploads
@@ -175,7 +175,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self._zmq_check = True
         self._zmq_fd = cast(int, self.sock.getsockopt(zmq.FD))  # an int option (pyzmq types every option int | bytes)
         self.epoll.register(self._zmq_fd, select.EPOLLIN)
-        # The pool that started this worker talks over a socketpair (see boltzlabs_gym.channel).
+        # The pool that started this worker talks over a socketpair (see boltzlabs_gym.wire.channel).
         self._local: WorkerChannel | None = None
         self._local_fd = -1
         self._local_mask_out = False

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..lending import OpTimeouts
-from ..protocol import MAX_ENVS_PER_SANDBOX
+from ..wire.call_rules import OpTimeouts
+from ..wire.protocol import MAX_ENVS_PER_SANDBOX
 from .envproc import EnvProcess
 from .sandbox import Limits
 

@@ -15,9 +15,9 @@ import sys
 import tempfile
 import time
 
-from ..protocol import GROUP_OPS, GROUP_SLOTS
+from ..wire.protocol import GROUP_OPS, GROUP_SLOTS
 from .envproc import BUSY, DEAD, IDLE, QUEUED, STARTING, Call, EnvProcess, describe_exit
-from .holders import copy_workspace
+from .memory_snapshots.holders import copy_workspace
 from .parts import WorkerParts
 from .sandbox import LaunchSpec
 from .sandbox.base import wipe_workspace
@@ -55,7 +55,7 @@ ENV_BOOTSTRAP = (
     "import os,runpy,sys\n"
     # memory snapshots (the namespaces backend left the control socket open: see cowfork)
     "if os.environ.get('BOLTZLABS_MEMORY_SNAPSHOTS')=='1':\n"
-    " from boltzlabs_gym.worker.cowfork import install;install(os.getuid())\n"
+    " from boltzlabs_gym.envside.memory_snapshot import install;install(os.getuid())\n"
     "d=os.environ['BOLTZLABS_ENV_DIR']\n"
     "sys.path.insert(0,d)\n"
     "sys.argv=[os.path.join(d,'env.py')]\n"

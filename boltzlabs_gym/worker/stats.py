@@ -39,6 +39,8 @@ import collections
 import time
 from collections.abc import Iterable
 
+from ..wire.counters import RATE_WINDOW_S, RECENT_LATENCIES, RecentCounts, percentile  # noqa: F401 - re-exported
+
 __all__ = [
     "CRASH_REASONS",
     "ENV_SAMPLE_EVERY",
@@ -78,10 +80,6 @@ LATENCY_BOUNDS_S = (
 START_BOUNDS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 #: One env reply in this many has its latency bucketed (the rest cost one comparison).
 ENV_SAMPLE_EVERY = 8
-#: Recent batch latencies kept for ``top``'s p50/p99.
-RECENT_LATENCIES = 1024
-#: The window of ``top``'s rates (env calls per second).
-RATE_WINDOW_S = 10
 
 #: The ``reason`` label of a crash (an env that failed other than by missing its step deadline),
 #: and of a respawn (those plus ``straggler``): a small fixed set, never free text.
@@ -152,57 +150,6 @@ class LatencyBuckets:
         return out
 
 
-class RecentCounts:
-    """Events per whole second for the last ``keep_s`` seconds: rates and "in the last minute"."""
-
-    __slots__ = ("keep_s", "_seconds")
-
-    def __init__(self, keep_s: int = 60):
-        self.keep_s = keep_s
-        self._seconds: collections.deque[list[int]] = collections.deque()
-
-    def add(self, n: int, now: float | None = None) -> None:
-        second = int(time.monotonic() if now is None else now)
-        seconds = self._seconds
-        if seconds and seconds[-1][0] == second:
-            seconds[-1][1] += n
-            return
-        seconds.append([second, n])
-        while seconds[0][0] <= second - self.keep_s:
-            seconds.popleft()
-
-    def total(self, window_s: float, now: float | None = None) -> int:
-        """Events in the last ``window_s`` seconds (whole seconds, the current one included)."""
-        since = int(time.monotonic() if now is None else now) - window_s
-        return sum(n for second, n in list(self._seconds) if second > since)
-
-    def rate(self, window_s: int, opened: float, now: float | None = None) -> float:
-        """Events per second over the last ``window_s`` seconds: :meth:`total` divided by the time
-        it covers (``window_s - 1`` whole seconds and the current one so far; less since ``opened``).
-
-        >>> counts = RecentCounts()
-        >>> counts.add(30, now=100.0)
-        >>> counts.rate(10, opened=0.0, now=100.5)  # 9 whole seconds and half of this one
-        3.1578947368421053
-        """
-        now = time.monotonic() if now is None else now
-        covered = min(window_s - 1 + (now - int(now)), now - opened)
-        return self.total(window_s, now) / max(covered, 1.0)
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    """The ``q``-th percentile (nearest rank) of ``values``; ``None`` when there are none.
-
-    >>> percentile([3.0, 1.0, 2.0, 4.0], 50), percentile([], 99)
-    (2.0, None)
-    """
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    rank = max(0, min(len(ordered) - 1, -(-len(ordered) * q // 100) - 1))
-    return ordered[int(rank)]
-
-
 class SessionStats:
     """One session's books (a pool's envs on this worker)."""
 
@@ -245,7 +192,8 @@ class SessionStats:
         self.recent_env_s.append(seconds)
 
     def lane_report(self, calls: int, batch_seconds: list[float]) -> None:
-        """What a local pool stepped on its direct lane since its last report (see :mod:`boltzlabs_gym.lane`)."""
+        """What a local pool stepped on its direct lane since its last report (see
+        :mod:`boltzlabs_gym.client.direct_lane`)."""
         self.lane_calls += calls
         self.recent_calls.add(calls)
         self.lane_batches += len(batch_seconds)

@@ -10,11 +10,11 @@ How an env gets served (both backends)
 --------------------------------------
 The template is a fresh interpreter (``exec``, scrubbed environment: no worker memory, keys or
 descriptors are inherited) started with ``BOLTZLABS_TEMPLATE=<kind>`` and a control socket on
-fd 3. Its bootstrap (:data:`~boltzlabs_gym.worker.forkserver.TEMPLATE_BOOTSTRAP`) installs the fork
+fd 3. Its bootstrap (:data:`~boltzlabs_gym.envside.forkserver.TEMPLATE_BOOTSTRAP`) installs the fork
 loop as the env side's hook and runs the env directory's ``env.py`` as usual; when that calls
-:func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.gym_server.serve_factories`, which first
+:func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.envside.gym_server.serve_factories`, which first
 unpickles the factories so Gymnasium and the env classes are imported in the template), serve
-does not serve: it enters :func:`~boltzlabs_gym.worker.forkserver.template_main`, the fork loop
+does not serve: it enters :func:`~boltzlabs_gym.envside.forkserver.template_main`, the fork loop
 (module ``forkserver``: the template's side; this module is the worker's). The template checks it is
 single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the worker sends one
 ``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
@@ -108,8 +108,8 @@ import sys
 import time
 from dataclasses import replace
 
-from .copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_pid, try_remove
-from .forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
+from ..envside.forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
+from .memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_pid, try_remove
 from .sandbox.base import (
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
@@ -258,7 +258,7 @@ class TemplateLauncher(CopyLauncher):
 
     def pss(self) -> int:
         """PSS in bytes of the template process itself (its envs are counted per env)."""
-        from .memory import pid_pss
+        from .pss import pid_pss
 
         pid = self.template_pid
         return pid_pss(pid) if pid else 0
@@ -333,7 +333,7 @@ class TemplateLauncher(CopyLauncher):
             theirs.close()
             for fd in (log_fd, out_fd, null_fd):
                 os.close(fd)
-        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
+        from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
 
         try:
             pidfd = L.pidfd_open(pid)
@@ -344,7 +344,7 @@ class TemplateLauncher(CopyLauncher):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ours, 4096, 1)
             if msg == b"listener" and len(fds) == 1:  # the template's filter's (namespaces kind)
-                from .sandbox.notify import shared_supervisor
+                from .memory_snapshots.gate import shared_supervisor
 
                 shared_supervisor().watch(fds[0])
                 msg = ours.recv(4096)
@@ -397,8 +397,9 @@ class TemplateLauncher(CopyLauncher):
         return LAUNCHER.call(fork)
 
     def _start_ns(self, tspec: LaunchSpec, null_fd: int, out_fd: int, log_fd: int, ctl_fd: int):
-        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
-        from .sandbox import cgroups, seccomp
+        from ..envside import seccomp
+        from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
+        from .sandbox import cgroups
         from .sandbox.namespaces import LAUNCHER
 
         backend = self.backend
@@ -510,7 +511,7 @@ class TemplateLauncher(CopyLauncher):
             return _failed_launch(spec, str(exc), start)
 
     def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
-        from .sandbox import _linux as L  # noqa: F401 - loaded before the sandbox hides the package
+        from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import cgroups
 
         if self._graveyard:
@@ -716,7 +717,7 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
 
 def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
     """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
-    from .sandbox.notify import parent_of
+    from .memory_snapshots.gate import parent_of
 
     me = os.getpid()
     deadline = time.monotonic() + timeout
@@ -767,8 +768,8 @@ def _place_fds(fds: list[int]) -> None:
 
 def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: int) -> None:
     """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
-    from .sandbox import _linux as L
-    from .sandbox import seccomp
+    from ..envside import seccomp
+    from ..envside import syscalls as L
     from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root, adopt_sched_and_cgroup
 
     try:

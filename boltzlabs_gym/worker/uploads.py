@@ -7,7 +7,7 @@ unpacked on a background thread, one archive at a time (as the loop did them, so
 and disk use stay what they were); the loop watches :meth:`Uploads.fileno` and collects
 what finished with :meth:`Uploads.finished`, then answers the clients that asked.
 
-The thread runs only :func:`~boltzlabs_gym.archive.unpack_archive` and
+The thread runs only :func:`~boltzlabs_gym.wire.archive.unpack_archive` and
 :func:`~boltzlabs_gym.worker.host.make_tree_readable` and touches nothing of the worker's
 state: what it produces goes through :meth:`Uploads.finished`, on the loop's thread.
 """
@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 
-from ..archive import ArchiveLimits, unpack_archive
+from ..wire.archive import ArchiveLimits, unpack_archive
 from .host import drain_fd, make_tree_readable
 
 log = logging.getLogger(__name__)

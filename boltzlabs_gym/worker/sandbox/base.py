@@ -12,18 +12,46 @@ process started by exec and, later, one forked from a warm template.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import resource
 import signal
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...envside.confine import (  # re-exported: the backends and the worker import them here
+    CONTROL_FD as CONTROL_FD,
+)
+from ...envside.confine import (
+    SANDBOX_ENV_DIR as SANDBOX_ENV_DIR,
+)
+from ...envside.confine import (
+    SANDBOX_RUNTIME as SANDBOX_RUNTIME,
+)
+from ...envside.confine import (
+    SANDBOX_WORKSPACE as SANDBOX_WORKSPACE,
+)
+from ...envside.confine import (
+    apply_rlimits as apply_rlimits,
+)
+from ...envside.confine import (
+    python_paths as python_paths,
+)
+from ...envside.confine import (
+    readable as readable,
+)
+from ...envside.confine import (
+    vacate_fd as vacate_fd,
+)
+from ...envside.confine import (
+    wire_std_fds as wire_std_fds,
+)
 from ...errors import SandboxUnavailable as SandboxUnavailable  # re-exported: backends and worker import it here
+from ...wire.limits import IsolationReport as IsolationReport
+from ...wire.limits import Limits as Limits
 
 #: personality(2) flag: the next execve lays the process out without randomization.
 ADDR_NO_RANDOMIZE = 0x0040000
@@ -35,94 +63,6 @@ try:  # resolved here, not in a forked child: no ctypes lookups between fork and
     _personality = _libc_personality
 except (OSError, AttributeError):  # not Linux
     _personality = None
-
-#: Inside a namespace sandbox the env directory and the workspace have fixed paths.
-SANDBOX_ENV_DIR = "/env"
-SANDBOX_WORKSPACE = "/workspace"
-#: The library's own runtime (the env-side helper) is mounted here, read-only.
-SANDBOX_RUNTIME = "/opt/boltzlabs"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-env resource limits. ``None`` means no limit of that kind.
-
-    Exceeding one kills that env alone; the worker reports it like a crash.
-    """
-
-    memory_bytes: int | None = 2 << 30
-    pids: int | None = 128
-    open_files: int | None = 1024
-    file_size_bytes: int | None = 256 << 20
-    #: CPU seconds the env may burn in one step beyond the wall deadline. The wall deadline is the
-    #: worker's; backends only use this to size the RLIMIT_CPU backstop (see ``cpu_seconds_total``).
-    cpu_seconds_per_step: float | None = 10.0
-    #: size of each private tmpfs inside a namespace sandbox (/tmp and /dev/shm); charged to the
-    #: env's memory cgroup where there is one.
-    tmpfs_bytes: int = 64 << 20
-    #: RLIMIT_CPU (soft = hard, so SIGKILL at the limit) for every process of the env, counted
-    #: over the process's whole life, not per step. ``None``: ``max(3600, 360 * cpu_seconds_per_step)``
-    #: seconds, a generous backstop behind the worker's per-step wall deadline. The worker can
-    #: tighten it per step with :func:`extend_cpu_backstop`.
-    cpu_seconds_total: float | None = None
-
-    def cpu_backstop_seconds(self) -> int | None:
-        if self.cpu_seconds_total is not None:
-            return max(1, int(self.cpu_seconds_total))
-        if self.cpu_seconds_per_step is None:
-            return None
-        return int(max(3600.0, 360.0 * self.cpu_seconds_per_step))
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_json(cls, data: Mapping | None) -> Limits:
-        if not data:
-            return cls()
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown limit(s) {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class IsolationReport:
-    """Which backend is in force and which properties it actually provides."""
-
-    backend: str
-    properties: Mapping[str, bool | str]
-    notes: tuple[str, ...] = ()
-    #: How many envs share each sandbox (a pool's ``envs_per_sandbox``): the properties hold
-    #: between sandboxes, not between the envs of one.
-    envs_per_sandbox: int = 1
-
-    @property
-    def missing(self) -> tuple[str, ...]:
-        return tuple(k for k, v in self.properties.items() if v is False)
-
-    def to_json(self) -> dict:
-        return {
-            "backend": self.backend,
-            "properties": dict(self.properties),
-            "notes": list(self.notes),
-            "envs_per_sandbox": self.envs_per_sandbox,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> IsolationReport:
-        k = data.get("envs_per_sandbox", 1)
-        return cls(data["backend"], dict(data["properties"]), tuple(data.get("notes", ())), k if type(k) is int else 1)
-
-    def for_envs_per_sandbox(self, k: int) -> IsolationReport:
-        """This report for sandboxes of ``k`` envs each."""
-        return dataclasses.replace(self, envs_per_sandbox=k)
-
-    def __str__(self) -> str:
-        on = ",".join(k for k, v in self.properties.items() if v is True)
-        off = ",".join(self.missing)
-        shared = f"; {self.envs_per_sandbox} envs per sandbox" if self.envs_per_sandbox > 1 else ""
-        return f"isolation={self.backend} (in force: {on or 'none'}; missing: {off or 'none'}{shared})"
 
 
 @dataclass
@@ -262,7 +202,6 @@ def probe_launch(launch: Callable[[LaunchSpec], Launched], uid: int | None = Non
     ``available()`` runs, since only an actual launch shows what the host allows.
     """
     import shutil
-    import sys
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-probe-")
@@ -308,29 +247,6 @@ def probe_launch(launch: Callable[[LaunchSpec], Launched], uid: int | None = Non
         if w >= 0:
             os.close(w)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def apply_rlimits(limits: Limits, *, memory_via_rlimit: bool, pids_via_rlimit: bool) -> None:
-    """Set the rlimits of the calling (child) process: FSIZE, NOFILE, CORE=0, CPU backstop, and
-    AS / NPROC when no cgroup carries the memory / process limit."""
-
-    def cap(res: int, value: int | None) -> None:
-        if value is not None:
-            value = int(value)
-            _, hard = resource.getrlimit(res)
-            if hard != resource.RLIM_INFINITY and value > hard:
-                value = hard  # never try to raise a hard limit the worker itself lives under
-            resource.setrlimit(res, (value, value))
-
-    if limits.file_size_bytes is not None:
-        cap(resource.RLIMIT_FSIZE, int(limits.file_size_bytes))
-    cap(resource.RLIMIT_NOFILE, limits.open_files)
-    cap(resource.RLIMIT_CORE, 0)
-    cap(resource.RLIMIT_CPU, limits.cpu_backstop_seconds())
-    if memory_via_rlimit and limits.memory_bytes is not None:
-        cap(resource.RLIMIT_AS, int(limits.memory_bytes))
-    if pids_via_rlimit and limits.pids is not None:
-        cap(resource.RLIMIT_NPROC, limits.pids)
 
 
 def extend_cpu_backstop(pid: int, seconds: float) -> bool:
@@ -399,17 +315,6 @@ def set_layout_randomization(randomize: bool) -> None:
     wanted = current & ~ADDR_NO_RANDOMIZE if randomize else current | ADDR_NO_RANDOMIZE
     if wanted != current:
         _personality(wanted)
-
-
-def wire_std_fds(stdin_fd: int, stdout_fd: int, stderr_fd: int) -> None:
-    """Make the three pipe ends fds 0, 1, 2 (safe when some of them already are 0..2)."""
-    import fcntl
-
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (stdin_fd, stdout_fd, stderr_fd)]
-    for target, fd in enumerate(high):
-        os.dup2(fd, target)  # dup2 clears CLOEXEC on the target
-    for fd in high:
-        os.close(fd)
 
 
 def wipe_workspace(path: str, owner: tuple[int, int] | None = None) -> None:
@@ -491,59 +396,3 @@ def kill_process_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-#: Where an env process keeps its control socket to the worker (memory snapshots: see
-#: :mod:`boltzlabs_gym.worker.cowfork`); the worker's end has SO_PASSCRED.
-CONTROL_FD = 200
-
-
-def vacate_fd(slot: int, fds: list[int]) -> list[int]:
-    """``fds`` with each one that is ``slot`` moved to a free descriptor (close-on-exec), and
-    ``slot`` closed, so that something can be dup2-ed onto ``slot`` without replacing one of them.
-
-    A worker with a few hundred envs hands its children pipe ends numbered past
-    :data:`CONTROL_FD`; one that sat there was replaced by the control socket, and the env's
-    stdout became that socket.
-    """
-    if slot not in fds:
-        return list(fds)
-    import fcntl
-
-    moved = fcntl.fcntl(slot, fcntl.F_DUPFD_CLOEXEC, 3)
-    os.close(slot)
-    return [moved if fd == slot else fd for fd in fds]
-
-
-def readable(fds: list[int], timeout: float) -> set[int]:
-    """The fds of ``fds`` that are readable (or hung up) within ``timeout`` s. poll, not select: a
-    worker with a thousand envs has fds above select's limit of 1024."""
-    import select
-
-    p = select.poll()
-    for fd in fds:
-        p.register(fd, select.POLLIN)
-    while True:
-        try:
-            return {fd for fd, _ev in p.poll(max(0, int(timeout * 1000)))}
-        except InterruptedError:
-            continue
-
-
-def python_paths(argv0: str | None) -> list[str]:
-    """The Python installation trees a sandbox must show (read-only) for ``argv0`` to run."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.base_prefix, sys.prefix}
-    exe = os.path.realpath(sys.executable)
-    paths.add(os.path.dirname(os.path.dirname(exe)))
-    if argv0 and os.path.isabs(argv0):
-        real = os.path.realpath(argv0)
-        paths.add(os.path.dirname(os.path.dirname(real)))
-        paths.add(os.path.dirname(os.path.dirname(argv0)))
-    keep: list[str] = []
-    for p in sorted(paths, key=len):
-        if p in ("/", "") or p == "/usr" or p.startswith("/usr/") or not os.path.isdir(p):
-            continue
-        if any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
-            continue
-        keep.append(p)
-    return keep

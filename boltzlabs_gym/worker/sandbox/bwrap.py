@@ -20,8 +20,9 @@ import signal
 import threading
 import time
 
-from . import _linux as L
-from . import cgroups, seccomp
+from ...envside import seccomp
+from ...envside import syscalls as L
+from . import cgroups
 from .base import (
     ENV_UID_BASE,
     SANDBOX_ENV_DIR,

@@ -49,9 +49,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from ..copies import MEMORY_SNAPSHOTS_ENV, CopyLauncher
-from . import _linux as L
-from . import cgroups, seccomp
+from ...envside import seccomp
+from ...envside import syscalls as L
+from ..memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher
+from . import cgroups
 from .base import (
     CONTROL_FD,
     ENV_UID_BASE,
@@ -751,8 +752,8 @@ class NamespaceBackend(CopyLauncher):
     def _take_listener(self, launched: Launched, ours: socket.socket, cg) -> None:
         """The env sent its filter's listener before its exec: the worker answers it from now on, and
         keeps the socket as the env's control socket."""
-        from ..copies import recv_fds_passcred
-        from .notify import shared_supervisor
+        from ..memory_snapshots.gate import shared_supervisor
+        from ..memory_snapshots.launcher import recv_fds_passcred
 
         ours.settimeout(0.0)
         try:

@@ -6,7 +6,7 @@ import ctypes
 import os
 
 from boltzlabs_gym.env import serve
-from boltzlabs_gym.worker.sandbox import seccomp
+from boltzlabs_gym.envside import seccomp
 
 seccomp.build_filter = lambda *args, **kwargs: None  # what a hostile env directory could do
 

@@ -1,0 +1,198 @@
+"""The ``boltzlabs-gym`` command.
+
+Commands, by example::
+
+    boltzlabs-gym keygen ./keys                       CURVE key pairs for a worker and a client
+    boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys   run a worker
+    boltzlabs-gym check ./my_env                      run an env dir through reset and steps, explain problems
+    boltzlabs-gym status tcp://host:5555 --keys ./keys   sessions, envs, PSS, envs/GiB, isolation
+    boltzlabs-gym top tcp://a:5555 tcp://b:5555 --keys ./keys   live table: calls/s, latency, faults
+    boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys --metrics-port 9100   with /metrics
+    boltzlabs-gym isolation                           which sandbox this host gives, and why
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main"]
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from ..worker.__main__ import main as worker_main
+
+    argv = [a for ep in args.bind for a in ("--bind", ep)]
+    argv += ["--capacity", str(args.capacity), "--log-level", args.log_level]
+    if args.keys:
+        argv += ["--keys", args.keys]
+    if args.keys_stdin:
+        argv.append("--keys-stdin")
+    if args.insecure:
+        argv.append("--insecure")
+    if args.metrics_port is not None:
+        argv += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
+    if args.snapshot_budget is not None:
+        argv += ["--snapshot-budget", str(args.snapshot_budget)]
+    return worker_main(argv)
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    from ..wire.keys import KeyFileError, generate_keys
+
+    try:
+        written = generate_keys(args.directory)
+    except KeyFileError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name:14s} {path}")
+    print(
+        "copy worker.key_secret and client.key to each worker host; "
+        "keep client.key_secret and worker.key with the trainer"
+    )
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import zmq
+
+    from ..wire.protocol import decode_header, encode_header
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        if args.keys:
+            from ..wire.keys import load_client_keys
+
+            keys = load_client_keys(args.keys)
+            sock.curve_secretkey = keys.secret
+            sock.curve_publickey = keys.public
+            sock.curve_serverkey = keys.server_public
+        sock.connect(args.address)
+        sock.send_multipart([encode_header({"op": "status", "seq": 1})])
+        if not sock.poll(args.timeout * 1000):
+            print(f"no answer from {args.address} within {args.timeout} s", file=sys.stderr)
+            return 1
+        header = decode_header(sock.recv_multipart()[0])
+    finally:
+        sock.close(0)
+        ctx.term()
+    print(json.dumps(header, indent=2))
+    return 0 if header.get("ok") else 1
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    from ..errors import MissingExtraError
+    from .top import run_top
+
+    try:
+        return run_top(args.address, args.keys, args.once, args.interval, args.timeout)
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
+def _cmd_isolation(args: argparse.Namespace) -> int:
+    from ..worker.sandbox import _backends
+
+    for name, backend in _backends().items():
+        ok, why = backend.available()
+        print(f"{name:11s} {'available' if ok else 'unavailable'}: {why}")
+        if ok:
+            print(f"            {backend.report()}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .check import check_env_dir
+
+    problems = check_env_dir(args.env_dir, steps=args.steps, isolation=args.isolation, actions=args.action)
+    return 1 if problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("worker", help="run a worker")
+    p.add_argument(
+        "--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555"
+    )
+    p.add_argument(
+        "--capacity",
+        type=int,
+        default=512,
+        help="most sandboxes (env processes) this worker hosts at once; "
+        "a sandbox of envs_per_sandbox=K envs counts once",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
+    p.add_argument(
+        "--keys-stdin",
+        action="store_true",
+        help="read CURVE keys from stdin (one line: z85 worker secret key, then allowed client public keys)",
+    )
+    p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (needs the metrics extra)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on (0.0.0.0: every interface)")
+    p.add_argument(
+        "--snapshot-budget",
+        type=int,
+        default=None,
+        help="bytes of env snapshots this worker holds for all its clients together (default 1 GiB)",
+    )
+    p.set_defaults(func=_cmd_worker)
+
+    p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")
+    p.add_argument("directory")
+    p.set_defaults(func=_cmd_keygen)
+
+    p = sub.add_parser("status", help="show a running worker's sessions and isolation")
+    p.add_argument("address")
+    p.add_argument("--keys", default=None, help="CURVE key directory, for an authenticated worker")
+    p.add_argument("--timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("top", help="a live table of the sessions on one or more workers (needs the metrics extra)")
+    p.add_argument("address", nargs="+")
+    p.add_argument("--keys", default=None, help="CURVE key directory, for authenticated workers")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between frames")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each worker")
+    p.set_defaults(func=_cmd_top)
+
+    p = sub.add_parser("isolation", help="which isolation backends this host offers")
+    p.set_defaults(func=_cmd_isolation)
+
+    p = sub.add_parser("check", help="run an env directory through reset and a few steps and explain problems")
+    p.add_argument("env_dir")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--isolation", default="auto")
+    p.add_argument("--action", action="append", default=None, help="JSON action to send (repeatable); default 0")
+    p.set_defaults(func=_cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "worker":
+        # `boltzlabs-gym status ... | head` should end quietly, as other CLI tools do. Not for
+        # the worker: it must see EPIPE from a dead env's pipe as an error, not die of it.
+        import signal
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

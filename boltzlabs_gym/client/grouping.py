@@ -1,0 +1,476 @@
+"""Several envs per sandbox, trainer side: packing envs' ops into group requests, and reading
+the group replies back as envs' results.
+
+With ``envs_per_sandbox=K`` one sandboxed process hosts up to K envs of a pool: env ``i``
+is slot ``i % K`` of sandbox ``i // K`` (:class:`SandboxLayout`). The worker and the direct
+lane then see sandboxes, one request line and one reply per sandbox per batch (the wire is
+documented in :mod:`boltzlabs_gym.wire.protocol`, "Sandboxes of several envs"). This module is the
+one place that maps between the two views:
+
+* :func:`pack` turns a batch of per-env items ``(index, op, payloads)`` into one item per
+  sandbox, with a :class:`GroupPlan` saying which item and env each position stands for;
+* :class:`GroupResult` is one sandbox's answer: :meth:`GroupResult.read` validates the
+  untrusted group reply once and hands array observations, rewards and flags of its plain
+  positions over as arrays (the vector env assembles its batch by slicing them), and every
+  other position as that env's own :class:`~boltzlabs_gym.client.results.EnvResult`;
+  :meth:`GroupResult.expand` gives every position as an ``EnvResult``, the shape one-env
+  sandboxes answer in, for every other reader.
+
+A sandbox that fails (a missed deadline, a crash) is killed with all its envs: the env that
+was running when it failed (the worker reads it from the sandbox's progress file) is reported
+with the failure, its neighbours as restarted because of it.
+
+>>> layout = SandboxLayout(n=5, k=2)
+>>> layout.sandboxes, [layout.envs(b) for b in range(layout.sandboxes)]
+(3, [range(0, 2), range(2, 4), range(4, 5)])
+>>> items, plans = pack(layout, [(1, {"op": "step", "action": 0}, ()), (4, {"op": "reset", "seed": 7}, ())])
+>>> [(b, op) for b, op, _ in items]
+[(0, {'op': 'step', 'slots': [1], 'ops': [0]}), (2, {'op': 'reset', 'slots': [0], 'ops': [{'op': 'reset', 'seed': 7}]})]
+>>> plans[0].positions, plans[0].indices
+([0], [1])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..wire.protocol import (
+    ERROR,
+    FLAG_TERMINATED,
+    FLAG_TRUNCATED,
+    GROUP_AUTORESET,
+    GROUP_DEADLINE,
+    GROUP_FLAGS,
+    GROUP_N,
+    GROUP_NBIN,
+    GROUP_OBS,
+    GROUP_OPS,
+    GROUP_REPLIES,
+    GROUP_REWARD,
+    GROUP_SLOTS,
+    MAX_ENVS_PER_SANDBOX,
+    OK,
+    group_op_name,
+)
+from .results import EnvResult, parse_result
+
+__all__ = [
+    "BadGroupReply",
+    "GroupPlan",
+    "GroupReply",
+    "GroupResult",
+    "SandboxLayout",
+    "check_envs_per_sandbox",
+    "pack",
+    "pack_steps",
+]
+
+#: The op of a hard reset; it restarts a whole sandbox, so it must name every env of it.
+HARD_RESET = "hard_reset"
+
+
+def check_envs_per_sandbox(value: object) -> int:
+    """``value`` as a number of envs per sandbox, or ValueError.
+
+    >>> check_envs_per_sandbox(8)
+    8
+    """
+    if type(value) is not int or not 1 <= value <= MAX_ENVS_PER_SANDBOX:
+        raise ValueError(f"envs_per_sandbox must be an int in [1, {MAX_ENVS_PER_SANDBOX}], got {value!r}")
+    return value
+
+
+class SandboxLayout:
+    """Which sandbox and slot each of a pool's ``n`` envs has, ``k`` envs per sandbox."""
+
+    __slots__ = ("n", "k", "sandboxes")
+
+    def __init__(self, n: int, k: int):
+        self.n, self.k = n, k
+        self.sandboxes = -(-n // k)
+
+    def envs(self, sandbox: int) -> range:
+        """The pool indices of the envs of ``sandbox``."""
+        return range(sandbox * self.k, min(self.n, (sandbox + 1) * self.k))
+
+    def describe(self, sandbox: int) -> str:
+        """``"envs 4-7"``: the envs of ``sandbox``, for messages."""
+        envs = self.envs(sandbox)
+        return f"env {envs[0]}" if len(envs) == 1 else f"envs {envs[0]}-{envs[-1]}"
+
+
+@dataclass
+class GroupPlan:
+    """What one sandbox's group request stands for: batch positions and env indices, per position."""
+
+    sandbox: int
+    positions: list[int] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    op: str = ""
+    #: Whether ``indices`` are the sandbox's envs in order, from its first: its rows are one slice.
+    whole: bool = False
+
+
+def _bad_index(index: Any, n: int) -> Exception:
+    if type(index) is not int and not isinstance(index, np.integer):
+        return TypeError(f"env index must be an int, got {type(index).__name__}")
+    return IndexError(f"env index {index} out of range for a pool of {n}")
+
+
+def _shorthand(op: dict) -> int | None:
+    """The int a plain Discrete step op packs into (see the wire), or None."""
+    action = op.get("action")
+    if (
+        type(action) is int
+        and op.get("op") == "step"
+        and (len(op) == 2 or (len(op) == 3 and op.get(GROUP_AUTORESET) is True))
+    ):
+        return action
+    return None
+
+
+def pack(
+    layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
+) -> tuple[list, list[GroupPlan]]:
+    """One item ``(sandbox, group op, payloads)`` per sandbox the per-env ``items`` name, and their plans.
+
+    ``mixed_deadline``: the deadline of a step batch with resets in it (see
+    :data:`~boltzlabs_gym.wire.protocol.GROUP_DEADLINE`). Raises ``IndexError``/``TypeError`` for an
+    index outside the pool, ``ValueError`` for an env named twice, an op that is not an op
+    object, or a hard reset that leaves out envs of its sandbox.
+    """
+    n, k = layout.n, layout.k
+    ops_of: dict[int, list] = {}
+    plans: dict[int, GroupPlan] = {}
+    seen: set[int] = set()
+    for pos, (index, op, payloads) in enumerate(items):
+        if type(index) is not int and not isinstance(index, np.integer) or not 0 <= index < n:
+            raise _bad_index(index, n)
+        if type(op) is not dict or type(op.get("op")) is not str:
+            raise ValueError(f"env {index}: op must be an object with an 'op' string, got {str(op)[:80]}")
+        sandbox = int(index) // k
+        plan = plans.get(sandbox)
+        if plan is None:
+            plan = plans[sandbox] = GroupPlan(sandbox)
+            ops_of[sandbox] = []
+        if index in seen:
+            raise ValueError(f"env index {index} appears twice in one batch")
+        seen.add(int(index))
+        plan.positions.append(pos)
+        plan.indices.append(int(index))
+        ops_of[sandbox].append((int(index) - sandbox * k, op, payloads))
+    out = []
+    for sandbox, plan in plans.items():
+        group, frames = _group_request(ops_of[sandbox], mixed_deadline)
+        plan.op = group["op"]
+        if plan.op == HARD_RESET and len(plan.indices) != len(layout.envs(sandbox)):
+            raise ValueError(
+                f"a hard reset restarts a whole sandbox: hard-reset {layout.describe(sandbox)} together "
+                f"(envs_per_sandbox={k}; RLPool.reset(hard=True) widens its mask to whole sandboxes)"
+            )
+        out.append((sandbox, group, frames))
+    return out, list(plans.values())
+
+
+def pack_steps(
+    layout: SandboxLayout,
+    actions: list[int],
+    resets: np.ndarray,
+    autoreset: bool,
+    mixed_deadline: float | None = None,
+) -> tuple[list, list[GroupPlan]]:
+    """:func:`pack` for a vector env's Discrete step batch, without per-env work in Python: every
+    env steps with its int action, but those in ``resets``, which reset (seed ``None``) instead;
+    ``autoreset`` marks every step for a reset in the same request (``SAME_STEP``)."""
+    out = []
+    plans = []
+    reset_at = np.flatnonzero(resets).tolist() if resets.any() else []
+    cursor = 0
+    for sandbox in range(layout.sandboxes):
+        envs = layout.envs(sandbox)
+        lo, hi = envs.start, envs.stop
+        ops: list = actions[lo:hi]
+        resetting = 0
+        while cursor < len(reset_at) and reset_at[cursor] < hi:
+            ops[reset_at[cursor] - lo] = {"op": "reset", "seed": None}
+            resetting += 1
+            cursor += 1
+        # No env of the sandbox steps: the reset deadline holds.
+        name = "reset" if resetting == hi - lo else "step"
+        group: dict = {"op": name, GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
+        if autoreset:
+            group[GROUP_AUTORESET] = True
+        if resetting and name == "step" and mixed_deadline is not None:
+            group[GROUP_DEADLINE] = mixed_deadline
+        out.append((sandbox, group, ()))
+        plans.append(GroupPlan(sandbox, list(envs), list(envs), name, whole=True))
+    return out, plans
+
+
+_SLOTS: dict[int, list[int]] = {}
+
+
+def _slots(m: int) -> list[int]:
+    """``[0, ..., m - 1]``, one shared list per size (only ever read: it is encoded, never changed)."""
+    slots = _SLOTS.get(m)
+    if slots is None:
+        slots = _SLOTS[m] = list(range(m))
+    return slots
+
+
+def _group_request(
+    slot_ops: list[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
+) -> tuple[dict, list]:
+    """The group op for ``(slot, op, payloads)`` triples, and its payload frames in order."""
+    slots: list[int] = []
+    ops: list = []
+    counts: list[int] = []
+    frames: list = []
+    autoreset: bool | None = None
+    hard = False
+    for slot, op, payloads in slot_ops:
+        slots.append(slot)
+        counts.append(len(payloads))
+        frames.extend(payloads)
+        if op.get("op") == HARD_RESET:
+            hard = True
+            op = {k: v for k, v in op.items() if k != "op"} | {"op": "reset"}
+        action = _shorthand(op) if not payloads else None
+        if action is not None:
+            flavour = len(op) == 3
+            if autoreset is None:
+                autoreset = flavour
+            if flavour == autoreset:
+                ops.append(action)
+                continue
+        ops.append(op)
+    group: dict = {"op": HARD_RESET if hard else group_op_name(ops), GROUP_SLOTS: slots, GROUP_OPS: ops}
+    if autoreset:
+        group[GROUP_AUTORESET] = True
+    if (
+        group["op"] == "step"
+        and mixed_deadline is not None
+        and any(type(op) is dict and op.get("op") == "reset" for op in ops)
+    ):
+        group[GROUP_DEADLINE] = mixed_deadline
+    if frames:
+        group[GROUP_NBIN] = counts
+    return group, frames
+
+
+# ----------------------------------------------------------------------------------- replies
+
+
+class GroupReply:
+    """One group reply, validated: plain positions as arrays, the others as env results."""
+
+    __slots__ = ("plain", "obs", "reward", "flags", "others")
+
+    def __init__(
+        self,
+        plain: np.ndarray,
+        obs: np.ndarray | None,
+        reward: np.ndarray | None,
+        flags: np.ndarray | None,
+        others: dict,
+    ):
+        #: Positions answered plainly (bool per position).
+        self.plain = plain
+        #: ``(P, *shape)`` observations (rows of other positions are meaningless), or None.
+        self.obs = obs
+        self.reward = reward
+        self.flags = flags
+        #: position -> that env's :class:`EnvResult` (parsed), for every position not plain.
+        self.others = others
+
+
+class BadGroupReply(ValueError):
+    """A group reply that does not follow the wire; every env of it gets a ``bad_reply``."""
+
+
+@dataclass
+class GroupResult:
+    """One sandbox's answer to its part of a batch (see :func:`pack`)."""
+
+    plan: GroupPlan
+    result: EnvResult
+    #: The sandbox's envs (:meth:`SandboxLayout.envs`: from the pool's layout, never from the reply);
+    #: the progress file's slot counts from the first.
+    envs: range
+    #: For a failed sandbox, once read: its envs that were not in the request, and why they restarted.
+    restarted: dict[int, str] | None = None
+    _read: GroupReply | list[EnvResult] | None = None
+
+    def read(
+        self, obs_dtype: np.dtype | None = None, obs_shape: tuple | None = None, arrays: bool = True
+    ) -> GroupReply | list[EnvResult]:
+        """The reply, validated (read once, then kept): array observations must have ``obs_dtype``
+        and ``obs_shape`` when given (else what the reply declares), and there must be none
+        unless ``arrays`` (a reader whose space has no array form); a list of per-env results
+        instead when the sandbox failed or its reply breaks the wire."""
+        if self._read is None:
+            self._read = self._read_now(obs_dtype, obs_shape, arrays)
+        return self._read
+
+    def _read_now(
+        self, obs_dtype: np.dtype | None, obs_shape: tuple | None, arrays: bool
+    ) -> GroupReply | list[EnvResult]:
+        r = parse_result(self.result)
+        reply = r.reply if isinstance(r.reply, dict) else {}
+        if r.status == OK:
+            try:
+                if not arrays and reply.get(GROUP_OBS) is not None:
+                    raise BadGroupReply("array observations for a space that has no array form")
+                return _read_group(reply, r.payloads, obs_dtype, obs_shape, self.plan.indices)
+            except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
+                return self._bad(str(exc)[:500])
+        if reply.get("bad_reply"):
+            return self._bad(str(reply.get("message")))
+        return self._failed(reply)
+
+    def failures(self) -> list[EnvResult]:
+        """The envs of this sandbox that failed as the worker reports failures (straggler or error
+        status); none when the sandbox answered."""
+        if self.result.status == OK:
+            return []
+        read = self.read()
+        return [r for r in read if r.status != OK] if isinstance(read, list) else []
+
+    def expand(self) -> list[EnvResult]:
+        """Every position as the :class:`EnvResult` a one-env sandbox would have answered with."""
+        read = self.read()
+        if isinstance(read, list):
+            return read
+        out: list[EnvResult] = []
+        skeleton = None
+        if read.obs is not None:
+            skeleton = {"__nd__": [0, read.obs.dtype.str, list(read.obs.shape[1:])]}
+        for p, index in enumerate(self.plan.indices):
+            other = read.others.get(p)
+            if other is not None:
+                out.append(other)
+                continue
+            assert read.reward is not None and read.flags is not None and read.obs is not None
+            flags = int(read.flags[p])
+            reply = {
+                "obs": skeleton,
+                "reward": float(read.reward[p]),
+                "terminated": bool(flags & FLAG_TERMINATED),
+                "truncated": bool(flags & FLAG_TRUNCATED),
+                "info": {},
+            }
+            out.append(EnvResult(index, OK, reply, [np.ascontiguousarray(read.obs[p]).tobytes()]))
+        return out
+
+    def _failed(self, detail: dict) -> list[EnvResult]:
+        """A killed sandbox: the env that was running gets the failure; its neighbours are restarted with it."""
+        status = self.result.status
+        reason = str(detail.get("message", "the sandbox failed"))
+        envs = self.envs
+        slot = detail.get("slot")
+        culprit = envs[slot] if type(slot) is int and 0 <= slot < len(envs) else None
+        if culprit is not None:
+            others = f"sandbox restarted because env {culprit} failed: {reason}"
+        else:
+            others = (
+                f"{reason} (its sandbox, shared with envs {envs[0]}-{envs[-1]}, was restarted; "
+                "which env was running is not known)"
+            )
+        out = []
+        for index in self.plan.indices:
+            if index == culprit:
+                out.append(EnvResult(index, status, dict(detail), []))
+            elif culprit is None:
+                out.append(EnvResult(index, status, dict(detail, message=others), []))
+            else:
+                out.append(EnvResult(index, ERROR, dict(detail, message=others, straggler=False), []))
+        self.restarted = {i: others for i in envs if i not in self.plan.indices}
+        return out
+
+    def _bad(self, why: str) -> list[EnvResult]:
+        message = f"sandbox of envs {self.plan.indices} sent a bad group reply: {why}"
+        return [EnvResult(i, ERROR, {"message": message, "bad_reply": True}, []) for i in self.plan.indices]
+
+
+def _nd(ref: int, dtype: str, shape: list) -> dict:
+    return {"__nd__": [ref, dtype, shape]}
+
+
+def _declared_obs(obs: Any, npos: int) -> tuple[np.dtype, tuple]:
+    """The dtype and row shape a group reply's ``obs`` skeleton declares, checked."""
+    try:
+        ref, dtype_str, shape = obs["__nd__"]
+        dtype = np.dtype(dtype_str)
+        ok = ref == 0 and dtype.kind in "biuf" and isinstance(shape, list) and shape[:1] == [npos]
+        ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape) and len(shape) <= 33
+    except (TypeError, ValueError, KeyError):
+        ok = False
+    if not ok:
+        raise BadGroupReply(f"its observations {str(obs)[:120]} are not a numeric array of {npos} rows")
+    return dtype, tuple(shape[1:])
+
+
+def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list[int]) -> GroupReply:
+    """Validate a parsed group reply for the envs ``indices`` (it comes from untrusted code)."""
+    npos = len(indices)
+    if "error" in reply and GROUP_N not in reply:
+        # The sandbox refused the whole request: every env of it refused its op.
+        refused = {p: EnvResult(i, OK, {"error": reply["error"]}, []) for p, i in enumerate(indices)}
+        return GroupReply(np.zeros(npos, dtype=bool), None, None, None, refused)
+    if reply.get(GROUP_N) != npos:
+        raise BadGroupReply(
+            f"it answers {reply.get(GROUP_N)!r} positions for {npos} ops (is env.py serving several envs? "
+            "envs_per_sandbox > 1 needs serve(factory=...) or a Gymnasium env)"
+        )
+    lengths = [len(p) for p in payloads]
+    cursor = 0
+    obs = reward = flags = None
+    if reply.get(GROUP_OBS) is not None:
+        dtype, shape = _declared_obs(reply[GROUP_OBS], npos)
+        if obs_dtype is not None and (dtype != obs_dtype or shape != tuple(obs_shape)):
+            raise BadGroupReply(f"its observations are {dtype}{shape}, not {np.dtype(obs_dtype)}{tuple(obs_shape)}")
+        expected = (_nd(1, "<f8", [npos]), _nd(2, "|u1", [npos]))
+        got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
+        if got != expected:
+            raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
+        array_sizes = (npos * dtype.itemsize * math.prod(shape), 8 * npos, npos)  # Python ints: no wrap-around
+        if tuple(lengths[:3]) != array_sizes:
+            raise BadGroupReply(f"its array payloads have {lengths[:3]} bytes, not {list(array_sizes)}")
+        obs = np.frombuffer(payloads[0], dtype=dtype).reshape(npos, *shape)
+        reward = np.frombuffer(payloads[1], dtype="<f8")
+        flags = np.frombuffer(payloads[2], dtype=np.uint8)
+        cursor = 3
+    elif reply.get(GROUP_REWARD) is not None or reply.get(GROUP_FLAGS) is not None:
+        raise BadGroupReply("reward or flags without observations")
+    replies = reply.get(GROUP_REPLIES) or {}
+    if not isinstance(replies, dict):
+        raise BadGroupReply("'replies' is not an object")
+    others: dict[int, EnvResult] = {}
+    plain = np.ones(npos, dtype=bool)
+    for p in sorted(_position_key(key, npos) for key in replies):
+        one = replies[str(p)]
+        if not isinstance(one, dict):
+            raise BadGroupReply(f"reply of position {p} is a {type(one).__name__}, not an object")
+        sizes = one.get("_bin") or []
+        if not isinstance(sizes, list) or lengths[cursor : cursor + len(sizes)] != sizes:
+            raise BadGroupReply(f"reply of position {p} announces payloads {str(sizes)[:80]} that do not follow")
+        others[p] = EnvResult(indices[p], OK, one, payloads[cursor : cursor + len(sizes)])
+        cursor += len(sizes)
+        plain[p] = False
+    if cursor != len(payloads):
+        raise BadGroupReply(f"{len(payloads) - cursor} payloads follow that no position claims")
+    if obs is None and plain.any():
+        raise BadGroupReply("positions without a reply and no arrays to read them from")
+    return GroupReply(plain, obs, reward, flags, others)
+
+
+def _position_key(key: str, npos: int) -> int:
+    """A ``replies`` key as a position; only the canonical spelling ``str(p)`` of ``0 <= p < npos``."""
+    if not (isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key and int(key) < npos):
+        raise BadGroupReply(f"reply position {str(key)[:20]!r} is not a position of the {npos} ops")
+    return int(key)

@@ -1,0 +1,878 @@
+"""Serve a ``gymnasium.Env`` inside its sandbox, over the env line protocol.
+
+This is :func:`boltzlabs_gym.env.serve`'s protocol (one JSON request line in, one
+JSON reply line out, raw binary payloads announced by ``"_bin"``) for a real
+Gymnasium env: spaces are described as JSON (:mod:`boltzlabs_gym.wire.spaces`) and
+values cross as skeletons plus raw payloads (:mod:`boltzlabs_gym.wire.codec`), so
+arrays never go through JSON lists.
+
+Requests and replies (``enc(x)`` is :func:`boltzlabs_gym.wire.codec.encode` against the
+env's space; ``info(x)`` is :func:`boltzlabs_gym.wire.codec.encode_info`; both may
+reference the reply's payloads)::
+
+    {"op": "describe"}
+        -> {"server": "gym", "observation_space": <space json>, "action_space": <space json>,
+            "metadata": <json>, "render_mode": str|null, "spec_id": str|null,
+            "max_episode_steps": int|null,
+            "observation_space_rng": <rng json>, "action_space_rng": <rng json>}
+           (the spaces' random generators: boltzlabs_gym.wire.spaces.rng_state_to_json)
+    {"op": "reset", "seed": int|null, "options": {...}|null}
+        -> {"obs": enc(obs), "info": info(info)}
+    {"op": "step", "action": enc(action), "autoreset": bool}
+        -> {"obs": enc(obs), "reward": float, "terminated": bool, "truncated": bool,
+            "info": info(info)}
+           and, when "autoreset" is true and the step ended the episode, the env is
+           reset (seed null) in the same request and the reply also carries
+           "reset_obs": enc(obs), "reset_info": info(info)
+           ("obs"/"info" stay the final step's, as in boltzlabs_gym.env.serve).
+    {"op": "call", "name": str, "args": [...], "kwargs": {...}}
+        -> {"value": info(result)}  (calls the attribute if callable, else returns it,
+           like Gymnasium's VectorEnv.call; args/kwargs may hold __nd__ arrays)
+    {"op": "get_attr", "name": str}           -> {"value": info(attribute)}  (never called)
+    {"op": "set_attr", "name": str, "value": info(value)}  -> {}
+    {"op": "render"}                          -> {"frame": info(env.render())}
+                                                 (an rgb_array frame is a uint8 __nd__ array)
+    {"op": "close"}                           -> {} and the process exits
+
+Observations/actions of a space with no JSON form (a custom space) are described as
+``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
+
+Failures: an exception in ``reset``/``step`` (or in decoding the action, or
+encoding the result) does not kill the server: the reply is a terminal transition
+(``obs`` null, reward 0, ``terminated`` true) with ``info["boltzlabs_exception"] =
+{"where": "reset"|"step"|"action"|"encode", "traceback": ...}``. An exception in
+``call``/``get_attr``/``set_attr``/``render`` answers ``{"error": traceback}``.
+A request line that is not a JSON object is answered with ``{"error": ...}`` and
+the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
+over-long line) is answered and the server exits (the worker respawns it).
+
+Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
+``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
+with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`): a plain
+step or reset of an env with array observations is a row of the reply's arrays
+(:class:`GroupRows`), every other position carries the one-env reply above.
+
+Factories: the worker starts Gymnasium envs from an env directory written by
+:func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
+env factories, and an ``env.py`` calling :func:`serve_factories`). The pickle comes
+from the trusted trainer and is only ever unpickled here, inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from array import array
+from collections.abc import Callable, Sequence
+from math import isfinite
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces as gs
+
+from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
+from ..wire.protocol import parse_discrete_step
+from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
+from . import framing as envside
+from . import state as envstate
+from .framing import (
+    MAX_TRACEBACK_CHARS,
+    FdReader,
+    FdWriter,
+    GroupRequest,
+    MessageWriter,
+    ProtocolError,
+    check_group,
+    encode_reply,
+    error_transition,
+    failed_transition,
+    freeze_heap,
+    group_reply_parts,
+    protect_channel_fds,
+    read_message,
+    write_all,
+    write_message,
+    writev_all,
+)
+
+__all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
+
+#: The pickle of env factories in a factory env directory.
+FACTORIES_FILE = "factories.pkl"
+#: The ``env.py`` of a factory env directory.
+ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factories()\n"
+#: Pickle protocol for ``factories.pkl`` (fixed, so the same factories give the same bytes).
+PICKLE_PROTOCOL = 5
+#: Discrete spaces up to this size get their actions made once (GymServer._actions).
+MAX_PREMADE_ACTIONS = 1024
+# ProtocolErrors after which the line stream is still in sync (the whole line was read).
+_RECOVERABLE = ("line is not JSON", "expected a JSON object")
+
+
+def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
+    """The space used on the wire and its JSON: itself, or JsonSpace when it has no JSON form."""
+    try:
+        return space, space_to_json(space)
+    except ValueError:
+        return JsonSpace(), {"type": "Json"}
+
+
+def _traceback() -> str:
+    tb = traceback.format_exc()[-MAX_TRACEBACK_CHARS:]
+    sys.stderr.write(tb)
+    sys.stderr.flush()
+    return tb
+
+
+class GymServer:
+    """The request handlers for one env; :meth:`handle` maps a request to ``(reply, payloads)``."""
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.obs_space, self.obs_space_json = _space_or_json(env.observation_space)
+        self.action_space, self.action_space_json = _space_or_json(env.action_space)
+        # Hot path of the common case (array observations, Discrete or array actions, empty
+        # infos): a step costs a few microseconds of serving around the env's own step.
+        self._obs_leaf = ArrayLeaf.of(self.obs_space)
+        self._action_leaf = ArrayLeaf.of(self.action_space)
+        self._discrete = None
+        #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
+        #: (made once: a scalar per step cost a constructor call on the hot path of a group).
+        self._actions: tuple = ()
+        #: The observation the env last returned (a snapshot keeps it: a restore answers with it).
+        self.last_obs: Any = None
+        #: Whether a reset or restore started an episode in this process (a process the worker
+        #: just (re)started has none: its predecessor's state died with it).
+        self.started = False
+        if isinstance(self.action_space, gs.Discrete):
+            start = int(self.action_space.start)
+            self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
+            if int(self.action_space.n) <= MAX_PREMADE_ACTIONS:
+                self._actions = tuple(self._discrete[2](start + a) for a in range(int(self.action_space.n)))
+
+    # -- ops -------------------------------------------------------------------------
+
+    def describe(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Spaces (JSON), metadata, render mode, spec id and time limit of the env."""
+        env = self.env
+        spec = getattr(env, "spec", None)
+        return {
+            "server": "gym",
+            "observation_space": self.obs_space_json,
+            "action_space": self.action_space_json,
+            "metadata": to_json_safe(dict(getattr(env, "metadata", None) or {})),
+            "render_mode": to_json_safe(getattr(env, "render_mode", None)),
+            "spec_id": getattr(spec, "id", None),
+            "max_episode_steps": getattr(spec, "max_episode_steps", None),
+            "observation_space_rng": rng_state_to_json(env.observation_space),
+            "action_space_rng": rng_state_to_json(env.action_space),
+        }, []
+
+    def _env_reset(self, seed: Any, options: Any) -> tuple[Any, Any]:
+        """``env.reset(seed=, options=)`` after checking both arguments; raises what either raises."""
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise TypeError(f"reset seed must be an int or null, got {type(seed).__name__}")
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"reset options must be an object or null, got {type(options).__name__}")
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.last_obs, self.started = obs, True
+        return obs, info
+
+    def _encode_reset(self, obs: Any, info: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
+        """Encode a reset's (obs, info), appending payloads to ``out``; an encoding error's transition instead."""
+        start = len(out)
+        try:
+            obs_j, _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
+            info_j, _ = encode_info(info, out, zero_copy=zero_copy)
+        except Exception:
+            del out[start:]
+            return None, error_transition("encode")["info"]
+        return obs_j, info_j
+
+    def _reset(self, seed: Any, options: Any, out: list, zero_copy: bool = True) -> tuple[Any, Any]:
+        """Reset and encode, appending payloads to ``out``; (obs, info) or an error transition's."""
+        try:
+            obs, info = self._env_reset(seed, options)
+        except Exception:
+            return None, error_transition("reset")["info"]
+        return self._encode_reset(obs, info, out, zero_copy)
+
+    def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """``env.reset(seed=, options=)``; an exception gives ``obs`` null and ``boltzlabs_exception``."""
+        out: list = []
+        obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
+        return {"obs": obs, "info": info}, out
+
+    def _decode_action(self, obj: Any, payloads: Sequence) -> Any:
+        if self._discrete is not None and type(obj) is int and self._discrete[0] <= obj < self._discrete[1]:
+            return self._discrete[2](obj)
+        leaf = self._action_leaf
+        if leaf is not None:
+            action = leaf.decode_action(obj, payloads)
+            # SyncVectorEnv hands a Box(()) env an element of the batch: a numpy scalar.
+            return action[()] if not leaf.shape else action
+        return decode(self.action_space, obj, payloads, copy=True, lenient=True)
+
+    def step(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
+        """Decode the action, ``env.step`` it, encode the transition; autoreset adds ``reset_obs``/``reset_info``.
+
+        Returns ``(reply, payloads)``, or the encoded reply itself on the fast path.
+        """
+        autoreset = bool(msg.get("autoreset"))
+        try:
+            action = self._decode_action(msg.get("action"), payloads)
+        except Exception:
+            return self._autoreset(error_transition("action"), [], autoreset)
+        return self.step_action(action, autoreset)
+
+    def step_discrete(self, action: int, autoreset: bool = False) -> tuple[dict, list] | bytes | None:
+        """The hot path of a Discrete env: step the action given as a plain int.
+
+        ``None`` (nothing stepped) when the env's action space is not Discrete or the
+        action is out of its range: the generic path then decodes, and reports, it.
+        """
+        discrete = self._discrete
+        if discrete is None or not discrete[0] <= action < discrete[1]:
+            return None
+        return self.step_action(discrete[2](action), autoreset)
+
+    def step_action(self, action: Any, autoreset: bool) -> tuple[dict, list] | bytes:
+        """``env.step`` a decoded action and encode the transition (see :meth:`step`)."""
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        except Exception:
+            return self._autoreset(error_transition("step"), [], autoreset)
+        self.last_obs = obs
+        resets_now = autoreset and (terminated or truncated)
+        leaf = self._obs_leaf
+        if leaf is not None and not resets_now and not info and type(info) is dict:
+            fast = leaf.step_reply(obs, reward, terminated, truncated)
+            if fast is not None:
+                return fast
+        # The reset below may overwrite the env's obs buffer: copy payloads then.
+        return self._transition(obs, reward, terminated, truncated, info, autoreset, zero_copy=not resets_now)
+
+    def _transition(
+        self,
+        obs: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info: Any,
+        autoreset: bool,
+        zero_copy: bool,
+        reset_zero_copy: bool = True,
+    ) -> tuple[dict, list]:
+        """The reply of a step that ``env.step`` returned, through the generic encoders (and the autoreset);
+        ``zero_copy``/``reset_zero_copy``: whether the step's/the autoreset's payloads may be views."""
+        reply = {"obs": None, "reward": reward, "terminated": terminated, "truncated": truncated, "info": None}
+        out: list = []
+        try:
+            reply["obs"], _ = encode(self.obs_space, obs, out, zero_copy=zero_copy)
+            reply["info"], _ = encode_info(info, out, zero_copy=zero_copy)
+        except Exception:
+            reply, out = error_transition("encode"), []
+        return self._autoreset(reply, out, autoreset, reset_zero_copy)
+
+    def _autoreset(self, reply: dict, out: list, autoreset: bool, zero_copy: bool = True) -> tuple[dict, list]:
+        """With ``autoreset``, a reply that ended the episode also carries the reset's obs/info."""
+        if autoreset and (reply["terminated"] or reply["truncated"]):
+            reply["reset_obs"], reply["reset_info"] = self._reset(None, None, out, zero_copy)
+        return reply, out
+
+    # -- a position of a group request (a sandbox of several envs) ----------------------
+    # A position is *plain* when its observation, reward and flags fit the group reply's rows
+    # (GroupRows.put): then it is written there and the method returns None. Anything else
+    # returns the one-env reply. Payloads of those are copies: another env of the process,
+    # served before the reply is written, might share a buffer with this one.
+
+    def group_step(
+        self, action: Any, payloads: Sequence, autoreset: bool, rows: GroupRows | None, p: int
+    ) -> tuple[dict, list] | None:
+        """Step ``action`` (as a step request carries it) at position ``p`` of a group."""
+        discrete = self._discrete
+        if discrete is not None and type(action) is int and discrete[0] <= action < discrete[1]:
+            decoded = discrete[2](action)  # what _decode_action does, without the call: the hot path
+        else:
+            try:
+                decoded = self._decode_action(action, payloads)
+            except Exception:
+                return self._autoreset(error_transition("action"), [], autoreset, False)
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(decoded)
+            reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+        except Exception:
+            return self._autoreset(error_transition("step"), [], autoreset, False)
+        if (
+            rows is not None
+            and not info
+            and type(info) is dict
+            and not (autoreset and (terminated or truncated))
+            and rows.put(p, obs, reward, terminated, truncated)
+        ):
+            return None
+        return self._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
+
+    def group_reset(self, msg: dict, rows: GroupRows | None, p: int) -> tuple[dict, list] | None:
+        """Reset as ``msg`` says at position ``p`` of a group."""
+        try:
+            obs, info = self._env_reset(msg.get("seed"), msg.get("options"))
+        except Exception:
+            return {"obs": None, "info": error_transition("reset")["info"]}, []
+        if rows is not None and not info and type(info) is dict and rows.put(p, obs, 0.0, False, False):
+            return None
+        out: list = []
+        obs_j, info_j = self._encode_reset(obs, info, out, zero_copy=False)
+        return {"obs": obs_j, "info": info_j}, out
+
+    def _attr(self, name: Any) -> Any:
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be a string, got {type(name).__name__}")
+        env = self.env
+        if hasattr(env, "get_wrapper_attr"):
+            return env.get_wrapper_attr(name)
+        return getattr(env, name)
+
+    def call(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Call the named (wrapper) attribute with args/kwargs, or return it when not callable."""
+        attr = self._attr(msg.get("name"))
+        args = decode_info(msg.get("args") or [], payloads, copy=True)
+        kwargs = decode_info(msg.get("kwargs") or {}, payloads, copy=True)
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise TypeError("call args must be a list and kwargs an object")
+        value = attr(*args, **kwargs) if callable(attr) else attr
+        value_j, out = encode_info(value)
+        return {"value": value_j}, out
+
+    def get_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """The named (wrapper) attribute, never called."""
+        value_j, out = encode_info(self._attr(msg.get("name")))
+        return {"value": value_j}, out
+
+    def set_attr(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Set the named attribute (``set_wrapper_attr``) to the decoded value."""
+        name = msg.get("name")
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be a string, got {type(name).__name__}")
+        value = decode_info(msg.get("value"), payloads, copy=True)
+        env = self.env
+        if hasattr(env, "set_wrapper_attr"):
+            env.set_wrapper_attr(name, value)
+        else:
+            setattr(env, name, value)
+        return {}, []
+
+    def render(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """``env.render()``: an array frame crosses as an ``__nd__`` payload."""
+        frame = self.env.render()
+        frame_j, out = encode_info(frame, zero_copy=True)
+        return {"frame": frame_j}, out
+
+    def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
+        """The env's state as one blob (:func:`boltzlabs_gym.envside.state.snapshot_reply`); an env that
+        cannot be pickled answers an error that says what to add."""
+        reply = envstate.snapshot_reply(
+            self.env,
+            self.last_obs,
+            self.started,
+            envside.workspace_now(),
+            msg.get("kind"),
+            msg.get("swap"),
+            envside.memory_snapshots(),
+        )
+        return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
+
+    def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
+        try:
+            env, state = envstate.restore_request(
+                self.env, msg, payloads, envside.workspace_now(), self.last_obs, envside.memory_snapshots()
+            )
+        except envstate.SnapshotRefused as exc:
+            return {"error": str(exc)}, []
+        old, self.env = self.env, env
+        if old is not env:
+            try:
+                old.close()  # the env it replaced (a window, a file) is let go of now, not at exit
+            except Exception:
+                _traceback()
+        self.last_obs, self.started = state["obs"], True
+        out: list = []
+        obs_j, info_j = self._encode_reset(state["obs"], {}, out, zero_copy=False)
+        return {"obs": obs_j, "info": info_j}, out
+
+    def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes | None:
+        """Answer one request: ``(reply, payloads)``, an encoded reply (fast path of ``step``),
+        or ``None`` for ``close`` (after closing the env)."""
+        op = msg.get("op")
+        if op == "step":
+            return self.step(msg, payloads)
+        if op == "reset":
+            return self.reset(msg, payloads)
+        if op == "close":
+            try:
+                self.env.close()
+            except Exception:
+                _traceback()
+            return None
+        handler = _OTHER_OPS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"error": f"unknown op {op!r}"}, []
+        try:
+            return handler(self, msg, payloads)
+        except Exception:
+            return {"error": _traceback()}, []
+
+
+_OTHER_OPS = {
+    "describe": GymServer.describe,
+    "call": GymServer.call,
+    "get_attr": GymServer.get_attr,
+    "set_attr": GymServer.set_attr,
+    "render": GymServer.render,
+    "snapshot": GymServer.snapshot,
+    "restore": GymServer.restore,
+}
+
+
+class GroupRows:
+    """The arrays of a group reply: each plain position's observation row, reward and flags.
+
+    Preallocated once for the process's ``m`` slots and reused by every request, so a plain
+    position costs one row copy and two stores; the reply's payloads are views of the first
+    ``P`` rows, and its line comes from prebuilt bytes with ``P`` filled in (no JSON encoder).
+    """
+
+    def __init__(self, leaf: ArrayLeaf, m: int):
+        self.dtype, self.shape = leaf.dtype, leaf.shape
+        self.obs = np.zeros((m, *leaf.shape), leaf.dtype)
+        # array/bytearray rather than numpy: a store into them is several times cheaper.
+        self.rewards = array("d", bytes(8 * m))
+        self.flags = bytearray(m)
+        self._row_bytes = leaf.nbytes
+        self._obs_bytes = memoryview(self.obs.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+        self._reward_bytes = memoryview(self.rewards).cast("B")
+        self._flags_bytes = memoryview(self.flags)
+        # The arrays members of a reply of P positions, with %d for P: rows, P, P.
+        dims = b"".join(b",%d" % d for d in leaf.shape)
+        self._arrays = (
+            b'"obs":{"__nd__":[0,"%s",[%%d%s]]},"reward":{"__nd__":[1,"%s",[%%d]]},"flags":{"__nd__":[2,"|u1",[%%d]]}'
+            % (leaf.dtype.str.encode(), dims, np.dtype(np.float64).str.encode())
+        )
+        self._plain_lines: dict[int, bytes] = {}
+
+    @classmethod
+    def of(cls, servers: Sequence[GymServer]) -> GroupRows | None:
+        """The rows for these slots' servers, or ``None`` (every position then in ``replies``) unless
+        every slot's observations are one array of one dtype and shape."""
+        leaves = [server._obs_leaf for server in servers]
+        first = leaves[0]
+        if first is None or any(
+            leaf is None or (leaf.dtype, leaf.shape) != (first.dtype, first.shape) for leaf in leaves
+        ):
+            return None
+        return cls(first, len(servers))
+
+    def put(self, p: int, obs: Any, reward: float, terminated: bool, truncated: bool) -> bool:
+        """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not an array of the
+        space's dtype and shape or ``reward`` is not finite (the one-env reply says what is wrong
+        then, or carries the NaN: it is what the one-env encoders would write)."""
+        if type(obs) is not np.ndarray:
+            return False
+        dtype = obs.dtype  # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
+        if (dtype is not self.dtype and dtype != self.dtype) or obs.shape != self.shape or not isfinite(reward):
+            return False
+        self.obs[p] = obs  # a copy: the env may reuse its buffer
+        self.rewards[p] = reward
+        self.flags[p] = terminated | truncated << 1
+        return True
+
+    def clear(self, p: int) -> None:
+        """Zero position ``p`` (one in ``replies``), so that a reply's bytes depend on this request only."""
+        self.obs[p] = 0
+        self.rewards[p] = 0.0
+        self.flags[p] = 0
+
+    def arrays(self, n: int) -> bytes:
+        """The ``obs``/``reward``/``flags`` members of a reply of ``n`` positions."""
+        return self._arrays % (n, n, n)
+
+    def payloads(self, n: int) -> list:
+        """Views of the first ``n`` rows, rewards and flags: the first three payloads of the reply."""
+        return [self._obs_bytes[: n * self._row_bytes], self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
+
+    def plain_line(self, n: int) -> bytes:
+        """The whole line of a reply whose ``n`` positions are all plain."""
+        line = self._plain_lines.get(n)
+        if line is None:
+            line = self._plain_lines[n] = b'{"n":%d,%s,"replies":{},"_bin":[%d,%d,%d]}\n' % (
+                n,
+                self.arrays(n),
+                n * self._row_bytes,
+                8 * n,
+                n,
+            )
+        return line
+
+
+def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
+    try:
+        write_message(stream, reply, payloads)
+    except (TypeError, ValueError) as exc:  # nothing was written: the line is built first
+        tb = f"reply is not JSON-serialisable: {exc}"
+        sys.stderr.write(tb + "\n")
+        if "obs" in reply:
+            fallback = failed_transition("encode", tb)
+        else:
+            fallback = {"error": tb}
+        write_message(stream, fallback)
+
+
+def _write_result(writer: FdWriter, result: tuple[dict, list] | bytes) -> None:
+    if type(result) is bytes:  # a step's reply, already encoded
+        write_all(writer.fd, result)
+    else:
+        _write(writer, *result)
+
+
+def _serve_loop(server: GymServer, fd_in: int, fd_out: int) -> None:
+    """Answer requests from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
+
+    A plain Discrete step arrives as one short line, alone in one ``os.read``; it is
+    recognised by its exact bytes (:func:`~boltzlabs_gym.wire.protocol.parse_discrete_step`) and
+    answered without a JSON parser or buffered streams. Every env step is a context
+    switch into this process, with cold caches: the less code a step runs here, the
+    cheaper it is (about 20 us of CPU less per CartPole step with 64 envs on 2 cores).
+    Anything else, or anything more in the buffer, takes the generic path.
+    """
+    reader, writer = FdReader(fd_in), FdWriter(fd_out)
+    step_discrete = server.step_discrete if server._discrete is not None else None
+    while True:
+        if step_discrete is not None and not reader.buf:
+            data = os.read(fd_in, 1 << 16)
+            request = parse_discrete_step(data)
+            result = step_discrete(*request) if request is not None else None
+            if result is not None:
+                _write_result(writer, result)
+                continue
+            reader.push(data)
+        try:
+            got = read_message(reader)
+        except ProtocolError as exc:
+            write_message(writer, {"error": f"bad request: {exc}"})
+            if str(exc).startswith(_RECOVERABLE):
+                continue
+            # A torn stream cannot be resynchronised: the worker will respawn us.
+            return
+        if got is None:
+            try:
+                server.env.close()
+            except Exception:
+                _traceback()
+            return
+        msg, payloads = got
+        result = server.handle(msg, payloads)
+        if result is None:
+            write_message(writer, {})
+            return
+        _write_result(writer, result)
+
+
+def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progress: envside.Progress) -> None:
+    """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
+
+    A line that is not a group request this process can serve is answered ``{"error": ...}``
+    and the process serves on (the whole line was read); a torn stream as in :func:`_serve_loop`.
+    """
+    reader, writer = FdReader(fd_in), FdWriter(fd_out)
+    rows = GroupRows.of(servers)
+    while True:
+        try:
+            got = read_message(reader)
+        except ProtocolError as exc:
+            write_message(writer, {"error": f"bad request: {exc}"})
+            if str(exc).startswith(_RECOVERABLE):
+                continue
+            return  # a torn stream cannot be resynchronised: the worker will respawn us
+        if got is None:
+            _close_all(servers)
+            return
+        msg, payloads = got
+        try:
+            request = check_group(msg, payloads, len(servers))
+        except ProtocolError as exc:
+            write_message(writer, {"error": f"bad group request: {exc}"})
+            continue
+        if not _serve_group_request(servers, request, rows, progress, fd_out):
+            return
+
+
+def _serve_group_request(
+    servers: list[GymServer], request: GroupRequest, rows: GroupRows | None, progress: envside.Progress, fd_out: int
+) -> bool:
+    """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
+    (every env closed, the reply written: the process ends)."""
+    slots, ops, op_payloads, autoreset = request
+    n = len(ops)
+    replies: list[tuple[int, Any, list]] = []
+    closing = False
+    set_progress = progress.set
+    if rows is not None:
+        obs_rows, rewards, flags, dtype, shape = rows.obs, rows.rewards, rows.flags, rows.dtype, rows.shape
+    for p in range(n):
+        slot = slots[p]
+        op = ops[p]
+        set_progress(slot)
+        server = servers[slot]
+        if type(op) is int and rows is not None and server._actions:
+            # The hot path: GymServer.group_step and GroupRows.put for a Discrete step, inlined (a
+            # few hundred nanoseconds of an ~8 us step); anything unusual takes the general path.
+            i = op - server._discrete[0]  # type: ignore[index]  # _actions implies _discrete
+            if 0 <= i < len(server._actions):
+                try:
+                    obs, reward, terminated, truncated, info = server.env.step(server._actions[i])
+                    reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
+                except Exception:
+                    replies.append((p, *server._autoreset(error_transition("step"), [], autoreset, False)))
+                    continue
+                if (
+                    type(obs) is np.ndarray
+                    and not info
+                    and type(info) is dict
+                    and not (autoreset and (terminated or truncated))
+                    and (obs.dtype is dtype or obs.dtype == dtype)
+                    and obs.shape == shape
+                    and isfinite(reward)
+                ):
+                    obs_rows[p] = obs  # a copy: the env may reuse its buffer
+                    rewards[p] = reward
+                    flags[p] = terminated | truncated << 1
+                    continue
+                transition = server._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
+                replies.append((p, *transition))
+                continue
+        if type(op) is int:  # the shorthand of a step
+            result = server.group_step(op, (), autoreset, rows, p)
+        else:
+            own = op_payloads[p] if op_payloads is not None else ()
+            name = op.get("op")
+            if name == "step":
+                result = server.group_step(op.get("action"), own, bool(op.get("autoreset")), rows, p)
+            elif name == "reset":
+                result = server.group_reset(op, rows, p)
+            elif name == "close":
+                closing, result = True, ({}, [])
+            else:  # describe, call, get_attr, set_attr, render; an unknown op's error
+                result = server.handle(op, own)  # type: ignore[assignment]  # (reply, payloads) for these ops
+        if result is not None:
+            replies.append((p, *result))
+    progress.idle()
+    if closing:
+        _close_all(servers)
+    if rows is None or len(replies) == n:  # no plain position (or none can be): no arrays
+        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies])
+    elif not replies:
+        parts = [rows.plain_line(n), *rows.payloads(n)]
+    else:
+        for p, _reply, _payloads in replies:
+            rows.clear(p)
+        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
+    writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
+    return not closing
+
+
+def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
+    """A position's reply for :func:`~boltzlabs_gym.envside.group_reply`; one that is not JSON becomes
+    what the one-env server writes instead (:func:`_write`)."""
+    try:
+        return p, encode_reply(reply, payloads), payloads
+    except (TypeError, ValueError) as exc:
+        tb = f"reply is not JSON-serialisable: {exc}"
+        sys.stderr.write(tb + "\n")
+        fallback = failed_transition("encode", tb) if "obs" in reply else {"error": tb}
+        return p, encode_reply(fallback), []
+
+
+def _close_all(servers: list[GymServer]) -> None:
+    for server in servers:
+        try:
+            server.env.close()
+        except Exception:
+            _traceback()
+
+
+def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
+    """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
+    several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
+    config = envside.group_config()
+    base = max(index, 0)  # -1: run by hand
+    if config.envs_per_sandbox == 1:
+        server = GymServer(factories[base % len(factories)]())
+        freeze_heap()
+        _serve_loop(server, fd_in, fd_out)
+        return
+    servers = [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)]
+    progress = envside.Progress(envside.workspace_now())
+    freeze_heap()
+    _serve_group_loop(servers, fd_in, fd_out, progress)
+
+
+def serve_env(env_factory: Callable[[], Any]) -> None:
+    """Build ``env_factory()`` and serve it on stdin/stdout until ``close`` or end of input.
+
+    The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
+    output from building the env never corrupts replies. An exception while building
+    the env propagates (its traceback goes to stderr, the process exits non-zero). In a
+    sandbox of several envs (``BOLTZLABS_ENVS_PER_SANDBOX`` > 1) it builds one per slot.
+    """
+    proto_in, proto_out = protect_channel_fds()
+    _serve_built([env_factory], 0, proto_in, proto_out)
+
+
+def serve_factories(env_dir: str | None = None, index: int | None = None) -> None:
+    """Serve the env built by the factory for this env's index, from ``factories.pkl``.
+
+    ``env_dir`` defaults to ``$BOLTZLABS_ENV_DIR`` (else :data:`boltzlabs_gym.env.ENV_DIR`),
+    ``index`` to ``$BOLTZLABS_ENV_INDEX`` (``-1`` when run by hand, meaning 0); the
+    factory used is ``factories[index % len(factories)]``. In a sandbox of several envs
+    (``BOLTZLABS_ENVS_PER_SANDBOX`` K > 1, ``BOLTZLABS_ENV_COUNT`` m) the process hosts m
+    envs, slot ``s`` built by ``factories[(index + s) % len(factories)]`` (``index`` is then
+    the pool index of slot 0), and answers group requests. Unpickling happens here,
+    inside the sandbox, after the channel is protected.
+    """
+    preloaded = None
+    if envside.in_template():
+        # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
+        with open(
+            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE), "rb"
+        ) as f:
+            preloaded = pickle.load(f)
+        _warm_up(preloaded)
+        envside.template_fork()  # returns in each forked env
+    proto_in, proto_out = protect_channel_fds()
+    if env_dir is None:
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR)
+    if index is None:
+        index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
+    if preloaded is not None:
+        factories = preloaded
+    else:
+        with open(os.path.join(env_dir, FACTORIES_FILE), "rb") as f:
+            factories = pickle.load(f)
+    if callable(factories):
+        factories = [factories]
+    if not isinstance(factories, (list, tuple)) or not factories:
+        raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
+    _serve_built(factories, index, proto_in, proto_out)
+
+
+def _warm_up(factories: Any) -> None:
+    """boltz template: build (and close) one env per distinct factory, as AsyncVectorEnv does in its
+    parent, so lazily imported modules (Gymnasium entry points, env checkers, codecs) are loaded once
+    here and shared by every fork instead of imported again, privately, in each env. The envs the
+    pool serves are still built in the forks. A factory that fails here is left to fail there."""
+    seen: list[Any] = []
+    for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
+        if not callable(factory) or any(factory is f for f in seen):
+            continue
+        seen.append(factory)
+        try:
+            env = factory()
+            try:
+                server = GymServer(env)
+                server.describe({}, [])
+                server.reset({"op": "reset", "seed": 0}, [])
+            finally:
+                env.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] | Sequence[Callable[[], Any]]) -> str:
+    """Write an env directory that serves Gymnasium envs built by ``factories``.
+
+    ``factories`` is one zero-arg callable or a list of them (env ``i`` of a pool uses
+    ``factories[i % len(factories)]``). Writes ``factories.pkl`` (cloudpickle, fixed
+    protocol) and an ``env.py`` that calls :func:`serve_factories`; creates ``path``
+    if needed and returns it. Same factories, same bytes, as far as cloudpickle is
+    deterministic (it is for module-level functions and ``functools.partial`` of
+    them; lambdas and closures can vary between interpreter runs).
+    """
+    import cloudpickle
+
+    if callable(factories):
+        factories = [factories]
+    factories = list(factories)
+    if not factories or not all(callable(f) for f in factories):
+        raise TypeError("factories must be a callable or a non-empty list of callables")
+    if all(f is factories[0] for f in factories):
+        # One factory for every env (make_vec's [factory] * n): the same directory, and so the same
+        # content hash, whatever n is; a snapshot of one such pool restores into another.
+        factories = factories[:1]
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    data = _dumps_with_user_modules_by_value(cloudpickle, factories)
+    for name, content in ((FACTORIES_FILE, data), ("env.py", ENV_PY.encode())):
+        target = os.path.join(path, name)
+        tmp = target + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    return path
+
+
+def _installed_roots() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(r + os.sep for r in roots)
+
+
+def _user_modules() -> list:
+    """Modules of the user's own code: not stdlib, not installed packages, not ours.
+
+    The sandbox has the trainer's interpreter and site-packages, but not the user's
+    scripts, test modules or source trees, so code from those must travel by value.
+    """
+    roots = _installed_roots()
+    found = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name == "__main__" or name.split(".")[0] in ("boltzlabs_gym", "boltzlabs"):
+            continue
+        if os.path.realpath(file).startswith(roots):
+            continue
+        found.append(module)
+    return found
+
+
+def _dumps_with_user_modules_by_value(cloudpickle, factories: list) -> bytes:
+    registered = []
+    for module in _user_modules():
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            registered.append(module)
+        except (ValueError, TypeError):
+            pass
+    try:
+        return cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+    finally:
+        for module in registered:
+            try:
+                cloudpickle.unregister_pickle_by_value(module)
+            except (ValueError, TypeError):
+                pass
+
+
+def main() -> None:
+    """Entry point for ``python -m boltzlabs_gym.envside.gym_server``: :func:`serve_factories`."""
+    serve_factories()
+
+
+if __name__ == "__main__":
+    main()

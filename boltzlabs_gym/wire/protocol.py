@@ -1,0 +1,405 @@
+"""The trainer <-> worker wire format (ZeroMQ multipart) and the limits of both hops.
+
+A request is ``[header, *frames]``; a reply is ``[header, *frames]``. The header is a
+small JSON object; frames are raw bytes (an uploaded archive, array payloads). Over a
+ROUTER socket the worker additionally sees the client's identity frame first.
+
+Request header::
+
+    {"v": 2, "op": "batch", "seq": 17, "session": "s3",
+     "items": [[local_index, {"op": "step", "action": 1}, n_frames], ...]}
+
+Reply header for ``batch``::
+
+    {"v": 2, "seq": 17, "ok": true, "worker_ms": 0.8,
+     "results": [[local_index, status, [reply_len, payload_len, ...]], ...]}
+
+followed by exactly one data frame: per result and in order, the env's reply (a
+JSON object, forwarded as the env wrote it, or an error object written by the
+worker) and then that env's binary payloads, back to back, with the byte sizes the
+result lists. ``status`` is set by the worker, never by the env: ``"ok"``,
+``"straggler"`` or ``"error"``. (Version 1 sent one frame per reply and payload;
+frames cost several microseconds each on both sides.)
+
+Errors: ``{"v": 2, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
+
+Lending (a local pool only: the pool that started the worker, over their socketpair; see
+:mod:`boltzlabs_gym.client.direct_lane`). The worker may hand such a pool the pipes of idle envs so that
+the pool steps them itself; everything else about those envs stays with the worker.
+
+* ``"lend": true`` (:data:`LEND`), in a ``create`` or ``batch`` request: the pool asks
+  for the session's idle envs with the reply.
+* ``"lent": [index, ...]`` (:data:`LENT`), in that reply: the envs lent. Their stdin and
+  stdout descriptors, two per env in that order, travel with the reply's bytes
+  (``SCM_RIGHTS``); the pool keeps them on the header under ``"_fds"`` (:data:`LENT_FDS`,
+  never sent on the wire). A lent env is the pool's until a request names it: any item
+  for it takes it back first.
+* ``"faults": [[index, reason], ...]`` (:data:`FAULTS`), in a ``batch`` request: lent envs
+  the pool let go of after seeing them fail while idle (output nobody asked for, a closed
+  pipe). The worker kills, reports and respawns each one still lent.
+* ``"adopt": [[index, op, seconds_left], ...]`` (:data:`ADOPT`), in a ``batch`` request:
+  calls the pool sent to lent envs and stopped waiting for (its wait timed out). The
+  worker takes each env back with that call in flight: the reply is dropped when it comes,
+  the deadline still holds.
+* An item ``{"op": "lent_fault", "reason": str, "straggler": bool}`` (:data:`LENT_FAULT`)
+  in a ``batch`` request: the pool's call to a lent env failed (a deadline, a crash, a bad
+  reply). The worker kills the env and reports it in that item's result as if the call had
+  been its own (``"straggler"`` status when ``straggler``), then respawns it.
+
+A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
+an env by (its deadline, a late call's message, stray output) are in
+:mod:`boltzlabs_gym.wire.call_rules`.
+
+Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.client.grouping`).
+With K > 1 one sandboxed process hosts up to K envs of the pool, its *slots*: env ``i``
+lives in sandbox ``i // K``, slot ``i % K`` (the last sandbox may host fewer). The worker,
+its batch items and the lane then address sandboxes, not envs; the pool packs the ops of a
+sandbox's envs into one **group request** and unpacks the one **group reply**. The process
+learns its envs from its environment: ``BOLTZLABS_ENVS_PER_SANDBOX`` (K),
+``BOLTZLABS_ENV_COUNT`` (m, the envs it hosts) and ``BOLTZLABS_ENV_INDEX`` (the pool index
+of its slot 0). A group request line::
+
+    {"op": NAME, "slots": [s, ...], "ops": [op, ...], "autoreset": true, "nbin": [c, ...], "_bin": [...]}
+
+``slots`` are distinct slot numbers in ``[0, m)``; ``ops[p]`` is the per-env op of slot
+``slots[p]`` exactly as a one-env process gets it, or an int ``a``: shorthand for
+``{"op": "step", "action": a}`` (plus ``"autoreset": true`` when the group has it).
+``nbin`` (absent: none) counts each op's payloads; they follow the line op by op, and an
+op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`group_op_name`
+of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.wire.call_rules`), so a group
+with a step in it is held to the step deadline, once, for the whole request; a step batch
+with resets in it carries ``"deadline_s"`` (:data:`GROUP_DEADLINE`: the step and the reset
+deadline together), which the worker and the lane use instead. The process
+serves the ops in order and answers with one group reply line::
+
+    {"n": P, "obs": {"__nd__": [0, dtype, [P, ...]]} | null, "reward": {"__nd__": [1, "<f8", [P]]} | null,
+     "flags": {"__nd__": [2, "|u1", [P]]} | null, "replies": {"p": reply, ...}, "_bin": [...]}
+
+``P`` is the number of ops. A position ``p`` not in ``replies`` is *plain*: its observation
+is row ``p`` of ``obs``, its reward ``reward[p]``, ``flags[p]`` has bit 0 for terminated and
+bit 1 for truncated, its info is empty (a plain reset: the row and an empty info). Every
+other position (an info, an autoreset's reset observation, an error, any op but step and
+reset, an observation that is not one array) has its whole one-env reply in ``replies``
+under its position as a string, with its own ``"_bin"`` sizes. The payloads follow the line
+in this order: ``obs``, ``reward`` and ``flags`` when present (all three or none), then the
+payloads of each reply in position order; the top-level ``"_bin"`` lists them all. A request
+that cannot be served (not a group, bad slots) is answered ``{"error": str}``.
+
+While it serves position ``p`` the process keeps ``slots[p]`` (int32, little-endian; -1
+between requests) in the 4-byte file :data:`PROGRESS_FILE` of its workspace, so that when a
+sandbox must be killed (a missed deadline, a crash) the worker can tell which env was
+running: that env is reported as the failure, the others as restarted because of it.
+
+Snapshots (envs_per_sandbox 1). Two per-env ops, as ``batch`` items, and one worker op:
+
+* ``{"op": "snapshot"}``: the env answers ``{"snapshot": {"kind": "portable", "bytes": n}}``
+  with one payload, its state blob (:mod:`boltzlabs_gym.envside.state`; only ever unpickled inside
+  a sandbox). The worker keeps the blob, within its snapshot budget, and answers the item
+  ``{"snapshot": {"id": str, "kind": str, "bytes": n}}`` with no payload; over budget, the
+  item is an ``"error"`` result whose message says how much is held and what to release.
+* ``{"op": "snapshot", "kind": "memory" | "auto"}`` (boltz mode, namespaces backend): a memory
+  snapshot. The worker first copies the env's workspace, sends the env the continued source's
+  socket on its control socket (``"swap"``) and arms its seccomp supervisor; the env forks its
+  continuation into a nested sandbox and becomes the holder (:mod:`boltzlabs_gym.envside.memory_snapshot`).
+  The continuation answers ``{"snapshot": {"kind": "memory"}}`` with no payload, and the worker
+  answers the item as above (``bytes``: the holder's memory and the workspace copy). ``auto``
+  falls back to the portable kind (its reply) where the env cannot fork; ``memory`` is then an
+  ``"error"`` result naming why.
+* ``{"op": "restore", "snapshot": id, "reseed": int|null}``: the worker gives the env the
+  blob it holds under ``id`` (:data:`SNAPSHOT_ID`) as the request's one payload (an unknown
+  or released id is an ``"error"`` result: nothing is sent to the env). The env loads it
+  (its env, generators and workspace files), reseeds when asked, and answers as a ``reset``
+  does: ``{"obs": ..., "info": {}}``. For a memory snapshot the worker replaces the env's
+  process with a copy forked from the holder (into the slot's new cgroup, with the snapshot's
+  workspace) and sends it ``{"op": "restore", "kind": "memory", "reseed": ...}`` with no
+  payload; the copy answers the same way.
+* ``{"op": "snapshots", "session": sid, "action": "release" | "export" | "import", ...}``:
+  ``release`` with ``"ids": [...]`` forgets blobs; ``export`` with ``"id"`` answers
+  ``{"kind", "bytes"}`` and the blob as one frame; ``import`` sends a blob as one frame and
+  answers ``{"snapshot": {"id", "kind", "bytes"}}``. Blobs belong to the session that took or
+  imported them and go when it closes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ProtocolError  # re-exported: raised by decode_header and the worker's handlers
+
+PROTOCOL_VERSION = 2
+
+#: Statuses of one env's result, set by the worker.
+OK, STRAGGLER, ERROR = "ok", "straggler", "error"
+
+#: Largest request/reply header, in bytes.
+MAX_HEADER_BYTES = 64 << 20
+#: Largest JSON reply line an env may write (a longer one kills the env).
+MAX_ENV_LINE_BYTES = 16 << 20
+#: Largest total of binary payloads one env reply may announce.
+MAX_ENV_PAYLOAD_BYTES = 256 << 20
+
+#: How long a local pool's worker busy-polls for the next request after answering one
+#: (``RLPool(busy_poll_us=...)``, worker ``--busy-poll-us``); see Worker._local_replied.
+DEFAULT_BUSY_POLL_US = 300.0
+#: The longest busy-poll window ``busy_poll_us`` takes, in microseconds.
+MAX_POLL_US = 1e6
+
+#: The lending words (see "Lending" above). Request header key: the pool asks for idle envs.
+LEND = "lend"
+#: Reply header key: the indices of the envs lent with this reply.
+LENT = "lent"
+#: Pool-side only: the header key under which a received reply keeps its lent envs' descriptors.
+LENT_FDS = "_fds"
+#: Batch request key: ``[[index, reason], ...]``, lent envs that failed while idle.
+FAULTS = "faults"
+#: Batch request key: ``[[index, op, seconds_left], ...]``, lent envs' calls nobody waits for.
+ADOPT = "adopt"
+#: The batch item op by which a local pool hands back a lent env whose call failed on its side.
+LENT_FAULT = "lent_fault"
+
+
+#: Group requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
+GROUP_SLOTS, GROUP_OPS, GROUP_NBIN, GROUP_AUTORESET = "slots", "ops", "nbin", "autoreset"
+#: Optional group request key, for the worker and the lane (the env ignores it): the request's
+#: deadline in seconds when its name's timeout is not the right one (a step batch with resets in it).
+GROUP_DEADLINE = "deadline_s"
+GROUP_N, GROUP_OBS, GROUP_REWARD, GROUP_FLAGS, GROUP_REPLIES = "n", "obs", "reward", "flags", "replies"
+#: Bits of a group reply's ``flags``.
+FLAG_TERMINATED, FLAG_TRUNCATED = 1, 2
+#: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
+PROGRESS_FILE = ".boltzlabs-progress"
+#: The most envs one sandbox may host.
+MAX_ENVS_PER_SANDBOX = 4096
+
+#: Snapshots (see above): the per-env ops, the restore item's key naming the blob, and the kind of
+#: snapshot an env's own state blob is.
+SNAPSHOT, RESTORE, SNAPSHOT_ID = "snapshot", "restore", "snapshot"
+#: Snapshot kinds: the env's own state blob (saveable, movable), a held fork of the env process
+#: (boltz mode, namespaces: copy-on-write, stays on its worker), and "auto" (a snapshot item's
+#: ``kind``: memory where the env can take one, else portable).
+PORTABLE, MEMORY, AUTO = "portable", "memory", "auto"
+SNAPSHOT_KINDS = (AUTO, MEMORY, PORTABLE)
+#: The worker's default snapshot budget: bytes of blobs it holds for all sessions together.
+DEFAULT_SNAPSHOT_BUDGET = 1 << 30
+
+
+def group_op_name(ops: Sequence[Any]) -> str:
+    """The name of a group request with these per-env ops (ints are steps): ``"step"`` if any op
+    steps, else ``"reset"`` if any resets, else the first op's name.
+
+    >>> group_op_name([1, {"op": "reset", "seed": None}])
+    'step'
+    >>> group_op_name([{"op": "describe"}, {"op": "describe"}])
+    'describe'
+    """
+    names = ["step" if type(op) is int else op.get("op") for op in ops]
+    for name in ("step", "reset"):
+        if name in names:
+            return name
+    return str(names[0]) if names else "step"
+
+
+def check_poll_us(name: str, value: object) -> float:
+    """``value`` as a busy-poll window in microseconds, or ValueError naming ``name``.
+
+    >>> check_poll_us("busy_poll_us", 500)
+    500.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_POLL_US:
+        raise ValueError(f"{name} must be a number of microseconds in [0, {MAX_POLL_US:.0e}], got {value!r}")
+    return float(value)
+
+
+def poll_us_argument(text: str) -> float:
+    """The argparse ``type`` of a busy-poll option (the worker's ``--busy-poll-us``)."""
+    import argparse
+
+    try:
+        return check_poll_us("the value", float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of microseconds in [0, {MAX_POLL_US:.0e}]: {text!r}") from None
+
+
+#: Ops the worker understands.
+WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots")
+#: Per-env ops the worker handles itself rather than forwarding to the env.
+WORKER_ENV_OPS = ("hard_reset",)
+
+
+# Prebuilt: json.dumps with non-default arguments builds a new encoder per call.
+_encode_json = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+_decode_json = json.JSONDecoder().decode
+
+
+def encode_header(header: dict) -> bytes:
+    header.setdefault("v", PROTOCOL_VERSION)
+    return _encode_json(header).encode()
+
+
+def decode_header(frame: bytes | memoryview) -> dict:
+    """Parse and minimally validate a header frame."""
+    if len(frame) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = _decode_json(bytes(frame).decode())
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep to parse
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a JSON object, got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} not supported (this side speaks {PROTOCOL_VERSION})")
+    return header
+
+
+def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
+    return {"seq": seq, "ok": False, "error": {"kind": kind, "message": message, **extra}}
+
+
+# --------------------------------------------------------------------------- the plain step lines
+# The commonest request and reply of all each have one fixed byte layout, written and read
+# without a JSON encoder or parser (a line of any other shape goes through JSON). Each layout
+# is defined here, once; every writer and reader uses these pieces.
+
+#: How a plain Discrete step request line starts; the action's digits and then
+#: :data:`DISCRETE_STEP_TAIL` (or :data:`DISCRETE_AUTORESET_TAIL`, SAME_STEP autoreset)
+#: end it. Written by :func:`env_request_line`, recognised by the gym server with
+#: :func:`parse_discrete_step`.
+DISCRETE_STEP_HEAD = b'{"op":"step","action":'
+DISCRETE_STEP_TAIL = b"}\n"
+DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
+
+#: The plain step reply line: a step of an env with an array observation space, a finite reward,
+#: an empty info and no reset in the reply. ``<obs>`` is the observation's array skeleton
+#: (``{"__nd__":[0,dtype,shape]}``, :class:`boltzlabs_gym.wire.codec.ArrayLeaf`), ``<reward>`` is
+#: ``repr(float)``, the flags are JSON booleans and ``<nbytes>`` is the length of the one payload
+#: (the observation's bytes) that follows the line. The gym server writes it
+#: (``ArrayLeaf.step_reply``); the worker and the lane recognise it without a JSON parser
+#: (:data:`STEP_REPLY_PATTERN`, in :mod:`boltzlabs_gym.wire.envpipe`); the vector env reads it back
+#: (``ArrayLeaf.parse_step_line``).
+STEP_REPLY_LAYOUT = (
+    b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
+)
+# The layout's fixed text around its five fields (unpacking fails at import if the layout loses one).
+(_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD, _REPLY_END) = (
+    re.split(rb"<(?:obs|reward|terminated|truncated|nbytes)>", STEP_REPLY_LAYOUT)
+)
+_JSON_BOOL = {False: b"false", True: b"true"}
+
+#: The bytes between the reward and the info of a plain step reply, by ``(terminated, truncated)``.
+STEP_REPLY_FLAGS = {
+    (t, u): _REPLY_TERMINATED_HEAD + _JSON_BOOL[t] + _REPLY_TRUNCATED_HEAD + _JSON_BOOL[u]
+    for t in (False, True)
+    for u in (False, True)
+}
+
+
+def step_reply_prefix(obs_skeleton: bytes) -> bytes:
+    """A plain step reply's bytes up to its reward, for observations with this (compact JSON) skeleton.
+
+    >>> step_reply_prefix(b'{"__nd__":[0,"<f4",[2]]}')
+    b'{"obs":{"__nd__":[0,"<f4",[2]]},"reward":'
+    """
+    return _REPLY_OBS_HEAD + obs_skeleton + _REPLY_REWARD_HEAD
+
+
+def step_reply_suffix(nbytes: int) -> bytes:
+    """A plain step reply's bytes after its flags, for an observation payload of ``nbytes``.
+
+    >>> step_reply_suffix(8)
+    b',"info":{},"_bin":[8]}\\n'
+    """
+    return _REPLY_NBYTES_HEAD + b"%d" % nbytes + _REPLY_END
+
+
+_UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
+# What each field of the layout may hold; only valid JSON, so a line that matches needs no parser.
+_REPLY_FIELD_PATTERNS = (
+    rb'\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
+    rb"-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?",  # reward
+    rb"(?:true|false)",  # terminated
+    rb"(?:true|false)",  # truncated
+    rb"(" + _UINT + rb")",  # nbytes: the pattern's one group
+)
+#: Matches (``fullmatch``) exactly the lines of :data:`STEP_REPLY_LAYOUT` with any array skeleton of
+#: up to 32 dimensions; group 1 is ``<nbytes>``. The reader of untrusted env output uses it.
+STEP_REPLY_PATTERN = re.compile(
+    b"".join(
+        re.escape(text) + field
+        for text, field in zip(
+            (_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD, _REPLY_NBYTES_HEAD),
+            _REPLY_FIELD_PATTERNS,
+        )
+    )
+    + re.escape(_REPLY_END)
+)
+
+
+def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
+    """The line the worker writes to an env's stdin (payloads follow it).
+
+    >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
+    b'{"op":"step","action":3,"autoreset":true}\\n'
+    """
+    if not payloads and type(op.get("action")) is int and op.get("op") == "step":
+        # A Discrete action, the commonest request of all, without the JSON encoder.
+        if len(op) == 2:
+            return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_STEP_TAIL)
+        if len(op) == 3 and op.get("autoreset") is True:
+            return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_AUTORESET_TAIL)
+    if payloads:
+        op = dict(op, _bin=[len(p) for p in payloads])
+    return _encode_json(op).encode() + b"\n"
+
+
+def env_request(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
+    """The bytes that carry ``op`` to an env: its request line, then its payloads.
+
+    >>> env_request({"op": "step", "action": 1})
+    b'{"op":"step","action":1}\\n'
+    """
+    line = env_request_line(op, payloads)
+    return b"".join([line, *payloads]) if payloads else line
+
+
+def parse_discrete_step(data: bytes) -> tuple[int, bool] | None:
+    """``(action, autoreset)`` of ``data`` when it is exactly one plain Discrete step line as
+    :func:`env_request_line` writes it (a non-negative action), else ``None``.
+
+    >>> parse_discrete_step(b'{"op":"step","action":3,"autoreset":true}\\n')
+    (3, True)
+    >>> parse_discrete_step(b'{"op":"step","action":1}\\n{"op":"close"}\\n') is None
+    True
+    """
+    if len(data) > len(DISCRETE_STEP_HEAD) + 40 or not data.startswith(DISCRETE_STEP_HEAD):
+        return None
+    autoreset = data.endswith(DISCRETE_AUTORESET_TAIL)
+    if not autoreset and not data.endswith(DISCRETE_STEP_TAIL):
+        return None
+    digits = data[len(DISCRETE_STEP_HEAD) : -len(DISCRETE_AUTORESET_TAIL if autoreset else DISCRETE_STEP_TAIL)]
+    return (int(digits), autoreset) if digits.isdigit() else None
+
+
+def parse_json(data: bytes | memoryview) -> Any:
+    """Parse untrusted JSON bytes (ValueError on bad JSON, bad UTF-8 or too deep nesting)."""
+    try:
+        return _decode_json((data if type(data) is bytes else bytes(data)).decode())
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+
+
+def jsonable(value: Any) -> Any:
+    """Turn numpy scalars and arrays (and tuples) into plain JSON values for JSON-protocol envs."""
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:
+        return tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")

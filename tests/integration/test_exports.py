@@ -1,0 +1,115 @@
+"""The public surface, pinned (as trio's and httpx's test_exports do): a change to it is a decision, made here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import boltzlabs_gym
+import boltzlabs_gym.env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PACKAGE_EXPORTS = [
+    "ArchiveError",
+    "AsyncStateError",
+    "BoltzLabsError",
+    "BoltzLabsVecEnv",
+    "CapacityError",
+    "CodecError",
+    "EnvAttributeError",
+    "EnvCallError",
+    "EnvStartError",
+    "IsolationReport",
+    "KeyFileError",
+    "Limits",
+    "MetricsPortError",
+    "MissingExtraError",
+    "PlacementTimeout",
+    "PoolClosedError",
+    "PoolStats",
+    "ProtocolError",
+    "RLPool",
+    "SandboxUnavailable",
+    "Snapshot",
+    "SnapshotError",
+    "Timing",
+    "WorkerError",
+    "WorkerLost",
+    "WorkerTimeout",
+    "__version__",
+    "make_vec",
+]
+
+#: What env code may use: ``from boltzlabs_gym.env import serve`` (or ``boltzlabs.env``).
+ENV_EXPORTS = [
+    "ENV_DIR",
+    "ENV_INDEX",
+    "ProtocolError",
+    "WORKSPACE",
+    "measurement",
+    "read_message",
+    "serve",
+    "write_message",
+]
+
+
+def test_package_exports_are_pinned():
+    assert sorted(boltzlabs_gym.__all__) == PACKAGE_EXPORTS
+    assert len(set(boltzlabs_gym.__all__)) == len(boltzlabs_gym.__all__)
+
+
+@pytest.mark.parametrize("name", PACKAGE_EXPORTS)
+def test_each_package_export_resolves(name):
+    value = getattr(boltzlabs_gym, name)
+    assert value is not None
+    if isinstance(value, type):
+        assert value.__module__.startswith("boltzlabs_gym."), value.__module__
+
+
+def test_dir_lists_the_exports_and_unknown_names_raise():
+    assert set(PACKAGE_EXPORTS) <= set(dir(boltzlabs_gym))
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        boltzlabs_gym.NoSuchThing  # noqa: B018
+
+
+def test_every_exception_in_errors_is_exported_except_the_test_helpers():
+    from boltzlabs_gym import errors
+
+    assert set(errors.__all__) - set(boltzlabs_gym.__all__) == {"NetnsUnavailable"}
+
+
+def test_env_exports_are_pinned():
+    assert sorted(boltzlabs_gym.env.__all__) == ENV_EXPORTS
+    for name in ENV_EXPORTS:
+        assert hasattr(boltzlabs_gym.env, name), name
+
+
+def test_boltzlabs_env_alias_is_the_same_module_surface():
+    import boltzlabs.env
+
+    for name in ENV_EXPORTS:
+        assert getattr(boltzlabs.env, name) is getattr(boltzlabs_gym.env, name), name
+
+
+def test_env_side_imports_only_the_standard_library():
+    """Inside every sandbox the env side is imported before any env code: nothing heavy, nothing third-party."""
+    code = (
+        "import json, sys; before = set(sys.modules); import boltzlabs_gym.env; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    env = dict(
+        os.environ,
+        BOLTZLABS_ENV_INDEX="0",
+        PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    loaded = json.loads(out)
+    foreign = [
+        m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "boltzlabs_gym"
+    ]
+    assert foreign == [], f"the env side pulled in {foreign}"
