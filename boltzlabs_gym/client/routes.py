@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import WorkerError, WorkerLost, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
-from .direct_lane import DIRECT_OPS, Lane
+from .direct_lane import DIRECT_OPS, DirectLane
 from .link import WorkerLink
 from .results import EnvResult, parse_result
 
@@ -261,7 +261,7 @@ class LaneRoute(WorkerRoute):
     def __init__(self, link: WorkerLink, n: int, step_timeout: float, reset_timeout: float, envs_per_sandbox: int = 1):
         super().__init__(link, n)
         #: The lent envs (sandboxes); the link holds them too, to take in what its worker lends.
-        self.lane = link.lane = Lane(step_timeout, reset_timeout, envs_per_sandbox)
+        self.lane = link.lane = DirectLane(step_timeout, reset_timeout, envs_per_sandbox)
         self._pending: _LanePending | None = None
         #: For the worker's books (``report``, once a second): env calls answered on the lane
         #: and each lane batch's time, since the last report.
