@@ -32,7 +32,7 @@ from .results import EnvResult, parse_result
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
 
-__all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible"]
+__all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible", "route_losses"]
 
 #: The time the worker gets to kill, report and respawn envs that failed on the lane.
 LENT_FAULT_TIMEOUT_S = 30.0
@@ -237,6 +237,13 @@ class SplitRoute:
             reason = self.lost[ri]
             per_route[id(routes[ri])] = [EnvResult(index, ERROR, {"message": reason}, []) for index in indices]
         return [per_route[id(routes[ri])][pos] for ri, pos in self._order], per_worker_ms
+
+
+def route_losses(route: object) -> dict[str, str]:
+    """The workers ``route`` found lost (a :class:`SplitRoute` that reports losses), with why."""
+    if not isinstance(route, SplitRoute):
+        return {}
+    return {route.routes[ri].link.address: why for ri, why in route.lost.items()}
 
 
 @dataclass
