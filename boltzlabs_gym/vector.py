@@ -245,7 +245,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
         self._pending_reset_ops: np.ndarray | None = None
         self._pending_reset_mask: np.ndarray | None = None
-        #: Several envs per sandbox: read their group replies whole (see :meth:`_take_group_step`).
+        #: Several envs per sandbox: Discrete step batches go out packed per sandbox (see
+        #: :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.send_steps`).
         self._grouped = self.pool.envs_per_sandbox > 1
 
     def _set_observation_spaces(self, observation_mode: Any, obs_spaces: list) -> None:
@@ -416,7 +417,7 @@ class BoltzLabsVecEnv(VectorEnv):
             )
         mask, self._pending_reset_mask = self._pending_reset_mask, None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self._wait(timeout, raw=False, grouped=self._grouped)
+        groups, results = self._wait(timeout, raw=False)
         reset_timeout = self.pool.reset_timeout
         if mask is None:
             self._terminations[:] = False
@@ -427,11 +428,10 @@ class BoltzLabsVecEnv(VectorEnv):
             self._truncations[mask] = False
             self._autoreset_envs[mask] = False
         infos: dict = {}
+        for group in groups:
+            infos = self._take_group_reset(group, infos, reset_timeout)
         for r in results:
-            if type(r) is GroupResult:
-                infos = self._take_group_reset(r, infos, reset_timeout)
-            else:
-                infos = self._take_reset(r, infos, reset_timeout)
+            infos = self._take_reset(r, infos, reset_timeout)
         return self._batched_obs(), infos
 
     def _take_reset(self, r: EnvResult, infos: dict, reset_timeout: float) -> dict:
@@ -461,9 +461,7 @@ class BoltzLabsVecEnv(VectorEnv):
         leaf = self._obs_leaf
         # Without an array space (a Dict, or an env dir's JSON values) rows are a wire violation:
         # nothing would check them against the space.
-        read = group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read(arrays=False)
-        self.pool.note_restarted(group)
-        return read
+        return group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read(arrays=False)
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any):
@@ -482,7 +480,7 @@ class BoltzLabsVecEnv(VectorEnv):
             reset_ops = (
                 self._autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self._autoreset_envs)
             )
-            self.pool.batch_async_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
+            self.pool.batch_calls.send_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
             self._pending_reset_ops = reset_ops
             self._state = AsyncState.WAITING_STEP
             return
@@ -527,17 +525,16 @@ class BoltzLabsVecEnv(VectorEnv):
         # step_async sets it together with WAITING_STEP.
         reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
-        results = self._wait(timeout, raw=True, grouped=self._grouped)
+        groups, results = self._wait(timeout, raw=True)
         pool = self.pool
         limits = (pool.step_timeout, pool.reset_timeout)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
         leaf = self._obs_leaf
+        for group in groups:
+            infos = self._take_group_step(group, reset_ops, same_step, failed, infos, limits)
         for r in results:
-            if type(r) is GroupResult:
-                infos = self._take_group_step(r, reset_ops, same_step, failed, infos, limits)
-                continue
             i = r.index
             if leaf is not None and r.status == OK and not reset_ops[i] and self._take_plain_step(leaf, r, same_step):
                 continue
@@ -672,10 +669,12 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ActionBatchError(f"expected {self.num_envs} actions (one per env), got {len(per_env)}")
         return per_env
 
-    def _wait(self, timeout: float | None, raw: bool, grouped: bool = False) -> list:
-        """The pool's results; running out of time raises what AsyncVectorEnv raises, too."""
+    def _wait(self, timeout: float | None, raw: bool) -> tuple[list[GroupResult], list[EnvResult]]:
+        """The pool's results, a sandbox of several envs as one block (see
+        :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.wait_groups`); running out of time raises
+        what AsyncVectorEnv raises, too."""
         try:
-            return self.pool.batch_wait(timeout, raw=raw, grouped=grouped)
+            return self.pool.batch_calls.wait_groups(timeout, raw)
         except TimeoutError as exc:
             raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
 
@@ -705,9 +704,7 @@ class BoltzLabsVecEnv(VectorEnv):
         """
         self._check_open()
         self._check_idle("snapshot")
-        i = self.pool._check_index(index, "snapshot")
-        meta = {"autoreset": bool(self._autoreset_envs[i]), "seed": self._env_seeds[i]}
-        return self.pool.snapshot(i, kind=kind, meta=meta)
+        return self.pool.snapshot(index, kind=kind, meta=self._snapshot_meta(index, "snapshot"))
 
     def restore(
         self,
@@ -726,8 +723,8 @@ class BoltzLabsVecEnv(VectorEnv):
         """
         self._check_open()
         self._check_idle("restore")
-        results = self.pool.restore_results(snap, indices, reseed=reseed, fresh=fresh)
-        return self._take_restored(results, snap, reseed)
+        results = self.pool.snapshot_keeper.restore(snap, indices, reseed=reseed, fresh=fresh)
+        return self._take_restored(results, snap.meta, reseed)
 
     def fork(
         self,
@@ -744,14 +741,20 @@ class BoltzLabsVecEnv(VectorEnv):
         """
         self._check_open()
         self._check_idle("fork")
-        i, targets = self.pool.check_fork(index, into, reseed)
-        with self.snapshot(i, kind=kind) as snap:
-            return self.restore(snap, targets, reseed=reseed, fresh=fresh)
+        meta = self._snapshot_meta(index, "fork")
+        results = self.pool.snapshot_keeper.fork(index, into, reseed=reseed, fresh=fresh, kind=kind, meta=meta)
+        return self._take_restored(results, meta, reseed)
 
-    def _take_restored(self, results: list[EnvResult], snap: Snapshot, reseed: Sequence[int] | None):
+    def _snapshot_meta(self, index: Any, what: str) -> dict:
+        """What a snapshot of env ``index`` keeps of the vector env's own state: whether the env is
+        due an autoreset, and its seed."""
+        i = self.pool.snapshot_keeper.check_index(index, what)
+        return {"autoreset": bool(self._autoreset_envs[i]), "seed": self._env_seeds[i]}
+
+    def _take_restored(self, results: list[EnvResult], meta: dict, reseed: Sequence[int] | None):
         reset_timeout = self.pool.reset_timeout
-        due = bool(snap.meta.get("autoreset")) and self.autoreset_mode != AutoresetMode.DISABLED
-        seed = snap.meta.get("seed")
+        due = bool(meta.get("autoreset")) and self.autoreset_mode != AutoresetMode.DISABLED
+        seed = meta.get("seed")
         infos: dict = {}
         for pos, r in enumerate(results):
             i = r.index

@@ -1,5 +1,8 @@
-"""The trainer's side: :class:`~boltzlabs_gym.RLPool`, its routes to the envs, its links to workers,
-start-up, the direct lane, grouping, results, snapshots, worker sources, stats and timing.
+"""The trainer's side: :class:`~boltzlabs_gym.RLPool` and the parts it owns: its batched calls
+(``batch_calls``), its routes to the envs (``routes``, ``grouped_route`` for several envs per
+sandbox), its links to workers, start-up, the direct lane, grouping, results, its snapshots
+(``snapshot_keeper``, the ``snapshot`` handle), worker sources, the checks of its arguments,
+stats and timing.
 
 Nothing here imports :mod:`boltzlabs_gym.worker`: a pool reaches its workers only over the wire.
 """

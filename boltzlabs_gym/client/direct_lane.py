@@ -35,11 +35,11 @@ from ..wire.call_rules import (
 )
 from ..wire.envpipe import EnvFault, EnvPipe
 
-__all__ = ["Lane", "DIRECT_OPS"]
+__all__ = ["DirectLane", "DIRECT_OPS"]
 
 #: Ops the lane sends itself; anything else goes through the worker.
 DIRECT_OPS = frozenset(("step", "reset"))
-#: Gathering replies in rounds (see Lane._nap): only with more calls than this in flight, in
+#: Gathering replies in rounds (see DirectLane._nap): only with more calls than this in flight, in
 #: about this many rounds, for naps of this length.
 NAP_MIN_IN_FLIGHT = 16
 NAP_ROUNDS = 4
@@ -59,13 +59,13 @@ class _Lent(EnvPipe):
         self.deadline = 0.0
 
 
-class Lane:
+class DirectLane:
     """The lent envs of one local pool, by env index.
 
     Its descriptors come only from a worker's lending reply, so this sketch is not a
     doctest (:class:`~boltzlabs_gym.client.routes.LaneRoute` is the real user)::
 
-        lane = Lane(step_timeout=30.0, reset_timeout=60.0)
+        lane = DirectLane(step_timeout=30.0, reset_timeout=60.0)
         lane.add([0, 1], [in0, out0, in1, out1])        # the pipes lent with a worker reply
         failed = lane.send([(0, 0, {"op": "step"}, line)])   # (batch pos, env index, op, request line)
         done, failed = lane.wait(deadline)              # replies, and calls to hand back to the worker

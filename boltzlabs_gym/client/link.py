@@ -28,7 +28,7 @@ import zmq
 from ..errors import CapacityError, EnvStartError, SandboxUnavailable, WorkerError, WorkerLost, WorkerTimeout
 from ..wire.channel import Channel, ChannelClosed, ChannelError
 from ..wire.protocol import LENT, LENT_FDS, decode_header, encode_header
-from .direct_lane import Lane
+from .direct_lane import DirectLane
 
 __all__ = ["WorkerLink", "start_local_worker"]
 
@@ -74,7 +74,7 @@ class WorkerLink:
         #: Called after each interim start-up count (see :attr:`started`).
         self.on_progress: Callable[[], None] | None = None
         #: The envs this (local) worker lent us, stepped on their own pipes; None: no lane.
-        self.lane: Lane | None = None
+        self.lane: DirectLane | None = None
         #: A ZeroMQ DEALER or a Channel: the same send_multipart/poll/recv_multipart/close.
         self.sock: Any = channel
         if channel is None:

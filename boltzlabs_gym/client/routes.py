@@ -26,13 +26,13 @@ import numpy as np
 
 from ..errors import WorkerError, WorkerLost, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
-from .direct_lane import DIRECT_OPS, Lane
+from .direct_lane import DIRECT_OPS, DirectLane
 from .link import WorkerLink
 from .results import EnvResult, parse_result
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
 
-__all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible"]
+__all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible", "route_losses"]
 
 #: The time the worker gets to kill, report and respawn envs that failed on the lane.
 LENT_FAULT_TIMEOUT_S = 30.0
@@ -239,6 +239,13 @@ class SplitRoute:
         return [per_route[id(routes[ri])][pos] for ri, pos in self._order], per_worker_ms
 
 
+def route_losses(route: object) -> dict[str, str]:
+    """The workers ``route`` found lost (a :class:`SplitRoute` that reports losses), with why."""
+    if not isinstance(route, SplitRoute):
+        return {}
+    return {route.routes[ri].link.address: why for ri, why in route.lost.items()}
+
+
 @dataclass
 class _LanePending:
     """A batch sent partly on the lane: the worker request's tag (None: nothing sent to
@@ -261,7 +268,7 @@ class LaneRoute(WorkerRoute):
     def __init__(self, link: WorkerLink, n: int, step_timeout: float, reset_timeout: float, envs_per_sandbox: int = 1):
         super().__init__(link, n)
         #: The lent envs (sandboxes); the link holds them too, to take in what its worker lends.
-        self.lane = link.lane = Lane(step_timeout, reset_timeout, envs_per_sandbox)
+        self.lane = link.lane = DirectLane(step_timeout, reset_timeout, envs_per_sandbox)
         self._pending: _LanePending | None = None
         #: For the worker's books (``report``, once a second): env calls answered on the lane
         #: and each lane batch's time, since the last report.

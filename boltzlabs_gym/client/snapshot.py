@@ -1,7 +1,9 @@
 """Snapshots of live envs, on the trainer's side: :class:`Snapshot`, a handle on one env's state.
 
 A snapshot is taken by :meth:`RLPool.snapshot <boltzlabs_gym.client.pool.RLPool.snapshot>` (or the
-vector env's), restored into other slots by ``restore`` and used by ``fork``. Its state is
+vector env's), restored into other slots by ``restore`` and used by ``fork``, all of them the work of
+the pool's :class:`~boltzlabs_gym.client.snapshot_keeper.SnapshotKeeper`, which the handle asks to
+save and release it. Its state is
 either a held process on its worker (``kind="memory"``: a fork of the env, copied again for each
 restore; see :mod:`boltzlabs_gym.envside.memory_snapshot`), or a blob the env wrote about itself inside
 its sandbox (``kind="portable"``, see :mod:`boltzlabs_gym.envside.state`), which the worker, the
@@ -24,8 +26,8 @@ from typing import Any
 from ..errors import SnapshotError
 from ..wire.protocol import PORTABLE
 
-# The pool that holds a snapshot is typed Any here: the pool imports this module, not the reverse.
-RLPool = Any
+# The keeper of the pool that holds a snapshot is typed Any here: it imports this module, not the reverse.
+SnapshotKeeper = Any
 
 __all__ = ["Snapshot", "SNAPSHOT_FILE_MAGIC"]
 
@@ -60,7 +62,7 @@ class Snapshot:
         env: str,
         source: int,
         nbytes: int,
-        pool: RLPool | None = None,
+        keeper: SnapshotKeeper | None = None,
         worker: str | None = None,
         snapshot_id: str | None = None,
         blob: bytes | None = None,
@@ -73,12 +75,12 @@ class Snapshot:
         self.created = time.time()
         #: Trainer-side bookkeeping that travels with it (the vector env's autoreset state, say).
         self.meta: dict = dict(meta or {})
-        self._pool = weakref.ref(pool) if pool is not None else None
+        self._keeper = weakref.ref(keeper) if keeper is not None else None
         self._worker = worker
         self._id = snapshot_id
         self._blob = blob
         self._released = False
-        #: Set by the pool that took it: queues its release if the handle is dropped unreleased.
+        #: Set by the keeper that took it: queues its release if the handle is dropped unreleased.
         self._finalizer: weakref.finalize | None = None
 
     @classmethod
@@ -101,9 +103,9 @@ class Snapshot:
         """The address of the worker that holds it (``None``: held in memory only)."""
         return self._worker if self._id is not None else None
 
-    def held_by(self, pool: RLPool, worker: str) -> str | None:
-        """Its id on ``worker`` if that worker holds it for ``pool``'s session, else ``None``."""
-        if self._id is None or self._pool is None or self._pool() is not pool or self._worker != worker:
+    def held_by(self, keeper: SnapshotKeeper, worker: str) -> str | None:
+        """Its id on ``worker`` if that worker holds it for the session of ``keeper``'s pool, else ``None``."""
+        if self._id is None or self._keeper is None or self._keeper() is not keeper or self._worker != worker:
             return None
         return self._id
 
@@ -126,14 +128,14 @@ class Snapshot:
                 "restore it into envs of that worker",
                 self.source,
             )
-        pool = self._pool() if self._pool is not None else None
-        if pool is None or pool.closed:
+        keeper = self._keeper() if self._keeper is not None else None
+        if keeper is None or keeper.closed:
             raise SnapshotError(
                 f"the pool that holds this snapshot of env {self.source} is closed, and the snapshot "
                 "was not saved; save snapshots you want to keep (snap.save(path)) before closing their pool",
                 self.source,
             )
-        return pool._export_snapshot(self)
+        return keeper.export(self)
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> None:
@@ -204,9 +206,9 @@ class Snapshot:
         self._blob = None
         if self._finalizer is not None:
             self._finalizer.detach()
-        pool = self._pool() if self._pool is not None else None
-        if pool is not None and self._id is not None and not pool.closed:
-            pool._release_snapshots(self._worker, [self._id])
+        keeper = self._keeper() if self._keeper is not None else None
+        if keeper is not None and self._id is not None and not keeper.closed:
+            keeper.release(self._worker, [self._id])
         self._id = None
 
     def __enter__(self) -> Snapshot:

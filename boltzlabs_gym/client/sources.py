@@ -8,7 +8,7 @@ this protocol is all it knows of it.
 A source keeps a worker's position in :attr:`WorkerSource.addresses` when it replaces it:
 after ``workers.replace_dead()`` the new worker's address stands where the lost one's
 stood, and the pool's next hard reset re-creates the lost envs there
-(:func:`reopen_lost`).
+(:class:`SourceTracker`, :func:`reopen_lost`).
 
 >>> is_worker_source(["tcp://10.0.0.2:5555"]), is_worker_source("tcp://10.0.0.2:5555")
 (False, False)
@@ -21,14 +21,16 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import zmq
 
 from ..wire.keys import ClientKeys
 from .link import WorkerLink
+from .routes import SplitRoute
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
 
-__all__ = ["WorkerSource", "is_worker_source", "worker_addresses", "client_keys_from", "reopen_lost"]
+__all__ = ["SourceTracker", "WorkerSource", "client_keys_from", "is_worker_source", "reopen_lost", "worker_addresses"]
 
 
 @runtime_checkable
@@ -92,3 +94,60 @@ def reopen_lost(
         "envs %d..%d re-created on %s (was %s)", link.start, link.start + link.count - 1, address, lost_link.address
     )
     return link
+
+
+class SourceTracker:
+    """Where each of a pool's workers stands in its :class:`WorkerSource`, and the re-creation of a
+    lost worker's envs on the worker that took its place.
+
+    ``addresses``: the source's workers as the pool first connected to them; ``link_options``:
+    what a new :class:`~boltzlabs_gym.client.link.WorkerLink` is opened with (``seq``,
+    ``send_timeout``, heartbeats).
+    """
+
+    def __init__(self, source: WorkerSource, addresses: Sequence[str], ctx: zmq.Context, **link_options):
+        self.source = source
+        self._ctx = ctx
+        self._link_options = link_options
+        #: Worker address -> its position in the source (a replacement takes the same).
+        self._positions = {a: i for i, a in enumerate(addresses)}
+        #: Position -> the public key of the worker there when its link was made: a replacement that
+        #: happens to bind the same address is told apart by its key.
+        self._keys = {i: self._worker_key(a) for a, i in self._positions.items()}
+
+    def _worker_key(self, address: str) -> bytes | None:
+        """The public key of the source's worker at ``address`` (``None``: it runs without keys)."""
+        keys = self.source.client_keys(address)
+        return None if keys is None else keys.server_public
+
+    def replace_lost(
+        self, route: object, links: list[WorkerLink], open_session: Callable[[list[WorkerLink]], object], n: int
+    ) -> np.ndarray | None:
+        """Re-create the envs of every lost worker of ``route`` that the source has replaced, putting
+        the new link in the lost one's place in ``route`` and ``links``; which of the ``n`` envs
+        (sandboxes) were re-created (``None``: none). A lost worker not replaced yet keeps
+        reporting errors."""
+        if not isinstance(route, SplitRoute):
+            return None
+        fresh = np.zeros(n, dtype=bool)
+        addresses = list(self.source.addresses)
+        # Every route, not only those found lost: a worker replaced before any call noticed its loss
+        # is re-created on the same hard reset.
+        for ri in range(len(route.routes)):
+            lost = route.routes[ri].link
+            position = self._positions.get(lost.address, len(addresses))
+            address = addresses[position] if position < len(addresses) else None
+            if address is None:
+                continue  # not replaced (yet): its envs go on reporting the loss
+            key = self._worker_key(address)
+            if address == lost.address and key == self._keys.get(position):
+                continue  # the same worker: alive, or lost and not replaced yet
+            keys = self.source.client_keys(address)
+            link = reopen_lost(self._ctx, lost, address, keys, open_session, **self._link_options)
+            route.replace(ri, link)
+            links[links.index(lost)] = link
+            lost.close()
+            self._positions[address] = position
+            self._keys[position] = key
+            fresh[link.start : link.start + link.count] = True
+        return fresh if fresh.any() else None

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..wire.counters import RATE_WINDOW_S, RECENT_LATENCIES, RecentCounts, percentile
+from .grouping import SandboxLayout
+from .link import WorkerLink
 
-__all__ = ["PoolRecorder", "PoolStats"]
+__all__ = ["PoolRecorder", "PoolStats", "PssReport", "measure_pss"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +99,33 @@ class PoolRecorder:
             errors_1m=self._recent_errors.total(60),
             **pool,  # type: ignore[arg-type]  # the pool's own fields, by name
         )
+
+
+@dataclass(frozen=True)
+class PssReport:
+    """What ``pool.memory()`` measured: PSS in bytes per env (index order), of the boltz-mode
+    templates, and of the snapshots the workers hold for the pool."""
+
+    per_env: list[int]
+    template_bytes: int
+    snapshot_bytes: int
+
+
+def measure_pss(links: Sequence[WorkerLink], layout: SandboxLayout, lost: Collection[str]) -> PssReport:
+    """Ask every worker of ``links`` but the ``lost`` for its envs' PSS (one request each); a sandbox
+    of several envs has its PSS split evenly between them, and the envs of a lost worker have none."""
+    out = [0] * layout.n
+    template = 0
+    snapshots = 0
+    for link in links:
+        if link.address in lost:
+            continue  # its envs are gone: 0 bytes
+        header = link.call({"op": "memory"}, timeout=60.0)
+        for local, pss in enumerate(header["pss"]):
+            envs = layout.envs(link.start + local)
+            share, rest = divmod(int(pss), len(envs))
+            for i in envs:
+                out[i] = share + (1 if i - envs.start < rest else 0)
+        template += int(header.get("template_pss", 0))
+        snapshots += int(header.get("snapshot_bytes", 0))
+    return PssReport(out, template, snapshots)

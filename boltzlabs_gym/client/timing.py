@@ -32,3 +32,23 @@ class Timing:
     @property
     def transport_ms(self) -> float:
         return max(0.0, self.roundtrip_ms - self.worker_ms)
+
+    def after_batch(
+        self, per_worker_ms: dict, roundtrip_ms: float, stragglers: tuple, errors: tuple, env_calls: int
+    ) -> Timing:
+        """The timing once one more batch of ``env_calls`` env calls came back.
+
+        >>> Timing().after_batch({"w": 1.0}, 1.5, (3,), (), env_calls=8).env_steps
+        8
+        """
+        return Timing(
+            worker_ms=max(per_worker_ms.values(), default=0.0),
+            roundtrip_ms=roundtrip_ms,
+            per_worker_ms=per_worker_ms,
+            stragglers=stragglers,
+            errors=errors,
+            calls=self.calls + 1,
+            env_steps=self.env_steps + env_calls,
+            total_stragglers=self.total_stragglers + len(stragglers),
+            total_errors=self.total_errors + len(errors),
+        )

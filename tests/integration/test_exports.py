@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -55,6 +56,32 @@ ENV_EXPORTS = [
     "read_message",
     "serve",
     "write_message",
+]
+
+
+#: What :class:`~boltzlabs_gym.RLPool` offers besides the attributes its constructor sets: the
+#: calls users make. Adapter-only calls live on the parts the pool owns (``pool.batch_calls``,
+#: ``pool.snapshot_keeper``), not here.
+POOL_SURFACE = [
+    "batch_async",
+    "batch_wait",
+    "call_envs",
+    "close",
+    "closed",
+    "envs_per_gb",
+    "fork",
+    "lost_workers",
+    "memory",
+    "reset",
+    "restore",
+    "snapshot",
+    "stats",
+    "step",
+    "step_async",
+    "step_wait",
+    "timing",
+    "uploads",
+    "workers",
 ]
 
 
@@ -113,3 +140,36 @@ def test_env_side_imports_only_the_standard_library():
         m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names and m.split(".")[0] != "boltzlabs_gym"
     ]
     assert foreign == [], f"the env side pulled in {foreign}"
+
+
+def test_rlpool_methods_are_pinned():
+    assert sorted(name for name in dir(boltzlabs_gym.RLPool) if not name.startswith("_")) == POOL_SURFACE
+
+
+def _names_a_pool(node: ast.expr) -> bool:
+    """``pool``, ``self.pool``, ``self._pool``, ``envs.pool``, ``self.venv.pool``..."""
+    return (isinstance(node, ast.Name) and node.id == "pool") or (
+        isinstance(node, ast.Attribute) and node.attr in ("pool", "_pool")
+    )
+
+
+ADAPTERS = ["boltzlabs_gym/vector.py", "boltzlabs_gym/sb3.py", "boltzlabs_gym/client/snapshot.py"]
+
+
+@pytest.mark.parametrize("path", ADAPTERS)
+def test_adapters_and_snapshot_handles_use_only_the_pools_public_names(path):
+    """The adapters and the Snapshot handle reach a pool through its public names alone: what they
+    need of its parts, they ask the part (``pool.batch_calls``, ``pool.snapshot_keeper``)."""
+    with open(os.path.join(ROOT, path)) as f:
+        tree = ast.parse(f.read())
+    private = sorted(
+        {
+            f"line {node.lineno}: .{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and _names_a_pool(node.value)
+        }
+    )
+    assert private == [], f"{path} uses a pool's private names: {private}"

@@ -7,7 +7,7 @@ import sys
 
 from boltzlabs_gym.wire import call_rules as lending
 from boltzlabs_gym.wire import protocol
-from boltzlabs_gym.client.direct_lane import Lane
+from boltzlabs_gym.client.direct_lane import DirectLane
 from boltzlabs_gym.worker.session import Session, SessionConfig
 
 
@@ -18,7 +18,7 @@ def test_a_step_has_the_step_timeout_and_every_other_op_the_reset_timeout():
 
 
 def test_lane_and_worker_session_time_calls_by_the_same_table(tmp_path):
-    lane = Lane(step_timeout=0.5, reset_timeout=7.0)
+    lane = DirectLane(step_timeout=0.5, reset_timeout=7.0)
     try:
         session = Session("s1", b"c", str(tmp_path), str(tmp_path), SessionConfig(n=1, step_timeout=0.5,
                                                                                   reset_timeout=7.0), None)

@@ -1,0 +1,109 @@
+"""A pool's batched calls: one in flight at a time, sent on the pool's route, collected in the
+items' order, timed and counted.
+
+:class:`~boltzlabs_gym.client.pool.RLPool`'s ``batch_async``/``batch_wait`` and everything built
+on them (``step``, ``reset``, snapshots) go through the pool's :class:`BatchCalls`. The vector
+env also uses its two block-wise calls, :meth:`BatchCalls.send_steps` and
+:meth:`BatchCalls.wait_groups`, which hand a sandbox of several envs over as one block.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import AsyncStateError, PoolClosedError
+from ..wire.protocol import ERROR, STRAGGLER
+from .grouped_route import GroupedRoute, step_items
+from .grouping import GroupResult
+from .results import EnvResult
+from .routes import Items, Route
+from .stats import PoolRecorder
+from .timing import Timing
+
+__all__ = ["BatchCalls"]
+
+
+class BatchCalls:
+    """The batched calls of a pool of ``n`` envs; ``default_timeout``: how long a wait without one may take."""
+
+    def __init__(self, n: int, default_timeout: float):
+        #: How batches reach the envs (a :class:`GroupedRoute` for several envs per sandbox), set by
+        #: the pool once its workers are connected.
+        self.route: Route
+        self.n = n
+        self.default_timeout = default_timeout
+        #: Set by the pool's ``close()``: every call is refused after.
+        self.closed = False
+        #: A batch was sent and not collected yet.
+        self.in_flight = False
+        #: Where the time of the last call went, and running counts (``pool.timing``).
+        self.timing = Timing()
+        #: The books behind ``pool.stats()``: one entry per batch waited for.
+        self.recorder = PoolRecorder()
+        self._sent_at = 0.0  # when the batch in flight started going out (time.perf_counter)
+
+    def check_open(self) -> None:
+        """Raise :class:`~boltzlabs_gym.errors.PoolClosedError` once the pool is closed."""
+        if self.closed:
+            raise PoolClosedError("this pool is closed; create a new RLPool")
+
+    def _check_idle(self) -> None:
+        self.check_open()
+        if self.in_flight:
+            raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
+
+    def send(self, items: Items) -> None:
+        """Send one request per worker carrying ``items``: ``(index, op, payload_frames)``."""
+        self._check_idle()
+        self._sent_at = self.route.send(items)
+        self.in_flight = True
+
+    def send_steps(self, actions: list[int], resets: np.ndarray, autoreset: bool) -> None:
+        """:meth:`send` of a Discrete step batch: env ``i`` steps with ``actions[i]``, or resets (seed
+        ``None``) where ``resets[i]``; ``autoreset`` marks every step for a reset in its own reply.
+        With several envs per sandbox, packed per sandbox without per-env work."""
+        if not isinstance(self.route, GroupedRoute):
+            self.send(step_items(actions, resets, autoreset))
+            return
+        self._check_idle()
+        self._sent_at = self.route.send_steps(actions, resets, autoreset)
+        self.in_flight = True
+
+    def wait(self, timeout: float | None, raw: bool) -> list[EnvResult]:
+        """The results of the batch in flight, in the order of its items (reply lines unparsed if ``raw``)."""
+        return self._collect(timeout, raw, blocks=False)[1]
+
+    def wait_groups(self, timeout: float | None, raw: bool) -> tuple[list[GroupResult], list[EnvResult]]:
+        """The results of the batch in flight as blocks: one :class:`GroupResult` per sandbox of
+        several envs, and per-env results for the rest (every env, with one env per sandbox;
+        unparsed if ``raw``), in no particular order."""
+        return self._collect(timeout, raw, blocks=True)
+
+    def _collect(self, timeout: float | None, raw: bool, blocks: bool) -> tuple[list[GroupResult], list[EnvResult]]:
+        self.check_open()
+        if not self.in_flight:
+            raise AsyncStateError("batch_wait()/step_wait() called without a call in flight; call step_async() first")
+        timeout = self.default_timeout if timeout is None else timeout
+        route = self.route
+        groups: list[GroupResult] = []
+        try:
+            if blocks and isinstance(route, GroupedRoute):
+                groups, results, per_worker_ms = route.wait_groups(timeout)
+            else:
+                results, per_worker_ms = route.wait(timeout, raw)
+        finally:
+            # Whatever happened, this call is over: a late reply will be dropped by its tag.
+            self.in_flight = False
+        self._record(groups, results, per_worker_ms)
+        return groups, results
+
+    def _record(self, groups: list[GroupResult], results: list[EnvResult], per_worker_ms: dict) -> None:
+        failed = [f for group in groups for f in group.failures()] + results if groups else results
+        stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
+        errors = tuple(r.index for r in failed if r.status == ERROR)
+        calls = sum(len(group.plan.indices) for group in groups) + len(results)
+        seconds = time.perf_counter() - self._sent_at
+        self.recorder.batch(calls, seconds, len(stragglers), len(errors))
+        self.timing = self.timing.after_batch(per_worker_ms, seconds * 1e3, stragglers, errors, calls)
