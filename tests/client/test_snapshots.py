@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from contextlib import closing
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import COUNTER, ENVS, ISOLATION
 from gymnasium.vector import AutoresetMode
-from workers import WorkerProcess
+from workers import WorkerProcess, worker_status
 
 import boltzlabs_gym
 from boltzlabs_gym import RLPool, Snapshot, SnapshotError
+from conftest import COUNTER, ENVS, ISOLATION
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -317,11 +315,11 @@ def test_a_snapshot_moves_between_remote_workers_through_the_trainer():
             pool.restore(snap, where=[0, 3])  # one copy on its own worker, one moved to the other
             got = [pool.step([a, 0, 0, a])[0] for a in (1, 2, 3)]
             assert [g[0] for g in got] == expected and [g[3] for g in got] == expected
-            status = _status(addresses[1])
+            status = worker_status(addresses[1])
             assert status["snapshot_bytes"] == 0, "the moved copy must be released after the restore"
-            assert [s["snapshots"] for s in _status(addresses[0])["sessions"]][0][0]["source"] == 1
+            assert [s["snapshots"] for s in worker_status(addresses[0])["sessions"]][0][0]["source"] == 1
             snap.release()
-            assert _status(addresses[0])["snapshot_bytes"] == 0
+            assert worker_status(addresses[0])["snapshot_bytes"] == 0
     finally:
         for w in workers:
             w.stop()
@@ -344,7 +342,7 @@ def test_the_worker_budget_refuses_and_accounting_counts_held_snapshots():
             assert pool.snapshot_bytes == sum(s.nbytes for s in held)
             total = sum(pool.memory()) + pool.template_pss + pool.snapshot_bytes
             assert pool.envs_per_gb() == pytest.approx(2 / (total / 2**30), rel=0.2)
-            listed = _status(worker.address)["sessions"][0]["snapshots"]
+            listed = worker_status(worker.address)["sessions"][0]["snapshots"]
             assert len(listed) == len(held) and {s["kind"] for s in listed} == {"portable"}
             for s in held:
                 s.release()
@@ -353,7 +351,7 @@ def test_the_worker_budget_refuses_and_accounting_counts_held_snapshots():
             pool.snapshot(0, kind="portable").release()  # room again
             snap = pool.snapshot(1, kind="portable")
         # closing the pool let go of what it held
-        assert _status(worker.address)["snapshot_bytes"] == 0
+        assert worker_status(worker.address)["snapshot_bytes"] == 0
         with pytest.raises(SnapshotError, match="closed"):
             snap.save("/tmp/never")
     finally:
@@ -370,7 +368,7 @@ def test_a_dropped_handle_is_released_at_the_next_snapshot_call():
             pool.snapshot(0, kind="portable")  # dropped at once
             gc.collect()
             pool.snapshot(0, kind="portable").release()
-            assert _status(worker.address)["snapshot_bytes"] == 0
+            assert worker_status(worker.address)["snapshot_bytes"] == 0
     finally:
         worker.stop()
 
@@ -408,17 +406,6 @@ def test_vector_env_bookkeeping_follows_the_copied_env():
                 break
         # the copy's episode counts from the source's start: 3 steps before the fork, t + 1 after
         assert term[0] and infos["episode"]["l"][0] == infos["episode"]["l"][1] == 3 + t + 1
-
-
-def _status(address: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "boltzlabs_gym.cli", "status", address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(out.stdout)
 
 
 @pytest.mark.parametrize("direct", [True, False])

@@ -311,8 +311,7 @@ def test_holders_stay_while_their_copies_live_and_go_after(mode):
 
 def test_status_lists_memory_snapshots_on_a_remote_worker():
     """`boltzlabs-gym status` lists a held memory snapshot; one cannot move to another worker (default mode)."""
-    from test_snapshots import _status
-    from workers import WorkerProcess
+    from workers import WorkerProcess, worker_status
 
     a, b = WorkerProcess(capacity=2), WorkerProcess(capacity=2)
     try:
@@ -321,7 +320,7 @@ def test_status_lists_memory_snapshots_on_a_remote_worker():
                 pytest.skip("memory snapshots need the namespaces backend")
             pool.reset(seed=0)
             with pool.snapshot(0) as snap:
-                [listed] = _status(a.address)["sessions"][0]["snapshots"]
+                [listed] = worker_status(a.address)["sessions"][0]["snapshots"]
                 assert listed["kind"] == "memory" and listed["source"] == 0 and listed["bytes"] > 0
                 with pytest.raises(SnapshotError, match="cannot leave"):
                     pool.restore(snap, where=[1])
