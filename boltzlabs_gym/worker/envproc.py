@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,7 +209,7 @@ def _widen_pipe(fd: int) -> None:
 
 
 @contextlib.contextmanager
-def _batch_scheduling():
+def _batch_scheduling() -> Iterator[None]:
     """Fork env processes under SCHED_BATCH (inherited across fork and exec).
 
     A batch-class process does not preempt the one that woke it. Without this, on a

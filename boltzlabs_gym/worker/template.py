@@ -109,8 +109,10 @@ import time
 from dataclasses import replace
 
 from ..envside.forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
-from .memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_pid, try_remove
+from .memory_snapshots.gate import Gate, parent_of, shared_gate
+from .memory_snapshots.launcher import SnapshotLauncher
 from .sandbox.base import (
+    MEMORY_SNAPSHOTS_ENV,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
@@ -123,8 +125,10 @@ from .sandbox.base import (
     child_environment,
     kill_process_group,
     readable,
+    recv_pid,
     set_layout_randomization,
 )
+from .sandbox.cgroups import Graveyard
 
 log = logging.getLogger("boltzlabs_gym.worker.template")
 
@@ -206,10 +210,14 @@ class TemplateError(RuntimeError):
     """The template could not import the env or fork it; the message says why."""
 
 
-class TemplateLauncher(CopyLauncher):
-    """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template."""
+class TemplateLauncher:
+    """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template.
 
-    def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str]):
+    ``gate`` answers the gated syscalls of the template's filter (the worker's, by default);
+    :attr:`copies` makes its envs' memory snapshots.
+    """
+
+    def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str], gate: Gate | None = None):
         self.backend = backend
         self.env_dir = env_dir
         self.root = root
@@ -234,8 +242,11 @@ class TemplateLauncher(CopyLauncher):
             )
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
-        self._graveyard: list = []  # cgroups of killed envs whose processes were still exiting
+        self._graveyard = Graveyard()  # cgroups of killed envs whose processes were still exiting
         self._live = 0  # envs launched and not yet cleaned up
+        self.gate = gate if gate is not None else shared_gate()
+        #: its envs' memory snapshots (their copies are its envs too: counted live, cgroups buried here)
+        self.copies = SnapshotLauncher(self.gate, self.copies_unavailable, self._graveyard, self._count_live)
         #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
         self.last_phases_ms: dict[str, float] = {}
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
@@ -251,7 +262,8 @@ class TemplateLauncher(CopyLauncher):
     def template_pid(self) -> int | None:
         return self._tpl.pid if self._tpl is not None and self._tpl.alive() else None
 
-    def _copies_possible(self) -> str | None:
+    def copies_unavailable(self) -> str | None:
+        """Why this launcher's envs cannot take memory snapshots at all, or None."""
         if self.kind != "ns":
             return "memory snapshots need isolation='namespaces' (boltz mode forks them in a nested sandbox)"
         return None
@@ -344,9 +356,7 @@ class TemplateLauncher(CopyLauncher):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ours, 4096, 1)
             if msg == b"listener" and len(fds) == 1:  # the template's filter's (namespaces kind)
-                from .memory_snapshots.gate import shared_supervisor
-
-                shared_supervisor().watch(fds[0])
+                self.gate.watch(fds[0])
                 msg = ours.recv(4096)
             else:
                 for fd in fds:
@@ -514,8 +524,7 @@ class TemplateLauncher(CopyLauncher):
         from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import cgroups
 
-        if self._graveyard:
-            self._graveyard = [g for g in self._graveyard if not try_remove(g)]
+        self._graveyard.retry()
 
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
@@ -639,8 +648,8 @@ class TemplateLauncher(CopyLauncher):
                     control.close()
             # no waiting here for a dying PID namespace to empty its cgroup (a hard reset would
             # wait for the old env's teardown): try once, finish later (next launch, or close)
-            if cg is not None and not try_remove(cg):
-                self._graveyard.append(cg)
+            if cg is not None:
+                self._graveyard.bury(cg)
 
         return Launched(
             control=control,
@@ -652,6 +661,9 @@ class TemplateLauncher(CopyLauncher):
             oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
             paths={"env_dir": env["BOLTZLABS_ENV_DIR"], "workspace": workspace},
         )
+
+    def _count_live(self, delta: int) -> None:
+        self._live += delta
 
     def _grow_template_limit(self, tpl: _Template, limits: Limits) -> None:
         """Raise the template cgroup's memory limit to cover what its live envs left charged there."""
@@ -677,12 +689,11 @@ class TemplateLauncher(CopyLauncher):
         if self._tpl is not None:
             self._tpl.kill()
             self._tpl = None
-        for cg in self._graveyard:
+        for cg in self._graveyard.take_all():
             try:
                 cg.remove()
             except OSError:
                 log.exception("removing an env cgroup")
-        self._graveyard = []
         for fd in (self._life_r, self._life_w):
             try:
                 os.close(fd)
@@ -717,8 +728,6 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
 
 def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
     """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
-    from .memory_snapshots.gate import parent_of
-
     me = os.getpid()
     deadline = time.monotonic() + timeout
     while True:

@@ -17,14 +17,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import threading
 import time
 
 from ...envside import seccomp
 from ...envside import syscalls as L
 from . import cgroups
 from .base import (
-    ENV_UID_BASE,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
@@ -37,26 +35,23 @@ from .base import (
     child_environment,
     env_uid,
     launched_tree,
-    probe_launch,
+    sandbox_properties,
     set_layout_randomization,
     wire_std_fds,
 )
 from .namespaces import HOSTNAME, LAUNCHER, _python_paths
+from .probe import first_working_mode, probed_mode
 
 _ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
 
 
-_PROBES: dict = {}
-_PROBE_LOCK = threading.Lock()
-
-
 class BwrapBackend:
+    """Envs in sandboxes bubblewrap builds (see the module doc)."""
+
     name = "bwrap"
 
     def __init__(self, use_seccomp: bool = True) -> None:
         self.use_seccomp = use_seccomp
-        self._probe: tuple[str | None, str] | None = None
-        self._lock = threading.Lock()
         self._prog = None
         self.bwrap = shutil.which("bwrap")
 
@@ -68,28 +63,18 @@ class BwrapBackend:
     def mode(self) -> tuple[str | None, str]:
         """``"drop"`` (bwrap runs as the env's own unprivileged uid), ``"root"`` (bwrap as root, caps
         dropped, host uid 0 mapped), ``"user"`` (not root) or ``(None, reason)``. Probed once."""
-        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
-            if self._probe is None:
-                self._probe = _PROBES.get(self.use_seccomp)
-            if self._probe is None:
-                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
-            return self._probe
+        return probed_mode((self.name, self.use_seccomp), self._do_probe)
 
     def _do_probe(self) -> tuple[str | None, str]:
         if self.bwrap is None:
             return None, "bwrap is not on PATH (apt-get install bubblewrap)"
-        modes = ["drop", "root"] if os.geteuid() == 0 else ["user"]
-        reasons: list[str] = []
-        for mode in modes:
-            ok, why = self._try(mode)
-            if ok:
-                return mode, "; ".join(reasons + [why])
-            reasons.append(f"{mode} failed: {why}")
-        return None, "; ".join(reasons)
-
-    def _try(self, mode: str) -> tuple[bool, str]:
-        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
-        return ok, why if not ok else f"bwrap probe ran (launch {setup_ms:.1f} ms until bwrap exec)"
+        return first_working_mode(
+            ["drop", "root"] if os.geteuid() == 0 else ["user"],
+            lambda spec, mode: self._launch(spec, mode, use_cgroup=False),
+            works="bwrap probe ran (launch {ms:.1f} ms until bwrap exec)",
+            failed="{mode} failed: {why}",
+            keep_failures=True,
+        )
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:
@@ -98,26 +83,14 @@ class BwrapBackend:
             return IsolationReport(self.name, {"available": False}, (why,))
         cg = cgroups.probe()[0] if os.geteuid() == 0 else None
         sec = self.use_seccomp and seccomp.supported()
-        props: dict[str, bool | str] = {
-            "mode": mode,
-            "readonly_env_dir": True,
-            "private_workspace": True,
-            "no_network": True,
-            "pid_namespace": True,
-            "ipc_namespace": True,
-            "uts_namespace": True,
-            "hidden_host_files": True,
-            "scrubbed_environment": True,
-            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
-            "process_limit": f"cgroup {cg}" if cg else ("RLIMIT_NPROC" if mode != "root" else False),
-            "file_size_limit": "RLIMIT_FSIZE",
-            "open_files_limit": "RLIMIT_NOFILE",
-            "cpu_limit": "RLIMIT_CPU (total backstop)",
-            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
-            "no_capabilities": True,
-            "dedicated_uid": mode == "drop",
-            "tree_kill": "bwrap --die-with-parent + pid namespace" + (" + cgroup" if cg else ""),
-        }
+        props = sandbox_properties(
+            mode,
+            cg,
+            sec,
+            process_limit="RLIMIT_NPROC" if mode != "root" else False,
+            dedicated_uid=mode == "drop",
+            tree_kill="bwrap --die-with-parent + pid namespace",
+        )
         notes = [why]
         if mode == "root":
             notes.append(

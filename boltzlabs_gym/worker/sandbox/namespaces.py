@@ -51,11 +51,10 @@ from typing import Any, NoReturn
 
 from ...envside import seccomp
 from ...envside import syscalls as L
-from ..memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher
 from . import cgroups
 from .base import (
     CONTROL_FD,
-    ENV_UID_BASE,
+    MEMORY_SNAPSHOTS_ENV,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
@@ -63,13 +62,15 @@ from .base import (
     Launched,
     LaunchSpec,
     Limits,
+    ListenerGate,
     SandboxUnavailable,
     _max_fd,
     apply_rlimits,
     child_environment,
     env_uid,
     launched_tree,
-    probe_launch,
+    recv_fds_passcred,
+    sandbox_properties,
     set_layout_randomization,
     vacate_fd,
     wire_std_fds,
@@ -77,6 +78,7 @@ from .base import (
 from .base import (
     python_paths as _python_paths,
 )
+from .probe import first_working_mode, probed_mode
 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
@@ -540,20 +542,19 @@ def spawn(plan: SandboxPlan, body: Callable[[], None] | None = None) -> tuple[in
 
 
 # --------------------------------------------------------------------------------------------- the backend
-_PROBES: dict = {}
-_PROBE_LOCK = threading.Lock()
+class NamespaceBackend:
+    """Envs in sandboxes of Linux namespaces this module builds (see the module doc).
 
+    ``gate``: who answers the syscalls an env's filter hands to the worker (as root; see
+    :class:`~.base.ListenerGate`). With one, each env gets a control socket (memory snapshots) and a
+    filter that hands the copies' set-up calls to the gate; without one, the plain deny-list.
+    """
 
-class NamespaceBackend(CopyLauncher):
     name = "namespaces"
 
-    def __init__(self, use_seccomp: bool = True) -> None:
+    def __init__(self, use_seccomp: bool = True, gate: ListenerGate | None = None) -> None:
         self.use_seccomp = use_seccomp
-        self._graveyard: list = []  # (copies' cgroups: removed at once here, see _blocking_cleanup)
-        self._live = 0
-        self._blocking_cleanup = True  # (see CopyLauncher: nothing here retries a graveyard)
-        self._probe: tuple[str | None, str] | None = None
-        self._probe_lock = threading.Lock()
+        self.gate = gate
         self._static: dict | None = None
 
     # ---------------------------------------------------------------- probing
@@ -563,30 +564,19 @@ class NamespaceBackend(CopyLauncher):
 
     def mode(self) -> tuple[str | None, str]:
         """``("root" | "userns", detail)`` or ``(None, reason)``; probed once, by a real sandboxed launch."""
-        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
-            if self._probe is None:
-                self._probe = _PROBES.get(self.use_seccomp)
-            if self._probe is None:
-                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
-            return self._probe
+        return probed_mode((self.name, self.use_seccomp, self.gate is not None), self._do_probe)
 
     def _do_probe(self) -> tuple[str | None, str]:
         if not sys.platform.startswith("linux"):
             return None, "not Linux"
         if not L.SUPPORTED:
             return None, f"no syscall table for {L.MACHINE}"
-        reasons = []
         candidates = (["root"] if os.geteuid() == 0 else []) + ["userns"]
-        for mode in candidates:
-            ok, why = self._try_mode(mode)
-            if ok:
-                return mode, why
-            reasons.append(f"{mode}: {why}")
-        return None, "; ".join(reasons)
-
-    def _try_mode(self, mode: str) -> tuple[bool, str]:
-        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
-        return ok, why if not ok else f"probe sandbox started in {setup_ms:.1f} ms"
+        return first_working_mode(
+            candidates,
+            lambda spec, mode: self._launch(spec, mode, use_cgroup=False),
+            works="probe sandbox started in {ms:.1f} ms",
+        )
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:
@@ -595,26 +585,9 @@ class NamespaceBackend(CopyLauncher):
             return IsolationReport(self.name, {"available": False}, (why,))
         cg, cg_why = cgroups.probe() if mode == "root" else (None, "no cgroup delegation without root")
         sec = self.use_seccomp and seccomp.supported()
-        props: dict[str, bool | str] = {
-            "mode": mode,
-            "readonly_env_dir": True,
-            "private_workspace": True,
-            "no_network": True,
-            "pid_namespace": True,
-            "ipc_namespace": True,
-            "uts_namespace": True,
-            "hidden_host_files": True,
-            "scrubbed_environment": True,
-            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
-            "process_limit": f"cgroup {cg}" if cg else "RLIMIT_NPROC",
-            "file_size_limit": "RLIMIT_FSIZE",
-            "open_files_limit": "RLIMIT_NOFILE",
-            "cpu_limit": "RLIMIT_CPU (total backstop)",
-            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
-            "no_capabilities": True,
-            "dedicated_uid": mode == "root",
-            "tree_kill": "pid namespace" + (" + cgroup" if cg else ""),
-        }
+        props = sandbox_properties(
+            mode, cg, sec, process_limit="RLIMIT_NPROC", dedicated_uid=mode == "root", tree_kill="pid namespace"
+        )
         notes = [why]
         if mode == "userns":
             notes.append("runs as the worker's own uid (mapped); limits by rlimits only")
@@ -649,7 +622,12 @@ class NamespaceBackend(CopyLauncher):
                 "etc_binds": etc,
                 "newroot": _ensure_newroot(),
                 "seccomp": seccomp.build_filter() if self.use_seccomp else None,
-                "seccomp_notify": seccomp.build_filter(notify=seccomp.COPY_SYSCALLS) if self.use_seccomp else None,
+                # (only with a gate to answer the calls it hands to the worker)
+                "seccomp_notify": (
+                    seccomp.build_filter(notify=seccomp.COPY_SYSCALLS)
+                    if self.use_seccomp and self.gate is not None
+                    else None
+                ),
                 "cap_last": L.cap_last_cap(),
             }
         return self._static
@@ -752,20 +730,17 @@ class NamespaceBackend(CopyLauncher):
     def _take_listener(self, launched: Launched, ours: socket.socket, cg) -> None:
         """The env sent its filter's listener before its exec: the worker answers it from now on, and
         keeps the socket as the env's control socket."""
-        from ..memory_snapshots.gate import shared_supervisor
-        from ..memory_snapshots.launcher import recv_fds_passcred
-
         ours.settimeout(0.0)
         try:
             msg, fds = recv_fds_passcred(ours)
         except OSError:
             msg, fds = b"", []
-        if msg != b"ok" or len(fds) != 1:
+        if msg != b"ok" or len(fds) != 1 or self.gate is None:
             for fd in fds:
                 os.close(fd)
             ours.close()
             return
-        shared_supervisor().watch(fds[0])
+        self.gate.watch(fds[0])
         ours.settimeout(None)
         plain_cleanup = launched.cleanup
 
@@ -775,9 +750,10 @@ class NamespaceBackend(CopyLauncher):
 
         launched.control, launched.cgroup, launched.cleanup = ours, cg, cleanup
 
-    # ---------------------------------------------------------------- memory snapshots (see copies, cowfork)
-    def _copies_possible(self) -> str | None:
-        if self.mode()[0] != "root" or not self.use_seccomp or not seccomp.supported():
+    # ---------------------------------------------------------------- memory snapshots (see envside.memory_snapshot)
+    def copies_unavailable(self) -> str | None:
+        """Why this backend's envs cannot take memory snapshots at all, or None."""
+        if self.mode()[0] != "root" or not self.use_seccomp or not seccomp.supported() or self.gate is None:
             return (
                 "memory snapshots need the namespaces backend running as root with its seccomp filter "
                 "(the filter hands the copies' set-up to the worker)"
