@@ -113,8 +113,6 @@ from .memory_snapshots.gate import Gate, parent_of, shared_gate
 from .memory_snapshots.launcher import SnapshotLauncher
 from .sandbox.base import (
     MEMORY_SNAPSHOTS_ENV,
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
     IsolationReport,
     Launched,
@@ -123,9 +121,11 @@ from .sandbox.base import (
     SandboxUnavailable,
     apply_rlimits,
     child_environment,
+    kill_pid_and_cgroup,
     kill_process_group,
     readable,
     recv_pid,
+    sandboxed_environment,
     set_layout_randomization,
 )
 from .sandbox.cgroups import Graveyard
@@ -529,9 +529,7 @@ class TemplateLauncher:
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
             os.chmod(spec.workspace, 0o700)
-            env = child_environment(
-                spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-            )
+            env = sandboxed_environment(spec)
             env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it: see cowfork)
             workspace = SANDBOX_WORKSPACE
         else:
@@ -542,9 +540,10 @@ class TemplateLauncher:
             )
             workspace = spec.workspace
         cg = None
-        if self.kind == "ns" and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
-            self._grow_template_limit(tpl, spec.limits)
+        if self.kind == "ns":
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+            if cg is not None:
+                self._grow_template_limit(tpl, spec.limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         tree = -1
@@ -631,12 +630,7 @@ class TemplateLauncher:
         def kill_tree() -> None:
             if kind == "process":
                 kill_process_group(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if cg is not None:
-                cg.signal_all()
+            kill_pid_and_cgroup(pid, cg)
 
         done: list[bool] = []
 
@@ -779,7 +773,8 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
     """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
     from ..envside import seccomp
     from ..envside import syscalls as L
-    from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root, adopt_sched_and_cgroup
+    from .sandbox.base import adopt_sched_and_cgroup
+    from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root
 
     try:
         import fcntl
@@ -787,7 +782,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         status_w = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 64)
         sync_r = fcntl.fcntl(sync_r, fcntl.F_DUPFD_CLOEXEC, 64)
         _place_fds([plan.fds[0], plan.fds[1], plan.fds[2], ctl_fd, life_r])
-        adopt_sched_and_cgroup(plan)
+        adopt_sched_and_cgroup(plan.sched, plan.cgroup)
         L.unshare(_NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0))
         L.sethostname(HOSTNAME)
         _build_root(plan)

@@ -23,15 +23,13 @@ from typing import Any
 
 from ..sandbox.base import (
     MEMORY_SNAPSHOTS_ENV,
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
     Launched,
     LaunchSpec,
-    child_environment,
     readable,
     recv_fds_passcred,
     recv_pid,
+    sandboxed_environment,
 )
 from ..sandbox.cgroups import Graveyard
 from .gate import Gate
@@ -186,13 +184,9 @@ class SnapshotLauncher:
             known = batch[0].known
         os.chown(spec.workspace, holder.uid, holder.gid)  # a copy keeps its source's uid
         os.chmod(spec.workspace, 0o700)
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
+        env = sandboxed_environment(spec)
         env[MEMORY_SNAPSHOTS_ENV] = "1"
-        cg = None
-        if (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+        cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         placeholder = Launched(pid=0, kill_tree=lambda: None)

@@ -178,6 +178,43 @@ def child_environment(
     return env
 
 
+def sandboxed_environment(spec: LaunchSpec) -> dict[str, str]:
+    """The environment of an env inside a sandbox: :func:`child_environment` with the paths it sees there."""
+    return child_environment(
+        spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
+    )
+
+
+def scheduling_policy() -> tuple[int, int] | None:
+    """This thread's scheduling policy and priority, for an env's child to take (None where unknown)."""
+    try:
+        policy = os.sched_getscheduler(0)
+        return policy, os.sched_getparam(0).sched_priority
+    except (AttributeError, OSError):
+        return None
+
+
+def adopt_sched_and_cgroup(sched: tuple[int, int] | None, cgroup: Any) -> None:
+    """In the fresh child: take the launcher's scheduling policy ``sched`` and join the env's ``cgroup``."""
+    if sched is not None:
+        try:
+            os.sched_setscheduler(0, sched[0], os.sched_param(sched[1]))
+        except OSError:
+            pass
+    if cgroup is not None:
+        cgroup.join()
+
+
+def kill_pid_and_cgroup(pid: int, cgroup: Any) -> None:
+    """SIGKILL ``pid``, and one pass over what is left in its ``cgroup`` (if any); never waits."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if cgroup is not None:
+        cgroup.signal_all()
+
+
 def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = None) -> Launched:
     """The handle for an env whose whole tree dies with ``pid`` (a pid-namespace init or bwrap).
 
@@ -186,12 +223,7 @@ def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = No
     """
 
     def kill_tree() -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if cgroup is not None:
-            cgroup.signal_all()
+        kill_pid_and_cgroup(pid, cgroup)
 
     def cleanup() -> None:
         if cgroup is not None:

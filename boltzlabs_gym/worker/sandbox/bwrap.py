@@ -23,26 +23,24 @@ from ...envside import seccomp
 from ...envside import syscalls as L
 from . import cgroups
 from .base import (
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
     IsolationReport,
     Launched,
     LaunchSpec,
     SandboxUnavailable,
     _max_fd,
+    adopt_sched_and_cgroup,
     apply_rlimits,
-    child_environment,
     env_uid,
     launched_tree,
     sandbox_properties,
+    sandboxed_environment,
+    scheduling_policy,
     set_layout_randomization,
     wire_std_fds,
 )
-from .namespaces import HOSTNAME, LAUNCHER, _python_paths
-from .probe import first_working_mode, probed_mode
-
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+from .namespaces import HOSTNAME, LAUNCHER, HostLayout
+from .probe import first_working_mode, probed_mode, working_mode
 
 
 class BwrapBackend:
@@ -104,36 +102,12 @@ class BwrapBackend:
 
     # ---------------------------------------------------------------- launch
     def launch(self, spec: LaunchSpec) -> Launched:
-        mode, why = self.mode()
-        if mode is None:
-            raise SandboxUnavailable(f"isolation='bwrap' is not available on this host: {why}")
-        return self._launch(spec, mode)
+        return self._launch(spec, working_mode(self.name, self.mode()))
 
     def _seccomp_prog(self):
         if self._prog is None and self.use_seccomp:
             self._prog = seccomp.build_filter() or False
         return self._prog or None
-
-    def _layout(self, spec: LaunchSpec) -> list[tuple[str, str, str]]:
-        """(kind, host source, path inside): kind is "ro" or "rw"."""
-        binds = [("ro", "/usr", "/usr")]
-        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            p = "/" + name
-            if not os.path.islink(p) and os.path.isdir(p):
-                binds.append(("ro", p, p))
-        for p in _python_paths(spec.argv[0] if spec.argv else None):
-            binds.append(("ro", p, p))
-        for name, pkg in spec.runtime.items():
-            binds.append(("ro", os.path.realpath(pkg), f"{SANDBOX_RUNTIME}/{name}"))
-        for host, inside in spec.ro_binds.items():
-            binds.append(("ro", os.path.realpath(host), inside))
-        for name in _ETC:
-            p = "/etc/" + name
-            if os.path.exists(p):
-                binds.append(("ro", os.path.realpath(p), p))
-        binds.append(("ro", os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR))
-        binds.append(("rw", os.path.realpath(spec.workspace), SANDBOX_WORKSPACE))
-        return binds
 
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()
@@ -142,13 +116,12 @@ class BwrapBackend:
             raise SandboxUnavailable("isolation='bwrap' is not available on this host: bwrap is not on PATH")
         root = os.geteuid() == 0
         uid = env_uid(spec) if root else os.getuid()
-        layout = self._layout(spec)
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
+        host = HostLayout.read()
+        binds = host.binds(spec)
+        env = sandboxed_environment(spec)
         cg = None
-        if root and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
+        if root and use_cgroup:
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
         if mode in ("drop", "root"):  # in "root" mode the env is host uid 0 (mapped), without capabilities
             owner = uid if mode == "drop" else 0
             os.chown(spec.workspace, owner, owner)
@@ -156,38 +129,27 @@ class BwrapBackend:
         prog = self._seccomp_prog()
         tmpfs = str(int(spec.limits.tmpfs_bytes))
         cap_last = L.cap_last_cap()
-        try:
-            policy = os.sched_getscheduler(0)
-            sched = (policy, os.sched_getparam(0).sched_priority)
-        except (AttributeError, OSError):
-            sched = None
+        sched = scheduling_policy()
         worker_pid = os.getpid()
 
         def child(status_w: int) -> None:
-            if sched is not None:
-                try:
-                    os.sched_setscheduler(0, sched[0], os.sched_param(sched[1]))
-                except OSError:
-                    pass
-            if cg is not None:
-                cg.join()
+            adopt_sched_and_cgroup(sched, cg)
             args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME]
             if mode == "root":
                 args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL"]
-            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-                if os.path.islink("/" + name):
-                    args += ["--symlink", os.readlink("/" + name), "/" + name]
+            for link, target in host.symlinks.items():
+                args += ["--symlink", target, link]
             # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it
             args += ["--perms", "1777", "--size", tmpfs, "--tmpfs", "/tmp"]
             keep = []
-            for kind, src, dst in layout:
+            for src, dst, ro in binds:
                 if mode == "drop":
                     fd = os.open(src, os.O_PATH | os.O_CLOEXEC)
                     os.set_inheritable(fd, True)
                     keep.append(fd)
-                    args += ["--ro-bind-fd" if kind == "ro" else "--bind-fd", str(fd), dst]
+                    args += ["--ro-bind-fd" if ro else "--bind-fd", str(fd), dst]
                 else:
-                    args += ["--ro-bind" if kind == "ro" else "--bind", src, dst]
+                    args += ["--ro-bind" if ro else "--bind", src, dst]
             args += [
                 "--proc",
                 "/proc",

@@ -275,6 +275,12 @@ class EnvCgroup:
         return not left
 
 
+def env_cgroup(memory_bytes: int | None, pids: int | None, tag: str) -> EnvCgroup | None:
+    """A new cgroup for one env's limits, or None where this host gives none (see :func:`probe`)."""
+    kind = probe()[0]
+    return EnvCgroup(kind, memory_bytes, pids, tag=tag) if kind is not None else None
+
+
 class Graveyard:
     """Env cgroups whose processes were still exiting when their launcher let go of them: removed
     later, each time the launcher tries again (:meth:`retry`), so that no launch waits for an

@@ -65,12 +65,14 @@ from .base import (
     ListenerGate,
     SandboxUnavailable,
     _max_fd,
+    adopt_sched_and_cgroup,
     apply_rlimits,
-    child_environment,
     env_uid,
     launched_tree,
     recv_fds_passcred,
     sandbox_properties,
+    sandboxed_environment,
+    scheduling_policy,
     set_layout_randomization,
     vacate_fd,
     wire_std_fds,
@@ -78,11 +80,13 @@ from .base import (
 from .base import (
     python_paths as _python_paths,
 )
-from .probe import first_working_mode, probed_mode
+from .probe import first_working_mode, probed_mode, working_mode
 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
 _ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+#: The top-level directories of the host's root a sandbox shows (a read-only bind, or the symlink it is).
+_ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _SETUP_TIMEOUT_S = 30.0
 
@@ -131,14 +135,57 @@ LAUNCHER = _LauncherThread()
 
 
 # --------------------------------------------------------------------------------------------- the plan
+#: A bind mount: (host source, path inside, read-only).
+Bind = tuple[str, str, bool]
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """What of the host every sandbox shows (this module's and bwrap's alike): ``/usr`` and the
+    top-level ``bin``/``lib`` directories read-only (or the symlinks they are), and a few ``/etc`` files."""
+
+    symlinks: dict[str, str]
+    root_binds: list[Bind]
+    etc_binds: list[Bind]
+
+    @classmethod
+    def read(cls) -> HostLayout:
+        symlinks, root_binds = {}, []
+        for name in _ROOT_DIRS:
+            p = "/" + name
+            if os.path.islink(p):
+                symlinks[p] = os.readlink(p)
+            elif os.path.isdir(p):
+                root_binds.append((p, p, True))
+        etc = []
+        for name in _ETC_BINDS:
+            p = "/etc/" + name
+            if os.path.exists(p):
+                etc.append((os.path.realpath(p), p, True))
+        return cls(symlinks, [("/usr", "/usr", True)] + root_binds, etc)
+
+    def binds(self, spec: LaunchSpec) -> list[Bind]:
+        """Every bind ``spec``'s env gets, in mount order: the host's, Python, the runtime packages,
+        the extra read-only binds, ``/etc`` files, the env dir (read-only) and the workspace (writable)."""
+        binds = list(self.root_binds)
+        binds += [(p, p, True) for p in _python_paths(spec.argv[0] if spec.argv else None)]
+        for name, pkg_dir in spec.runtime.items():
+            binds.append((os.path.realpath(pkg_dir), f"{SANDBOX_RUNTIME}/{name}", True))
+        for host, inside in spec.ro_binds.items():
+            binds.append((os.path.realpath(host), inside, True))
+        binds += self.etc_binds
+        binds.append((os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR, True))
+        binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
+        return binds
+
+
 @dataclass
 class SandboxPlan:
     """Everything the child needs, computed in the parent (the child only makes syscalls)."""
 
     mode: str  # "root" | "userns"
     newroot: str
-    #: (host source, path inside, read-only)
-    binds: list[tuple[str, str, bool]]
+    binds: list[Bind]
     files: dict[str, str]
     symlinks: dict[str, str]
     uid: int  # uid inside (root: the env uid; userns: our own uid mapped onto itself)
@@ -290,17 +337,6 @@ def _drop_privileges(plan: SandboxPlan) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)  # the uid change made us non-dumpable: /proc/self/* would be root's
 
 
-def adopt_sched_and_cgroup(plan: SandboxPlan) -> None:
-    """In the fresh child: take the launcher's scheduling policy and join the env's cgroup."""
-    if plan.sched is not None:
-        try:
-            os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
-        except OSError:
-            pass
-    if plan.cgroup is not None:
-        plan.cgroup.join()
-
-
 def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: int | None = None) -> None:
     """Run in PID 1 of a fresh PID namespace (a freshly forked child): build the sandbox around it.
 
@@ -309,7 +345,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
     launcher reads) gets one byte to prove the launcher is still alive after PDEATHSIG was armed;
     ``lifeline_fd`` (userns mode: read end of a pipe the keeper holds) serves the same purpose.
     """
-    adopt_sched_and_cgroup(plan)
+    adopt_sched_and_cgroup(plan.sched, plan.cgroup)
     flags = _NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0)
     if plan.mode == "root":
         L.unshare(flags)  # userns mode: the keeper already unshared everything
@@ -396,6 +432,23 @@ def _close_fds_except(keep: set[int]) -> None:
                 pass
 
 
+def _run_as_pid1(
+    plan: SandboxPlan,
+    status_w: int,
+    body: Callable[[], None] | None,
+    status_fd: int | None = None,
+    lifeline_fd: int | None = None,
+) -> NoReturn:
+    """PID 1 of the env's namespace: build the sandbox around itself (:func:`enter_sandbox`), then
+    exec the env, or run ``body`` inside it and exit."""
+    enter_sandbox(plan, status_fd=status_fd, lifeline_fd=lifeline_fd)
+    if body is None:
+        _exec(plan, status_w)
+    os.close(status_w)
+    body()
+    os._exit(0)
+
+
 def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | None) -> None:
     """The worker's direct child, already PID 1 of its own PID namespace (root mode)."""
     try:
@@ -404,12 +457,7 @@ def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | Non
         if _control_fd(plan) is not None:  # the control socket goes to CONTROL_FD before the exec
             *fds, status_w, plan.control_fd = vacate_fd(CONTROL_FD, [*plan.fds, status_w, plan.control_fd])
             plan.fds = (fds[0], fds[1], fds[2])
-        enter_sandbox(plan, status_fd=status_w)
-        if body is None:
-            _exec(plan, status_w)
-        os.close(status_w)
-        body()
-        os._exit(0)
+        _run_as_pid1(plan, status_w, body, status_fd=status_w)
     except BaseException as exc:  # noqa: BLE001 - never return into the worker
         _report_failure(status_w, plan.fds[2], exc)
     os._exit(127)
@@ -435,12 +483,7 @@ def _child_userns(plan: SandboxPlan, status_w: int, body: Callable[[], None] | N
         if pid == 0:
             try:
                 os.close(life_w)
-                enter_sandbox(plan, lifeline_fd=life_r)
-                if body is None:
-                    _exec(plan, status_w)
-                os.close(status_w)
-                body()
-                os._exit(0)
+                _run_as_pid1(plan, status_w, body, lifeline_fd=life_r)
             except BaseException as exc:  # noqa: BLE001
                 _report_failure(status_w, plan.fds[2], exc)
             os._exit(127)
@@ -604,22 +647,8 @@ class NamespaceBackend:
     # ---------------------------------------------------------------- launch
     def _static_parts(self) -> dict:
         if self._static is None:
-            symlinks, root_binds = {}, []
-            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-                p = "/" + name
-                if os.path.islink(p):
-                    symlinks[p] = os.readlink(p)
-                elif os.path.isdir(p):
-                    root_binds.append((p, p, True))
-            etc = []
-            for name in _ETC_BINDS:
-                p = "/etc/" + name
-                if os.path.exists(p):
-                    etc.append((os.path.realpath(p), p, True))
             self._static = {
-                "symlinks": symlinks,
-                "root_binds": [("/usr", "/usr", True)] + root_binds,
-                "etc_binds": etc,
+                "host": HostLayout.read(),
                 "newroot": _ensure_newroot(),
                 "seccomp": seccomp.build_filter() if self.use_seccomp else None,
                 # (only with a gate to answer the calls it hands to the worker)
@@ -638,16 +667,7 @@ class NamespaceBackend:
             uid = gid = env_uid(spec)
         else:
             uid, gid = os.getuid(), os.getgid()
-        argv0 = spec.argv[0] if spec.argv else None
-        binds = list(st["root_binds"])
-        binds += [(p, p, True) for p in _python_paths(argv0)]
-        for name, pkg_dir in spec.runtime.items():
-            binds.append((os.path.realpath(pkg_dir), f"{SANDBOX_RUNTIME}/{name}", True))
-        for host, inside in spec.ro_binds.items():
-            binds.append((os.path.realpath(host), inside, True))
-        binds += st["etc_binds"]
-        binds.append((os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR, True))
-        binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
+        host: HostLayout = st["host"]
         files = {
             "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
             f"env:x:{uid}:{gid}:boltzlabs env:{SANDBOX_WORKSPACE}:/usr/sbin/nologin\n",
@@ -655,46 +675,35 @@ class NamespaceBackend:
             "/etc/hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost\n",
             "/etc/hostname": HOSTNAME + "\n",
         }
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
         cg = None
-        if mode == "root" and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
-        try:
-            policy = os.sched_getscheduler(0)
-            sched = (policy, os.sched_getparam(0).sched_priority)
-        except (AttributeError, OSError):
-            sched = None
+        if mode == "root" and use_cgroup:
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         return SandboxPlan(
             mode=mode,
             newroot=st["newroot"],
-            binds=binds,
+            binds=host.binds(spec),
             files=files,
-            symlinks=st["symlinks"],
+            symlinks=host.symlinks,
             uid=uid,
             gid=gid,
             outer_uid=os.getuid(),
             outer_gid=os.getgid(),
             limits=spec.limits,
-            env=env,
+            env=sandboxed_environment(spec),
             argv=list(spec.argv),
             fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd),
             cgroup=cg,
             seccomp_prog=st["seccomp"],
             seccomp_notify_prog=st["seccomp_notify"],
             cap_last=st["cap_last"],
-            sched=sched,
+            sched=scheduling_policy(),
             worker_pid=os.getpid(),
             extra_mkdirs=[SANDBOX_RUNTIME],
             aslr=spec.aslr,
         )
 
     def launch(self, spec: LaunchSpec) -> Launched:
-        mode, why = self.mode()
-        if mode is None:
-            raise SandboxUnavailable(f"isolation='namespaces' is not available on this host: {why}")
-        return self._launch(spec, mode)
+        return self._launch(spec, working_mode(self.name, self.mode()))
 
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()

@@ -16,7 +16,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Hashable, Sequence
 
-from .base import ENV_UID_BASE, Launched, LaunchSpec, Limits
+from .base import ENV_UID_BASE, Launched, LaunchSpec, Limits, SandboxUnavailable
 
 #: What each probe found, by backend and settings: ``(mode, detail)`` or ``(None, reason)``.
 _PROBED: dict[Hashable, tuple[str | None, str]] = {}
@@ -30,6 +30,14 @@ def probed_mode(key: Hashable, probe: Callable[[], tuple[str | None, str]]) -> t
         if key not in _PROBED:
             _PROBED[key] = probe()
         return _PROBED[key]
+
+
+def working_mode(name: str, probed: tuple[str | None, str]) -> str:
+    """The mode backend ``name`` found (``probed``: its :func:`probed_mode`), or :class:`SandboxUnavailable`."""
+    mode, why = probed
+    if mode is None:
+        raise SandboxUnavailable(f"isolation={name!r} is not available on this host: {why}")
+    return mode
 
 
 def first_working_mode(
