@@ -103,7 +103,7 @@ class EnvProcess(EnvPipe):
         self.count = 1
         self.workspace = workspace
         #: a memory snapshot's holder keeps this workspace mounted (it was the env's when it swapped):
-        #: the slot's next process gets a new directory (see Spawning._fresh_workspace_if_pinned)
+        #: the slot's next process gets a new directory (see Spawner.fresh_workspace_if_pinned)
         self.workspace_pinned = False
         self.state = NEW
         self.launched: Launched | None = None

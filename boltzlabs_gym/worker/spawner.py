@@ -57,7 +57,7 @@ EXIT_GRACE_S = 0.5
 #: Run the env directory's env.py as __main__ with the env dir importable.
 ENV_BOOTSTRAP = (
     "import os,runpy,sys\n"
-    # memory snapshots (the namespaces backend left the control socket open: see cowfork)
+    # memory snapshots (the namespaces backend left the control socket open: see envside.memory_snapshot)
     "if os.environ.get('BOLTZLABS_MEMORY_SNAPSHOTS')=='1':\n"
     " from boltzlabs_gym.envside.memory_snapshot import install;install(os.getuid())\n"
     "d=os.environ['BOLTZLABS_ENV_DIR']\n"

@@ -419,7 +419,7 @@ class TemplateLauncher:
         plan.seccomp_prog = (
             seccomp.build_filter(
                 # a nested user namespace goes to the worker (whose supervisor lets only a memory
-                # snapshot's copies through, see cowfork): whatever the env's import code does in the
+                # snapshot's copies through, see envside.memory_snapshot): whatever the env's import code does in the
                 # template, nothing forked from it makes one otherwise
                 deny=tuple(
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
@@ -530,7 +530,7 @@ class TemplateLauncher:
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
             os.chmod(spec.workspace, 0o700)
             env = sandboxed_environment(spec)
-            env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it: see cowfork)
+            env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it)
             workspace = SANDBOX_WORKSPACE
         else:
             from .sandbox.process import runtime_pythonpath

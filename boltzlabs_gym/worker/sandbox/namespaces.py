@@ -200,7 +200,7 @@ class SandboxPlan:
     seccomp_prog: tuple[bytes, int] | None = None
     #: root mode, an exec'd env: the child's end of its control socket (memory snapshots). The env's
     #: filter then hands the copies' calls to a listener, sent to the worker over it before the exec;
-    #: the socket stays open in the env at cowfork.CONTROL_FD.
+    #: the socket stays open in the env at envside.confine.CONTROL_FD.
     control_fd: int = -1
     seccomp_notify_prog: tuple[bytes, int] | None = None
     cap_last: int = 40
@@ -373,7 +373,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
 
 
 def _install_with_listener(plan: SandboxPlan) -> None:
-    """The env filter whose gated calls go to the worker (memory snapshots: see cowfork): its listener
+    """The env filter whose gated calls go to the worker (memory snapshots: see envside.memory_snapshot): its listener
     goes to the worker over the control socket, which stays open at ``CONTROL_FD`` across the exec."""
     import socket
 
@@ -712,7 +712,7 @@ class NamespaceBackend:
         if mode == "root":
             os.chown(spec.workspace, plan.uid, plan.gid)
             os.chmod(spec.workspace, 0o700)
-            if plan.seccomp_notify_prog is not None:  # a control socket: memory snapshots (see cowfork)
+            if plan.seccomp_notify_prog is not None:  # a control socket: memory snapshots (see envside.memory_snapshot)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 plan.control_fd = theirs.detach()
