@@ -83,7 +83,7 @@ class WorkerView(Protocol):
     spawner: Spawner
     scheduler: Scheduler
     lane: DirectLane
-    memory: Snapshotter
+    snapshotter: Snapshotter
 
     def session_for(self, client: bytes, header: Header) -> Session: ...
     def new_session_id(self) -> str: ...
@@ -101,17 +101,17 @@ class _SnapshotCatcher:
     it finishes the role swap: the env's slot gets the continued source, the store the holder (see
     :class:`~.memory_snapshots.snapshotter.Snapshotter`)."""
 
-    __slots__ = ("batch", "memory", "session", "source", "swap", "memory_why")
+    __slots__ = ("batch", "snapshotter", "session", "source", "swap", "memory_why")
 
-    def __init__(self, batch: Batch, memory: Snapshotter, session: Session, source: int):
-        self.batch, self.memory, self.session, self.source = batch, memory, session, source
+    def __init__(self, batch: Batch, snapshotter: Snapshotter, session: Session, source: int):
+        self.batch, self.snapshotter, self.session, self.source = batch, snapshotter, session, source
         self.swap: Swap | None = None
         self.memory_why: str | None = None  # "auto" fell back to portable here: why (said if that fails too)
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
         if self.swap is not None:
             swap, self.swap = self.swap, None
-            ended = self.memory.end_swap(swap, self.session, self.source, status, reply, payloads)
+            ended = self.snapshotter.end_swap(swap, self.session, self.source, status, reply, payloads)
             if ended is not None:
                 status, reply, payloads = ended
             elif status == OK:
@@ -135,7 +135,7 @@ class _SnapshotCatcher:
         if len(payloads) != 1 or not isinstance(kind, str) or len(kind) > 32:
             return ERROR, json_error(f"env {self.source} answered a snapshot without exactly one blob"), []
         try:
-            held = self.memory.store.hold(self.session.sid, self.source, kind, payloads[0])
+            held = self.snapshotter.store.hold(self.session.sid, self.source, kind, payloads[0])
         except SnapshotBudgetExceeded as exc:
             return ERROR, json_error(f"snapshot of env {self.source} refused: {exc}", refused="budget"), []
         return OK, json.dumps({"snapshot": held.describe()}).encode(), []
@@ -195,21 +195,21 @@ def op_create(worker: WorkerView, client: bytes, header: Header, payloads: Paylo
             f"{cfg.sandboxes} ({cfg.n} envs, {cfg.envs_per_sandbox} per sandbox)",
             free=worker.capacity - in_use,
         )
-    backend = select_backend(cfg.isolation, gate=worker.memory.gate)
+    gate = worker.snapshotter.gate
+    backend = select_backend(cfg.isolation, gate=gate)
     sid = worker.new_session_id()
     root = os.path.join(worker.root, "sessions", sid)
     os.makedirs(os.path.join(root, "ws"))
+    env_dir = worker.archives[digest]
     if cfg.mode == "boltz":
         # Envs are forked from a warm template that imported the env once; the
         # template launcher has the same launch()/report() shape as a backend.
         from .template import TemplateLauncher
 
-        launcher = TemplateLauncher(
-            backend, env_dir=worker.archives[digest], root=root, runtime=worker.spawner.runtime, gate=worker.memory.gate
-        )
-        session = Session(sid, client, worker.archives[digest], root, cfg, launcher, launcher.copies)
+        launcher = TemplateLauncher(backend, env_dir=env_dir, root=root, runtime=worker.spawner.runtime, gate=gate)
+        session = Session(sid, client, env_dir, root, cfg, launcher, launcher.copies)
     else:
-        session = Session(sid, client, worker.archives[digest], root, cfg, backend, worker.memory.copies_for(backend))
+        session = Session(sid, client, env_dir, root, cfg, backend, worker.snapshotter.copies_for(backend))
     session.owner_key = worker.current_user
     session.create_seq = header.get("seq")
     session.lend = header.get(LEND) is True and worker.lane.may_lend(client, session)
@@ -320,7 +320,7 @@ def _restore_copies(
         by_holder.setdefault(id(item[1]["_holder"]), []).append(item)
     for items in by_holder.values():
         holder: Holder = items[0][1]["_holder"]
-        failed = worker.memory.replace_with_copies(session, [env for env, _op, _b, _p in items], holder)
+        failed = worker.snapshotter.replace_with_copies(session, [env for env, _op, _b, _p in items], holder)
         for env, op, batch, pos in items:
             op.pop("_holder")
             if env.index in failed:
@@ -341,11 +341,11 @@ def _prepare_snapshot(
     if want not in SNAPSHOT_KINDS:
         batch.done(pos, env.index, ERROR, json_error(f"env {index}: unknown snapshot kind {str(want)[:20]!r}"), [])
         return None
-    catcher = _SnapshotCatcher(batch, worker.memory, session, index)
+    catcher = _SnapshotCatcher(batch, worker.snapshotter, session, index)
     if want == PORTABLE:
         return {"op": SNAPSHOT}, (), catcher
     try:
-        swap = worker.memory.begin_swap(session, env)
+        swap = worker.snapshotter.begin_swap(session, env)
     except SnapshotBudgetExceeded as exc:
         if want == MEMORY:
             message = f"snapshot of env {index} refused: {exc}"

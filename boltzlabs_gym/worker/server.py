@@ -213,7 +213,7 @@ class Worker:
             fault=self.scheduler.fault,
             has_local_pool=lambda: self._local is not None,
         )
-        self.memory = Snapshotter(shared_gate(), self.snapshots, self.spawner, self.poller)
+        self.snapshotter = Snapshotter(shared_gate(), self.snapshots, self.spawner, self.poller)
 
     def new_session_id(self) -> str:
         return f"s{next(self._sid_counter)}"

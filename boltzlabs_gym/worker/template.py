@@ -418,9 +418,9 @@ class TemplateLauncher:
         plan.fds = (null_fd, out_fd, log_fd)
         plan.seccomp_prog = (
             seccomp.build_filter(
-                # a nested user namespace goes to the worker (whose supervisor lets only a memory
-                # snapshot's copies through, see envside.memory_snapshot): whatever the env's import code does in the
-                # template, nothing forked from it makes one otherwise
+                # a nested user namespace goes to the worker (whose gate lets only a memory
+                # snapshot's copies through, see envside.memory_snapshot): whatever the env's
+                # import code does in the template, nothing forked from it makes one otherwise
                 deny=tuple(
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
                 ),
