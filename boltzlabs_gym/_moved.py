@@ -51,6 +51,7 @@ MOVED = {
     "boltzlabs_gym.worker.sandbox.notify": "boltzlabs_gym.worker.memory_snapshots.gate",
     "boltzlabs_gym.worker.snapshots": "boltzlabs_gym.worker.snapshot_store",
     "boltzlabs_gym.worker.memory": "boltzlabs_gym.worker.pss",
+    "boltzlabs_gym.worker.scheduling": "boltzlabs_gym.worker.scheduler",
 }
 
 

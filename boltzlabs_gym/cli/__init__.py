@@ -17,25 +17,15 @@ import argparse
 import json
 import sys
 
+from ..worker.flags import add_worker_flags
+
 __all__ = ["main"]
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from ..worker.__main__ import main as worker_main
+    from ..worker.__main__ import run
 
-    argv = [a for ep in args.bind for a in ("--bind", ep)]
-    argv += ["--capacity", str(args.capacity), "--log-level", args.log_level]
-    if args.keys:
-        argv += ["--keys", args.keys]
-    if args.keys_stdin:
-        argv.append("--keys-stdin")
-    if args.insecure:
-        argv.append("--insecure")
-    if args.metrics_port is not None:
-        argv += ["--metrics-port", str(args.metrics_port), "--metrics-host", args.metrics_host]
-    if args.snapshot_budget is not None:
-        argv += ["--snapshot-budget", str(args.snapshot_budget)]
-    return worker_main(argv)
+    return run(args)
 
 
 def _cmd_keygen(args: argparse.Namespace) -> int:
@@ -119,38 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("worker", help="run a worker")
-    p.add_argument(
-        "--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock or tcp://127.0.0.1:5555"
-    )
-    p.add_argument(
-        "--capacity",
-        type=int,
-        default=512,
-        help="most sandboxes (env processes) this worker hosts at once; "
-        "a sandbox of envs_per_sandbox=K envs counts once",
-    )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--keys", default=None, help="CURVE key directory from `boltzlabs-gym keygen`")
-    p.add_argument(
-        "--keys-stdin",
-        action="store_true",
-        help="read CURVE keys from stdin (one line: z85 worker secret key, then allowed client public keys)",
-    )
-    p.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus /metrics on this port (needs the metrics extra)",
-    )
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on (0.0.0.0: every interface)")
-    p.add_argument(
-        "--snapshot-budget",
-        type=int,
-        default=None,
-        help="bytes of env snapshots this worker holds for all its clients together (default 1 GiB)",
-    )
+    p = add_worker_flags(sub.add_parser("worker", help="run a worker"))
     p.set_defaults(func=_cmd_worker)
 
     p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")

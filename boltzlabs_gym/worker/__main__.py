@@ -1,4 +1,7 @@
-"""``python -m boltzlabs_gym.worker``: run a worker (the local pool starts one this way)."""
+"""``python -m boltzlabs_gym.worker``: run a worker (the local pool starts one this way).
+
+``boltzlabs-gym worker`` runs :func:`run` too, with the same flags (:mod:`.flags`).
+"""
 
 from __future__ import annotations
 
@@ -8,18 +11,17 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import sys
 
-from ..wire.protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, poll_us_argument
+from .flags import worker_parser
 from .host import set_parent_death_signal, set_subreaper
 from .server import Worker
 
 
-def _local_channel(fd: int | None):
+def _local_channel(fd: int | None) -> socket.socket | None:
     if fd is None:
         return None
-    import socket
-
     # Never inherited by env processes: a sandboxed env must not reach the trainer's channel.
     os.set_inheritable(fd, False)
     return socket.socket(fileno=fd)
@@ -54,43 +56,13 @@ def _read_keys_line() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m boltzlabs_gym.worker")
-    parser.add_argument("--bind", action="append", required=True, help="endpoint, e.g. ipc:///tmp/w.sock")
-    parser.add_argument("--capacity", type=int, default=4096)
-    parser.add_argument("--parent-pid", type=int, default=None, help="exit when this parent process dies")
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--keys", default=None, help="CURVE key directory (boltzlabs-gym keygen DIR)")
-    parser.add_argument(
-        "--keys-stdin",
-        action="store_true",
-        help="read CURVE keys from stdin: one line, the worker's z85 secret key then allowed client public keys",
-    )
-    parser.add_argument("--insecure", action="store_true", help="allow a non-loopback bind without keys")
-    parser.add_argument("--remove-on-exit", default=None, help="directory to delete at exit (the pool's socket dir)")
-    parser.add_argument(
-        "--local-fd",
-        type=int,
-        default=None,
-        help="an inherited socketpair end: the starting pool's channel (boltzlabs_gym.wire.channel)",
-    )
-    parser.add_argument(
-        "--busy-poll-us",
-        type=poll_us_argument,
-        default=DEFAULT_BUSY_POLL_US,
-        help="busy-poll this long for the local pool's next request (0: always sleep)",
-    )
-    parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port (0: a free one)"
-    )
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
-    parser.add_argument(
-        "--snapshot-budget",
-        type=int,
-        default=DEFAULT_SNAPSHOT_BUDGET,
-        help="bytes of env snapshots held for all sessions together",
-    )
-    parser.add_argument("--log-level", default="WARNING")
-    args = parser.parse_args(argv)
+    """``python -m boltzlabs_gym.worker [flags]`` (see :mod:`.flags`); the exit status."""
+    return run(worker_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a worker with the flags :func:`~.flags.add_worker_flags` parsed, until it is stopped;
+    the exit status (2: it could not start)."""
     logging.basicConfig(level=args.log_level, format="%(asctime)s worker %(levelname)s %(message)s")
     if args.parent_pid is not None:
         set_parent_death_signal(signal.SIGTERM)

@@ -1,6 +1,7 @@
-"""Lending idle envs' pipes to the local pool, taking them back, and what the pool reports.
+"""The worker's half of the direct lane: lending idle envs' pipes to the local pool, taking them
+back, and what the pool reports.
 
-A part of :class:`~boltzlabs_gym.worker.server.Worker`. A local pool may step its idle
+:class:`DirectLane` is a part of the worker. A local pool may step its idle
 envs itself, on their own pipes, while this worker keeps everything else: their
 processes, stderr, deadlines' consequences, respawns (see :mod:`boltzlabs_gym.client.direct_lane`;
 the wire words are documented in :mod:`boltzlabs_gym.wire.protocol`, "Lending"). A lent env is
@@ -11,14 +12,16 @@ the pool never uses it again until re-lent.
 from __future__ import annotations
 
 import logging
-import select
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from ..wire.call_rules import STEP
 from ..wire.protocol import ADOPT, ERROR, FAULTS, LENT
+from .deadlines import Deadlines
 from .envproc import BUSY, IDLE, Call, EnvProcess, json_error
 from .envproc import LENT as LENT_STATE  # the env state; LENT is the reply's wire word
-from .parts import WorkerParts
+from .poller import Poller
 from .session import LOCAL_CLIENT, Batch, Session
 
 log = logging.getLogger("boltzlabs_gym.worker")
@@ -27,13 +30,42 @@ log = logging.getLogger("boltzlabs_gym.worker")
 MAX_FAULT_REASON = 2000
 
 
-class Lending(WorkerParts):
-    """The worker's side of lending (``lend``, ``lent``, ``faults``, ``adopt``, ``lent_fault``)."""
+class Fault(Protocol):
+    """Kill a misbehaving env, report its current call, respawn it (the scheduler's ``fault``)."""
 
-    def _may_lend(self, client: bytes, session: Session) -> bool:
-        return client == LOCAL_CLIENT and self._local is not None and not session.cfg.serialize_measurement
+    def __call__(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None: ...
 
-    def _apply_lent_reports(self, client: bytes, session: Session, header: dict) -> None:
+
+class DirectLane:
+    """The worker's side of lending (``lend``, ``lent``, ``faults``, ``adopt``, ``lent_fault``).
+
+    ``send(client, header, frames, fds)`` sends a reply with descriptors (the local channel's),
+    ``fault(session, env, reason, straggler=...)`` kills and respawns an env (the scheduler's), and
+    ``has_local_pool()`` says whether the pool that started the worker is still connected.
+    ``tokens`` numbers calls (the scheduler's numbering: an adopted call is one of its calls).
+    """
+
+    def __init__(
+        self,
+        poller: Poller,
+        deadlines: Deadlines,
+        tokens: Iterator[int],
+        *,
+        send: Callable[[bytes, dict, Sequence, Sequence[int]], None],
+        fault: Fault,
+        has_local_pool: Callable[[], bool],
+    ) -> None:
+        self.poller = poller
+        self.deadlines = deadlines
+        self.tokens = tokens
+        self._send = send
+        self._fault = fault
+        self._has_local_pool = has_local_pool
+
+    def may_lend(self, client: bytes, session: Session) -> bool:
+        return client == LOCAL_CLIENT and self._has_local_pool() and not session.cfg.serialize_measurement
+
+    def apply_lent_reports(self, client: bytes, session: Session, header: dict) -> None:
         """A request's ``faults`` and ``adopt``: lent envs the pool let go of (see below)."""
         if header.get(FAULTS) is None and header.get(ADOPT) is None:
             return
@@ -42,7 +74,7 @@ class Lending(WorkerParts):
         faults = self._lent_faults(session, header.get(FAULTS))
         adopted = self._lent_adopted(session, header.get(ADOPT))
         for env, reason in faults:
-            self._take_back(env)
+            self.take_back(env)
             self._fault(session, env, reason)
         for env, name, left in adopted:
             self._adopt(session, env, name, left)
@@ -60,13 +92,13 @@ class Lending(WorkerParts):
             return indices, fds
         for env in session.envs:
             if self._lendable(env):
-                self._unregister(env.stdout_r)
+                self.poller.drop_pipe(env.stdout_r)
                 env.state = LENT_STATE
                 indices.append(env.index)
                 fds += (env.stdin_w, env.stdout_r)
         return indices, fds
 
-    def _send_lending(self, session: Session, header: dict, frames: list) -> None:
+    def send_lending(self, session: Session, header: dict, frames: list) -> None:
         """Send a reply to the local pool lending it ``session``'s idle envs; without them if
         their descriptors cannot go (out of descriptors here)."""
         header[LENT], fds = self._lend_idle(session)
@@ -75,19 +107,18 @@ class Lending(WorkerParts):
         except (OSError, ValueError) as exc:
             log.warning("could not lend %d envs to the local pool: %s", len(header[LENT]), exc)
             for index in header[LENT]:
-                self._take_back(session.envs[index])
+                self.take_back(session.envs[index])
             header[LENT] = []
-            self._send(session.client, header, frames)
+            self._send(session.client, header, frames, ())
 
-    def _take_back(self, env: EnvProcess) -> None:
+    def take_back(self, env: EnvProcess) -> None:
         """The pool named a lent env in a request: its pipes are ours again."""
         if env.state is not LENT_STATE:
             return
         env.state = IDLE
-        self.epoll.register(env.stdout_r, select.EPOLLIN)
-        self._fd_owner[env.stdout_r] = (env, "out")
+        self.poller.watch_pipe(env, env.stdout_r, "out")
 
-    def _lent_faults(self, session: Session, faults) -> list[tuple[EnvProcess, str]]:
+    def _lent_faults(self, session: Session, faults: object) -> list[tuple[EnvProcess, str]]:
         """Validate a request's ``faults``: ``[[index, reason], ...]`` the pool saw on lent,
         idle envs (output nobody asked for, a closed pipe)."""
         if faults is None:
@@ -106,7 +137,7 @@ class Lending(WorkerParts):
         envs = session.envs
         return [(envs[i], reason[:MAX_FAULT_REASON]) for i, reason in faults if envs[i].state is LENT_STATE]
 
-    def _lent_adopted(self, session: Session, adopt) -> list[tuple[EnvProcess, str, float]]:
+    def _lent_adopted(self, session: Session, adopt: object) -> list[tuple[EnvProcess, str, float]]:
         """Validate a request's ``adopt``: ``[[index, op, seconds left], ...]``, calls the pool
         sent to lent envs and stopped waiting for (its wait timed out)."""
         if adopt is None:
@@ -128,16 +159,16 @@ class Lending(WorkerParts):
     def _adopt(self, session: Session, env: EnvProcess, name: str, left: float) -> None:
         """Take back a lent env with a call in flight that nobody waits for any more: its reply
         is dropped when it comes, its deadline still holds, calls queued behind it wait."""
-        self._take_back(env)
+        self.take_back(env)
         timeout = session.timeouts[name]
         call = Call({"op": name[:40]}, (), timeout, kind=STEP if name == STEP else "other", index=env.index)
-        call.token = next(self._tokens)
+        call.token = next(self.tokens)
         env.current = call
         env.state = BUSY
         env.sent_at = time.perf_counter() - max(0.0, timeout - left)
-        self._deadlines.add(left, (session.sid, env.index, call.token))
+        self.deadlines.add(left, (session.sid, env.index, call.token))
 
-    def _submit_lent_fault(self, session: Session, env: EnvProcess, op: dict, batch: Batch, pos: int) -> None:
+    def submit_lent_fault(self, session: Session, env: EnvProcess, op: dict, batch: Batch, pos: int) -> None:
         """The pool's call to a lent env failed (deadline, crash, bad reply): kill and report it
         as if the call had been ours, and respawn it."""
         call = Call(
@@ -157,7 +188,7 @@ class Lending(WorkerParts):
                 [],
             )
             return
-        self._take_back(env)
+        self.take_back(env)
         env.current = call
         env.state = BUSY
         self._fault(session, env, reason, straggler=op.get("straggler") is True)

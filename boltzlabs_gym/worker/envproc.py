@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ class EnvProcess(EnvPipe):
         self.count = 1
         self.workspace = workspace
         #: a memory snapshot's holder keeps this workspace mounted (it was the env's when it swapped):
-        #: the slot's next process gets a new directory (see Spawning._fresh_workspace_if_pinned)
+        #: the slot's next process gets a new directory (see Spawner.fresh_workspace_if_pinned)
         self.workspace_pinned = False
         self.state = NEW
         self.launched: Launched | None = None
@@ -209,7 +209,7 @@ def _widen_pipe(fd: int) -> None:
 
 
 @contextlib.contextmanager
-def _batch_scheduling():
+def _batch_scheduling() -> Iterator[None]:
     """Fork env processes under SCHED_BATCH (inherited across fork and exec).
 
     A batch-class process does not preempt the one that woke it. Without this, on a

@@ -11,21 +11,22 @@ wrapped, and everything that comes from an env or a client is validated.
 
 :class:`Worker` is this module's event loop and transport (the ROUTER socket, the local
 pool's channel, authentication, busy polling, dispatch by op name, sessions' leases and
-shutdown), composed with one part per job, each in its own module and sharing the
-worker's state (parts, not objects of their own: no call layer added on the hot path):
+shutdown). It owns one object per job, each made here with what it needs passed in:
 
-* :mod:`.ops`: the request handlers, one per op, and the table that dispatches to them;
-* :mod:`.scheduling`: env calls: queue, send, reply, deadlines, faults, first requests;
-* :mod:`.lender`: lending idle envs to the local pool, taking them back, its reports;
-* :mod:`.spawner`: starting, killing and reaping env processes, and why one died.
+* :class:`~.poller.Poller`: the epoll, and which env pipe each watched descriptor is;
+* :class:`~.spawner.Spawner`: starting, killing and reaping env processes, and why one died;
+* :class:`~.scheduler.Scheduler`: env calls: queue, send, reply, deadlines, faults, first requests;
+* :class:`~.direct_lane.DirectLane`: lending idle envs to the local pool, taking them back, its reports;
+* :class:`~.memory_snapshots.snapshotter.Snapshotter`: memory snapshots, taken and restored;
+* :class:`~.snapshot_store.SnapshotStore`, :class:`~.stats.WorkerStats`, :class:`~.uploads.Uploads`.
 
-:mod:`.parts` declares what the parts share (state and the methods one calls in another).
-Batches (:mod:`.session`) reply through a callback; no part imports this module.
+The request handlers, one per op, are :mod:`.ops` (its table, :data:`~.ops.HANDLERS`, is the
+dispatch). Batches (:mod:`.session`) reply through a callback; no part imports this module.
 """
 
 from __future__ import annotations
 
-import collections
+import functools
 import itertools
 import logging
 import math
@@ -45,6 +46,7 @@ import zmq
 from ..errors import ArchiveError
 from ..wire.archive import ArchiveLimits
 from ..wire.channel import ChannelClosed, ChannelError, WorkerChannel
+from ..wire.keys import WorkerKeys
 from ..wire.protocol import (
     DEFAULT_BUSY_POLL_US,
     DEFAULT_SNAPSHOT_BUDGET,
@@ -56,15 +58,18 @@ from ..wire.protocol import (
     error_reply,
 )
 from .deadlines import Deadlines
-from .direct_lane import Lending
-from .envproc import CLOSED, LENT, EnvProcess, json_error
+from .direct_lane import DirectLane
+from .envproc import CLOSED, LENT, json_error
 from .host import drain_fd, sweep_stale_workers, wipe_tree
-from .ops import OpHandlers
+from .memory_snapshots.gate import shared_gate
+from .memory_snapshots.snapshotter import Snapshotter
+from .ops import HANDLERS
+from .poller import Poller
 from .sandbox import SandboxUnavailable
-from .scheduling import Scheduling
+from .scheduler import Scheduler, in_flight
 from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
 from .snapshot_store import SnapshotStore
-from .spawner import DEFAULT_MAX_STARTING, Spawning, runtime_packages
+from .spawner import DEFAULT_MAX_STARTING, Spawner
 from .stats import WorkerStats
 from .uploads import Uploads
 
@@ -86,7 +91,7 @@ def is_local_endpoint(endpoint: str) -> bool:
     return False
 
 
-class Worker(OpHandlers, Scheduling, Lending, Spawning):
+class Worker:
     """The ROUTER server. ``Worker(["ipc:///tmp/w.sock"]).serve_forever()``."""
 
     def __init__(
@@ -98,12 +103,12 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         parent_pid: int | None = None,
         max_starting: int = DEFAULT_MAX_STARTING,
         archive_limits: ArchiveLimits = ArchiveLimits(),
-        keys=None,
+        keys: WorkerKeys | None = None,
         insecure: bool = False,
         local_channel: socket.socket | None = None,
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         snapshot_budget: int = DEFAULT_SNAPSHOT_BUDGET,
-    ):
+    ) -> None:
         """Bind ``endpoints``; ``local_channel`` is the starting pool's socketpair end, and
         ``busy_poll_us`` how long to busy-poll for that pool's next request (see
         :meth:`_local_replied`; the pool's knob of the same name, validated the same way)."""
@@ -116,8 +121,6 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                 )
         self.capacity = capacity
         self.parent_pid = parent_pid
-        self.max_starting = max_starting
-        self.archive_limits = archive_limits
         sweep_stale_workers(workdir)
         self.root = tempfile.mkdtemp(prefix="boltzlabs-worker-", dir=workdir)
         with open(os.path.join(self.root, "owner.pid"), "w") as f:
@@ -134,16 +137,6 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         #: The HTTP server behind it (``prometheus_client``'s), stopped by :meth:`shutdown`.
         self.metrics_server: Any = None
         self._sid_counter = itertools.count(1)
-        self._tokens = itertools.count(1)
-        self._deadlines = Deadlines(self._in_flight)
-        self._fd_owner: dict[int, tuple[EnvProcess, str]] = {}
-        self._to_reap: set[int] = set()
-        #: exit statuses of live envs' processes that the orphan sweep reaped before their fault was handled
-        self._exit_status: dict[int, int] = {}
-        self._start_queue: collections.deque = collections.deque()
-        self._starting = 0
-        self._gate_busy = False
-        self._gate_waiters: collections.deque = collections.deque()
         self._running = True
         self._wake_r = -1
         self._next_housekeeping = 0.0
@@ -151,10 +144,8 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self._spin_until = 0.0  # busy-poll until then (perf_counter), 0: sleep in epoll
         self._local_replied_at = 0.0
         self._local_gap = math.inf  # between our last batch reply and the pool's next request
-        self._in_start_more = False
-        self.runtime = runtime_packages()
         self._expired: dict[str, float] = {}
-        self._current_user: str | None = None  # the CURVE key of the request being handled
+        self.current_user: str | None = None  # the CURVE key of the request being handled
         self.keys = keys
         self.ctx = zmq.Context()
         self._authenticator: ThreadAuthenticator | None = None
@@ -163,18 +154,18 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         if keys is not None:
             self._start_authenticator(keys)
-        self.endpoints = []
+        self.endpoints: list[str] = []
         for ep in endpoints:
             self.sock.bind(ep)
             self.endpoints.append(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
-        self.epoll = select.epoll()
+        self.poller = Poller()
         # ZeroMQ's FD is edge-like: it fires when the socket's events may have changed, and a
         # send can consume that signal. So the socket is checked after it fired or after a
         # send, not on every loop turn (a getsockopt per env reply, for nothing, on a busy
         # local pool).
         self._zmq_check = True
         self._zmq_fd = cast(int, self.sock.getsockopt(zmq.FD))  # an int option (pyzmq types every option int | bytes)
-        self.epoll.register(self._zmq_fd, select.EPOLLIN)
+        self.poller.watch(self._zmq_fd)
         # The pool that started this worker talks over a socketpair (see boltzlabs_gym.wire.channel).
         self._local: WorkerChannel | None = None
         self._local_fd = -1
@@ -182,10 +173,52 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         if local_channel is not None:
             self._local = WorkerChannel(local_channel)
             self._local_fd = self._local.fileno()
-            self.epoll.register(self._local_fd, select.EPOLLIN)
-        self.epoll.register(self.uploads.fileno(), select.EPOLLIN)
+            self.poller.watch(self._local_fd)
+        self.poller.watch(self.uploads.fileno())
+        self._make_parts(max_starting)
 
-    def _start_authenticator(self, keys) -> None:
+    def _make_parts(self, max_starting: int) -> None:
+        """The worker's parts, each given what it uses (see the module doc)."""
+        self._deadlines = Deadlines(functools.partial(in_flight, self.sessions))
+        tokens = itertools.count(1)  # numbers env calls, the lane's adopted ones too
+        # The scheduler starts envs through the spawner, which sends each started env's first
+        # request (an env call) back through the scheduler: the spawner is made first.
+        self.spawner = Spawner(
+            self.poller,
+            self._deadlines,
+            self.stats,
+            self.sessions,
+            send_call=lambda session, env, call: self.scheduler.send_call(session, env, call),
+            start_failed=lambda session, env, call, reason: self.scheduler.start_failed(session, env, call, reason),
+            drain_clients=self._drain_clients,
+            max_starting=max_starting,
+        )
+        self.scheduler = Scheduler(
+            self.sessions,
+            self.stats,
+            self.poller,
+            self._deadlines,
+            tokens,
+            self.spawner,
+            send=self.send,
+            send_created=self._send_created,
+            close_session=self.close_session,
+            name=self.endpoints[0] if self.endpoints else "?",
+        )
+        self.lane = DirectLane(
+            self.poller,
+            self._deadlines,
+            tokens,
+            send=self.send,
+            fault=self.scheduler.fault,
+            has_local_pool=lambda: self._local is not None,
+        )
+        self.snapshotter = Snapshotter(shared_gate(), self.snapshots, self.spawner, self.poller)
+
+    def new_session_id(self) -> str:
+        return f"s{next(self._sid_counter)}"
+
+    def _start_authenticator(self, keys: WorkerKeys) -> None:
         """CURVE with a ZAP allow-list, set up before binding (without ZAP any key gets in)."""
         from zmq.auth.thread import ThreadAuthenticator
 
@@ -193,7 +226,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         stats = self.stats
 
         class _AllowList:
-            def callback(self, domain, key):  # called by the ZAP thread
+            def callback(self, domain: str, key: bytes) -> bool:  # called by the ZAP thread
                 if key in allowed:
                     return True
                 stats.auth_failures += 1  # only this thread writes it
@@ -214,7 +247,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                     self._drain_socket()
                 timeout = self._next_timeout()
                 try:
-                    events = self._poll_spinning(timeout) if self._spin_until else self.epoll.poll(timeout)
+                    events = self._poll_spinning(timeout) if self._spin_until else self.poller.poll(timeout)
                 except InterruptedError:
                     continue
                 for fd, ev in events:
@@ -230,16 +263,16 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                     if fd == self.uploads.fileno():
                         self._answer_uploads()
                         continue
-                    owner = self._fd_owner.get(fd)
+                    owner = self.poller.owner(fd)
                     if owner is not None:
-                        self._on_env_event(owner[0], owner[1], ev)
-                self._expire_deadlines()
+                        self.scheduler.on_env_event(owner[0], owner[1], ev)
+                self.scheduler.expire_deadlines()
                 now = time.monotonic()
-                if now >= self._next_housekeeping or self._to_reap:
+                if now >= self._next_housekeeping or self.spawner.reaping:
                     # Reaping, the parent check and leases need no per-reply precision:
                     # at most every 50 ms, not once per env reply.
                     self._next_housekeeping = now + 0.05
-                    self._reap()
+                    self.spawner.reap()
                     self._check_parent()
                     self._expire_leases()
         finally:
@@ -251,11 +284,11 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         end = min(self._spin_until, start + timeout)
         self._spin_until = 0.0
         while True:
-            events = self.epoll.poll(0)
+            events = self.poller.poll(0)
             now = time.perf_counter()
             if events or now >= end:
                 break
-        return events or self.epoll.poll(max(0.0, timeout - (now - start)))
+        return events or self.poller.poll(max(0.0, timeout - (now - start)))
 
     def _local_request_arrived(self) -> None:
         if self._local_replied_at:
@@ -278,7 +311,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         if window > 0 and self._local_gap <= window:
             self._spin_until = now + window
 
-    def stop(self, *_args) -> None:
+    def stop(self, *_args: object) -> None:
         self._running = False
 
     def install_signal_handlers(self) -> None:
@@ -286,7 +319,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_r = r
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        self.epoll.register(r, select.EPOLLIN)
+        self.poller.watch(r)
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
 
@@ -297,7 +330,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         deadline = self._deadlines.next_deadline()
         if deadline is not None:
             timeout = min(timeout, max(0.0, deadline - now))
-        if self._to_reap:
+        if self.spawner.reaping:
             timeout = min(timeout, 0.05)
         return timeout
 
@@ -323,7 +356,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                     user = frames[1].get("User-Id")  # type: ignore[assignment]
                 except (zmq.ZMQError, AttributeError):
                     user = None
-            self._current_user = user
+            self.current_user = user
             client = frames[0].bytes
             self._handle_request(client, frames[1].bytes, [f.bytes for f in frames[2:]])
         self._zmq_check = False  # the last thing done on the socket was reading its events
@@ -339,7 +372,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                 self._watch_local_writes()
             if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
                 self._local_request_arrived()
-                self._current_user = None
+                self.current_user = None
                 for frames in local.read_messages():
                     if len(frames) >= 1:
                         self._handle_request(LOCAL_CLIENT, frames[0], frames[1:])
@@ -356,14 +389,11 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         """Watch for EPOLLOUT only while writes are queued (re-registered only on a change)."""
         if self._local is not None and self._local_mask_out != self._local.wants_write:
             self._local_mask_out = self._local.wants_write
-            self.epoll.modify(self._local_fd, select.EPOLLIN | (select.EPOLLOUT if self._local_mask_out else 0))
+            self.poller.modify(self._local_fd, select.EPOLLIN | (select.EPOLLOUT if self._local_mask_out else 0))
 
     def _drop_local(self) -> None:
         if self._local is not None:
-            try:
-                self.epoll.unregister(self._local_fd)
-            except (OSError, ValueError):
-                pass
+            self.poller.unwatch(self._local_fd)
             self._local.close()
             self._local, self._local_fd = None, -1
 
@@ -373,13 +403,13 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         if self._local is not None:
             self._on_local_event(select.EPOLLIN)
 
-    def _handle_request(self, client: bytes, header_frame: bytes, payloads: list) -> None:
+    def _handle_request(self, client: bytes, header_frame: bytes, payloads: list[bytes]) -> None:
         seq = None
         try:
             header = decode_header(header_frame)
             seq = header.get("seq")
             op = header.get("op")
-            handler = self.HANDLERS.get(op)
+            handler = HANDLERS.get(op)
             if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
             reply = handler(self, client, header, payloads)
@@ -398,9 +428,9 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             reply = error_reply(seq, "internal", f"{type(exc).__name__}: {exc}")
         if reply is not None:
             reply.setdefault("seq", seq)
-            self._send(client, reply)
+            self.send(client, reply)
 
-    def _send(self, client: bytes, header: dict, frames: Sequence = (), fds: Sequence[int] = ()) -> None:
+    def send(self, client: bytes, header: dict, frames: Sequence = (), fds: Sequence[int] = ()) -> None:
         """Send a reply; ``fds`` (the local client only) may raise OSError or ValueError, sending nothing."""
         if client == LOCAL_CLIENT:
             if self._local is None:
@@ -417,7 +447,7 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         except zmq.ZMQError as exc:
             log.warning("could not reply to a client: %s", exc)
 
-    def _reply_batch(self, batch: Batch) -> None:
+    def reply_batch(self, batch: Batch) -> None:
         """Send a complete batch's results (each :class:`Batch` calls this when its last call is done)."""
         # One data frame for the whole batch: a frame costs ZeroMQ (and the client) several
         # microseconds, which at two or more frames per env was most of a cheap env's reply cost.
@@ -435,11 +465,18 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         if batch.stats is not None and batch.envs:  # not a request of only faults or adoptions
             batch.stats.batch_done(worker_s, batch.envs)
         if batch.lend_from is not None:
-            self._send_lending(batch.lend_from, header, [b"".join(parts)])
+            self.lane.send_lending(batch.lend_from, header, [b"".join(parts)])
         else:
-            self._send(batch.client, header, [b"".join(parts)])
+            self.send(batch.client, header, [b"".join(parts)])
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
+
+    def _send_created(self, session: Session, header: dict) -> None:
+        """Answer a session's ``create`` (its envs all started), lending them if its pool asked."""
+        if session.lend:
+            self.lane.send_lending(session, header, [])
+        else:
+            self.send(session.client, header)
 
     def _answer_uploads(self) -> None:
         for done in self.uploads.finished():
@@ -455,16 +492,18 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
                 log.error("unpacking archive %s failed", done.digest[:12], exc_info=done.error)
                 reply = error_reply(None, "internal", f"{type(done.error).__name__}: {done.error}")
             for client, seq in done.waiters:
-                self._send(client, dict(reply, seq=seq))
+                self.send(client, dict(reply, seq=seq))
 
-    def _session_for(self, client: bytes, header: dict) -> Session:
+    def session_for(self, client: bytes, header: dict) -> Session:
+        """The open session a request names, checked against its token and the client's key (and
+        its lease renewed); ``ValueError``, or :class:`SessionExpired` for a reclaimed one."""
         sid = header.get("session")
         session = self.sessions.get(sid) if isinstance(sid, str) else None
         if (
             session is None
             or session.closed
             or not secrets.compare_digest(str(header.get("token", "")), session.token)
-            or session.owner_key != getattr(self, "_current_user", None)
+            or session.owner_key != self.current_user
         ):
             if isinstance(sid, str) and sid in self._expired:
                 raise self._expired_error(sid)
@@ -476,20 +515,6 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
         session.last_seen = now
         session.client = client
         return session
-
-    # ================================================================== env pipes in the loop
-    def _register_env(self, env: EnvProcess) -> None:
-        self.epoll.register(env.stdout_r, select.EPOLLIN)
-        self.epoll.register(env.stderr_r, select.EPOLLIN)
-        self._fd_owner[env.stdout_r] = (env, "out")
-        self._fd_owner[env.stderr_r] = (env, "err")
-
-    def _unregister(self, fd: int) -> None:
-        if self._fd_owner.pop(fd, None) is not None:
-            try:
-                self.epoll.unregister(fd)
-            except (OSError, ValueError):
-                pass
 
     # ================================================================== sessions' end, shutdown
     def _expire_leases(self) -> None:
@@ -520,9 +545,9 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             len(session.envs),
         )
         self._expired[session.sid] = session.cfg.lease_s
-        self._close_session(session)
+        self.close_session(session)
 
-    def _close_session(self, session: Session) -> None:
+    def close_session(self, session: Session) -> None:
         session.closed = True
         self.stats.close(session.sid)
         self.snapshots.release_session(session.sid)
@@ -532,8 +557,8 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             if env.launched is not None:
                 env.launched.kill()
         for env in session.envs:
-            pid = self._kill_env(session, env)
-            self._reap_now(pid)
+            pid = self.spawner.kill_env(session, env)
+            self.spawner.reap_now(pid)
             env.state = CLOSED
             for call in env.queue:
                 call.finish(ERROR, json_error("session closed"), [])
@@ -556,16 +581,13 @@ class Worker(OpHandlers, Scheduling, Lending, Spawning):
             self.metrics_server = None
         for session in list(self.sessions.values()):
             try:
-                self._close_session(session)
+                self.close_session(session)
             except Exception:  # noqa: BLE001
                 log.exception("closing session %s", session.sid)
-        self._reap()
+        self.spawner.reap()
         self.uploads.close()
         shutil.rmtree(self.root, ignore_errors=True)
-        try:
-            self.epoll.close()
-        except OSError:
-            pass
+        self.poller.close()
         self._drop_local()
         self.sock.close(linger=0)
         if self._authenticator is not None:

@@ -7,12 +7,15 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..wire.call_rules import OpTimeouts
 from ..wire.protocol import MAX_ENVS_PER_SANDBOX
 from .envproc import EnvProcess
 from .sandbox import Limits
+
+if TYPE_CHECKING:
+    from .memory_snapshots.launcher import SnapshotLauncher
 
 #: The client identity of the pool on the local channel (ROUTER identities never start with 0).
 LOCAL_CLIENT = b"\x00local"
@@ -85,6 +88,13 @@ class SessionExpired(Exception):
     """A request named a session the worker reclaimed when its lease ran out."""
 
 
+class Results(Protocol):
+    """Where a call's result goes: a :class:`Batch`, or what stands in for one (a snapshot call's,
+    which keeps the snapshot and hands its batch the snapshot's id)."""
+
+    def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None: ...
+
+
 class Batch:
     """Collects one result per item of a client request; hands itself to ``on_complete`` (the
     worker's reply) when the last one is in."""
@@ -115,7 +125,16 @@ class Batch:
 class Session:
     """One client's pool of envs on this worker."""
 
-    def __init__(self, sid: str, client: bytes, env_dir: str, root: str, cfg: SessionConfig, backend):
+    def __init__(
+        self,
+        sid: str,
+        client: bytes,
+        env_dir: str,
+        root: str,
+        cfg: SessionConfig,
+        backend: Any,
+        copies: SnapshotLauncher | None = None,
+    ):
         self.sid = sid
         self.client = client
         self.env_dir = env_dir
@@ -124,7 +143,10 @@ class Session:
         k = cfg.envs_per_sandbox
         #: Op name -> its deadline in seconds (the rule the lane follows too).
         self.timeouts = OpTimeouts(cfg.step_timeout, cfg.reset_timeout)
+        #: what launches its envs: an isolation backend, or boltz mode's template launcher
         self.backend = backend
+        #: what makes its envs' memory snapshots; None where its launcher cannot copy an env
+        self.copies = copies
         #: One process per sandbox: sandbox ``b`` hosts the ``count`` envs from pool index ``global_index``.
         self.envs = [
             EnvProcess(b, cfg.index_offset + b * k, os.path.join(root, "ws", str(b))) for b in range(cfg.sandboxes)

@@ -1,27 +1,31 @@
 """Starting, killing and reaping env processes, and saying why one died.
 
-A part of :class:`~boltzlabs_gym.worker.server.Worker` (which holds the state these
-methods use): envs wait in a start queue for one of ``max_starting`` slots (an
-interpreter boot and a first request each), are launched through the session's isolation
-backend, and are killed, reaped and wiped here. :meth:`Spawning._kill_and_explain` turns
-an env's death into the words a trainer sees (its exit status, the OOM killer).
+:class:`Spawner` is the part of the worker that owns env processes' lives: envs wait in its start
+queue for one of ``max_starting`` slots (an interpreter boot and a first request each), are
+launched through the session's isolation backend, and are killed, reaped and wiped here.
+:meth:`Spawner.kill_and_explain` turns an env's death into the words a trainer sees (its exit
+status, the OOM killer). A started env's first request is an env call like any other: the spawner
+hands it to ``send_call`` (the scheduler's), and a launch that fails to ``start_failed``.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from ..wire.protocol import GROUP_OPS, GROUP_SLOTS
-from .envproc import BUSY, DEAD, IDLE, QUEUED, STARTING, Call, EnvProcess, describe_exit
-from .memory_snapshots.holders import copy_workspace
-from .parts import WorkerParts
+from .deadlines import Deadlines
+from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
+from .poller import Poller
 from .sandbox import LaunchSpec
 from .sandbox.base import wipe_workspace
 from .session import Session
+from .stats import WorkerStats
 
 log = logging.getLogger("boltzlabs_gym.worker")
 
@@ -53,7 +57,7 @@ EXIT_GRACE_S = 0.5
 #: Run the env directory's env.py as __main__ with the env dir importable.
 ENV_BOOTSTRAP = (
     "import os,runpy,sys\n"
-    # memory snapshots (the namespaces backend left the control socket open: see cowfork)
+    # memory snapshots (the namespaces backend left the control socket open: see envside.memory_snapshot)
     "if os.environ.get('BOLTZLABS_MEMORY_SNAPSHOTS')=='1':\n"
     " from boltzlabs_gym.envside.memory_snapshot import install;install(os.getuid())\n"
     "d=os.environ['BOLTZLABS_ENV_DIR']\n"
@@ -82,21 +86,62 @@ def oom_killed(env: EnvProcess) -> bool:
         return False
 
 
-class Spawning(WorkerParts):
-    """The worker's env processes: start queue, launch, kill, reap, wipe."""
+class Spawner:
+    """The worker's env processes: start queue, launch, kill, reap, wipe.
+
+    ``send_call(session, env, call)`` sends a started env its first request and
+    ``start_failed(session, env, call, reason)`` answers a start that could not happen (the
+    scheduler's); ``drain_clients()`` answers the clients meanwhile during long start-ups (the
+    worker's). ``sessions`` is the worker's, read to tell a live env's exit from an orphan's.
+    """
+
+    def __init__(
+        self,
+        poller: Poller,
+        deadlines: Deadlines,
+        stats: WorkerStats,
+        sessions: dict[str, Session],
+        *,
+        send_call: Callable[[Session, EnvProcess, Call], None],
+        start_failed: Callable[[Session, EnvProcess, Call, str], None],
+        drain_clients: Callable[[], None],
+        max_starting: int = DEFAULT_MAX_STARTING,
+    ) -> None:
+        self.poller = poller
+        self.deadlines = deadlines
+        self.stats = stats
+        self.sessions = sessions
+        self.max_starting = max_starting
+        #: the library's packages every env imports its helper from (see :func:`runtime_packages`)
+        self.runtime = runtime_packages()
+        self._send_call = send_call
+        self._start_failed = start_failed
+        self._drain_clients = drain_clients
+        self._start_queue: collections.deque[tuple[Session, EnvProcess]] = collections.deque()
+        #: envs spawned whose first request is not answered yet (at most ``max_starting``)
+        self._starting = 0
+        self._in_start_more = False
+        self._to_reap: set[int] = set()
+        #: exit statuses of live envs' processes that the orphan sweep reaped before their fault was handled
+        self._exit_status: dict[int, int] = {}
+
+    @property
+    def reaping(self) -> bool:
+        """Whether killed processes wait to be reaped (the worker's loop then wakes up sooner)."""
+        return bool(self._to_reap)
 
     # ================================================================== starting envs
-    def _queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
+    def queue_start(self, session: Session, env: EnvProcess, call: Call | None, reset_op: dict | None = None) -> None:
         """Spawn ``env`` when a start slot is free; ``call`` gets the answer to its first request:
         ``reset_op`` (a hard reset's seeded reset) or, by default, :data:`READY_OP`."""
         env.state = QUEUED
         env.pending_start = (call, reset_op or ready_op(env.count, session.cfg.envs_per_sandbox))
         self._start_queue.append((session, env))
-        self._start_more()
+        self.start_more()
 
-    def _start_more(self) -> None:
+    def start_more(self) -> None:
         # Iterative and not re-entrant: a launch that fails calls back into here
-        # (through _start_failed), which must not recurse once per queued env.
+        # (through start_failed), which must not recurse once per queued env.
         if self._in_start_more:
             return
         self._in_start_more = True
@@ -115,11 +160,17 @@ class Spawning(WorkerParts):
         finally:
             self._in_start_more = False
 
+    def started(self, env: EnvProcess) -> None:
+        """``env`` answered its first request: its start slot is free for the next env."""
+        env.starting = False
+        self._starting -= 1
+        self.start_more()
+
     def _spawn(self, session: Session, env: EnvProcess) -> None:
         user_call, reset_op = env.pending_start
         start_call = Call(op=reset_op, timeout=session.cfg.start_timeout, kind="start", user_call=user_call)
         try:
-            env.spawn(session.backend, lambda e, i, o, r: self._launch_spec(session, e, i, o, r))
+            env.spawn(session.backend, lambda e, i, o, r: self.launch_spec(session, e, i, o, r))
         except Exception as exc:  # noqa: BLE001 - a failed launch is that env's failure
             env.state = DEAD
             reason = f"could not launch: {type(exc).__name__}: {exc}"
@@ -130,79 +181,12 @@ class Spawning(WorkerParts):
             return
         self._starting += 1
         env.starting = True
-        self._register_env(env)
+        self.poller.watch_env(env)
         env.restarts += 1
         self._send_call(session, env, start_call)
-        self._deadlines.seal(time.monotonic())  # a long start-up must not delay its deadline
+        self.deadlines.seal(time.monotonic())  # a long start-up must not delay its deadline
 
-    def _replace_with_copies(self, session: Session, envs: list[EnvProcess], holder) -> dict[int, str]:
-        """Replace each env's process with a copy forked from a memory snapshot's ``holder``, ready
-        for its restore request. Returns ``{env.index: reason}`` for those that could not be: nothing
-        changed if the holder is gone or an env is busy; a slot emptied for a copy that then failed
-        (twice: a copy whose set-up failed is forked once more) gets a fresh env, as after a crash."""
-        if holder.released or not holder.alive():
-            why = "the snapshot's holder is gone (released, or its worker lost it)"
-            return {env.index: why for env in envs}
-        failed = {env.index: f"the env is {env.state.value}, not idle" for env in envs if not _replaceable(env)}
-        envs = [env for env in envs if env.index not in failed]
-        for env in envs:
-            if env.state is QUEUED:  # a respawn waiting for a start slot: the copy takes its place
-                env.state, env.pending_start = DEAD, None
-        # The occupants are killed, not waited for: a SIGKILLed process runs no code of its own again,
-        # its pid namespace dies with it, and the copy gets a cgroup and (below) a workspace of its own
-        # content. The worker reaps its children later, as after any kill.
-        for env in envs:
-            self._kill_env(session, env)
-        errors = self._fork_copies(session, envs, holder)
-        if errors and not holder.released and holder.alive():
-            # A copy's set-up is a handful of namespace and mount calls, gated by the worker; one
-            # that failed (rarely, and not for the holder's sake: its other copies succeed) is
-            # forked again before its slot is given up.
-            for env in errors:
-                log.warning(
-                    "session %s env %d: a memory snapshot's copy failed (%s); forking it again",
-                    session.sid,
-                    env.global_index,
-                    errors[env],
-                )
-            errors = self._fork_copies(session, list(errors), holder)
-        for env, why in errors.items():
-            failed[env.index] = why
-            self._queue_start(session, env, None)
-        return failed
-
-    def _fork_copies(self, session: Session, envs: list[EnvProcess], holder) -> dict[EnvProcess, str]:
-        """Fork a copy from ``holder`` into each (emptied) slot, as one batch; the copies are registered
-        and idle. Returns why each slot that has none failed (its process killed, if it had one)."""
-        launcher, started = session.backend, []
-        errors: dict[EnvProcess, str] = {}
-        batch: list = []  # the copies started together (template._PendingCopy)
-        for env in envs:
-            try:
-                self._fresh_workspace_if_pinned(env)
-                self._wipe(env.workspace)
-                copy_workspace(holder.workspace, env.workspace)
-                env.spawn(
-                    _CopyStarter(launcher, holder, batch), lambda e, i, o, r: self._launch_spec(session, e, i, o, r)
-                )
-            except Exception as exc:  # noqa: BLE001 - this slot stays empty
-                errors[env] = f"could not fork a copy: {type(exc).__name__}: {exc}"
-                continue
-            started.append(env)
-        if batch:
-            launcher.finish_copies(holder, batch)
-        for env in started:
-            launched = env.launched
-            if launched is not None and launched.setup_error is None:
-                self._register_env(env)
-                env.state = IDLE
-                env.pending_start = None
-                continue
-            errors[env] = f"could not fork a copy: {launched.setup_error if launched else 'no process'}"
-            self._kill_env(session, env)
-        return errors
-
-    def _fresh_workspace_if_pinned(self, env: EnvProcess) -> None:
+    def fresh_workspace_if_pinned(self, env: EnvProcess) -> None:
         """A slot whose last process was snapshotted (memory kind) gets a new workspace directory: the
         holder, which is that process, keeps the old one mounted, and must not reach what the slot's
         next process writes. The old directory is emptied; it goes with the session's directory."""
@@ -211,10 +195,12 @@ class Spawning(WorkerParts):
         old = env.workspace
         env.workspace = tempfile.mkdtemp(prefix="ws-", dir=os.path.dirname(old))
         env.workspace_pinned = False
-        self._wipe(old)
+        self.wipe(old)
 
-    def _launch_spec(self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int):
-        self._fresh_workspace_if_pinned(env)
+    def launch_spec(
+        self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int
+    ) -> LaunchSpec:
+        self.fresh_workspace_if_pinned(env)
         python_bin = os.path.dirname(sys.executable)
         return LaunchSpec(
             argv=[sys.executable, "-B", "-s", "-c", ENV_BOOTSTRAP],
@@ -250,7 +236,7 @@ class Spawning(WorkerParts):
         )
 
     # ================================================================== killing and reaping
-    def _kill_and_explain(self, session: Session, env: EnvProcess, reason: str, straggler: bool) -> str:
+    def kill_and_explain(self, session: Session, env: EnvProcess, reason: str, straggler: bool) -> str:
         """Kill and reap ``env``, which failed for ``reason``; the reason to report, in the
         words of its own death where the kernel has them (an exit status, the OOM killer)."""
         # An env whose pipe closed is usually exiting: let it finish (bounded, without reaping, so
@@ -259,8 +245,8 @@ class Spawning(WorkerParts):
         exited = not straggler and ("closed its stdout" in reason or "closed its stdin" in reason)
         oom = not straggler and oom_killed(env)
         natural = exited and self._await_exit(env.pid, EXIT_GRACE_S)
-        pid = self._kill_env(session, env)
-        status = self._reap_now(pid)
+        pid = self.kill_env(session, env)
+        status = self.reap_now(pid)
         if oom:
             limit = session.cfg.limits.memory_bytes
             reason = (
@@ -276,10 +262,10 @@ class Spawning(WorkerParts):
             reason = f"{reason.split(' (')[0]} but did not exit within {EXIT_GRACE_S:g} s; killed"
         return reason
 
-    def _kill_env(self, session: Session, env: EnvProcess) -> int | None:
+    def kill_env(self, session: Session, env: EnvProcess) -> int | None:
         for fd in (env.stdin_w, env.stdout_r, env.stderr_r):
             if fd >= 0:
-                self._unregister(fd)
+                self.poller.drop_pipe(fd)
         if env.starting:
             env.starting = False
             self._starting -= 1
@@ -297,7 +283,7 @@ class Spawning(WorkerParts):
         except Exception:  # noqa: BLE001
             log.exception("cleanup of env %s failed", env.global_index)
 
-    def _reap_now(self, pid: int | None) -> int | None:
+    def reap_now(self, pid: int | None) -> int | None:
         if not pid:
             return None
         if pid in self._exit_status:
@@ -315,7 +301,7 @@ class Spawning(WorkerParts):
             time.sleep(0.001)
         return None
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         for pid in list(self._to_reap):
             try:
                 got, _ = os.waitpid(pid, os.WNOHANG)
@@ -333,7 +319,7 @@ class Spawning(WorkerParts):
                 break
             self._to_reap.discard(got)
             if any(env.pid == got for s in self.sessions.values() for env in s.envs):
-                # A live env died and its pipe's EOF is not handled yet: keep its status for _fault.
+                # A live env died and its pipe's EOF is not handled yet: keep its status for its fault.
                 # (A lent env's EOF reaches the pool, which hands it back with a call in flight
                 # or with its next request; the worker cannot tell which, so it waits for that.)
                 self._exit_status[got] = status
@@ -355,33 +341,11 @@ class Spawning(WorkerParts):
             time.sleep(0.002)
         return True
 
-    def _wipe(self, path: str) -> None:
+    def wipe(self, path: str) -> None:
         try:
             wipe_workspace(path)
         except Exception:  # noqa: BLE001
             log.exception("could not wipe workspace %s", path)
-
-
-class _CopyStarter:
-    """Backend-shaped, for ``EnvProcess.spawn``: its launch asks a memory snapshot's holder for a copy
-    (:meth:`~.template.TemplateLauncher.start_copy`); ``finish_copies`` completes the batch."""
-
-    name = "namespaces"
-
-    def __init__(self, launcher, holder, batch: list) -> None:
-        self.launcher, self.holder, self.batch = launcher, holder, batch
-
-    def launch(self, spec: LaunchSpec):
-        return self.launcher.start_copy(self.holder, spec, self.batch)
-
-
-def _replaceable(env: EnvProcess) -> bool:
-    """Whether a memory snapshot's copy may take ``env``'s slot now: idle, dead, or (re)starting
-    with nobody waiting for its first answer (a respawn after a crash)."""
-    if env.state in (IDLE, DEAD, QUEUED, STARTING):
-        return True
-    call = env.current
-    return env.state is BUSY and call is not None and call.kind == "start" and call.user_call is None
 
 
 def _exited(pid: int) -> bool:

@@ -103,7 +103,7 @@ def classify_bad_reply(reason: str) -> str | None:
 
 def classify_fault(reason: str, straggler: bool) -> str:
     """The label of a fault: ``straggler`` or one of :data:`CRASH_REASONS`, from the words the
-    worker reports it with (:meth:`~boltzlabs_gym.worker.spawner.Spawning._kill_and_explain`)."""
+    worker reports it with (:meth:`~boltzlabs_gym.worker.spawner.Spawner.kill_and_explain`)."""
     if straggler:
         return "straggler"
     if "OOM killer" in reason:

@@ -109,10 +109,10 @@ import time
 from dataclasses import replace
 
 from ..envside.forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
-from .memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher, recv_pid, try_remove
+from .memory_snapshots.gate import Gate, parent_of, shared_gate
+from .memory_snapshots.launcher import SnapshotLauncher
 from .sandbox.base import (
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
+    MEMORY_SNAPSHOTS_ENV,
     SANDBOX_WORKSPACE,
     IsolationReport,
     Launched,
@@ -121,10 +121,14 @@ from .sandbox.base import (
     SandboxUnavailable,
     apply_rlimits,
     child_environment,
+    kill_pid_and_cgroup,
     kill_process_group,
     readable,
+    recv_pid,
+    sandboxed_environment,
     set_layout_randomization,
 )
+from .sandbox.cgroups import Graveyard
 
 log = logging.getLogger("boltzlabs_gym.worker.template")
 
@@ -206,10 +210,14 @@ class TemplateError(RuntimeError):
     """The template could not import the env or fork it; the message says why."""
 
 
-class TemplateLauncher(CopyLauncher):
-    """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template."""
+class TemplateLauncher:
+    """The boltz-mode launcher of one session: a backend-shaped wrapper around a warm template.
 
-    def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str]):
+    ``gate`` answers the gated syscalls of the template's filter (the worker's, by default);
+    :attr:`copies` makes its envs' memory snapshots.
+    """
+
+    def __init__(self, backend, *, env_dir: str, root: str, runtime: dict[str, str], gate: Gate | None = None):
         self.backend = backend
         self.env_dir = env_dir
         self.root = root
@@ -234,8 +242,11 @@ class TemplateLauncher(CopyLauncher):
             )
         self._tpl: _Template | None = None
         self._failed: tuple[str, float] | None = None
-        self._graveyard: list = []  # cgroups of killed envs whose processes were still exiting
+        self._graveyard = Graveyard()  # cgroups of killed envs whose processes were still exiting
         self._live = 0  # envs launched and not yet cleaned up
+        self.gate = gate if gate is not None else shared_gate()
+        #: its envs' memory snapshots (their copies are its envs too: counted live, cgroups buried here)
+        self.copies = SnapshotLauncher(self.gate, self.copies_unavailable, self._graveyard, self._count_live)
         #: where the last launch spent its time (ms): prepare, fork, reparent, sandbox
         self.last_phases_ms: dict[str, float] = {}
         self._life_r, self._life_w = os.pipe2(os.O_CLOEXEC)
@@ -251,7 +262,8 @@ class TemplateLauncher(CopyLauncher):
     def template_pid(self) -> int | None:
         return self._tpl.pid if self._tpl is not None and self._tpl.alive() else None
 
-    def _copies_possible(self) -> str | None:
+    def copies_unavailable(self) -> str | None:
+        """Why this launcher's envs cannot take memory snapshots at all, or None."""
         if self.kind != "ns":
             return "memory snapshots need isolation='namespaces' (boltz mode forks them in a nested sandbox)"
         return None
@@ -344,9 +356,7 @@ class TemplateLauncher(CopyLauncher):
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ours, 4096, 1)
             if msg == b"listener" and len(fds) == 1:  # the template's filter's (namespaces kind)
-                from .memory_snapshots.gate import shared_supervisor
-
-                shared_supervisor().watch(fds[0])
+                self.gate.watch(fds[0])
                 msg = ours.recv(4096)
             else:
                 for fd in fds:
@@ -408,9 +418,9 @@ class TemplateLauncher(CopyLauncher):
         plan.fds = (null_fd, out_fd, log_fd)
         plan.seccomp_prog = (
             seccomp.build_filter(
-                # a nested user namespace goes to the worker (whose supervisor lets only a memory
-                # snapshot's copies through, see cowfork): whatever the env's import code does in the
-                # template, nothing forked from it makes one otherwise
+                # a nested user namespace goes to the worker (whose gate lets only a memory
+                # snapshot's copies through, see envside.memory_snapshot): whatever the env's
+                # import code does in the template, nothing forked from it makes one otherwise
                 deny=tuple(
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
                 ),
@@ -514,16 +524,13 @@ class TemplateLauncher(CopyLauncher):
         from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import cgroups
 
-        if self._graveyard:
-            self._graveyard = [g for g in self._graveyard if not try_remove(g)]
+        self._graveyard.retry()
 
         if self.kind == "ns":
             os.chown(spec.workspace, tpl.outer_uid + 1, tpl.outer_uid + 1)
             os.chmod(spec.workspace, 0o700)
-            env = child_environment(
-                spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-            )
-            env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it: see cowfork)
+            env = sandboxed_environment(spec)
+            env[MEMORY_SNAPSHOTS_ENV] = "1"  # (as a spawned namespaces env has it)
             workspace = SANDBOX_WORKSPACE
         else:
             from .sandbox.process import runtime_pythonpath
@@ -533,9 +540,10 @@ class TemplateLauncher(CopyLauncher):
             )
             workspace = spec.workspace
         cg = None
-        if self.kind == "ns" and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
-            self._grow_template_limit(tpl, spec.limits)
+        if self.kind == "ns":
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+            if cg is not None:
+                self._grow_template_limit(tpl, spec.limits)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         tree = -1
@@ -622,12 +630,7 @@ class TemplateLauncher(CopyLauncher):
         def kill_tree() -> None:
             if kind == "process":
                 kill_process_group(pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if cg is not None:
-                cg.signal_all()
+            kill_pid_and_cgroup(pid, cg)
 
         done: list[bool] = []
 
@@ -639,8 +642,8 @@ class TemplateLauncher(CopyLauncher):
                     control.close()
             # no waiting here for a dying PID namespace to empty its cgroup (a hard reset would
             # wait for the old env's teardown): try once, finish later (next launch, or close)
-            if cg is not None and not try_remove(cg):
-                self._graveyard.append(cg)
+            if cg is not None:
+                self._graveyard.bury(cg)
 
         return Launched(
             control=control,
@@ -652,6 +655,9 @@ class TemplateLauncher(CopyLauncher):
             oom_killed=(cg.oom_killed if cg is not None else (lambda: False)),
             paths={"env_dir": env["BOLTZLABS_ENV_DIR"], "workspace": workspace},
         )
+
+    def _count_live(self, delta: int) -> None:
+        self._live += delta
 
     def _grow_template_limit(self, tpl: _Template, limits: Limits) -> None:
         """Raise the template cgroup's memory limit to cover what its live envs left charged there."""
@@ -677,12 +683,11 @@ class TemplateLauncher(CopyLauncher):
         if self._tpl is not None:
             self._tpl.kill()
             self._tpl = None
-        for cg in self._graveyard:
+        for cg in self._graveyard.take_all():
             try:
                 cg.remove()
             except OSError:
                 log.exception("removing an env cgroup")
-        self._graveyard = []
         for fd in (self._life_r, self._life_w):
             try:
                 os.close(fd)
@@ -717,8 +722,6 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
 
 def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
     """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
-    from .memory_snapshots.gate import parent_of
-
     me = os.getpid()
     deadline = time.monotonic() + timeout
     while True:
@@ -770,7 +773,8 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
     """Forked by the backend's launcher thread as real root: build the template's sandbox, exec Python."""
     from ..envside import seccomp
     from ..envside import syscalls as L
-    from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root, adopt_sched_and_cgroup
+    from .sandbox.base import adopt_sched_and_cgroup
+    from .sandbox.namespaces import _NS_FLAGS, HOSTNAME, _build_root
 
     try:
         import fcntl
@@ -778,7 +782,7 @@ def _template_child_ns(plan, status_w: int, sync_r: int, ctl_fd: int, life_r: in
         status_w = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 64)
         sync_r = fcntl.fcntl(sync_r, fcntl.F_DUPFD_CLOEXEC, 64)
         _place_fds([plan.fds[0], plan.fds[1], plan.fds[2], ctl_fd, life_r])
-        adopt_sched_and_cgroup(plan)
+        adopt_sched_and_cgroup(plan.sched, plan.cgroup)
         L.unshare(_NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0))
         L.sethostname(HOSTNAME)
         _build_root(plan)

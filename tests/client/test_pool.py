@@ -353,7 +353,7 @@ def test_many_failing_launches_fail_cleanly(tmp_path):
                     raise OSError("no more forks today")
                 return select_backend("process").launch(dataclasses.replace(spec, argv=ECHO))
 
-        ops.select_backend = lambda isolation: FailsAfterStart()  # the create handler's
+        ops.select_backend = lambda isolation, **_: FailsAfterStart()  # the create handler's
         w = server.Worker(["ipc://{sock}"], capacity=5000)
         w.install_signal_handlers()
         print("READY", flush=True)

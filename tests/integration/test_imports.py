@@ -225,9 +225,6 @@ def test_subpackages_import_only_downwards(prefix):
     assert not wrong, f"{prefix} imports {sorted(wrong)}"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="namespaces.py still mixes in the memory-snapshot launcher; being turned into an owned part"
-)
 def test_the_sandbox_layer_imports_no_worker_feature_above_it():
     graph = import_graph()
     wrong = {

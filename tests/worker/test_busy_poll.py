@@ -74,10 +74,10 @@ def test_zero_window_never_spins(worker):
 
 def test_spinning_poll_returns_events_at_once_and_otherwise_waits_out_the_timeout(worker):
     for fd in (worker._zmq_fd, worker._local_fd):
-        worker.epoll.unregister(fd)  # only the pipe below can wake this poll
+        worker.poller.unwatch(fd)  # only the pipe below can wake this poll
     r, w = os.pipe()
     try:
-        worker.epoll.register(r, select.EPOLLIN)
+        worker.poller.watch(r)
         worker._spin_until = time.perf_counter() + 0.05
         t0 = time.perf_counter()
         assert worker._poll_spinning(0.3) == [], "nothing came: spin, then sleep out the timeout"

@@ -375,17 +375,17 @@ def test_an_env_directory_that_strips_its_envs_filter_still_gets_no_user_namespa
 
 
 def test_the_gate_lets_through_only_processes_born_since_it_was_armed():
-    """The supervisor's rule, on plain processes: a child of the armed process, or a child of such a
+    """The gate's rule, on plain processes: a child of the armed process, or a child of such a
     child, passes only if it (and that child) started after the arming and was not known then. A
     process re-parented to the holder later (a copy whose forker exited) is older: refused."""
-    from boltzlabs_gym.worker.memory_snapshots.gate import Supervisor
+    from boltzlabs_gym.worker.memory_snapshots.gate import Gate
 
     started = []
     old = subprocess.Popen(["sh", "-c", "read x; sleep 30 & wait"], stdin=subprocess.PIPE)
     started.append(old)
     try:
         time.sleep(0.1)  # ten clock ticks older than the arming
-        sup = Supervisor()
+        sup = Gate()
         sup.arm(os.getpid())
         new = subprocess.Popen(["sleep", "30"])
         started.append(new)
@@ -412,7 +412,7 @@ import ctypes, os, sys, time
 from boltzlabs_gym.worker.sandbox import notify
 
 ctypes.CDLL("libc.so.6").prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us
-sup = notify.Supervisor()
+sup = notify.Gate()
 sup.arm(os.getpid())
 go_r, go_w = os.pipe()
 pid_r, pid_w = os.pipe()

@@ -20,6 +20,7 @@ import pytest
 
 import boltzlabs
 import boltzlabs_gym
+from boltzlabs_gym.worker.memory_snapshots.gate import shared_gate
 from boltzlabs_gym.worker.sandbox import LaunchSpec, Limits, select_backend
 from boltzlabs_gym.worker.sandbox.base import CONTROL_FD, wipe_workspace
 from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
@@ -31,7 +32,9 @@ RUNTIME = {
     "boltzlabs_gym": os.path.dirname(os.path.abspath(boltzlabs_gym.__file__)),
     "boltzlabs": os.path.dirname(os.path.abspath(boltzlabs.__file__)),
 }
-_BACKENDS = {"namespaces": NamespaceBackend(), "bwrap": BwrapBackend(), "process": ProcessBackend()}
+# The namespaces backend as a worker makes it: with the gate that answers its envs' gated syscalls
+# (as root, each env gets the worker's control socket and the filter that hands those calls over).
+_BACKENDS = {"namespaces": NamespaceBackend(gate=shared_gate()), "bwrap": BwrapBackend(), "process": ProcessBackend()}
 SANDBOXES = ("namespaces", "bwrap")
 
 

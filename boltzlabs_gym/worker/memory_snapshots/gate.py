@@ -3,7 +3,7 @@
 A spawned env's seccomp filter hands ``unshare``, ``mount`` and ``move_mount``
 (:data:`~.seccomp.COPY_SYSCALLS`) to a listener the worker holds, and a boltz template's filter
 (below every env it forks) hands it every nested user namespace, instead of failing them in the
-kernel. :class:`Supervisor` answers every such call on one thread: **EPERM**, exactly what a
+kernel. :class:`Gate` answers every such call on one thread: **EPERM**, exactly what a
 plain filter returns, unless the caller is a process the worker is making a memory snapshot's
 copy with at that moment (see :mod:`boltzlabs_gym.envside.memory_snapshot`). So an env that never forks
 is refused the same calls as before; the only difference is who says no.
@@ -90,13 +90,14 @@ def children_of(pid: int) -> set[int] | None:
     return found
 
 
-class Supervisor:
-    """Answers the gated syscalls of every env whose listener it watches, on one daemon thread.
+class Gate:
+    """Answers the gated syscalls of every env whose listener it watches, on one daemon thread
+    (started when it is given its first listener).
 
-    >>> sup = shared_supervisor()                                         # doctest: +SKIP
-    >>> sup.watch(listener_fd)                   # takes ownership of the fd  # doctest: +SKIP
-    >>> sup.arm(holder_pid, known=children_of(holder_pid))  # its new forks pass  # doctest: +SKIP
-    >>> sup.disarm(holder_pid)                   # before the copy runs env code  # doctest: +SKIP
+    >>> gate = shared_gate()                                              # doctest: +SKIP
+    >>> gate.watch(listener_fd)                  # takes ownership of the fd  # doctest: +SKIP
+    >>> gate.arm(holder_pid, known=children_of(holder_pid))  # its new forks pass  # doctest: +SKIP
+    >>> gate.disarm(holder_pid)                  # before the copy runs env code  # doctest: +SKIP
     """
 
     def __init__(self) -> None:
@@ -107,8 +108,7 @@ class Supervisor:
         self._fds: set[int] = set()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._poll.register(self._wake_r, select.POLLIN)
-        self._thread = threading.Thread(target=self._run, name="boltzlabs-seccomp-supervisor", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the worker's side
     def watch(self, listener_fd: int) -> None:
@@ -116,6 +116,9 @@ class Supervisor:
         with self._lock:
             self._fds.add(listener_fd)
             self._poll.register(listener_fd, select.POLLIN)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="boltzlabs-seccomp-supervisor", daemon=True)
+                self._thread.start()
         self._wake()
 
     def arm(self, pid: int, known: set[int] | frozenset[int] = frozenset()) -> None:
@@ -211,17 +214,17 @@ class Supervisor:
         return False
 
 
-_shared: Supervisor | None = None
+_shared: Gate | None = None
 _shared_lock = threading.Lock()
 
 
-def shared_supervisor() -> Supervisor:
-    """The worker's one supervisor thread (started on first use; it ends with the process)."""
+def shared_gate() -> Gate:
+    """The worker's one gate (its thread starts with the first listener and ends with the process)."""
     global _shared
     with _shared_lock:
         if _shared is None:
-            _shared = Supervisor()
+            _shared = Gate()
         return _shared
 
 
-__all__ = ["Supervisor", "children_of", "parent_of", "shared_supervisor"]
+__all__ = ["Gate", "children_of", "parent_of", "shared_gate"]

@@ -17,25 +17,27 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from .. import pss as memory
+from ..pss import pid_pss
+from ..sandbox.cgroups import Graveyard
 
 __all__ = ["Holder", "SharedCgroup", "WorkspaceCopyError", "copy_workspace"]
 
 
 class SharedCgroup:
     """A cgroup that two processes' owners share (a holder and the source that continued from it):
-    removed (through the launcher's graveyard, which retries) when the last of them lets go."""
+    removed when the last of them lets go, through the launcher's graveyard (which retries) or,
+    without one, at once."""
 
-    def __init__(self, cgroup: Any, graveyard: list, users: int, remove_now: bool = False) -> None:
-        self.cgroup, self.graveyard, self.users, self.remove_now = cgroup, graveyard, users, remove_now
+    def __init__(self, cgroup: Any, graveyard: Graveyard | None, users: int) -> None:
+        self.cgroup, self.graveyard, self.users = cgroup, graveyard, users
 
     def drop(self) -> None:
         self.users -= 1
         if self.users == 0:
-            if self.remove_now:  # (waits, bounded, for the last processes to leave)
+            if self.graveyard is None:  # (waits, bounded, for the last processes to leave)
                 self.cgroup.remove()
             else:
-                self.graveyard.append(self.cgroup)
+                self.graveyard.add(self.cgroup)
 
     def signal_all(self) -> None:
         self.cgroup.signal_all()
@@ -58,7 +60,7 @@ class Holder:
 
     def pss(self) -> int:
         """Bytes of memory the holder alone accounts for (its proportional share of shared pages)."""
-        return memory.pid_pss(self.pid)
+        return pid_pss(self.pid)
 
     def alive(self) -> bool:
         from ..sandbox.base import readable

@@ -1,12 +1,13 @@
 """Memory snapshots, the launcher's side: swapping an env with its holder, forking copies from it.
 
-:class:`CopyLauncher` is mixed into the launchers whose envs can take memory snapshots (boltz
-mode's :class:`~.template.TemplateLauncher` and the namespaces backend in root mode): it arms the
-seccomp supervisor around each operation, hands the env and the holder their sockets and
-descriptors, moves each copy into its slot's cgroup and tracks the processes, which are not the
-worker's children (see :mod:`.cowfork` for the env's side, :mod:`.holders` for the handles).
-A launcher provides ``_graveyard`` (cgroups to remove later), ``_live`` (its live envs) and
-:meth:`~CopyLauncher.memory_snapshots_unavailable`'s ``_copies_possible()``.
+A :class:`SnapshotLauncher` makes the memory snapshots of one env launcher's envs (boltz mode's
+:class:`~boltzlabs_gym.worker.template.TemplateLauncher` owns one; the worker makes one for a
+session of the namespaces backend in root mode): it arms the seccomp gate around each operation,
+hands the env and the holder their sockets and descriptors, moves each copy into its slot's cgroup
+and tracks the processes, which are not the worker's children (see
+:mod:`boltzlabs_gym.envside.memory_snapshot` for the env's side, :mod:`.holders` for the handles).
+What it needs of its env launcher is passed in: why that launcher's envs cannot be copied at all,
+where their cgroups wait to be removed, and a count of its live envs.
 """
 
 from __future__ import annotations
@@ -16,23 +17,23 @@ import json
 import os
 import signal
 import socket
-import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..sandbox.base import (
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
+    MEMORY_SNAPSHOTS_ENV,
     SANDBOX_WORKSPACE,
     Launched,
     LaunchSpec,
-    child_environment,
     readable,
+    recv_fds_passcred,
+    recv_pid,
+    sandboxed_environment,
 )
+from ..sandbox.cgroups import Graveyard
+from .gate import Gate
 
-#: The variable that tells an env process it can take memory snapshots (its control socket is open at
-#: cowfork.CONTROL_FD); every env of a launcher that can make them has it.
-MEMORY_SNAPSHOTS_ENV = "BOLTZLABS_MEMORY_SNAPSHOTS"
 #: seconds the holder and the copy may take until the copy's sandbox is ready.
 COPY_TIMEOUT = 5.0
 
@@ -41,28 +42,34 @@ class CopyError(RuntimeError):
     """A memory snapshot's swap or copy could not be made; the message says why."""
 
 
-class CopyLauncher:
-    """The memory-snapshot half of a launcher (see the module doc)."""
+def _no_count(delta: int) -> None:
+    pass
 
-    _graveyard: list
-    _live: int
-    #: remove a copy's cgroup when it is cleaned up, waiting if need be (a launcher that never
-    #: retries its graveyard), rather than once and later again
-    _blocking_cleanup = False
 
-    def _copies_possible(self) -> str | None:
-        """Why this launcher's envs cannot take memory snapshots at all, or None."""
-        raise NotImplementedError
+class SnapshotLauncher:
+    """The memory snapshots of one env launcher's envs (see the module doc).
 
-    def supervisor(self):
-        """The worker's thread that answers its envs' gated syscalls (:mod:`.sandbox.notify`)."""
-        from .gate import shared_supervisor
+    ``why_not()``: why that launcher's envs cannot take memory snapshots at all, or None;
+    ``graveyard``: where the copies' cgroups wait when they cannot be removed at once, which the
+    env launcher retries (None: removed at once, waiting if need be); ``count_live(+1 | -1)``: a
+    copy started, or was cleaned up (the env launcher's count of its live envs).
+    """
 
-        return shared_supervisor()
+    def __init__(
+        self,
+        gate: Gate,
+        why_not: Callable[[], str | None],
+        graveyard: Graveyard | None = None,
+        count_live: Callable[[int], None] = _no_count,
+    ) -> None:
+        self.gate = gate
+        self._why_not = why_not
+        self._graveyard = graveyard
+        self._count_live = count_live
 
     def memory_snapshots_unavailable(self, launched: Launched | None) -> str | None:
         """Why the env ``launched`` cannot take a memory snapshot, or None."""
-        why = self._copies_possible()
+        why = self._why_not()
         if why:
             return why
         if launched is None or launched.control is None:
@@ -93,7 +100,7 @@ class CopyLauncher:
 
     def begin_swap(self, launched: Launched, nonce: str):
         """Before a memory snapshot request (whose ``swap`` key is ``nonce``): hand the env the
-        continued source's socket and arm the supervisor for the env's forks. Returns the worker's
+        continued source's socket and arm the gate for the env's forks. Returns the worker's
         end of that socket."""
         _drain(launched.control)  # whatever the env's own code queued on its control socket
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -106,7 +113,7 @@ class CopyLauncher:
             raise
         finally:
             theirs.close()
-        self.supervisor().arm(launched.pid)
+        self.gate.arm(launched.pid)
         return ours
 
     def end_swap(self, launched: Launched, ours, swapped: bool, workspace_copy: str):
@@ -118,7 +125,7 @@ class CopyLauncher:
         from ...envside import syscalls as L
         from .holders import Holder, SharedCgroup
 
-        self.supervisor().disarm(launched.pid)
+        self.gate.disarm(launched.pid)
         if not swapped:
             ours.close()
             return None
@@ -144,7 +151,7 @@ class CopyLauncher:
             pass
         shared = None
         if launched.cgroup is not None:
-            shared = SharedCgroup(launched.cgroup, self._graveyard, users=2, remove_now=self._blocking_cleanup)
+            shared = SharedCgroup(launched.cgroup, self._graveyard, users=2)
         holder = Holder(
             pid=launched.pid,
             pidfd=L.pidfd_open(launched.pid),
@@ -166,24 +173,20 @@ class CopyLauncher:
 
         start = time.perf_counter()
         if not batch:  # one arming for the whole batch: the holder's children before any of them
-            if self._graveyard:
-                self._graveyard = [g for g in self._graveyard if not try_remove(g)]
+            if self._graveyard is not None:
+                self._graveyard.retry()
             kids = children_of(holder.pid)
             if kids is None:
                 raise CopyError("the kernel does not list the holder's child processes")
             known = frozenset(kids)
-            self.supervisor().arm(holder.pid, known)
+            self.gate.arm(holder.pid, known)
         else:
             known = batch[0].known
         os.chown(spec.workspace, holder.uid, holder.gid)  # a copy keeps its source's uid
         os.chmod(spec.workspace, 0o700)
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
+        env = sandboxed_environment(spec)
         env[MEMORY_SNAPSHOTS_ENV] = "1"
-        cg = None
-        if (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
+        cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         placeholder = Launched(pid=0, kill_tree=lambda: None)
@@ -275,7 +278,7 @@ class CopyLauncher:
             for p in waiting.values():
                 p.error = f"{type(exc).__name__}: {exc}"
         finally:
-            self.supervisor().disarm(holder.pid)
+            self.gate.disarm(holder.pid)
         for p in batch:
             self._settle_copy(p)
 
@@ -283,7 +286,7 @@ class CopyLauncher:
         from ...envside import syscalls as L
 
         if p.error is None and p.done:
-            self._live += 1
+            self._count_live(1)
             oom = p.cg.oom_killed if p.cg is not None else (lambda: False)
             real = self._foreign_launched(
                 p.pid, p.ours, p.cg, {**p.paths, "workspace": SANDBOX_WORKSPACE}, oom, pidfd=p.pidfd
@@ -327,14 +330,14 @@ class CopyLauncher:
             if done:
                 return
             done.append(True)
-            self._live -= 1
+            self._count_live(-1)
             control.close()
             os.close(pidfd)
             if cg is not None:
-                if self._blocking_cleanup:
+                if self._graveyard is None:
                     cg.remove()
-                elif not try_remove(cg):
-                    self._graveyard.append(cg)
+                else:
+                    self._graveyard.bury(cg)
             if shared is not None:
                 shared.drop()
 
@@ -365,28 +368,6 @@ class _PendingCopy:
     pidfd: int = -1
     done: bool = False
     error: str | None = None
-
-
-def recv_pid(sock: socket.socket) -> tuple[bytes, int | None]:
-    """One message and the kernel-stamped pid of its sender (SO_PASSCRED), within the socket's timeout."""
-    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
-    pid = None
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid = struct.unpack("iII", data[: struct.calcsize("iII")])[0]
-    return msg, pid
-
-
-def recv_fds_passcred(sock: socket.socket, maxfds: int = 1) -> tuple[bytes, list[int]]:
-    """One message and its descriptors on a socket with SO_PASSCRED (whose credentials take room
-    in the ancillary buffer too: socket.recv_fds would lose the descriptors)."""
-    size = socket.CMSG_SPACE(maxfds * 4) + socket.CMSG_SPACE(struct.calcsize("iII"))
-    msg, anc, _flags, _addr = sock.recvmsg(65536, size)
-    fds: list[int] = []
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += list(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
-    return msg, fds
 
 
 def _drain(sock: socket.socket) -> None:
@@ -450,18 +431,3 @@ def unconfined(pid: int) -> str | None:
         if st.get(key) != want
     ]  # fmt: skip
     return ", ".join(wrong) or None
-
-
-def try_remove(cg) -> bool:
-    """One non-blocking attempt to empty and remove an env cgroup; True when it is gone."""
-    cg.signal_all()
-    left = []
-    for path in cg.paths:
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            left.append(path)
-    cg.paths = left
-    return not left

@@ -17,6 +17,7 @@ from .base import (
     Launched,
     LaunchSpec,
     Limits,
+    ListenerGate,
     SandboxUnavailable,
 )
 from .process import ProcessBackend
@@ -29,6 +30,7 @@ __all__ = [
     "Launched",
     "LaunchSpec",
     "Limits",
+    "ListenerGate",
     "SandboxUnavailable",
     "select_backend",
     "BACKENDS",
@@ -37,12 +39,12 @@ __all__ = [
 log = logging.getLogger("boltzlabs_gym.sandbox")
 
 
-def _backends() -> dict[str, Backend]:
+def _backends(gate: ListenerGate | None = None) -> dict[str, Backend]:
     found: dict[str, Backend] = {}
     try:
         from .namespaces import NamespaceBackend
 
-        found["namespaces"] = NamespaceBackend()
+        found["namespaces"] = NamespaceBackend(gate=gate)
     except ImportError:  # pragma: no cover - the module ships with the package
         pass
     try:
@@ -59,11 +61,15 @@ BACKENDS = ("namespaces", "bwrap", "process")
 ISOLATION_CHOICES = ("auto", "strict") + BACKENDS
 
 
-def select_backend(isolation: str = "auto") -> Backend:
-    """Return the backend object for ``isolation`` or raise :class:`SandboxUnavailable`."""
+def select_backend(isolation: str = "auto", *, gate: ListenerGate | None = None) -> Backend:
+    """Return the backend object for ``isolation`` or raise :class:`SandboxUnavailable`.
+
+    ``gate`` answers what the envs' seccomp filters hand to the worker (the namespaces backend as
+    root: see :class:`~.base.ListenerGate`); without one they get the plain filter.
+    """
     if isolation not in ISOLATION_CHOICES:
         raise ValueError(f"isolation={isolation!r} is not one of {ISOLATION_CHOICES}")
-    backends = _backends()
+    backends = _backends(gate)
     if isolation in BACKENDS:
         backend = backends.get(isolation)
         ok, why = backend.available() if backend else (False, "backend not shipped")

@@ -15,8 +15,9 @@ import ctypes
 import os
 import resource
 import signal
+import socket
 import stat
-import sys
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -136,6 +137,18 @@ class Backend(Protocol):
     def launch(self, spec: LaunchSpec) -> Launched: ...
 
 
+class ListenerGate(Protocol):
+    """Who answers the syscalls an env's seccomp filter hands to the worker instead of refusing them
+    in the kernel (seccomp user notification): the namespaces backend, as root, hands each env's
+    listener to its gate (the worker's memory snapshots let a snapshot's copies through there)."""
+
+    def watch(self, listener_fd: int) -> None: ...
+
+
+#: The variable that tells an env process it can take memory snapshots (its control socket is open at
+#: :data:`CONTROL_FD`); every env of a launcher that can make them has it.
+MEMORY_SNAPSHOTS_ENV = "BOLTZLABS_MEMORY_SNAPSHOTS"
+
 #: first uid handed to envs when the worker runs as root (uid = ENV_UID_BASE + index).
 ENV_UID_BASE = 960000
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -165,6 +178,43 @@ def child_environment(
     return env
 
 
+def sandboxed_environment(spec: LaunchSpec) -> dict[str, str]:
+    """The environment of an env inside a sandbox: :func:`child_environment` with the paths it sees there."""
+    return child_environment(
+        spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
+    )
+
+
+def scheduling_policy() -> tuple[int, int] | None:
+    """This thread's scheduling policy and priority, for an env's child to take (None where unknown)."""
+    try:
+        policy = os.sched_getscheduler(0)
+        return policy, os.sched_getparam(0).sched_priority
+    except (AttributeError, OSError):
+        return None
+
+
+def adopt_sched_and_cgroup(sched: tuple[int, int] | None, cgroup: Any) -> None:
+    """In the fresh child: take the launcher's scheduling policy ``sched`` and join the env's ``cgroup``."""
+    if sched is not None:
+        try:
+            os.sched_setscheduler(0, sched[0], os.sched_param(sched[1]))
+        except OSError:
+            pass
+    if cgroup is not None:
+        cgroup.join()
+
+
+def kill_pid_and_cgroup(pid: int, cgroup: Any) -> None:
+    """SIGKILL ``pid``, and one pass over what is left in its ``cgroup`` (if any); never waits."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if cgroup is not None:
+        cgroup.signal_all()
+
+
 def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = None) -> Launched:
     """The handle for an env whose whole tree dies with ``pid`` (a pid-namespace init or bwrap).
 
@@ -173,12 +223,7 @@ def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = No
     """
 
     def kill_tree() -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        if cgroup is not None:
-            cgroup.signal_all()
+        kill_pid_and_cgroup(pid, cgroup)
 
     def cleanup() -> None:
         if cgroup is not None:
@@ -195,58 +240,54 @@ def launched_tree(pid: int, cgroup, started: float, setup_error: str | None = No
     )
 
 
-def probe_launch(launch: Callable[[LaunchSpec], Launched], uid: int | None = None) -> tuple[bool, str, float]:
-    """Start ``python -S -c 'stat /env'`` through ``launch(spec)`` in a throwaway env dir.
+def sandbox_properties(
+    mode: str, cgroup: str | None, seccomp_on: bool, *, process_limit: str | bool, dedicated_uid: bool, tree_kill: str
+) -> dict[str, bool | str]:
+    """What a namespaced sandbox (``namespaces`` or ``bwrap``) gives an env in ``mode``, for its report:
+    ``cgroup`` the per-env cgroup kind (None: limits by rlimits, ``process_limit`` then), ``tree_kill``
+    how its process tree dies (a cgroup adds to it)."""
+    return {
+        "mode": mode,
+        "readonly_env_dir": True,
+        "private_workspace": True,
+        "no_network": True,
+        "pid_namespace": True,
+        "ipc_namespace": True,
+        "uts_namespace": True,
+        "hidden_host_files": True,
+        "scrubbed_environment": True,
+        "memory_limit": f"cgroup {cgroup}" if cgroup else "RLIMIT_AS",
+        "process_limit": f"cgroup {cgroup}" if cgroup else process_limit,
+        "file_size_limit": "RLIMIT_FSIZE",
+        "open_files_limit": "RLIMIT_NOFILE",
+        "cpu_limit": "RLIMIT_CPU (total backstop)",
+        "seccomp": "deny-list, AF_UNIX sockets only" if seccomp_on else False,
+        "no_capabilities": True,
+        "dedicated_uid": dedicated_uid,
+        "tree_kill": tree_kill + (" + cgroup" if cgroup else ""),
+    }
 
-    Returns ``(ok, what went wrong, setup_ms)``: the cheap, real test every backend's
-    ``available()`` runs, since only an actual launch shows what the host allows.
-    """
-    import shutil
-    import tempfile
 
-    tmp = tempfile.mkdtemp(prefix="boltzlabs-probe-")
-    env_dir, ws = os.path.join(tmp, "env"), os.path.join(tmp, "ws")
-    os.mkdir(env_dir)
-    os.mkdir(ws)
-    for path in (tmp, env_dir):
-        os.chmod(path, 0o755)
-    r, w = os.pipe()
-    try:
-        spec = LaunchSpec(
-            argv=[sys.executable, "-S", "-c", "import os; os.stat('/env')"],
-            env_dir=env_dir,
-            workspace=ws,
-            stdin_fd=r,
-            stdout_fd=w,
-            stderr_fd=w,
-            limits=Limits(memory_bytes=None),
-            uid=uid,
-        )
-        launched = launch(spec)
-        os.close(w)
-        w = -1
-        out = b""
-        while True:  # read to EOF before waiting: a chatty failure must not fill the pipe
-            chunk = os.read(r, 65536)
-            if not chunk:
-                break
-            out += chunk
-        _, status = os.waitpid(launched.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        if launched.setup_error or code != 0:
-            return (
-                False,
-                (launched.setup_error or out.decode("utf-8", "replace").strip() or f"probe exited with {code}"),
-                launched.setup_ms,
-            )
-        return True, "", launched.setup_ms
-    except OSError as exc:
-        return False, f"{type(exc).__name__}: {exc}", 0.0
-    finally:
-        os.close(r)
-        if w >= 0:
-            os.close(w)
-        shutil.rmtree(tmp, ignore_errors=True)
+def recv_pid(sock: socket.socket) -> tuple[bytes, int | None]:
+    """One message and the kernel-stamped pid of its sender (SO_PASSCRED), within the socket's timeout."""
+    msg, anc, _flags, _addr = sock.recvmsg(65536, socket.CMSG_SPACE(struct.calcsize("iII")))
+    pid = None
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = struct.unpack("iII", data[: struct.calcsize("iII")])[0]
+    return msg, pid
+
+
+def recv_fds_passcred(sock: socket.socket, maxfds: int = 1) -> tuple[bytes, list[int]]:
+    """One message and its descriptors on a socket with SO_PASSCRED (whose credentials take room
+    in the ancillary buffer too: socket.recv_fds would lose the descriptors)."""
+    size = socket.CMSG_SPACE(maxfds * 4) + socket.CMSG_SPACE(struct.calcsize("iII"))
+    msg, anc, _flags, _addr = sock.recvmsg(65536, size)
+    fds: list[int] = []
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += list(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
+    return msg, fds
 
 
 def extend_cpu_backstop(pid: int, seconds: float) -> bool:

@@ -17,46 +17,39 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import threading
 import time
 
 from ...envside import seccomp
 from ...envside import syscalls as L
 from . import cgroups
 from .base import (
-    ENV_UID_BASE,
-    SANDBOX_ENV_DIR,
-    SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
     IsolationReport,
     Launched,
     LaunchSpec,
     SandboxUnavailable,
     _max_fd,
+    adopt_sched_and_cgroup,
     apply_rlimits,
-    child_environment,
     env_uid,
     launched_tree,
-    probe_launch,
+    sandbox_properties,
+    sandboxed_environment,
+    scheduling_policy,
     set_layout_randomization,
     wire_std_fds,
 )
-from .namespaces import HOSTNAME, LAUNCHER, _python_paths
-
-_ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
-
-
-_PROBES: dict = {}
-_PROBE_LOCK = threading.Lock()
+from .namespaces import HOSTNAME, LAUNCHER, HostLayout
+from .probe import first_working_mode, probed_mode, working_mode
 
 
 class BwrapBackend:
+    """Envs in sandboxes bubblewrap builds (see the module doc)."""
+
     name = "bwrap"
 
     def __init__(self, use_seccomp: bool = True) -> None:
         self.use_seccomp = use_seccomp
-        self._probe: tuple[str | None, str] | None = None
-        self._lock = threading.Lock()
         self._prog = None
         self.bwrap = shutil.which("bwrap")
 
@@ -68,28 +61,18 @@ class BwrapBackend:
     def mode(self) -> tuple[str | None, str]:
         """``"drop"`` (bwrap runs as the env's own unprivileged uid), ``"root"`` (bwrap as root, caps
         dropped, host uid 0 mapped), ``"user"`` (not root) or ``(None, reason)``. Probed once."""
-        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
-            if self._probe is None:
-                self._probe = _PROBES.get(self.use_seccomp)
-            if self._probe is None:
-                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
-            return self._probe
+        return probed_mode((self.name, self.use_seccomp), self._do_probe)
 
     def _do_probe(self) -> tuple[str | None, str]:
         if self.bwrap is None:
             return None, "bwrap is not on PATH (apt-get install bubblewrap)"
-        modes = ["drop", "root"] if os.geteuid() == 0 else ["user"]
-        reasons: list[str] = []
-        for mode in modes:
-            ok, why = self._try(mode)
-            if ok:
-                return mode, "; ".join(reasons + [why])
-            reasons.append(f"{mode} failed: {why}")
-        return None, "; ".join(reasons)
-
-    def _try(self, mode: str) -> tuple[bool, str]:
-        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
-        return ok, why if not ok else f"bwrap probe ran (launch {setup_ms:.1f} ms until bwrap exec)"
+        return first_working_mode(
+            ["drop", "root"] if os.geteuid() == 0 else ["user"],
+            lambda spec, mode: self._launch(spec, mode, use_cgroup=False),
+            works="bwrap probe ran (launch {ms:.1f} ms until bwrap exec)",
+            failed="{mode} failed: {why}",
+            keep_failures=True,
+        )
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:
@@ -98,26 +81,14 @@ class BwrapBackend:
             return IsolationReport(self.name, {"available": False}, (why,))
         cg = cgroups.probe()[0] if os.geteuid() == 0 else None
         sec = self.use_seccomp and seccomp.supported()
-        props: dict[str, bool | str] = {
-            "mode": mode,
-            "readonly_env_dir": True,
-            "private_workspace": True,
-            "no_network": True,
-            "pid_namespace": True,
-            "ipc_namespace": True,
-            "uts_namespace": True,
-            "hidden_host_files": True,
-            "scrubbed_environment": True,
-            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
-            "process_limit": f"cgroup {cg}" if cg else ("RLIMIT_NPROC" if mode != "root" else False),
-            "file_size_limit": "RLIMIT_FSIZE",
-            "open_files_limit": "RLIMIT_NOFILE",
-            "cpu_limit": "RLIMIT_CPU (total backstop)",
-            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
-            "no_capabilities": True,
-            "dedicated_uid": mode == "drop",
-            "tree_kill": "bwrap --die-with-parent + pid namespace" + (" + cgroup" if cg else ""),
-        }
+        props = sandbox_properties(
+            mode,
+            cg,
+            sec,
+            process_limit="RLIMIT_NPROC" if mode != "root" else False,
+            dedicated_uid=mode == "drop",
+            tree_kill="bwrap --die-with-parent + pid namespace",
+        )
         notes = [why]
         if mode == "root":
             notes.append(
@@ -131,36 +102,12 @@ class BwrapBackend:
 
     # ---------------------------------------------------------------- launch
     def launch(self, spec: LaunchSpec) -> Launched:
-        mode, why = self.mode()
-        if mode is None:
-            raise SandboxUnavailable(f"isolation='bwrap' is not available on this host: {why}")
-        return self._launch(spec, mode)
+        return self._launch(spec, working_mode(self.name, self.mode()))
 
     def _seccomp_prog(self):
         if self._prog is None and self.use_seccomp:
             self._prog = seccomp.build_filter() or False
         return self._prog or None
-
-    def _layout(self, spec: LaunchSpec) -> list[tuple[str, str, str]]:
-        """(kind, host source, path inside): kind is "ro" or "rw"."""
-        binds = [("ro", "/usr", "/usr")]
-        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-            p = "/" + name
-            if not os.path.islink(p) and os.path.isdir(p):
-                binds.append(("ro", p, p))
-        for p in _python_paths(spec.argv[0] if spec.argv else None):
-            binds.append(("ro", p, p))
-        for name, pkg in spec.runtime.items():
-            binds.append(("ro", os.path.realpath(pkg), f"{SANDBOX_RUNTIME}/{name}"))
-        for host, inside in spec.ro_binds.items():
-            binds.append(("ro", os.path.realpath(host), inside))
-        for name in _ETC:
-            p = "/etc/" + name
-            if os.path.exists(p):
-                binds.append(("ro", os.path.realpath(p), p))
-        binds.append(("ro", os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR))
-        binds.append(("rw", os.path.realpath(spec.workspace), SANDBOX_WORKSPACE))
-        return binds
 
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()
@@ -169,13 +116,12 @@ class BwrapBackend:
             raise SandboxUnavailable("isolation='bwrap' is not available on this host: bwrap is not on PATH")
         root = os.geteuid() == 0
         uid = env_uid(spec) if root else os.getuid()
-        layout = self._layout(spec)
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
+        host = HostLayout.read()
+        binds = host.binds(spec)
+        env = sandboxed_environment(spec)
         cg = None
-        if root and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
+        if root and use_cgroup:
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=f"bw{spec.index}")
         if mode in ("drop", "root"):  # in "root" mode the env is host uid 0 (mapped), without capabilities
             owner = uid if mode == "drop" else 0
             os.chown(spec.workspace, owner, owner)
@@ -183,38 +129,27 @@ class BwrapBackend:
         prog = self._seccomp_prog()
         tmpfs = str(int(spec.limits.tmpfs_bytes))
         cap_last = L.cap_last_cap()
-        try:
-            policy = os.sched_getscheduler(0)
-            sched = (policy, os.sched_getparam(0).sched_priority)
-        except (AttributeError, OSError):
-            sched = None
+        sched = scheduling_policy()
         worker_pid = os.getpid()
 
         def child(status_w: int) -> None:
-            if sched is not None:
-                try:
-                    os.sched_setscheduler(0, sched[0], os.sched_param(sched[1]))
-                except OSError:
-                    pass
-            if cg is not None:
-                cg.join()
+            adopt_sched_and_cgroup(sched, cg)
             args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--hostname", HOSTNAME]
             if mode == "root":
                 args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid), "--cap-drop", "ALL"]
-            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-                if os.path.islink("/" + name):
-                    args += ["--symlink", os.readlink("/" + name), "/" + name]
+            for link, target in host.symlinks.items():
+                args += ["--symlink", target, link]
             # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it
             args += ["--perms", "1777", "--size", tmpfs, "--tmpfs", "/tmp"]
             keep = []
-            for kind, src, dst in layout:
+            for src, dst, ro in binds:
                 if mode == "drop":
                     fd = os.open(src, os.O_PATH | os.O_CLOEXEC)
                     os.set_inheritable(fd, True)
                     keep.append(fd)
-                    args += ["--ro-bind-fd" if kind == "ro" else "--bind-fd", str(fd), dst]
+                    args += ["--ro-bind-fd" if ro else "--bind-fd", str(fd), dst]
                 else:
-                    args += ["--ro-bind" if kind == "ro" else "--bind", src, dst]
+                    args += ["--ro-bind" if ro else "--bind", src, dst]
             args += [
                 "--proc",
                 "/proc",

@@ -260,6 +260,54 @@ class EnvCgroup:
                     time.sleep(0.005)
         self.paths = left
 
+    def try_remove(self) -> bool:
+        """One non-blocking attempt to empty and remove the group(s); True when they are gone."""
+        self.signal_all()
+        left = []
+        for path in self.paths:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(path)
+        self.paths = left
+        return not left
+
+
+def env_cgroup(memory_bytes: int | None, pids: int | None, tag: str) -> EnvCgroup | None:
+    """A new cgroup for one env's limits, or None where this host gives none (see :func:`probe`)."""
+    kind = probe()[0]
+    return EnvCgroup(kind, memory_bytes, pids, tag=tag) if kind is not None else None
+
+
+class Graveyard:
+    """Env cgroups whose processes were still exiting when their launcher let go of them: removed
+    later, each time the launcher tries again (:meth:`retry`), so that no launch waits for an
+    old env's namespace teardown."""
+
+    def __init__(self) -> None:
+        self.cgroups: list[EnvCgroup] = []
+
+    def add(self, cgroup: EnvCgroup) -> None:
+        """Remove ``cgroup`` at the next :meth:`retry`."""
+        self.cgroups.append(cgroup)
+
+    def bury(self, cgroup: EnvCgroup) -> None:
+        """Remove ``cgroup`` now if it is empty already, else later."""
+        if not cgroup.try_remove():
+            self.cgroups.append(cgroup)
+
+    def retry(self) -> None:
+        """One more non-blocking attempt at each cgroup still here."""
+        if self.cgroups:
+            self.cgroups = [cg for cg in self.cgroups if not cg.try_remove()]
+
+    def take_all(self) -> list[EnvCgroup]:
+        """Every cgroup still here, handed over (the launcher is closing and removes them, waiting)."""
+        cgroups, self.cgroups = self.cgroups, []
+        return cgroups
+
 
 def sweep_stale() -> list[str]:
     """Remove env cgroups left by workers that died without cleaning up (SIGKILL, crash).

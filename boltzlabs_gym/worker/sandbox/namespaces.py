@@ -51,11 +51,10 @@ from typing import Any, NoReturn
 
 from ...envside import seccomp
 from ...envside import syscalls as L
-from ..memory_snapshots.launcher import MEMORY_SNAPSHOTS_ENV, CopyLauncher
 from . import cgroups
 from .base import (
     CONTROL_FD,
-    ENV_UID_BASE,
+    MEMORY_SNAPSHOTS_ENV,
     SANDBOX_ENV_DIR,
     SANDBOX_RUNTIME,
     SANDBOX_WORKSPACE,
@@ -63,13 +62,17 @@ from .base import (
     Launched,
     LaunchSpec,
     Limits,
+    ListenerGate,
     SandboxUnavailable,
     _max_fd,
+    adopt_sched_and_cgroup,
     apply_rlimits,
-    child_environment,
     env_uid,
     launched_tree,
-    probe_launch,
+    recv_fds_passcred,
+    sandbox_properties,
+    sandboxed_environment,
+    scheduling_policy,
     set_layout_randomization,
     vacate_fd,
     wire_std_fds,
@@ -77,10 +80,13 @@ from .base import (
 from .base import (
     python_paths as _python_paths,
 )
+from .probe import first_working_mode, probed_mode, working_mode
 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
 _ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+#: The top-level directories of the host's root a sandbox shows (a read-only bind, or the symlink it is).
+_ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _SETUP_TIMEOUT_S = 30.0
 
@@ -129,14 +135,57 @@ LAUNCHER = _LauncherThread()
 
 
 # --------------------------------------------------------------------------------------------- the plan
+#: A bind mount: (host source, path inside, read-only).
+Bind = tuple[str, str, bool]
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """What of the host every sandbox shows (this module's and bwrap's alike): ``/usr`` and the
+    top-level ``bin``/``lib`` directories read-only (or the symlinks they are), and a few ``/etc`` files."""
+
+    symlinks: dict[str, str]
+    root_binds: list[Bind]
+    etc_binds: list[Bind]
+
+    @classmethod
+    def read(cls) -> HostLayout:
+        symlinks, root_binds = {}, []
+        for name in _ROOT_DIRS:
+            p = "/" + name
+            if os.path.islink(p):
+                symlinks[p] = os.readlink(p)
+            elif os.path.isdir(p):
+                root_binds.append((p, p, True))
+        etc = []
+        for name in _ETC_BINDS:
+            p = "/etc/" + name
+            if os.path.exists(p):
+                etc.append((os.path.realpath(p), p, True))
+        return cls(symlinks, [("/usr", "/usr", True)] + root_binds, etc)
+
+    def binds(self, spec: LaunchSpec) -> list[Bind]:
+        """Every bind ``spec``'s env gets, in mount order: the host's, Python, the runtime packages,
+        the extra read-only binds, ``/etc`` files, the env dir (read-only) and the workspace (writable)."""
+        binds = list(self.root_binds)
+        binds += [(p, p, True) for p in _python_paths(spec.argv[0] if spec.argv else None)]
+        for name, pkg_dir in spec.runtime.items():
+            binds.append((os.path.realpath(pkg_dir), f"{SANDBOX_RUNTIME}/{name}", True))
+        for host, inside in spec.ro_binds.items():
+            binds.append((os.path.realpath(host), inside, True))
+        binds += self.etc_binds
+        binds.append((os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR, True))
+        binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
+        return binds
+
+
 @dataclass
 class SandboxPlan:
     """Everything the child needs, computed in the parent (the child only makes syscalls)."""
 
     mode: str  # "root" | "userns"
     newroot: str
-    #: (host source, path inside, read-only)
-    binds: list[tuple[str, str, bool]]
+    binds: list[Bind]
     files: dict[str, str]
     symlinks: dict[str, str]
     uid: int  # uid inside (root: the env uid; userns: our own uid mapped onto itself)
@@ -151,7 +200,7 @@ class SandboxPlan:
     seccomp_prog: tuple[bytes, int] | None = None
     #: root mode, an exec'd env: the child's end of its control socket (memory snapshots). The env's
     #: filter then hands the copies' calls to a listener, sent to the worker over it before the exec;
-    #: the socket stays open in the env at cowfork.CONTROL_FD.
+    #: the socket stays open in the env at envside.confine.CONTROL_FD.
     control_fd: int = -1
     seccomp_notify_prog: tuple[bytes, int] | None = None
     cap_last: int = 40
@@ -288,17 +337,6 @@ def _drop_privileges(plan: SandboxPlan) -> None:
     L.prctl(L.PR_SET_DUMPABLE, 1)  # the uid change made us non-dumpable: /proc/self/* would be root's
 
 
-def adopt_sched_and_cgroup(plan: SandboxPlan) -> None:
-    """In the fresh child: take the launcher's scheduling policy and join the env's cgroup."""
-    if plan.sched is not None:
-        try:
-            os.sched_setscheduler(0, plan.sched[0], os.sched_param(plan.sched[1]))
-        except OSError:
-            pass
-    if plan.cgroup is not None:
-        plan.cgroup.join()
-
-
 def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: int | None = None) -> None:
     """Run in PID 1 of a fresh PID namespace (a freshly forked child): build the sandbox around it.
 
@@ -307,7 +345,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
     launcher reads) gets one byte to prove the launcher is still alive after PDEATHSIG was armed;
     ``lifeline_fd`` (userns mode: read end of a pipe the keeper holds) serves the same purpose.
     """
-    adopt_sched_and_cgroup(plan)
+    adopt_sched_and_cgroup(plan.sched, plan.cgroup)
     flags = _NS_FLAGS | (L.CLONE_NEWCGROUP if plan.cgroup is not None else 0)
     if plan.mode == "root":
         L.unshare(flags)  # userns mode: the keeper already unshared everything
@@ -335,7 +373,7 @@ def enter_sandbox(plan: SandboxPlan, status_fd: int | None = None, lifeline_fd: 
 
 
 def _install_with_listener(plan: SandboxPlan) -> None:
-    """The env filter whose gated calls go to the worker (memory snapshots: see cowfork): its listener
+    """The env filter whose gated calls go to the worker (memory snapshots: see envside.memory_snapshot): its listener
     goes to the worker over the control socket, which stays open at ``CONTROL_FD`` across the exec."""
     import socket
 
@@ -394,6 +432,23 @@ def _close_fds_except(keep: set[int]) -> None:
                 pass
 
 
+def _run_as_pid1(
+    plan: SandboxPlan,
+    status_w: int,
+    body: Callable[[], None] | None,
+    status_fd: int | None = None,
+    lifeline_fd: int | None = None,
+) -> NoReturn:
+    """PID 1 of the env's namespace: build the sandbox around itself (:func:`enter_sandbox`), then
+    exec the env, or run ``body`` inside it and exit."""
+    enter_sandbox(plan, status_fd=status_fd, lifeline_fd=lifeline_fd)
+    if body is None:
+        _exec(plan, status_w)
+    os.close(status_w)
+    body()
+    os._exit(0)
+
+
 def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | None) -> None:
     """The worker's direct child, already PID 1 of its own PID namespace (root mode)."""
     try:
@@ -402,12 +457,7 @@ def _child_root(plan: SandboxPlan, status_w: int, body: Callable[[], None] | Non
         if _control_fd(plan) is not None:  # the control socket goes to CONTROL_FD before the exec
             *fds, status_w, plan.control_fd = vacate_fd(CONTROL_FD, [*plan.fds, status_w, plan.control_fd])
             plan.fds = (fds[0], fds[1], fds[2])
-        enter_sandbox(plan, status_fd=status_w)
-        if body is None:
-            _exec(plan, status_w)
-        os.close(status_w)
-        body()
-        os._exit(0)
+        _run_as_pid1(plan, status_w, body, status_fd=status_w)
     except BaseException as exc:  # noqa: BLE001 - never return into the worker
         _report_failure(status_w, plan.fds[2], exc)
     os._exit(127)
@@ -433,12 +483,7 @@ def _child_userns(plan: SandboxPlan, status_w: int, body: Callable[[], None] | N
         if pid == 0:
             try:
                 os.close(life_w)
-                enter_sandbox(plan, lifeline_fd=life_r)
-                if body is None:
-                    _exec(plan, status_w)
-                os.close(status_w)
-                body()
-                os._exit(0)
+                _run_as_pid1(plan, status_w, body, lifeline_fd=life_r)
             except BaseException as exc:  # noqa: BLE001
                 _report_failure(status_w, plan.fds[2], exc)
             os._exit(127)
@@ -540,20 +585,19 @@ def spawn(plan: SandboxPlan, body: Callable[[], None] | None = None) -> tuple[in
 
 
 # --------------------------------------------------------------------------------------------- the backend
-_PROBES: dict = {}
-_PROBE_LOCK = threading.Lock()
+class NamespaceBackend:
+    """Envs in sandboxes of Linux namespaces this module builds (see the module doc).
 
+    ``gate``: who answers the syscalls an env's filter hands to the worker (as root; see
+    :class:`~.base.ListenerGate`). With one, each env gets a control socket (memory snapshots) and a
+    filter that hands the copies' set-up calls to the gate; without one, the plain deny-list.
+    """
 
-class NamespaceBackend(CopyLauncher):
     name = "namespaces"
 
-    def __init__(self, use_seccomp: bool = True) -> None:
+    def __init__(self, use_seccomp: bool = True, gate: ListenerGate | None = None) -> None:
         self.use_seccomp = use_seccomp
-        self._graveyard: list = []  # (copies' cgroups: removed at once here, see _blocking_cleanup)
-        self._live = 0
-        self._blocking_cleanup = True  # (see CopyLauncher: nothing here retries a graveyard)
-        self._probe: tuple[str | None, str] | None = None
-        self._probe_lock = threading.Lock()
+        self.gate = gate
         self._static: dict | None = None
 
     # ---------------------------------------------------------------- probing
@@ -563,30 +607,19 @@ class NamespaceBackend(CopyLauncher):
 
     def mode(self) -> tuple[str | None, str]:
         """``("root" | "userns", detail)`` or ``(None, reason)``; probed once, by a real sandboxed launch."""
-        with _PROBE_LOCK:  # one probe per process (and per seccomp setting), whatever the instance
-            if self._probe is None:
-                self._probe = _PROBES.get(self.use_seccomp)
-            if self._probe is None:
-                self._probe = _PROBES[self.use_seccomp] = self._do_probe()
-            return self._probe
+        return probed_mode((self.name, self.use_seccomp, self.gate is not None), self._do_probe)
 
     def _do_probe(self) -> tuple[str | None, str]:
         if not sys.platform.startswith("linux"):
             return None, "not Linux"
         if not L.SUPPORTED:
             return None, f"no syscall table for {L.MACHINE}"
-        reasons = []
         candidates = (["root"] if os.geteuid() == 0 else []) + ["userns"]
-        for mode in candidates:
-            ok, why = self._try_mode(mode)
-            if ok:
-                return mode, why
-            reasons.append(f"{mode}: {why}")
-        return None, "; ".join(reasons)
-
-    def _try_mode(self, mode: str) -> tuple[bool, str]:
-        ok, why, setup_ms = probe_launch(lambda spec: self._launch(spec, mode, use_cgroup=False), uid=ENV_UID_BASE - 1)
-        return ok, why if not ok else f"probe sandbox started in {setup_ms:.1f} ms"
+        return first_working_mode(
+            candidates,
+            lambda spec, mode: self._launch(spec, mode, use_cgroup=False),
+            works="probe sandbox started in {ms:.1f} ms",
+        )
 
     # ---------------------------------------------------------------- report
     def report(self) -> IsolationReport:
@@ -595,26 +628,9 @@ class NamespaceBackend(CopyLauncher):
             return IsolationReport(self.name, {"available": False}, (why,))
         cg, cg_why = cgroups.probe() if mode == "root" else (None, "no cgroup delegation without root")
         sec = self.use_seccomp and seccomp.supported()
-        props: dict[str, bool | str] = {
-            "mode": mode,
-            "readonly_env_dir": True,
-            "private_workspace": True,
-            "no_network": True,
-            "pid_namespace": True,
-            "ipc_namespace": True,
-            "uts_namespace": True,
-            "hidden_host_files": True,
-            "scrubbed_environment": True,
-            "memory_limit": f"cgroup {cg}" if cg else "RLIMIT_AS",
-            "process_limit": f"cgroup {cg}" if cg else "RLIMIT_NPROC",
-            "file_size_limit": "RLIMIT_FSIZE",
-            "open_files_limit": "RLIMIT_NOFILE",
-            "cpu_limit": "RLIMIT_CPU (total backstop)",
-            "seccomp": "deny-list, AF_UNIX sockets only" if sec else False,
-            "no_capabilities": True,
-            "dedicated_uid": mode == "root",
-            "tree_kill": "pid namespace" + (" + cgroup" if cg else ""),
-        }
+        props = sandbox_properties(
+            mode, cg, sec, process_limit="RLIMIT_NPROC", dedicated_uid=mode == "root", tree_kill="pid namespace"
+        )
         notes = [why]
         if mode == "userns":
             notes.append("runs as the worker's own uid (mapped); limits by rlimits only")
@@ -631,25 +647,16 @@ class NamespaceBackend(CopyLauncher):
     # ---------------------------------------------------------------- launch
     def _static_parts(self) -> dict:
         if self._static is None:
-            symlinks, root_binds = {}, []
-            for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-                p = "/" + name
-                if os.path.islink(p):
-                    symlinks[p] = os.readlink(p)
-                elif os.path.isdir(p):
-                    root_binds.append((p, p, True))
-            etc = []
-            for name in _ETC_BINDS:
-                p = "/etc/" + name
-                if os.path.exists(p):
-                    etc.append((os.path.realpath(p), p, True))
             self._static = {
-                "symlinks": symlinks,
-                "root_binds": [("/usr", "/usr", True)] + root_binds,
-                "etc_binds": etc,
+                "host": HostLayout.read(),
                 "newroot": _ensure_newroot(),
                 "seccomp": seccomp.build_filter() if self.use_seccomp else None,
-                "seccomp_notify": seccomp.build_filter(notify=seccomp.COPY_SYSCALLS) if self.use_seccomp else None,
+                # (only with a gate to answer the calls it hands to the worker)
+                "seccomp_notify": (
+                    seccomp.build_filter(notify=seccomp.COPY_SYSCALLS)
+                    if self.use_seccomp and self.gate is not None
+                    else None
+                ),
                 "cap_last": L.cap_last_cap(),
             }
         return self._static
@@ -660,16 +667,7 @@ class NamespaceBackend(CopyLauncher):
             uid = gid = env_uid(spec)
         else:
             uid, gid = os.getuid(), os.getgid()
-        argv0 = spec.argv[0] if spec.argv else None
-        binds = list(st["root_binds"])
-        binds += [(p, p, True) for p in _python_paths(argv0)]
-        for name, pkg_dir in spec.runtime.items():
-            binds.append((os.path.realpath(pkg_dir), f"{SANDBOX_RUNTIME}/{name}", True))
-        for host, inside in spec.ro_binds.items():
-            binds.append((os.path.realpath(host), inside, True))
-        binds += st["etc_binds"]
-        binds.append((os.path.realpath(spec.env_dir), SANDBOX_ENV_DIR, True))
-        binds.append((os.path.realpath(spec.workspace), SANDBOX_WORKSPACE, False))
+        host: HostLayout = st["host"]
         files = {
             "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\n"
             f"env:x:{uid}:{gid}:boltzlabs env:{SANDBOX_WORKSPACE}:/usr/sbin/nologin\n",
@@ -677,46 +675,35 @@ class NamespaceBackend(CopyLauncher):
             "/etc/hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost\n",
             "/etc/hostname": HOSTNAME + "\n",
         }
-        env = child_environment(
-            spec, env_dir=SANDBOX_ENV_DIR, workspace=SANDBOX_WORKSPACE, pythonpath=SANDBOX_RUNTIME, tmpdir="/tmp"
-        )
         cg = None
-        if mode == "root" and use_cgroup and (cg_kind := cgroups.probe()[0]) is not None:
-            cg = cgroups.EnvCgroup(cg_kind, spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
-        try:
-            policy = os.sched_getscheduler(0)
-            sched = (policy, os.sched_getparam(0).sched_priority)
-        except (AttributeError, OSError):
-            sched = None
+        if mode == "root" and use_cgroup:
+            cg = cgroups.env_cgroup(spec.limits.memory_bytes, spec.limits.pids, tag=str(spec.index))
         return SandboxPlan(
             mode=mode,
             newroot=st["newroot"],
-            binds=binds,
+            binds=host.binds(spec),
             files=files,
-            symlinks=st["symlinks"],
+            symlinks=host.symlinks,
             uid=uid,
             gid=gid,
             outer_uid=os.getuid(),
             outer_gid=os.getgid(),
             limits=spec.limits,
-            env=env,
+            env=sandboxed_environment(spec),
             argv=list(spec.argv),
             fds=(spec.stdin_fd, spec.stdout_fd, spec.stderr_fd),
             cgroup=cg,
             seccomp_prog=st["seccomp"],
             seccomp_notify_prog=st["seccomp_notify"],
             cap_last=st["cap_last"],
-            sched=sched,
+            sched=scheduling_policy(),
             worker_pid=os.getpid(),
             extra_mkdirs=[SANDBOX_RUNTIME],
             aslr=spec.aslr,
         )
 
     def launch(self, spec: LaunchSpec) -> Launched:
-        mode, why = self.mode()
-        if mode is None:
-            raise SandboxUnavailable(f"isolation='namespaces' is not available on this host: {why}")
-        return self._launch(spec, mode)
+        return self._launch(spec, working_mode(self.name, self.mode()))
 
     def _launch(self, spec: LaunchSpec, mode: str, use_cgroup: bool = True) -> Launched:
         start = time.perf_counter()
@@ -725,7 +712,7 @@ class NamespaceBackend(CopyLauncher):
         if mode == "root":
             os.chown(spec.workspace, plan.uid, plan.gid)
             os.chmod(spec.workspace, 0o700)
-            if plan.seccomp_notify_prog is not None:  # a control socket: memory snapshots (see cowfork)
+            if plan.seccomp_notify_prog is not None:  # a control socket: memory snapshots (see envside.memory_snapshot)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
                 plan.control_fd = theirs.detach()
@@ -752,20 +739,17 @@ class NamespaceBackend(CopyLauncher):
     def _take_listener(self, launched: Launched, ours: socket.socket, cg) -> None:
         """The env sent its filter's listener before its exec: the worker answers it from now on, and
         keeps the socket as the env's control socket."""
-        from ..memory_snapshots.gate import shared_supervisor
-        from ..memory_snapshots.launcher import recv_fds_passcred
-
         ours.settimeout(0.0)
         try:
             msg, fds = recv_fds_passcred(ours)
         except OSError:
             msg, fds = b"", []
-        if msg != b"ok" or len(fds) != 1:
+        if msg != b"ok" or len(fds) != 1 or self.gate is None:
             for fd in fds:
                 os.close(fd)
             ours.close()
             return
-        shared_supervisor().watch(fds[0])
+        self.gate.watch(fds[0])
         ours.settimeout(None)
         plain_cleanup = launched.cleanup
 
@@ -775,9 +759,10 @@ class NamespaceBackend(CopyLauncher):
 
         launched.control, launched.cgroup, launched.cleanup = ours, cg, cleanup
 
-    # ---------------------------------------------------------------- memory snapshots (see copies, cowfork)
-    def _copies_possible(self) -> str | None:
-        if self.mode()[0] != "root" or not self.use_seccomp or not seccomp.supported():
+    # ---------------------------------------------------------------- memory snapshots (see envside.memory_snapshot)
+    def copies_unavailable(self) -> str | None:
+        """Why this backend's envs cannot take memory snapshots at all, or None."""
+        if self.mode()[0] != "root" or not self.use_seccomp or not seccomp.supported() or self.gate is None:
             return (
                 "memory snapshots need the namespaces backend running as root with its seccomp filter "
                 "(the filter hands the copies' set-up to the worker)"

@@ -1,6 +1,6 @@
 """Env calls: queueing them, sending them, reading replies, deadlines and faults.
 
-A part of :class:`~boltzlabs_gym.worker.server.Worker`. Each env runs one call at a
+:class:`Scheduler` is the part of the worker that runs env calls. Each env runs one call at a
 time; more wait in its queue. A reply finishes the call in flight; a missed deadline, a
 closed pipe or a reply that breaks the protocol is a fault: the env is killed, the call
 answered with the reason, and the env respawned. An env's first request after a start (a
@@ -10,10 +10,11 @@ answer completes a ``create``.
 
 from __future__ import annotations
 
+import collections
 import logging
 import select
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from random import random
 
 from ..wire.call_rules import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
@@ -22,17 +23,18 @@ from ..wire.protocol import (
     ERROR,
     GROUP_OPS,
     GROUP_SLOTS,
-    LENT_FAULT,
     OK,
     STRAGGLER,
     env_request,
     env_request_line,
     error_reply,
 )
+from .deadlines import Deadlines
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
-from .parts import WorkerParts
-from .session import Batch, Session
-from .stats import ENV_SAMPLE_EVERY, classify_fault
+from .poller import Poller
+from .session import Results, Session
+from .spawner import Spawner
+from .stats import ENV_SAMPLE_EVERY, WorkerStats, classify_fault
 
 #: The share of env calls whose latency is bucketed (one in ENV_SAMPLE_EVERY, on average).
 SAMPLE_FRACTION = 1.0 / ENV_SAMPLE_EVERY
@@ -47,23 +49,67 @@ _CALL_KINDS = frozenset(("step", "reset", "hard_reset"))
 _PARTS_MIN = 1 << 20
 
 
-class Scheduling(WorkerParts):
-    """The worker's env calls: submit, pump, send, reply, fault, deadlines, start results."""
+def in_flight(sessions: dict[str, Session], key: tuple) -> bool:
+    """Whether the call a deadline names, ``(sid, index, token)``, is still unanswered."""
+    session = sessions.get(key[0])
+    if session is None:
+        return False
+    current = session.envs[key[1]].current
+    return current is not None and current.token == key[2]
+
+
+class Scheduler:
+    """The worker's env calls: submit, pump, send, reply, fault, deadlines, start results.
+
+    ``send(client, header)`` replies to a client and ``send_created(session, header)`` answers a
+    session's ``create`` (lending its envs if asked); ``close_session`` ends a session whose env
+    could not start (the worker's, all three). ``tokens`` numbers the calls sent (shared with the
+    direct lane's adopted calls); ``name`` is the worker's, for logs.
+    """
+
+    def __init__(
+        self,
+        sessions: dict[str, Session],
+        stats: WorkerStats,
+        poller: Poller,
+        deadlines: Deadlines,
+        tokens: Iterator[int],
+        spawner: Spawner,
+        *,
+        send: Callable[[bytes, dict], None],
+        send_created: Callable[[Session, dict], None],
+        close_session: Callable[[Session], None],
+        name: str,
+    ) -> None:
+        self.sessions = sessions
+        self.stats = stats
+        self.poller = poller
+        self.deadlines = deadlines
+        self.tokens = tokens
+        self.spawner = spawner
+        self._send = send
+        self._send_created = send_created
+        self._close_session = close_session
+        self.name = name
+        #: the measurement gate (``serialize_measurement``): one step in flight at a time, the others wait
+        self._gate_busy = False
+        self._gate_waiters: collections.deque[tuple[Session, EnvProcess]] = collections.deque()
 
     # ================================================================== sending calls
-    def _submit(
-        self, session: Session, env: EnvProcess, op: dict, frames: Sequence[bytes], batch: Batch, pos: int
+    def submit(
+        self, session: Session, env: EnvProcess, op: dict, frames: Sequence[bytes], batch: Results, pos: int
     ) -> None:
         name = op["op"]
-        if name == LENT_FAULT:
-            self._submit_lent_fault(session, env, op, batch, pos)
-            return
         kind = name if name in _CALL_KINDS else "other"
         timeout = call_timeout(session.timeouts, op)
         env.queue.append(Call(op, frames, timeout, kind=kind, batch=batch, pos=pos, index=env.index))
         if env.state is DEAD:
-            self._queue_start(session, env, None)
+            self.spawner.queue_start(session, env, None)
         self._pump(session, env)
+
+    def seal_deadlines(self) -> None:
+        """Close this turn's deadline entries: the calls sent since share one per timeout (:mod:`.deadlines`)."""
+        self.deadlines.seal(time.monotonic())
 
     def _pump(self, session: Session, env: EnvProcess) -> None:
         """Send the env its next queued call if it is free to take one."""
@@ -73,13 +119,13 @@ class Scheduling(WorkerParts):
         if call.kind == "hard_reset":
             env.queue.popleft()
             self._count_hard_reset(session, env)
-            self._kill_env(session, env)
-            self._wipe(env.workspace)
+            self.spawner.kill_env(session, env)
+            self.spawner.wipe(env.workspace)
             if GROUP_SLOTS in call.op:  # a multi-env sandbox: its envs' resets, as a group
                 reset_op = {"op": "reset", GROUP_SLOTS: call.op[GROUP_SLOTS], GROUP_OPS: call.op.get(GROUP_OPS)}
             else:
                 reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
-            self._queue_start(session, env, call, reset_op)
+            self.spawner.queue_start(session, env, call, reset_op)
             return
         if call.kind == STEP and session.cfg.serialize_measurement:
             if self._gate_busy:
@@ -90,10 +136,10 @@ class Scheduling(WorkerParts):
             call.op = dict(call.op)
             call.gated = True
         env.queue.popleft()
-        self._send_call(session, env, call)
+        self.send_call(session, env, call)
 
-    def _send_call(self, session: Session, env: EnvProcess, call: Call) -> None:
-        call.token = next(self._tokens)
+    def send_call(self, session: Session, env: EnvProcess, call: Call) -> None:
+        call.token = next(self.tokens)
         # At random, when sent: by arrival, fast envs would claim the samples; by a fixed stride,
         # the same envs of every batch would (a batch of a multiple of the stride).
         call.sampled = random() < SAMPLE_FRACTION
@@ -101,18 +147,17 @@ class Scheduling(WorkerParts):
         env.state = BUSY
         env.sent_at = time.perf_counter()
         if call.timeout is not None:
-            self._deadlines.add(call.timeout, (session.sid, env.index, call.token))
+            self.deadlines.add(call.timeout, (session.sid, env.index, call.token))
         try:
             if call.payloads and sum(len(p) for p in call.payloads) >= _PARTS_MIN:
                 done = env.write_parts([env_request_line(call.op, call.payloads), *call.payloads])
             else:
                 done = env.write(env_request(call.op, call.payloads))
         except EnvFault as exc:
-            self._fault(session, env, exc.reason)
+            self.fault(session, env, exc.reason)
             return
         if not done:
-            self.epoll.register(env.stdin_w, select.EPOLLOUT)
-            self._fd_owner[env.stdin_w] = (env, "in")
+            self.poller.watch_pipe(env, env.stdin_w, "in", select.EPOLLOUT)
 
     def _release_gate(self, call: Call) -> None:
         if not call.gated:
@@ -124,7 +169,7 @@ class Scheduling(WorkerParts):
             self._pump(session, env)
 
     # ================================================================== env events
-    def _on_env_event(self, env: EnvProcess, kind: str, ev: int) -> None:
+    def on_env_event(self, env: EnvProcess, kind: str, ev: int) -> None:
         session = self._session_of(env)
         if session is None:
             return
@@ -132,10 +177,10 @@ class Scheduling(WorkerParts):
             if kind == "err":
                 env.drain_stderr()
                 if ev & (select.EPOLLHUP | select.EPOLLERR) and not ev & select.EPOLLIN:
-                    self._unregister(env.stderr_r)
+                    self.poller.drop_pipe(env.stderr_r)
             elif kind == "in":
                 if env.flush():
-                    self._unregister(env.stdin_w)
+                    self.poller.drop_pipe(env.stdin_w)
             else:
                 replies = env.read_replies()
                 stray = env.partial_output and leftover_is_stray(bool(replies), env.current is None)
@@ -144,7 +189,7 @@ class Scheduling(WorkerParts):
                 if stray:
                     raise EnvFault(STRAY_OUTPUT)
         except EnvFault as exc:
-            self._fault(session, env, exc.reason)
+            self.fault(session, env, exc.reason)
 
     def _on_reply(self, session: Session, env: EnvProcess, reply: bytes, payloads: list) -> None:
         call = env.current
@@ -162,13 +207,13 @@ class Scheduling(WorkerParts):
         if env.queue:
             self._pump(session, env)
 
-    def _fault(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None:
+    def fault(self, session: Session, env: EnvProcess, reason: str, *, straggler: bool = False) -> None:
         """Kill a misbehaving env, report its current call, respawn it in the background."""
         call = env.current
         env.current = None
         # Which of a multi-env sandbox's envs was running, before the kill and the wipe lose it.
         slot = read_progress(env.workspace) if env.count > 1 or session.cfg.envs_per_sandbox > 1 else None
-        reason = self._kill_and_explain(session, env, reason, straggler)
+        reason = self.spawner.kill_and_explain(session, env, reason, straggler)
         kind = self._count_fault(session, env, reason, straggler)
         detail = json_error(
             reason,
@@ -181,18 +226,18 @@ class Scheduling(WorkerParts):
         if call is not None:
             self._release_gate(call)
             if call.kind == "start":
-                self._start_failed(session, env, call, reason)
+                self.start_failed(session, env, call, reason)
                 return
             call.finish(STRAGGLER if straggler else ERROR, detail, [])
         if not session.closed:
-            self._wipe(env.workspace)
-            self._queue_start(session, env, None)
+            self.spawner.wipe(env.workspace)
+            self.spawner.queue_start(session, env, None)
             stats = self.stats.sessions.get(session.sid)
             if stats is not None:
                 stats.respawned(kind)
 
     # ================================================================== the books (worker.stats)
-    def _sample_latency(self, session: Session, env: EnvProcess, call) -> None:
+    def _sample_latency(self, session: Session, env: EnvProcess, call: Call) -> None:
         """Bucket this reply's latency (a step's) or its start-up time (a start's)."""
         stats = self.stats.sessions.get(session.sid)
         if stats is not None and call.kind == STEP:
@@ -206,7 +251,7 @@ class Scheduling(WorkerParts):
             stats.fault(kind, reason, env.count)
         log.warning(
             "worker %s session %s env %d%s: %s (%s)",
-            self.endpoints[0] if self.endpoints else "?",
+            self.name,
             session.sid,
             env.global_index,
             f"..{env.global_index + env.count - 1}" if env.count > 1 else "",
@@ -220,16 +265,8 @@ class Scheduling(WorkerParts):
         if stats is not None:
             stats.hard_resets += env.count
 
-    def _in_flight(self, key: tuple) -> bool:
-        """Whether the call a deadline names, ``(sid, index, token)``, is still unanswered."""
-        session = self.sessions.get(key[0])
-        if session is None:
-            return False
-        current = session.envs[key[1]].current
-        return current is not None and current.token == key[2]
-
-    def _expire_deadlines(self) -> None:
-        for sid, index, _token in self._deadlines.pop_expired(time.monotonic()):
+    def expire_deadlines(self) -> None:
+        for sid, index, _token in self.deadlines.pop_expired(time.monotonic()):
             session = self.sessions[sid]
             env = session.envs[index]
             call = env.current
@@ -237,16 +274,14 @@ class Scheduling(WorkerParts):
                 continue
             waited = time.perf_counter() - env.sent_at
             op = None if call.kind == "start" else call.op.get("op")
-            self._fault(session, env, missed_deadline(call.timeout, op, waited), straggler=call.kind == STEP)
+            self.fault(session, env, missed_deadline(call.timeout, op, waited), straggler=call.kind == STEP)
 
     # ================================================================== first requests
     def _start_finished(self, session: Session, env: EnvProcess, call: Call, reply: bytes, payloads: list) -> None:
-        env.starting = False
         stats = self.stats.sessions.get(session.sid)
         if stats is not None:  # interpreter start and first answer, as start_timeout counts it
             stats.started(time.perf_counter() - env.sent_at)
-        self._starting -= 1
-        self._start_more()
+        self.spawner.started(env)
         user_call = call.user_call
         if user_call is not None:
             user_call.finish(OK, reply, payloads)
@@ -268,13 +303,10 @@ class Scheduling(WorkerParts):
                     "n": len(session.envs),
                     "isolation": session.backend.report().for_envs_per_sandbox(session.cfg.envs_per_sandbox).to_json(),
                 }
-                if session.lend:
-                    self._send_lending(session, reply, [])
-                else:
-                    self._send(session.client, reply)
+                self._send_created(session, reply)
 
-    def _start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
-        self._start_more()
+    def start_failed(self, session: Session, env: EnvProcess, call: Call, reason: str) -> None:
+        self.spawner.start_more()
         env.state = DEAD
         tail = env.stderr_tail()
         if session.create_seq is not None:
