@@ -62,12 +62,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import sys
+import time
 import traceback
 from array import array
 from collections.abc import Callable, Sequence
 from math import isfinite
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -75,6 +77,7 @@ from gymnasium import spaces as gs
 from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
+from ..wire.start_failure import describe_start_failure
 from . import framing as envside
 from . import state as envstate
 from .framing import (
@@ -107,6 +110,9 @@ ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factorie
 PICKLE_PROTOCOL = 5
 #: Discrete spaces up to this size get their actions made once (GymServer._actions).
 MAX_PREMADE_ACTIONS = 1024
+#: How long a sandbox whose env could not be built waits to be killed after saying why.
+START_FAILURE_LINGER_S = 30.0
+_T = TypeVar("_T")
 # ProtocolErrors after which the line stream is still in sync (the whole line was read).
 _RECOVERABLE = ("line is not JSON", "expected a JSON object")
 
@@ -710,14 +716,43 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
     config = envside.group_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
-        server = GymServer(factories[base % len(factories)]())
+        server = _started(lambda: GymServer(factories[base % len(factories)]()), fd_in, fd_out)
         freeze_heap()
         _serve_loop(server, fd_in, fd_out)
         return
-    servers = [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)]
+    servers = _started(
+        lambda: [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
+    )
     progress = envside.Progress(envside.workspace_now())
     freeze_heap()
     _serve_group_loop(servers, fd_in, fd_out, progress)
+
+
+def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
+    """``build()``; if it raises, say what it raised as data and end this process.
+
+    The exception's class names and message go out as this env's answer to its first
+    request (:mod:`boltzlabs_gym.wire.start_failure`), so the trainer can raise a matching
+    type; its traceback goes to stderr, the tail the trainer's error shows. The worker kills
+    the process when it reads the line; an end of input or :data:`START_FAILURE_LINGER_S`
+    ends it otherwise, with status 1.
+    """
+    try:
+        return build()
+    except Exception as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        write_all(fd_out, describe_start_failure(exc))
+        _await_end_of_input(fd_in, START_FAILURE_LINGER_S)
+        raise SystemExit(1) from None
+
+
+def _await_end_of_input(fd: int, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready and not os.read(fd, 1 << 16):
+            return
 
 
 def serve_env(env_factory: Callable[[], Any]) -> None:
@@ -725,7 +760,8 @@ def serve_env(env_factory: Callable[[], Any]) -> None:
 
     The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
     output from building the env never corrupts replies. An exception while building
-    the env propagates (its traceback goes to stderr, the process exits non-zero). In a
+    the env is reported to the trainer by its class names and message (its traceback goes
+    to stderr) and the process exits with status 1. In a
     sandbox of several envs (``BOLTZLABS_ENVS_PER_SANDBOX`` > 1) it builds one per slot.
     """
     proto_in, proto_out = protect_channel_fds()

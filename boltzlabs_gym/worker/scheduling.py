@@ -29,6 +29,8 @@ from ..wire.protocol import (
     env_request_line,
     error_reply,
 )
+from ..wire.start_failure import error_fields as start_failure_fields
+from ..wire.start_failure import parse_start_failure
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .parts import WorkerParts
 from .session import Batch, Session
@@ -150,6 +152,10 @@ class Scheduling(WorkerParts):
         call = env.current
         if call is None:
             raise EnvFault(STRAY_OUTPUT)
+        if call.kind == "start":
+            env.start_failure = parse_start_failure(reply)
+            if env.start_failure is not None:  # its factory raised: a failed start (see _start_failed)
+                raise EnvFault(env.start_failure.reason)
         env.current = None
         env.state = IDLE
         self._release_gate(call)
@@ -277,6 +283,7 @@ class Scheduling(WorkerParts):
         self._start_more()
         env.state = DEAD
         tail = env.stderr_tail()
+        failure, env.start_failure = env.start_failure, None
         if session.create_seq is not None:
             # A pool is all or nothing: tear the whole session down and say which env failed.
             seq, session.create_seq = session.create_seq, None
@@ -289,10 +296,16 @@ class Scheduling(WorkerParts):
                     f"env {env.global_index} failed to start: {reason}",
                     index=env.global_index,
                     stderr=tail,
+                    **start_failure_fields(failure),
                 ),
             )
             return
-        detail = json_error(f"env failed to restart: {reason}", index=env.global_index, stderr=tail)
+        detail = json_error(
+            f"env failed to restart: {reason}",
+            index=env.global_index,
+            stderr=tail,
+            **start_failure_fields(failure),
+        )
         if call.user_call is not None:
             call.user_call.finish(ERROR, detail, [])
         while env.queue:
