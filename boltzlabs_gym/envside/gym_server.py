@@ -60,6 +60,7 @@ from the trusted trainer and is only ever unpickled here, inside the sandbox.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import select
@@ -896,13 +897,28 @@ def _dumps_with_user_modules_by_value(cloudpickle, factories: list) -> bytes:
         except (ValueError, TypeError):
             pass
     try:
-        return cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+        return _dumps_torch_free(cloudpickle, factories)
     finally:
         for module in registered:
             try:
                 cloudpickle.unregister_pickle_by_value(module)
             except (ValueError, TypeError):
                 pass
+
+
+def _dumps_torch_free(cloudpickle, obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, with SB3's ``Monitor`` and ``_patch_env`` pickled so that the env
+    process gets them without importing Stable-Baselines3 and torch (:func:`~.factories.torch_free_reduce`).
+    Nothing changes for factories that hold neither: same objects, same bytes."""
+    from .factories import torch_free_reduce
+
+    class Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, value: Any) -> Any:
+            return torch_free_reduce(value) or super().reducer_override(value)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def main() -> None:
