@@ -44,7 +44,9 @@ encoding the result) does not kill the server: the reply is a terminal transitio
 ``call``/``get_attr``/``set_attr``/``render`` answers ``{"error": traceback}``.
 A request line that is not a JSON object is answered with ``{"error": ...}`` and
 the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
-over-long line) is answered and the server exits (the worker respawns it).
+over-long line) is answered and the server exits (the worker respawns it). A factory
+(or the server's set-up) that raises is answered once, ``{"start_error": {"types": [...],
+"message": ...}}`` (:mod:`boltzlabs_gym.wire.start_failure`), and the process exits.
 
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
 ``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
@@ -744,7 +746,8 @@ def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
         traceback.print_exc()
         sys.stderr.flush()
         write_all(fd_out, describe_start_failure(exc))
-        _await_end_of_input(fd_in, START_FAILURE_LINGER_S)
+        if not os.isatty(fd_in):  # run by hand at a terminal, nobody is coming to kill it
+            _await_end_of_input(fd_in, START_FAILURE_LINGER_S)
         raise SystemExit(1) from None
 
 
