@@ -1,10 +1,10 @@
 """The class SB3's vec-env tests build here, where upstream builds ``DummyVecEnv`` or ``SubprocVecEnv``.
 
-Each test module of this folder imports :class:`BoltzLabsSB3VecEnv` from here in place of
-SB3's classes (its lines that changed end in ``# boltzlabs:``) and the fixture that gives
-the module one worker: the class is ``boltzlabs_gym.sb3.BoltzLabsSB3VecEnv`` with two pool
-options, the test run's isolation and that worker, whose start (about 1 s here) each pool
-would otherwise pay. Everything else runs as upstream wrote it.
+Each SB3 test module that conftest.py adapts (README.md) imports :class:`BoltzLabsSB3VecEnv`
+from here in place of SB3's classes, and the fixture that gives the module one worker: the
+class is ``boltzlabs_gym.sb3.BoltzLabsSB3VecEnv`` with two pool options, the test run's
+isolation and that worker, whose start (about 1 s here) each pool would otherwise pay.
+Everything else runs as upstream wrote it.
 """
 
 from __future__ import annotations
