@@ -85,7 +85,13 @@ class BoltzLabsError(Exception):
 
 
 class EnvStartError(BoltzLabsError, RuntimeError):
-    """An env process failed to start or to answer its first request."""
+    """An env process failed to start or to answer its first request.
+
+    When the env's factory raised a builtin exception or a ``gymnasium.error`` one, the
+    instance raised is also of that class (``EnvStartError[DeprecatedEnv]``, say), so
+    ``except gymnasium.error.DeprecatedEnv`` catches it as it would around ``DummyVecEnv``;
+    the sandbox sends only the class's name (see :mod:`boltzlabs_gym.client.start_errors`).
+    """
 
     def __init__(self, message: str, index: int | None = None, stderr_tail: str = "", worker: str | None = None):
         super().__init__(message)

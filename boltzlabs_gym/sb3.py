@@ -1,15 +1,19 @@
 """Stable-Baselines3 adapter: a ``VecEnv`` over a :class:`~boltzlabs_gym.BoltzLabsVecEnv`.
 
-SB3 code runs unchanged apart from the line that builds the env::
+SB3 code runs unchanged apart from the class name, as with ``SubprocVecEnv``::
 
     >>> from stable_baselines3 import PPO                                   # doctest: +SKIP
-    >>> from boltzlabs_gym.sb3 import make_sb3_vec_env                      # doctest: +SKIP
-    >>> env = make_sb3_vec_env("CartPole-v1", n_envs=8, seed=0)             # doctest: +SKIP
+    >>> from stable_baselines3.common.env_util import make_vec_env          # doctest: +SKIP
+    >>> from boltzlabs_gym.sb3 import BoltzLabsSB3VecEnv                    # doctest: +SKIP
+    >>> env = make_vec_env("CartPole-v1", n_envs=8, seed=0, vec_env_cls=BoltzLabsSB3VecEnv,
+    ...                    vec_env_kwargs={"step_timeout": 5})              # doctest: +SKIP
     >>> model = PPO("MlpPolicy", env, seed=0).learn(50_000)                 # doctest: +SKIP
     >>> env.straggler_count, env.error_count, env.pool.timing               # doctest: +SKIP
 
-or, from an existing vector env (built with ``SAME_STEP`` autoreset, so that
-one SB3 step is one round trip)::
+``BoltzLabsSB3VecEnv(env_fns, start_method=None, **options)`` takes what ``SubprocVecEnv``
+takes (the options are :class:`~boltzlabs_gym.RLPool`'s); :func:`make_sb3_vec_env` is the
+same with SB3's ``Monitor`` applied inside each sandbox. An existing vector env, built with
+``SAME_STEP`` autoreset (so that one SB3 step is one round trip), is wrapped as it is::
 
     >>> vec = BoltzLabsVecEnv([make_env(i) for i in range(8)],             # doctest: +SKIP
     ...                       autoreset_mode=AutoresetMode.SAME_STEP, step_timeout=5)
@@ -23,9 +27,15 @@ Semantics are SB3's (``DummyVecEnv``'s, checked step by step in the tests):
   ``dones = terminated | truncated``; a finished env's info is its final step's, with
   ``"terminal_observation"`` and ``"TimeLimit.truncated" = truncated and not terminated``,
   and ``obs`` already holds its reset observation (its reset info goes to ``reset_infos``);
+* ``step_async`` takes one action per env, indexed by env, for every space (an array for
+  array spaces, or a list: ``[space.sample() for _ in range(n)]`` for a ``Dict`` or ``Tuple``
+  space); a batch with more rows than envs is cut to the first ``num_envs``, as
+  ``DummyVecEnv`` does;
 * ``get_attr`` returns attributes without calling them; ``set_attr``, ``env_method``,
   ``env_is_wrapped``, ``has_attr``, ``get_images``/``render``; every ``indices``
-  accepts ``None``, an int, or a list (negative indices count from the end).
+  accepts ``None``, an int, or a list (negative indices count from the end). Numpy arrays
+  given to ``env_method``/``set_attr`` cross as arrays (raw bytes, never pickled); object
+  arrays (HER's infos) arrive as lists.
 
 Stragglers (an env that misses the pool's ``step_timeout``) and crashed envs end their
 episode by truncation; their info carries ``"boltzlabs_straggler"`` or ``"boltzlabs_error"``
@@ -54,17 +64,18 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
         "(or `pip install stable-baselines3`)"
     ) from _exc
 
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from .client.results import read_value
 from .envside.factories import SB3EnvFactory
+from .vector import ActionBatchError, BoltzLabsVecEnv
 from .wire import codec
 
 if TYPE_CHECKING:
     import gymnasium as gym
     from stable_baselines3.common.vec_env.base_vec_env import VecEnvObs
-
-    from .vector import BoltzLabsVecEnv
 
 __all__ = ["BoltzLabsSB3VecEnv", "make_sb3_vec_env"]
 
@@ -74,10 +85,19 @@ _WRAPPER_NAME = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)")
 class BoltzLabsSB3VecEnv(VecEnv):
     """An SB3 ``VecEnv`` whose envs are the sandboxed envs of a :class:`BoltzLabsVecEnv`.
 
+    Built as SB3 builds ``SubprocVecEnv``, so ``make_vec_env(..., vec_env_cls=BoltzLabsSB3VecEnv,
+    vec_env_kwargs={...})`` works, or over a vector env that already exists.
+
     Args:
-        venv: the vector env to drive. It must use ``AutoresetMode.SAME_STEP`` (one
-            round trip per SB3 step, with the terminal and the reset observation in
-            the same reply); pass ``autoreset_mode=AutoresetMode.SAME_STEP`` when building it.
+        env_fns: one env factory per env, each cloudpickled into its own sandbox and called
+            there; or a :class:`BoltzLabsVecEnv` built with ``AutoresetMode.SAME_STEP`` (one
+            round trip per SB3 step, with the terminal and the reset observation in the same
+            reply), driven as it is.
+        start_method: accepted for ``SubprocVecEnv``'s signature and checked as it checks it
+            (an unknown name raises ``ValueError``); the worker starts every env in its
+            sandbox, so no multiprocessing start method is used.
+        **options: :class:`~boltzlabs_gym.RLPool` options (``isolation``, ``step_timeout``,
+            ``workers``, ``mode``, ``envs_per_sandbox``, ...), with ``env_fns`` only.
 
     Attributes:
         straggler_count: env-steps that missed the pool's ``step_timeout`` so far.
@@ -85,7 +105,13 @@ class BoltzLabsSB3VecEnv(VecEnv):
         venv: the underlying Gymnasium vector env; ``pool`` its :class:`RLPool`.
     """
 
-    def __init__(self, venv: BoltzLabsVecEnv):
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]] | BoltzLabsVecEnv,
+        start_method: str | None = None,
+        **options: Any,
+    ):
+        venv = _vector_env(env_fns, start_method, options)
         if getattr(venv, "autoreset_mode", None) != AutoresetMode.SAME_STEP:
             raise ValueError(
                 "BoltzLabsSB3VecEnv needs a BoltzLabsVecEnv built with autoreset_mode=AutoresetMode.SAME_STEP "
@@ -138,9 +164,38 @@ class BoltzLabsSB3VecEnv(VecEnv):
         self._reset_options()
         return obs
 
-    def step_async(self, actions: np.ndarray) -> None:
-        self.venv.step_async(actions)
+    def step_async(self, actions: np.ndarray | Sequence[Any]) -> None:
+        """Send one action per env: ``actions[i]`` is env ``i``'s (rows past ``num_envs`` are not sent)."""
+        self.venv.step_async(self._gym_actions(actions))
         self._actions_sent = True
+
+    def _gym_actions(self, actions: Any) -> Any:
+        """SB3's actions (indexed by env, whatever the space) as the vector env's batch.
+
+        Array spaces take an array as it is, cut to ``num_envs`` rows; a per-env list
+        (and any ``Dict``/``Tuple``/other space) is batched as Gymnasium batches it.
+        """
+        n = self.num_envs
+        space = self.action_space
+        if isinstance(space, _ARRAY_SPACES):
+            batch = actions if isinstance(actions, np.ndarray) else _stack_actions(actions, n)
+            if batch.ndim == 0 or len(batch) < n:
+                raise ActionBatchError(f"expected one action per env ({n}), got {_describe(actions)}")
+            return batch[:n] if len(batch) > n else batch
+        try:
+            per_env = [actions[i] for i in range(n)]
+        except (IndexError, KeyError, TypeError):
+            raise ActionBatchError(
+                f"expected one action per env ({n}), indexed by env as SB3 passes them "
+                f"([space.sample() for _ in range(n)]), got {_describe(actions)}"
+            ) from None
+        out = create_empty_array(space, n)
+        if out is None:  # a space Gymnasium does not batch: the actions as they are, one per env
+            return tuple(per_env)
+        try:
+            return concatenate(space, per_env, out)
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise ActionBatchError(f"the actions do not fit the action space {space}: {exc}") from None
 
     def step_wait(self, timeout: float | None = None):
         """``(obs, rewards, dones, infos)`` of the step sent by :meth:`step_async`."""
@@ -230,12 +285,14 @@ class BoltzLabsSB3VecEnv(VecEnv):
             out.append(i % n)
         return out
 
-    def _ask(self, op: dict, indices: Any, what: str) -> list[Any]:
+    def _ask(self, op: dict, indices: Any, what: str, payloads: Sequence[bytes] = ()) -> list[Any]:
         idx = self._indices(indices)
         if not idx:
             return []
         self._finish_pending()
-        results = {r.index: r for r in self.pool.call_envs(op, indices=idx)}
+        pool = self.pool
+        pool.batch_async([(i, op, payloads) for i in dict.fromkeys(idx)])
+        results = {r.index: r for r in pool.batch_wait()}
         return [read_value(results[i], what, _decode_value) for i in idx]
 
     def get_attr(self, attr_name: str, indices: Any = None) -> list[Any]:
@@ -248,20 +305,15 @@ class BoltzLabsSB3VecEnv(VecEnv):
 
     def set_attr(self, attr_name: str, value: Any, indices: Any = None) -> None:
         """Set the attribute on each selected env (the same value for all)."""
-        obj, payloads = codec.encode_info(value)
-        if payloads:
-            raise ValueError("set_attr: array values are not supported; pass a list")
-        self._ask({"op": "set_attr", "name": attr_name, "value": obj}, indices, f"set_attr({attr_name!r})")
+        obj, payloads = codec.encode_info(_plain_arrays(value))
+        self._ask({"op": "set_attr", "name": attr_name, "value": obj}, indices, f"set_attr({attr_name!r})", payloads)
 
     def env_method(self, method_name: str, *method_args: Any, indices: Any = None, **method_kwargs: Any) -> list[Any]:
         """Call ``method_name(*args, **kwargs)`` in each selected env; return the results."""
-        args, payloads = codec.encode_info(list(method_args))
-        kwargs, payloads = codec.encode_info(dict(method_kwargs), payloads)
-        if payloads:
-            raise ValueError("env_method: array arguments are not supported; pass lists")
-        return self._ask(
-            {"op": "call", "name": method_name, "args": args, "kwargs": kwargs}, indices, f"env_method({method_name!r})"
-        )
+        args, payloads = codec.encode_info(_plain_arrays(list(method_args)))
+        kwargs, payloads = codec.encode_info(_plain_arrays(dict(method_kwargs)), payloads)
+        op = {"op": "call", "name": method_name, "args": args, "kwargs": kwargs}
+        return self._ask(op, indices, f"env_method({method_name!r})", payloads)
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: Any = None) -> list[bool]:
         """Whether each env's wrapper chain holds a wrapper of this class *name*.
@@ -326,19 +378,72 @@ def make_sb3_vec_env(
         **pool_kwargs: :class:`~boltzlabs_gym.RLPool` options (``isolation``,
             ``step_timeout``, ``workers``, ``limits``, ...).
     """
-    from .vector import BoltzLabsVecEnv
-
     if type(n_envs) is not int or n_envs < 1:
         raise ValueError(f"n_envs must be a positive int, got {n_envs!r}")
     fns = [SB3EnvFactory(env_id_or_factory, dict(env_kwargs or {}), wrapper_class, monitor) for _ in range(n_envs)]
-    venv = BoltzLabsVecEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, **pool_kwargs)
-    env = BoltzLabsSB3VecEnv(venv)
+    env = BoltzLabsSB3VecEnv(fns, **pool_kwargs)
     if seed is not None:
         env.seed(seed)
     return env
 
 
 # ---------------------------------------------------------------------- helpers
+#: Spaces whose batch is one array: SB3 hands these over as an array of shape ``(n, ...)``.
+_ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def _vector_env(env_fns: Any, start_method: str | None, options: dict) -> BoltzLabsVecEnv:
+    """The vector env to drive: the one given, or one built from ``env_fns`` (SAME_STEP autoreset)."""
+    if isinstance(env_fns, BoltzLabsVecEnv):
+        if start_method is not None or options:
+            raise TypeError(
+                "BoltzLabsSB3VecEnv(venv) drives a vector env as it was built: pass start_method and "
+                f"pool options ({sorted(options)}) with env_fns instead"
+            )
+        return env_fns
+    if start_method is not None:
+        import multiprocessing
+
+        multiprocessing.get_context(start_method)  # SubprocVecEnv's check: ValueError for an unknown name
+    if "autoreset_mode" in options:
+        raise TypeError("BoltzLabsSB3VecEnv sets autoreset_mode itself (SAME_STEP: SB3's autoreset)")
+    if callable(env_fns) or not isinstance(env_fns, Sequence):
+        raise TypeError(
+            f"BoltzLabsSB3VecEnv takes a list of env factories or a BoltzLabsVecEnv, got {type(env_fns).__name__}"
+        )
+    return BoltzLabsVecEnv(list(env_fns), autoreset_mode=AutoresetMode.SAME_STEP, **options)
+
+
+def _stack_actions(actions: Any, n: int) -> np.ndarray:
+    """A per-env sequence of array-space actions as one array (ragged rows: the error says so)."""
+    try:
+        return np.asarray(actions)
+    except ValueError as exc:
+        raise ActionBatchError(f"the {n} per-env actions do not stack into one array: {exc}") from None
+
+
+def _describe(actions: Any) -> str:
+    shape = getattr(actions, "shape", None)
+    if shape is not None:
+        return f"{type(actions).__name__} of shape {shape}"
+    return f"{type(actions).__name__} of length {len(actions)}" if hasattr(actions, "__len__") else repr(actions)
+
+
+def _plain_arrays(value: Any) -> Any:
+    """``value`` with arrays the wire cannot carry as arrays (objects, strings) turned into lists.
+
+    Number and bool arrays stay arrays (they cross as raw payloads); an object array, such
+    as the infos HER passes to ``compute_reward``, would otherwise arrive as its ``repr``.
+    """
+    if isinstance(value, np.ndarray):
+        return value if value.dtype.kind in "biuf" else [_plain_arrays(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain_arrays(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_arrays(v) for v in value]
+    return value
+
+
 def _env_info(infos: dict, i: int, n: int) -> dict:
     """Env ``i``'s info out of Gymnasium's dict of arrays, honouring the ``_key`` masks."""
     out: dict = {}

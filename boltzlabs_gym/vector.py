@@ -766,8 +766,8 @@ class BoltzLabsVecEnv(VectorEnv):
         return self._batched_obs(), infos
 
     # ------------------------------------------------------------------ attributes
-    def _call_all(self, op: dict, what: str) -> tuple:
-        results = self._run([(i, op, ()) for i in range(self.num_envs)], what)
+    def _call_all(self, op: dict, what: str, payloads: Sequence[bytes] = ()) -> tuple:
+        results = self._run([(i, op, payloads) for i in range(self.num_envs)], what)
         return tuple(read_value(r, what, self._decode_value) for r in results)
 
     def _require_gym_server(self, what: str) -> None:
@@ -777,14 +777,14 @@ class BoltzLabsVecEnv(VectorEnv):
             )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple:
-        """Call ``name(*args, **kwargs)`` on every env (or read it, if not callable)."""
+        """Call ``name(*args, **kwargs)`` on every env (or read it, if not callable); numpy
+        arrays among the arguments cross as arrays (raw bytes, never pickled)."""
         self._check_open()
         self._require_gym_server("call")
         args_obj, payloads = codec.encode_info(list(args))
         kwargs_obj, payloads = codec.encode_info(dict(kwargs), payloads)
-        if payloads:
-            raise ValueError("array arguments to call() are not supported; pass lists")
-        return self._call_all({"op": "call", "name": name, "args": args_obj, "kwargs": kwargs_obj}, f"call({name!r})")
+        op = {"op": "call", "name": name, "args": args_obj, "kwargs": kwargs_obj}
+        return self._call_all(op, f"call({name!r})", payloads)
 
     def get_attr(self, name: str) -> tuple:
         """The attribute ``name`` of every env (callables are called, as in Gymnasium)."""
@@ -800,10 +800,8 @@ class BoltzLabsVecEnv(VectorEnv):
             raise ValueError(f"values must have length num_envs={self.num_envs}, got {len(values)}")
         items = []
         for i, v in enumerate(values):
-            obj, payloads = codec.encode_info(v)
-            if payloads:
-                raise ValueError(f"set_attr value for env {i}: arrays are not supported; pass a list")
-            items.append((i, {"op": "set_attr", "name": name, "value": obj}, ()))
+            obj, payloads = codec.encode_info(v)  # arrays cross as raw payloads
+            items.append((i, {"op": "set_attr", "name": name, "value": obj}, payloads))
         for r in self._run(items, f"set_attr({name!r})"):
             read_value(r, f"set_attr({name!r})")
 

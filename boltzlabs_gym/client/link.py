@@ -25,10 +25,12 @@ from typing import Any
 
 import zmq
 
-from ..errors import CapacityError, EnvStartError, SandboxUnavailable, WorkerError, WorkerLost, WorkerTimeout
+from ..errors import CapacityError, SandboxUnavailable, WorkerError, WorkerLost, WorkerTimeout
 from ..wire.channel import Channel, ChannelClosed, ChannelError
 from ..wire.protocol import LENT, LENT_FDS, decode_header, encode_header
+from ..wire.start_failure import EXC_TYPES
 from .direct_lane import DirectLane
+from .start_errors import start_error
 
 __all__ = ["WorkerLink", "start_local_worker"]
 
@@ -226,8 +228,14 @@ class WorkerLink:
         err = header.get("error") or {}
         kind, message = err.get("kind"), err.get("message", "unknown error")
         if kind == "env_start":
-            raise EnvStartError(
-                message + _tail_text(err.get("stderr", "")), err.get("index"), err.get("stderr", ""), self.address
+            stderr = err.get("stderr", "")
+            types = err.get(EXC_TYPES)
+            raise start_error(
+                message + _tail_text(stderr),
+                err.get("index"),
+                stderr,
+                self.address,
+                types=types if isinstance(types, list) else None,
             )
         if kind == "capacity":
             raise CapacityError(f"worker {self.address}: {message}")

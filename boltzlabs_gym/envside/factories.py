@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["make_env", "SB3EnvFactory"]
+__all__ = ["make_env", "SB3EnvFactory", "sb3_monitor_class", "sb3_patch_env", "torch_free_reduce"]
 
 
 def make_env(env_id: str | Callable, env_kwargs: dict, wrappers: Sequence[Callable] | None = None):
@@ -58,29 +58,70 @@ def sb3_monitor_class() -> type:
     already imported, that one file is loaded on its own (the same class, under a private
     module name); if SB3's layout ever changes, the ordinary import is used.
     """
-    loaded = sys.modules.get("stable_baselines3.common.monitor")
+    return _sb3_file("common/monitor.py", "stable_baselines3.common.monitor").Monitor
+
+
+def sb3_patch_env() -> Callable:
+    """SB3's ``_patch_env`` (what ``make_vec_env`` applies to an env built by a callable), loaded
+    as :func:`sb3_monitor_class` loads ``Monitor``: ``patch_gym.py`` needs Gymnasium only."""
+    return _sb3_file("common/vec_env/patch_gym.py", "stable_baselines3.common.vec_env.patch_gym")._patch_env
+
+
+def _sb3_file(path: str, module_name: str) -> Any:
+    """SB3's module ``module_name`` if it is imported already, else its file ``path`` (relative to
+    the package) loaded on its own under a private name, else (any surprise) the plain import."""
+    loaded = sys.modules.get(module_name)
     if loaded is not None:
-        return loaded.Monitor
-    private = sys.modules.get("_boltzlabs_sb3_monitor")
+        return loaded
+    private_name = "_boltzlabs_sb3_" + module_name.rpartition(".")[2]
+    private = sys.modules.get(private_name)
     if private is not None:
-        return private.Monitor
+        return private
     try:
         package = importlib.util.find_spec("stable_baselines3")
         if package is None or package.origin is None:  # not installed: the plain import below says so
-            raise ImportError("stable_baselines3 has no file to load monitor.py beside")
-        path = os.path.join(os.path.dirname(package.origin), "common", "monitor.py")
-        spec = importlib.util.spec_from_file_location("_boltzlabs_sb3_monitor", path)
+            raise ImportError("stable_baselines3 has no file to load beside its __init__")
+        file = os.path.join(os.path.dirname(package.origin), *path.split("/"))
+        spec = importlib.util.spec_from_file_location(private_name, file)
         if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
+            raise ImportError(f"cannot load {file}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-        return module.Monitor
+        return module
     except Exception:  # noqa: BLE001 - any surprise: the plain import, torch and all
-        sys.modules.pop("_boltzlabs_sb3_monitor", None)
-        from stable_baselines3.common.monitor import Monitor
+        sys.modules.pop(private_name, None)
+        return importlib.import_module(module_name)
 
-        return Monitor
+
+#: SB3 objects that env factories often hold (SB3's ``Monitor``; ``make_vec_env``'s env recipe
+#: holds it and ``_patch_env``), by ``(module, qualname)``, and the torch-free loader an env
+#: process gets each from instead of importing their module (see :func:`torch_free_reduce`).
+_TORCH_FREE = {
+    ("stable_baselines3.common.monitor", "Monitor"): sb3_monitor_class,
+    ("stable_baselines3.common.vec_env.patch_gym", "_patch_env"): sb3_patch_env,
+}
+
+
+def torch_free_reduce(obj: Any) -> tuple[Callable, tuple] | None:
+    """How to pickle ``obj`` so that unpickling it does not import Stable-Baselines3 (and torch).
+
+    Importing any SB3 module runs ``stable_baselines3/__init__.py``, which imports torch: about
+    3 s of CPU and 160 MiB in every env process that unpickles a factory holding SB3's
+    ``Monitor`` (``lambda: Monitor(gym.make(...))``, every ``make_vec_env`` env). Those objects
+    are pickled as a call to the loader that gets them without it; ``None`` for anything else.
+
+    >>> torch_free_reduce(len) is None
+    True
+    """
+    if not isinstance(obj, type) and not callable(obj):
+        return None
+    try:
+        key = (obj.__module__, obj.__qualname__)
+    except AttributeError:
+        return None
+    loader = _TORCH_FREE.get(key) if isinstance(key[0], str) and key[0].startswith("stable_baselines3.") else None
+    return None if loader is None else (loader, ())
 
 
 # Pickled under the module path they had before the package was laid out by process, so that the

@@ -44,7 +44,9 @@ encoding the result) does not kill the server: the reply is a terminal transitio
 ``call``/``get_attr``/``set_attr``/``render`` answers ``{"error": traceback}``.
 A request line that is not a JSON object is answered with ``{"error": ...}`` and
 the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
-over-long line) is answered and the server exits (the worker respawns it).
+over-long line) is answered and the server exits (the worker respawns it). A factory
+(or the server's set-up) that raises is answered once, ``{"start_error": {"types": [...],
+"message": ...}}`` (:mod:`boltzlabs_gym.wire.start_failure`), and the process exits.
 
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
 ``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
@@ -60,14 +62,17 @@ from the trusted trainer and is only ever unpickled here, inside the sandbox.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import select
 import sys
+import time
 import traceback
 from array import array
 from collections.abc import Callable, Sequence
 from math import isfinite
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from gymnasium import spaces as gs
@@ -75,6 +80,7 @@ from gymnasium import spaces as gs
 from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
+from ..wire.start_failure import describe_start_failure
 from . import framing as envside
 from . import state as envstate
 from .framing import (
@@ -107,6 +113,9 @@ ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factorie
 PICKLE_PROTOCOL = 5
 #: Discrete spaces up to this size get their actions made once (GymServer._actions).
 MAX_PREMADE_ACTIONS = 1024
+#: How long a sandbox whose env could not be built waits to be killed after saying why.
+START_FAILURE_LINGER_S = 30.0
+_T = TypeVar("_T")
 # ProtocolErrors after which the line stream is still in sync (the whole line was read).
 _RECOVERABLE = ("line is not JSON", "expected a JSON object")
 
@@ -710,14 +719,44 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
     config = envside.group_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
-        server = GymServer(factories[base % len(factories)]())
+        server = _started(lambda: GymServer(factories[base % len(factories)]()), fd_in, fd_out)
         freeze_heap()
         _serve_loop(server, fd_in, fd_out)
         return
-    servers = [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)]
+    servers = _started(
+        lambda: [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
+    )
     progress = envside.Progress(envside.workspace_now())
     freeze_heap()
     _serve_group_loop(servers, fd_in, fd_out, progress)
+
+
+def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
+    """``build()``; if it raises, say what it raised as data and end this process.
+
+    The exception's class names and message go out as this env's answer to its first
+    request (:mod:`boltzlabs_gym.wire.start_failure`), so the trainer can raise a matching
+    type; its traceback goes to stderr, the tail the trainer's error shows. The worker kills
+    the process when it reads the line; an end of input or :data:`START_FAILURE_LINGER_S`
+    ends it otherwise, with status 1.
+    """
+    try:
+        return build()
+    except Exception as exc:
+        traceback.print_exc()
+        sys.stderr.flush()
+        write_all(fd_out, describe_start_failure(exc))
+        if not os.isatty(fd_in):  # run by hand at a terminal, nobody is coming to kill it
+            _await_end_of_input(fd_in, START_FAILURE_LINGER_S)
+        raise SystemExit(1) from None
+
+
+def _await_end_of_input(fd: int, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready and not os.read(fd, 1 << 16):
+            return
 
 
 def serve_env(env_factory: Callable[[], Any]) -> None:
@@ -725,7 +764,8 @@ def serve_env(env_factory: Callable[[], Any]) -> None:
 
     The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
     output from building the env never corrupts replies. An exception while building
-    the env propagates (its traceback goes to stderr, the process exits non-zero). In a
+    the env is reported to the trainer by its class names and message (its traceback goes
+    to stderr) and the process exits with status 1. In a
     sandbox of several envs (``BOLTZLABS_ENVS_PER_SANDBOX`` > 1) it builds one per slot.
     """
     proto_in, proto_out = protect_channel_fds()
@@ -860,13 +900,28 @@ def _dumps_with_user_modules_by_value(cloudpickle, factories: list) -> bytes:
         except (ValueError, TypeError):
             pass
     try:
-        return cloudpickle.dumps(factories, protocol=PICKLE_PROTOCOL)
+        return _dumps_torch_free(cloudpickle, factories)
     finally:
         for module in registered:
             try:
                 cloudpickle.unregister_pickle_by_value(module)
             except (ValueError, TypeError):
                 pass
+
+
+def _dumps_torch_free(cloudpickle, obj: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, with SB3's ``Monitor`` and ``_patch_env`` pickled so that the env
+    process gets them without importing Stable-Baselines3 and torch (:func:`~.factories.torch_free_reduce`).
+    Nothing changes for factories that hold neither: same objects, same bytes."""
+    from .factories import torch_free_reduce
+
+    class Pickler(cloudpickle.CloudPickler):
+        def reducer_override(self, value: Any) -> Any:
+            return torch_free_reduce(value) or super().reducer_override(value)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 def main() -> None:

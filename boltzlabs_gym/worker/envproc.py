@@ -21,6 +21,7 @@ from typing import Any
 
 from ..wire.envpipe import EnvPipe
 from ..wire.protocol import PROGRESS_FILE
+from ..wire.start_failure import StartFailure
 from .sandbox import Launched, LaunchSpec
 
 #: How much of an env's stderr the worker keeps for error reports.
@@ -119,6 +120,8 @@ class EnvProcess(EnvPipe):
         #: ``(call, first_op)`` for the start it is queued for: the call waiting for its first request,
         #: and that request.
         self.pending_start: Any = None
+        #: What its factory raised, when its last start's answer said so (wire.start_failure).
+        self.start_failure: StartFailure | None = None
 
     # ------------------------------------------------------------------ process life
     def spawn(self, backend, make_spec: Callable[..., LaunchSpec]) -> None:

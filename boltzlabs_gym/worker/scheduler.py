@@ -29,6 +29,8 @@ from ..wire.protocol import (
     env_request_line,
     error_reply,
 )
+from ..wire.start_failure import error_fields as start_failure_fields
+from ..wire.start_failure import parse_start_failure
 from .deadlines import Deadlines
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .poller import Poller
@@ -195,6 +197,10 @@ class Scheduler:
         call = env.current
         if call is None:
             raise EnvFault(STRAY_OUTPUT)
+        if call.kind == "start":
+            env.start_failure = parse_start_failure(reply)
+            if env.start_failure is not None:  # its factory raised: a failed start (see start_failed)
+                raise EnvFault(env.start_failure.reason)
         env.current = None
         env.state = IDLE
         self._release_gate(call)
@@ -309,6 +315,7 @@ class Scheduler:
         self.spawner.start_more()
         env.state = DEAD
         tail = env.stderr_tail()
+        failure, env.start_failure = env.start_failure, None
         if session.create_seq is not None:
             # A pool is all or nothing: tear the whole session down and say which env failed.
             seq, session.create_seq = session.create_seq, None
@@ -321,10 +328,16 @@ class Scheduler:
                     f"env {env.global_index} failed to start: {reason}",
                     index=env.global_index,
                     stderr=tail,
+                    **start_failure_fields(failure),
                 ),
             )
             return
-        detail = json_error(f"env failed to restart: {reason}", index=env.global_index, stderr=tail)
+        detail = json_error(
+            f"env failed to restart: {reason}",
+            index=env.global_index,
+            stderr=tail,
+            **start_failure_fields(failure),
+        )
         if call.user_call is not None:
             call.user_call.finish(ERROR, detail, [])
         while env.queue:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -17,6 +18,7 @@ from stable_baselines3.common.monitor import Monitor  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack, VecMonitor, VecNormalize  # noqa: E402
 
 from boltzlabs_gym import BoltzLabsVecEnv  # noqa: E402
+from boltzlabs_gym.vector import ActionBatchError  # noqa: E402
 from boltzlabs_gym.sb3 import BoltzLabsSB3VecEnv, make_sb3_vec_env  # noqa: E402
 
 ISOLATION = os.environ.get("BOLTZLABS_TEST_ISOLATION", "auto")
@@ -181,6 +183,137 @@ def test_under_vec_wrappers(no_leaks):
         assert episodes >= 4
     finally:
         env.close()
+
+
+# --------------------------------------------------------------------------- by the class name (issue #36)
+
+
+class EchoEnv(gym.Env):
+    """Echoes each action into its info; says which modules its process has imported."""
+
+    def __init__(self, action_space=None):
+        self.action_space = action_space or gym.spaces.Dict(
+            {"move": gym.spaces.Discrete(3), "aim": gym.spaces.Box(-1, 1, (2,), np.float32)}
+        )
+        self.observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert action in self.action_space, action
+        return np.zeros(2, np.float32), 0.0, False, False, {"action": action}
+
+    def imported(self, name):
+        import sys
+
+        return name in sys.modules
+
+    def echo(self, *args, **kwargs):
+        return {"args": list(args), "kwargs": kwargs, "types": [type(a).__name__ for a in args]}
+
+
+def test_make_vec_env_builds_it_by_the_class_name(no_leaks):
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=2,
+        seed=3,
+        vec_env_cls=BoltzLabsSB3VecEnv,
+        vec_env_kwargs={"isolation": ISOLATION, "step_timeout": 5},
+    )
+    ref = make_vec_env("CartPole-v1", n_envs=2, seed=3)
+    try:
+        assert type(env) is BoltzLabsSB3VecEnv and env.pool.step_timeout == 5
+        assert env.env_is_wrapped(Monitor) == [True, True]  # make_vec_env's Monitor, applied in the sandbox
+        np.testing.assert_array_equal(env.reset(), ref.reset())
+        for _ in range(30):
+            actions = [env.action_space.sample() for _ in range(2)]
+            for a, b in zip(env.step(actions)[:3], ref.step(actions)[:3]):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        env.close()
+
+
+def test_make_vec_env_envs_never_import_sb3_or_torch(no_leaks):
+    from stable_baselines3.common.env_util import make_vec_env
+
+    inner = make_vec_env(EchoEnv, n_envs=2, vec_env_cls=BoltzLabsSB3VecEnv, vec_env_kwargs={"isolation": ISOLATION})
+    with pytest.warns(UserWarning, match="already wrapped with a `Monitor`"):  # SB3's own check sees it
+        monitored = VecMonitor(inner)
+    env = VecFrameStack(VecNormalize(monitored), n_stack=2)
+    try:
+        # make_vec_env's recipe holds SB3's Monitor and _patch_env: loaded as two files, not as SB3.
+        assert env.env_method("imported", "torch") == [False, False]
+        assert env.env_method("imported", "stable_baselines3") == [False, False]
+        assert env.env_is_wrapped(Monitor) == [True, True]
+        env.reset()
+        _, _, _, infos = env.step([env.action_space.sample() for _ in range(2)])
+        assert set(infos[0]["action"]) == {"move", "aim"}
+    finally:
+        env.close()
+
+
+def test_actions_one_per_env_for_any_space_and_surplus_rows_cut(no_leaks):
+    box = gym.spaces.Box(-1, 1, (2,), np.float32)
+    spaces = {
+        "dict": None,
+        "tuple": gym.spaces.Tuple((gym.spaces.Discrete(3), box)),
+        "box": box,
+    }
+    for name, space in spaces.items():
+        fns = [functools.partial(EchoEnv, space)] * 2
+        ours, ref = BoltzLabsSB3VecEnv(fns, isolation=ISOLATION), DummyVecEnv(fns)
+        try:
+            ours.reset(), ref.reset()
+            ours.action_space.seed(0)
+            # SB3's form for Dict/Tuple: a list, one action per env, with a surplus row
+            actions = [ours.action_space.sample() for _ in range(3)]
+            got, want = ours.step(actions)[3], ref.step(actions)[3]
+            for g, w in zip(got, want):  # (an echoed tuple comes back a list: the info boundary)
+                np.testing.assert_equal(g["action"], w["action"], err_msg=name)
+            if name == "box":  # an array with surplus rows: the first num_envs, as DummyVecEnv
+                rows = np.arange(8, dtype=np.float32).reshape(4, 2) / 10
+                got, want = ours.step(rows)[3], ref.step(rows)[3]
+                np.testing.assert_array_equal([g["action"] for g in got], [w["action"] for w in want])
+            with pytest.raises(ActionBatchError, match="one action per env"):
+                ours.step(actions[:1])
+        finally:
+            ours.close()
+
+
+def test_array_arguments_cross_as_arrays(no_leaks):
+    env = BoltzLabsSB3VecEnv([EchoEnv] * 2, isolation=ISOLATION)
+    try:
+        goal = np.arange(6, dtype=np.float32).reshape(3, 2)
+        infos = np.array([{"is_success": True}, {}], dtype=object)  # HER's infos
+        (out,) = env.env_method("echo", goal, infos, indices=[1], scale=np.int16(3), mask=np.ones(2, bool))
+        np.testing.assert_array_equal(out["args"][0], goal)
+        assert out["args"][0].dtype == np.float32 and out["types"] == ["ndarray", "list"]
+        assert out["args"][1] == [{"is_success": True}, {}]
+        assert out["kwargs"]["scale"] == 3 and out["kwargs"]["mask"].dtype == np.bool_
+        env.set_attr("table", np.eye(2), indices=0)
+        np.testing.assert_array_equal(env.get_attr("table", indices=0)[0], np.eye(2))
+    finally:
+        env.close()
+
+
+def test_construction_is_checked_as_subproc_vec_env_checks_it(no_leaks):
+    with pytest.raises(ValueError, match="cannot find context for 'illegal_method'"):
+        BoltzLabsSB3VecEnv([EchoEnv], start_method="illegal_method")
+    with pytest.raises(TypeError, match="autoreset_mode"):
+        BoltzLabsSB3VecEnv([EchoEnv], autoreset_mode=AutoresetMode.NEXT_STEP)
+    with pytest.raises(TypeError, match="list of env factories"):
+        BoltzLabsSB3VecEnv(EchoEnv)
+    venv = BoltzLabsVecEnv([EchoEnv], autoreset_mode=AutoresetMode.SAME_STEP, isolation=ISOLATION)
+    try:
+        with pytest.raises(TypeError, match="as it was built"):
+            BoltzLabsSB3VecEnv(venv, step_timeout=3)
+        assert BoltzLabsSB3VecEnv(venv).venv is venv
+    finally:
+        venv.close()
 
 
 def _hangs_once_env():
