@@ -1,6 +1,6 @@
 """Stable-Baselines3 PPO on CartPole-v1, with the 8 envs in sandboxed pool processes.
 
-The SB3 code is unchanged; only the env construction differs from
+The SB3 code is unchanged; only ``vec_env_cls=`` is added to SB3's own
 ``make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)``::
 
     python examples/sb3_ppo_cartpole.py --timesteps 100000 --seed 0
@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
 
-from boltzlabs_gym.sb3 import make_sb3_vec_env
+from boltzlabs_gym.sb3 import BoltzLabsSB3VecEnv
 
 
 def linear(start: float):
@@ -31,8 +32,14 @@ def main() -> None:
     p.add_argument("--isolation", default="auto", help="pool isolation: auto, strict, none")
     args = p.parse_args()
 
-    # The only line that differs from plain SB3 (make_vec_env(...)):
-    env = make_sb3_vec_env("CartPole-v1", n_envs=args.n_envs, seed=args.seed, isolation=args.isolation)
+    # The only change to plain SB3: the vec env class, and its pool's options.
+    env = make_vec_env(
+        "CartPole-v1",
+        n_envs=args.n_envs,
+        seed=args.seed,
+        vec_env_cls=BoltzLabsSB3VecEnv,
+        vec_env_kwargs={"isolation": args.isolation},
+    )
     try:
         t0 = time.perf_counter()
         model = PPO(
