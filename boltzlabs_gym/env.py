@@ -58,8 +58,10 @@ functions share their module's state, so it refuses to start with K > 1.
 
 This module is deliberately standard-library only: it is imported inside every
 sandbox, possibly by an interpreter that has nothing else installed. What it shares
-with the Gymnasium server and the boltz fork loop (the channel, framing, failure
-transitions, the template hook) is in :mod:`boltzlabs_gym.envside`.
+with the Gymnasium server is in :mod:`boltzlabs_gym.envside`: the channel's framing
+(:mod:`~boltzlabs_gym.envside.framing`), failure transitions
+(:mod:`~boltzlabs_gym.envside.failures`), groups (:mod:`~boltzlabs_gym.envside.groups`) and the
+process's set-up and boltz template hook (:mod:`~boltzlabs_gym.envside.process`).
 """
 
 from __future__ import annotations
@@ -75,30 +77,29 @@ from typing import Any, BinaryIO
 
 from .envside import state as envstate
 
-# Env code imports these from here; they live in the env side's shared module.
-from .envside.framing import (  # noqa: F401 - re-exported
-    ENV_DIR,
-    ENV_INDEX,
+# MAX_LINE_BYTES, FdReader, FdWriter, write_all and group_ops are only re-exported: importable from here
+# since before the env side was split into modules.
+from .envside.failures import error_transition, failed_transition
+from .envside.framing import (  # noqa: F401
     MAX_LINE_BYTES,
-    WORKSPACE,
     FdReader,
     FdWriter,
-    Progress,
     ProtocolError,
     encode_json,
-    error_transition,
-    failed_transition,
+    read_message,
+    write_all,
+    write_message,
+)
+from .envside.groups import Progress, group_config, group_ops, write_group_reply
+from .envside.process import (
+    ENV_DIR,
+    ENV_INDEX,
+    WORKSPACE,
     freeze_heap,
-    group_config,
-    group_ops,
     memory_snapshots,
     protect_channel,
-    read_message,
     template_fork,
     workspace_now,
-    write_all,
-    write_group_reply,
-    write_message,
 )
 
 __all__ = [

@@ -75,27 +75,23 @@ from gymnasium import spaces as gs
 from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
-from . import framing as envside
+from . import process
 from . import state as envstate
+from .failures import MAX_TRACEBACK_CHARS, error_transition, failed_transition
 from .framing import (
-    MAX_TRACEBACK_CHARS,
+    STILL_IN_SYNC,
     FdReader,
     FdWriter,
-    GroupRequest,
     MessageWriter,
     ProtocolError,
-    check_group,
     encode_reply,
-    error_transition,
-    failed_transition,
-    freeze_heap,
-    group_reply_parts,
-    protect_channel_fds,
     read_message,
     write_all,
     write_message,
     writev_all,
 )
+from .groups import GroupRequest, Progress, check_group, group_config, group_reply_parts
+from .process import freeze_heap, protect_channel_fds
 
 __all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
 
@@ -107,8 +103,6 @@ ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factorie
 PICKLE_PROTOCOL = 5
 #: Discrete spaces up to this size get their actions made once (GymServer._actions).
 MAX_PREMADE_ACTIONS = 1024
-# ProtocolErrors after which the line stream is still in sync (the whole line was read).
-_RECOVERABLE = ("line is not JSON", "expected a JSON object")
 
 
 def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
@@ -378,10 +372,10 @@ class GymServer:
             self.env,
             self.last_obs,
             self.started,
-            envside.workspace_now(),
+            process.workspace_now(),
             msg.get("kind"),
             msg.get("swap"),
-            envside.memory_snapshots(),
+            process.memory_snapshots(),
         )
         return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
@@ -389,7 +383,7 @@ class GymServer:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
         try:
             env, state = envstate.restore_request(
-                self.env, msg, payloads, envside.workspace_now(), self.last_obs, envside.memory_snapshots()
+                self.env, msg, payloads, process.workspace_now(), self.last_obs, process.memory_snapshots()
             )
         except envstate.SnapshotRefused as exc:
             return {"error": str(exc)}, []
@@ -563,7 +557,7 @@ def _serve_loop(server: GymServer, fd_in: int, fd_out: int) -> None:
             got = read_message(reader)
         except ProtocolError as exc:
             write_message(writer, {"error": f"bad request: {exc}"})
-            if str(exc).startswith(_RECOVERABLE):
+            if str(exc).startswith(STILL_IN_SYNC):
                 continue
             # A torn stream cannot be resynchronised: the worker will respawn us.
             return
@@ -581,7 +575,7 @@ def _serve_loop(server: GymServer, fd_in: int, fd_out: int) -> None:
         _write_result(writer, result)
 
 
-def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progress: envside.Progress) -> None:
+def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progress: Progress) -> None:
     """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
 
     A line that is not a group request this process can serve is answered ``{"error": ...}``
@@ -594,7 +588,7 @@ def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progres
             got = read_message(reader)
         except ProtocolError as exc:
             write_message(writer, {"error": f"bad request: {exc}"})
-            if str(exc).startswith(_RECOVERABLE):
+            if str(exc).startswith(STILL_IN_SYNC):
                 continue
             return  # a torn stream cannot be resynchronised: the worker will respawn us
         if got is None:
@@ -611,7 +605,7 @@ def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progres
 
 
 def _serve_group_request(
-    servers: list[GymServer], request: GroupRequest, rows: GroupRows | None, progress: envside.Progress, fd_out: int
+    servers: list[GymServer], request: GroupRequest, rows: GroupRows | None, progress: Progress, fd_out: int
 ) -> bool:
     """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
     (every env closed, the reply written: the process ends)."""
@@ -685,7 +679,7 @@ def _serve_group_request(
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
-    """A position's reply for :func:`~boltzlabs_gym.envside.group_reply`; one that is not JSON becomes
+    """A position's reply for :func:`~boltzlabs_gym.envside.groups.group_reply`; one that is not JSON becomes
     what the one-env server writes instead (:func:`_write`)."""
     try:
         return p, encode_reply(reply, payloads), payloads
@@ -707,7 +701,7 @@ def _close_all(servers: list[GymServer]) -> None:
 def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
     """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
     several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
-    config = envside.group_config()
+    config = group_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
         server = GymServer(factories[base % len(factories)]())
@@ -715,7 +709,7 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
         _serve_loop(server, fd_in, fd_out)
         return
     servers = [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)]
-    progress = envside.Progress(envside.workspace_now())
+    progress = Progress(process.workspace_now())
     freeze_heap()
     _serve_group_loop(servers, fd_in, fd_out, progress)
 
@@ -744,17 +738,17 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     inside the sandbox, after the channel is protected.
     """
     preloaded = None
-    if envside.in_template():
+    if process.in_template():
         # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
         with open(
-            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE), "rb"
+            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR), FACTORIES_FILE), "rb"
         ) as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
-        envside.template_fork()  # returns in each forked env
+        process.template_fork()  # returns in each forked env
     proto_in, proto_out = protect_channel_fds()
     if env_dir is None:
-        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR)
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR)
     if index is None:
         index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
     if preloaded is not None:
