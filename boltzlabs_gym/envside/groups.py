@@ -31,6 +31,7 @@ __all__ = [
     "GroupRequest",
     "check_group",
     "group_ops",
+    "spelled_out",
     "NO_GROUP_ARRAYS",
     "group_reply_line",
     "group_reply",
@@ -192,7 +193,12 @@ def _split_payloads(nbin: Any, payloads: Sequence[bytes], n_ops: int) -> list[Se
 def group_ops(msg: dict, payloads: Sequence[bytes], count: int) -> list[tuple[int, dict, Sequence[bytes]]]:
     """``(slot, op, op_payloads)`` for each position of a group request, int shorthands written out
     as the step ops they stand for; :class:`ProtocolError` as :func:`check_group`."""
-    req = check_group(msg, payloads, count)
+    return spelled_out(check_group(msg, payloads, count))
+
+
+def spelled_out(req: GroupRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
+    """``(slot, op, op_payloads)`` for each position of a checked group request, int shorthands
+    written out as the step ops they stand for."""
     out = []
     for p, (slot, op) in enumerate(zip(req.slots, req.ops)):
         if _is_int(op):
