@@ -108,7 +108,7 @@ from .envside.process import (
     template_fork,
     workspace_now,
 )
-from .envside.serve_loop import serve_group_requests, serve_requests
+from .envside.serve_loop import Answer, serve_group_requests, serve_requests
 from .envside.state import SnapshotRefused, restore_request, snapshot_reply
 
 __all__ = [
@@ -344,82 +344,51 @@ class _StateHooks:
             self.reseed = reseed
 
 
-class _OneEnv:
-    """The one-env protocol's answers (see the module doc), for :func:`serve_requests`: one reply
-    line a request, written to ``out``.
+def _one_env_answer(env: Any, describe: dict, out: BinaryIO, on_restore: Callable[[Any], Any] | None) -> Answer:
+    """The one-env protocol's answer (see the module doc) for :func:`serve_requests`: one reply line a
+    request, written to ``out``; ``False`` after a ``close``.
 
-    ``env`` has ``reset``/``step``; a restore may replace it (``on_restore`` is told the new one)."""
+    ``env`` has ``reset``/``step``; a restore may replace it (``on_restore`` is told the new one).
+    The state lives in this closure's cells rather than on an object: every step reads them, and an
+    object's attributes cost each step a tenth to three tenths of a microsecond more (a counter env, 2 cores)."""
+    reset, step = env.reset, env.step
+    last_obs = None  # what the env last returned: a snapshot keeps it, a restore answers with it
+    started = False  # a reset or restore started an episode in this process (see state.NOT_STARTED)
 
-    def __init__(self, env: Any, describe: dict, out: BinaryIO, on_restore: Callable[[Any], Any] | None) -> None:
-        self.env, self.reset, self.step = env, env.reset, env.step
-        self.describe_reply = describe
-        self.out = out
-        self.on_restore = on_restore
-        #: What the env last returned: a snapshot keeps it, a restore answers with it.
-        self.last_obs: Any = None
-        #: Whether a reset or restore started an episode in this process (see state.NOT_STARTED).
-        self.started = False
-
-    def answer(self, msg: dict, payloads: list) -> bool:
-        """Answer one request; ``False`` after a ``close`` (its reply written: the process ends)."""
+    def answer(msg: dict, payloads: list) -> bool:
+        nonlocal env, reset, step, last_obs, started
         op = msg.get("op")
         if op == "step":
-            reply = _call_step(self.step, self.reset, msg)
-            self.last_obs = reply["reset_obs"] if "reset_obs" in reply else reply["obs"]
+            reply = _call_step(step, reset, msg)
+            last_obs = reply["reset_obs"] if "reset_obs" in reply else reply["obs"]
         elif op == "reset":
-            reply = _call_reset(self.reset, msg)
-            self.last_obs, self.started = reply["obs"], True
+            reply = _call_reset(reset, msg)
+            last_obs, started = reply["obs"], True
+        elif op == "describe":
+            reply = describe
+        elif op == "close":
+            write_message(out, {})
+            return False
+        elif op == "snapshot":
+            snapshot = _snapshot(env, last_obs, started, msg.get("kind"), msg.get("swap"))
+            if snapshot is not None:  # None: a memory snapshot's copy, which answers its restore instead
+                write_message(out, *snapshot)
+            return True
+        elif op == "restore":
+            old, (env, reply) = env, _restore(env, msg, payloads, last_obs)
+            if "error" not in reply:
+                reset, step, last_obs, started = env.reset, env.step, reply["obs"], True
+                if on_restore is not None:
+                    on_restore(env)
+                if old is not env:
+                    _close_envs([old])  # the env it replaced lets go of what it holds now, not at exit
         else:
-            other = _OTHER_OPS.get(op) if isinstance(op, str) else None
-            if other is not None:
-                return other(self, msg, payloads)
             reply = {"error": f"unknown op {op!r}"}
-        self.write(reply)
-        return True
-
-    def write(self, reply: dict) -> None:
-        """Write ``reply`` as one line (one that is not JSON as the terminal transition that says so)."""
-        out = self.out
         out.write(_encode_reply(reply))
         out.flush()
-
-    def describe(self, msg: dict, payloads: list) -> bool:
-        """The spaces and metadata ``serve()`` was given."""
-        self.write(self.describe_reply)
         return True
 
-    def close(self, msg: dict, payloads: list) -> bool:
-        """Answer ``{}``: the process ends (``serve()`` closes the env)."""
-        write_message(self.out, {})
-        return False
-
-    def snapshot(self, msg: dict, payloads: list) -> bool:
-        """The env's state blob (:func:`~boltzlabs_gym.envside.state.snapshot_reply`), or why it has none."""
-        answer = _snapshot(self.env, self.last_obs, self.started, msg.get("kind"), msg.get("swap"))
-        if answer is not None:  # None: a memory snapshot's copy, which answers its restore instead
-            write_message(self.out, *answer)
-        return True
-
-    def restore(self, msg: dict, payloads: list) -> bool:
-        """Become the env of the blob in ``payloads[0]``; answered as a reset."""
-        old, (env, reply) = self.env, _restore(self.env, msg, payloads, self.last_obs)
-        if "error" not in reply:
-            self.env, self.reset, self.step = env, env.reset, env.step
-            self.last_obs, self.started = reply["obs"], True
-            if self.on_restore is not None:
-                self.on_restore(env)
-            if old is not env:
-                _close_envs([old])  # the env it replaced lets go of what it holds now, not at exit
-        self.write(reply)
-        return True
-
-
-_OTHER_OPS: dict[str, Callable[[_OneEnv, dict, list], bool]] = {
-    "describe": _OneEnv.describe,
-    "close": _OneEnv.close,
-    "snapshot": _OneEnv.snapshot,
-    "restore": _OneEnv.restore,
-}
+    return answer
 
 
 def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None, nonce: Any = None) -> tuple[dict, list] | None:
@@ -445,7 +414,7 @@ def _serve_one(
 ) -> None:
     """The one-env protocol: one request line, one reply line, until ``close`` or end of input
     (a torn stream is answered and ends it too: the worker will respawn us)."""
-    serve_requests(proto_in, proto_out, _OneEnv(env, describe, proto_out, on_restore).answer)
+    serve_requests(proto_in, proto_out, _one_env_answer(env, describe, proto_out, on_restore))
 
 
 def _serve_group(envs: list, describe: dict, proto_in: BinaryIO, proto_out: BinaryIO, progress: Progress) -> None:

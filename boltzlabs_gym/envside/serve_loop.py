@@ -84,7 +84,8 @@ def serve_requests(
             return Ending.TORN  # a torn stream cannot be resynchronised: the worker will respawn us
         if got is None:
             return Ending.END_OF_INPUT
-        if not answer(*got):
+        msg, payloads = got
+        if not answer(msg, payloads):  # (not answer(*got): a call with * is not inlined by the interpreter)
             return Ending.CLOSED
 
 
