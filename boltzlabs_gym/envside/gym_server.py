@@ -71,6 +71,7 @@ import time
 import traceback
 from array import array
 from collections.abc import Callable, Sequence
+from functools import partial
 from math import isfinite
 from typing import Any, TypeVar
 
@@ -81,27 +82,13 @@ from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
-from . import framing as envside
-from . import state as envstate
-from .framing import (
-    MAX_TRACEBACK_CHARS,
-    FdReader,
-    FdWriter,
-    GroupRequest,
-    MessageWriter,
-    ProtocolError,
-    check_group,
-    encode_reply,
-    error_transition,
-    failed_transition,
-    freeze_heap,
-    group_reply_parts,
-    protect_channel_fds,
-    read_message,
-    write_all,
-    write_message,
-    writev_all,
-)
+from . import process
+from .failures import MAX_TRACEBACK_CHARS, error_transition, failed_transition
+from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
+from .groups import GroupRequest, Progress, group_config, group_reply_parts
+from .process import freeze_heap, protect_channel_fds
+from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
+from .state import SnapshotRefused, restore_request, snapshot_reply
 
 __all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
 
@@ -116,8 +103,6 @@ MAX_PREMADE_ACTIONS = 1024
 #: How long a sandbox whose env could not be built waits to be killed after saying why.
 START_FAILURE_LINGER_S = 30.0
 _T = TypeVar("_T")
-# ProtocolErrors after which the line stream is still in sync (the whole line was read).
-_RECOVERABLE = ("line is not JSON", "expected a JSON object")
 
 
 def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
@@ -383,24 +368,24 @@ class GymServer:
     def snapshot(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes:
         """The env's state as one blob (:func:`boltzlabs_gym.envside.state.snapshot_reply`); an env that
         cannot be pickled answers an error that says what to add."""
-        reply = envstate.snapshot_reply(
+        reply = snapshot_reply(
             self.env,
             self.last_obs,
             self.started,
-            envside.workspace_now(),
+            process.workspace_now(),
             msg.get("kind"),
             msg.get("swap"),
-            envside.memory_snapshots(),
+            process.memory_snapshots(),
         )
         return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
     def restore(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
         try:
-            env, state = envstate.restore_request(
-                self.env, msg, payloads, envside.workspace_now(), self.last_obs, envside.memory_snapshots()
+            env, restored = restore_request(
+                self.env, msg, payloads, process.workspace_now(), self.last_obs, process.memory_snapshots()
             )
-        except envstate.SnapshotRefused as exc:
+        except SnapshotRefused as exc:
             return {"error": str(exc)}, []
         old, self.env = self.env, env
         if old is not env:
@@ -408,9 +393,9 @@ class GymServer:
                 old.close()  # the env it replaced (a window, a file) is let go of now, not at exit
             except Exception:
                 _traceback()
-        self.last_obs, self.started = state["obs"], True
+        self.last_obs, self.started = restored["obs"], True
         out: list = []
-        obs_j, info_j = self._encode_reset(state["obs"], {}, out, zero_copy=False)
+        obs_j, info_j = self._encode_reset(restored["obs"], {}, out, zero_copy=False)
         return {"obs": obs_j, "info": info_j}, out
 
     def handle(self, msg: dict, payloads: Sequence) -> tuple[dict, list] | bytes | None:
@@ -540,87 +525,82 @@ def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
         write_message(stream, fallback)
 
 
-def _write_result(writer: FdWriter, result: tuple[dict, list] | bytes) -> None:
-    if type(result) is bytes:  # a step's reply, already encoded
-        write_all(writer.fd, result)
-    else:
-        _write(writer, *result)
-
-
-def _serve_loop(server: GymServer, fd_in: int, fd_out: int) -> None:
-    """Answer requests from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
+def _serve_one(server: GymServer, fd_in: int, fd_out: int) -> None:
+    """Answer one env's requests from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
 
     A plain Discrete step arrives as one short line, alone in one ``os.read``; it is
     recognised by its exact bytes (:func:`~boltzlabs_gym.wire.protocol.parse_discrete_step`) and
     answered without a JSON parser or buffered streams. Every env step is a context
     switch into this process, with cold caches: the less code a step runs here, the
     cheaper it is (about 20 us of CPU less per CartPole step with 64 envs on 2 cores).
-    Anything else, or anything more in the buffer, takes the generic path.
+    Anything else, or anything more in the buffer, takes the generic path. A line that is
+    not a JSON object is answered ``{"error": ...}`` and the server serves on; a torn stream
+    is answered and ends it. At end of input the env is closed.
     """
-    reader, writer = FdReader(fd_in), FdWriter(fd_out)
-    step_discrete = server.step_discrete if server._discrete is not None else None
-    while True:
-        if step_discrete is not None and not reader.buf:
-            data = os.read(fd_in, 1 << 16)
-            request = parse_discrete_step(data)
-            result = step_discrete(*request) if request is not None else None
-            if result is not None:
-                _write_result(writer, result)
-                continue
-            reader.push(data)
-        try:
-            got = read_message(reader)
-        except ProtocolError as exc:
-            write_message(writer, {"error": f"bad request: {exc}"})
-            if str(exc).startswith(_RECOVERABLE):
-                continue
-            # A torn stream cannot be resynchronised: the worker will respawn us.
-            return
-        if got is None:
-            try:
-                server.env.close()
-            except Exception:
-                _traceback()
-            return
-        msg, payloads = got
-        result = server.handle(msg, payloads)
-        if result is None:
+    writer = FdWriter(fd_out)
+    quick = _discrete_step_answer(server, writer) if server._discrete is not None else None
+    ending = serve_requests(FdReader(fd_in), writer, _answer(server, writer), serve_past_bad_lines=True, quick=quick)
+    if ending is Ending.END_OF_INPUT:
+        _close_all([server])
+
+
+# The two answers below write a result the same way, inline rather than through a shared
+# function: they run once per env step, where every call counts.
+
+
+def _answer(server: GymServer, writer: FdWriter) -> Answer:
+    """Answer a request with :meth:`GymServer.handle` and write what it returns (``{}`` for a ``close``)."""
+    handle, fd = server.handle, writer.fd
+
+    def answer(msg: dict, payloads: list[bytes]) -> bool:
+        result = handle(msg, payloads)
+        if type(result) is bytes:  # a step's reply, already encoded
+            write_all(fd, result)
+        elif result is None:  # a close: the env is closed
             write_message(writer, {})
-            return
-        _write_result(writer, result)
+            return False
+        else:
+            _write(writer, *result)
+        return True
+
+    return answer
 
 
-def _serve_group_loop(servers: list[GymServer], fd_in: int, fd_out: int, progress: envside.Progress) -> None:
+def _discrete_step_answer(server: GymServer, writer: FdWriter) -> QuickAnswer:
+    """Answer the bytes of one plain Discrete step line (:meth:`GymServer.step_discrete`), written."""
+    step_discrete, fd = server.step_discrete, writer.fd
+
+    def quick(data: bytes) -> bool:
+        request = parse_discrete_step(data)
+        result = step_discrete(*request) if request is not None else None
+        if result is None:
+            return False
+        if type(result) is bytes:  # a step's reply, already encoded
+            write_all(fd, result)
+        else:
+            _write(writer, *result)
+        return True
+
+    return quick
+
+
+def _serve_group(servers: list[GymServer], fd_in: int, fd_out: int, progress: Progress) -> None:
     """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
 
     A line that is not a group request this process can serve is answered ``{"error": ...}``
-    and the process serves on (the whole line was read); a torn stream as in :func:`_serve_loop`.
+    and the process serves on (the whole line was read); a torn stream as in :func:`_serve_one`.
+    At end of input every env is closed.
     """
-    reader, writer = FdReader(fd_in), FdWriter(fd_out)
-    rows = GroupRows.of(servers)
-    while True:
-        try:
-            got = read_message(reader)
-        except ProtocolError as exc:
-            write_message(writer, {"error": f"bad request: {exc}"})
-            if str(exc).startswith(_RECOVERABLE):
-                continue
-            return  # a torn stream cannot be resynchronised: the worker will respawn us
-        if got is None:
-            _close_all(servers)
-            return
-        msg, payloads = got
-        try:
-            request = check_group(msg, payloads, len(servers))
-        except ProtocolError as exc:
-            write_message(writer, {"error": f"bad group request: {exc}"})
-            continue
-        if not _serve_group_request(servers, request, rows, progress, fd_out):
-            return
+    answer_group = partial(_serve_group_request, servers, GroupRows.of(servers), progress, fd_out)
+    ending = serve_group_requests(
+        FdReader(fd_in), FdWriter(fd_out), len(servers), answer_group, serve_past_bad_lines=True
+    )
+    if ending is Ending.END_OF_INPUT:
+        _close_all(servers)
 
 
 def _serve_group_request(
-    servers: list[GymServer], request: GroupRequest, rows: GroupRows | None, progress: envside.Progress, fd_out: int
+    servers: list[GymServer], rows: GroupRows | None, progress: Progress, fd_out: int, request: GroupRequest
 ) -> bool:
     """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
     (every env closed, the reply written: the process ends)."""
@@ -694,7 +674,7 @@ def _serve_group_request(
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
-    """A position's reply for :func:`~boltzlabs_gym.envside.group_reply`; one that is not JSON becomes
+    """A position's reply for :func:`~boltzlabs_gym.envside.groups.group_reply`; one that is not JSON becomes
     what the one-env server writes instead (:func:`_write`)."""
     try:
         return p, encode_reply(reply, payloads), payloads
@@ -716,19 +696,19 @@ def _close_all(servers: list[GymServer]) -> None:
 def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
     """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
     several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
-    config = envside.group_config()
+    config = group_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
         server = _started(lambda: GymServer(factories[base % len(factories)]()), fd_in, fd_out)
         freeze_heap()
-        _serve_loop(server, fd_in, fd_out)
+        _serve_one(server, fd_in, fd_out)
         return
     servers = _started(
         lambda: [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
     )
-    progress = envside.Progress(envside.workspace_now())
+    progress = Progress(process.workspace_now())
     freeze_heap()
-    _serve_group_loop(servers, fd_in, fd_out, progress)
+    _serve_group(servers, fd_in, fd_out, progress)
 
 
 def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
@@ -784,17 +764,17 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     inside the sandbox, after the channel is protected.
     """
     preloaded = None
-    if envside.in_template():
+    if process.in_template():
         # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
         with open(
-            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR), FACTORIES_FILE), "rb"
+            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR), FACTORIES_FILE), "rb"
         ) as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
-        envside.template_fork()  # returns in each forked env
+        process.template_fork()  # returns in each forked env
     proto_in, proto_out = protect_channel_fds()
     if env_dir is None:
-        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", envside.ENV_DIR)
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR)
     if index is None:
         index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
     if preloaded is not None:

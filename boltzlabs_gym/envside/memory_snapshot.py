@@ -62,7 +62,7 @@ import time
 from typing import Any
 
 from ..wire.limits import Limits
-from . import framing as envside
+from . import process
 from .confine import CONTROL_FD, SANDBOX_WORKSPACE, python_paths
 
 HOLDER_COMM = "boltz-holder"
@@ -80,7 +80,7 @@ class MemorySnapshotRefused(Exception):
 
 
 class CowForks:
-    """The env side's memory-snapshot maker (what :func:`boltzlabs_gym.envside.memory_snapshots` returns)."""
+    """The env side's memory-snapshot maker (what :func:`boltzlabs_gym.envside.process.memory_snapshots` returns)."""
 
     def __init__(self, uid: int) -> None:
         self.uid = uid
@@ -144,7 +144,7 @@ class CowForks:
     def _classify_fds(self, ignore: int | None = None) -> tuple[dict[int, int] | None, list[str]]:
         """``(roles, unexpected)``: the fds on the env's channel pipes (fd -> 0 requests, 1 replies,
         2 stderr), and the open fds that are neither those, ``/dev/null`` nor the control socket."""
-        channel = envside.channel_fds()
+        channel = process.channel_fds()
         if channel is None:
             return None, []
         ids = {}
@@ -528,7 +528,7 @@ def install(uid: int) -> None:
     # env has them from its template) rather than on the first snapshot's path.
     from . import syscalls as _linux  # noqa: F401
 
-    envside.install_memory_snapshots(CowForks(uid))
+    process.install_memory_snapshots(CowForks(uid))
 
 
 __all__ = ["CONTROL_FD", "CowForks", "MemorySnapshotRefused", "install"]

@@ -483,20 +483,20 @@ def test_discrete_fast_decode_refuses_what_the_codec_refuses():
 
 
 class _LoopHarness:
-    """``_serve_loop`` on a thread, over two real pipes, as a sandboxed env runs it."""
+    """``_serve_one`` on a thread, over two real pipes, as a sandboxed env runs it."""
 
     def __init__(self, env):
         import threading
 
         from boltzlabs_gym.env import FdReader
-        from boltzlabs_gym.envside.gym_server import GymServer, _serve_loop
+        from boltzlabs_gym.envside.gym_server import GymServer, _serve_one
 
         self.server = GymServer(env)
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
         self.replies = FdReader(self.rep_r)
         self.fds = (req_r, rep_w)
-        self.thread = threading.Thread(target=_serve_loop, args=(self.server, req_r, rep_w), daemon=True)
+        self.thread = threading.Thread(target=_serve_one, args=(self.server, req_r, rep_w), daemon=True)
         self.thread.start()
 
     def send(self, data: bytes):

@@ -1,0 +1,268 @@
+"""Sandboxes of several envs, from inside: how many envs this process hosts, group requests, group replies.
+
+With ``BOLTZLABS_ENVS_PER_SANDBOX`` (K) above 1 an env process hosts ``BOLTZLABS_ENV_COUNT``
+envs (its slots, :func:`group_config`), every request is a group request
+(:func:`check_group`), and every reply a group reply (:func:`group_reply_parts`); while it
+serves a slot, :class:`Progress` says which in its workspace. The wire is specified in
+:mod:`boltzlabs_gym.wire.protocol` ("Sandboxes of several envs"). Its constants are repeated
+here because the env side imports nothing of the package but errors and limits (it must load
+in a sandbox with nothing else installed); tests/envside/test_multienv_side.py checks that
+both agree.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from ..errors import ProtocolError
+from .framing import MessageWriter, payload_nbytes, write_all
+
+__all__ = [
+    "PROGRESS_FILE",
+    "MAX_ENVS_PER_SANDBOX",
+    "GroupConfig",
+    "group_config",
+    "Progress",
+    "GroupRequest",
+    "check_group",
+    "group_ops",
+    "spelled_out",
+    "NO_GROUP_ARRAYS",
+    "group_reply_line",
+    "group_reply",
+    "group_reply_parts",
+    "write_group_reply",
+]
+
+#: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
+PROGRESS_FILE = ".boltzlabs-progress"
+#: The most envs one sandbox may host.
+MAX_ENVS_PER_SANDBOX = 4096
+_IDLE = -1
+_GROUP_KEYS = ("slots", "ops", "nbin", "autoreset")
+
+
+class GroupConfig(NamedTuple):
+    """How many envs this process hosts, from its environment (:func:`group_config`)."""
+
+    #: ``envs_per_sandbox`` (K): with K > 1 every request is a group request, even where ``count`` is 1.
+    envs_per_sandbox: int
+    #: The envs this process hosts (m, its slots ``0 .. m-1``); at most K.
+    env_count: int
+
+
+def _env_int(environ: Any, name: str, default: int, low: int, high: int) -> int:
+    text = environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        sys.stderr.write(f"boltzlabs: {name}={text!r} is not an integer in [{low}, {high}]\n")
+        sys.stderr.flush()
+        sys.exit(2)
+    return value
+
+
+def group_config(environ: Any = None) -> GroupConfig:
+    """``BOLTZLABS_ENVS_PER_SANDBOX`` (K, default 1) and ``BOLTZLABS_ENV_COUNT`` (m, default K).
+
+    Read when serving starts, never at import: a boltz fork gets its environment from the
+    worker after the template imported everything (call this after :func:`template_fork`).
+    A bad value is a start-up failure: a message on stderr and exit status 2.
+    """
+    environ = os.environ if environ is None else environ
+    k = _env_int(environ, "BOLTZLABS_ENVS_PER_SANDBOX", 1, 1, MAX_ENVS_PER_SANDBOX)
+    m = _env_int(environ, "BOLTZLABS_ENV_COUNT", k, 1, k)
+    return GroupConfig(k, m)
+
+
+class Progress:
+    """The slot a multi-env process is serving, in :data:`PROGRESS_FILE` of its workspace.
+
+    When the worker must kill a sandbox (a missed deadline, a crash), the file says which of
+    its envs was running. :meth:`set` is one store into a shared mapping of the file (no system
+    call), cheap enough for every position of every request. A workspace where the file cannot
+    be made (read-only, gone) costs the worker that attribution, not the env its service: the
+    process says so on stderr and serves on with :meth:`set` storing nowhere.
+    """
+
+    def __init__(self, workspace: str):
+        self.path = os.path.join(workspace, PROGRESS_FILE)
+        self._map: mmap.mmap | None = None
+        # Where set() stores: the mapped file, or a private cell when there is none.
+        cell: Any = memoryview(bytearray(4)).cast("i")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                write_all(fd, struct.pack("<i", _IDLE))
+                self._map = mmap.mmap(fd, 4)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as exc:
+            sys.stderr.write(f"boltzlabs: cannot keep {PROGRESS_FILE} in {workspace!r} ({exc}); serving without it\n")
+            sys.stderr.flush()
+        self.set: Callable[[int], None] = self._store
+        if self._map is not None:
+            if sys.byteorder == "little":
+                cell = memoryview(self._map).cast("i")
+            else:  # the file is little-endian whatever the host
+                self.set = self._store_packed
+        self._cell = cell
+        self.set(_IDLE)
+
+    def _store(self, slot: int) -> None:
+        self._cell[0] = slot
+
+    def _store_packed(self, slot: int) -> None:
+        assert self._map is not None
+        struct.pack_into("<i", self._map, 0, slot)
+
+    def idle(self) -> None:
+        """Between requests: no slot is being served."""
+        self.set(_IDLE)
+
+
+class GroupRequest(NamedTuple):
+    """A checked group request (:func:`check_group`): ``ops[p]`` is for slot ``slots[p]``."""
+
+    slots: list[int]
+    #: Each a per-env op object, or an int: the shorthand of a step of that action.
+    ops: list[Any]
+    #: Each op's payloads, or ``None`` when the request has none at all.
+    payloads: list[Sequence[bytes]] | None
+    #: Whether an int op steps with ``"autoreset": true``.
+    autoreset: bool
+
+
+_OP_TYPES = {int, dict}
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # not a bool
+
+
+def check_group(msg: dict, payloads: Sequence[bytes], count: int) -> GroupRequest:
+    """Check a group request of a process hosting ``count`` slots; :class:`ProtocolError` says what is wrong.
+
+    The whole line was read, so the stream is still in sync: the process answers
+    ``{"error": ...}`` and serves on.
+    """
+    slots, ops, nbin, autoreset = (msg.get(key) for key in _GROUP_KEYS)
+    if not isinstance(slots, list) or not isinstance(ops, list):
+        raise ProtocolError(f"not a group request (this process hosts {count} envs): it needs 'slots' and 'ops' lists")
+    if len(ops) != len(slots):
+        raise ProtocolError(f"a group request has {len(slots)} slots but {len(ops)} ops")
+    # Checked with set/min/max (C loops, not Python ones): this runs for every request.
+    if slots and (set(map(type, slots)) != {int} or min(slots) < 0 or max(slots) >= count):
+        raise ProtocolError(f"group slots must be ints in [0, {count}), got {slots!r}"[:500])
+    if len(set(slots)) != len(slots):
+        raise ProtocolError(f"group slots must be distinct, got {slots!r}"[:500])
+    if not set(map(type, ops)) <= _OP_TYPES:
+        raise ProtocolError("each op of a group request must be an op object or an int (a step's action)")
+    if autoreset is not None and not isinstance(autoreset, bool):
+        raise ProtocolError(f"a group request's autoreset must be a bool, got {type(autoreset).__name__}")
+    return GroupRequest(slots, ops, _split_payloads(nbin, payloads, len(ops)), bool(autoreset))
+
+
+def _split_payloads(nbin: Any, payloads: Sequence[bytes], n_ops: int) -> list[Sequence[bytes]] | None:
+    """Each op's payloads, by the request's ``nbin`` (``None`` when there are none)."""
+    if nbin is None:
+        if payloads:
+            raise ProtocolError(f"a group request with {len(payloads)} payloads needs 'nbin'")
+        return None
+    if not isinstance(nbin, list) or len(nbin) != n_ops or not all(_is_int(c) and c >= 0 for c in nbin):
+        raise ProtocolError(f"a group request's nbin must be {n_ops} counts, got {nbin!r}"[:500])
+    if sum(nbin) != len(payloads):
+        raise ProtocolError(f"a group request's nbin counts {sum(nbin)} payloads but {len(payloads)} came")
+    out: list[Sequence[bytes]] = []
+    start = 0
+    for c in nbin:
+        out.append(payloads[start : start + c])
+        start += c
+    return out
+
+
+def group_ops(msg: dict, payloads: Sequence[bytes], count: int) -> list[tuple[int, dict, Sequence[bytes]]]:
+    """``(slot, op, op_payloads)`` for each position of a group request, int shorthands written out
+    as the step ops they stand for; :class:`ProtocolError` as :func:`check_group`."""
+    return spelled_out(check_group(msg, payloads, count))
+
+
+def spelled_out(req: GroupRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
+    """``(slot, op, op_payloads)`` for each position of a checked group request, int shorthands
+    written out as the step ops they stand for."""
+    out = []
+    for p, (slot, op) in enumerate(zip(req.slots, req.ops)):
+        if _is_int(op):
+            op = {"op": "step", "action": op, "autoreset": True} if req.autoreset else {"op": "step", "action": op}
+        out.append((slot, op, req.payloads[p] if req.payloads is not None else ()))
+    return out
+
+
+#: A group reply's arrays when it has none (no array observations, or no plain position).
+NO_GROUP_ARRAYS = b'"obs":null,"reward":null,"flags":null'
+
+
+def group_reply_line(
+    n: int, replies: Sequence[tuple[int, bytes]], sizes: Sequence[int], arrays: bytes | None = None
+) -> bytes:
+    """A group reply line: ``n`` positions, ``arrays`` (the ``"obs":..,"reward":..,"flags":..``
+    members, else nulls), the encoded replies by position, and ``"_bin"`` listing ``sizes`` (all
+    payloads: the arrays' and then each reply's, in position order) when there are any.
+
+    >>> group_reply_line(2, [(1, b'{"error":"unknown op"}')], [])
+    b'{"n":2,"obs":null,"reward":null,"flags":null,"replies":{"1":{"error":"unknown op"}}}\\n'
+    """
+    parts = [b'{"n":%d,' % n, NO_GROUP_ARRAYS if arrays is None else arrays, b',"replies":{']
+    parts.append(b",".join([b'"%d":%s' % (p, r) for p, r in replies]))
+    if sizes:
+        parts.append(b'},"_bin":[%s]}\n' % b",".join([b"%d" % s for s in sizes]))
+    else:
+        parts.append(b"}}\n")
+    return b"".join(parts)
+
+
+def group_reply(
+    n: int,
+    replies: Sequence[tuple[int, bytes, Sequence]],
+    arrays: bytes | None = None,
+    array_payloads: Sequence = (),
+) -> bytes:
+    """A whole group reply, its line and then its payloads: ``replies`` are ``(position,
+    encode_reply(...), that reply's payloads)`` in position order, after the arrays' payloads."""
+    parts = group_reply_parts(n, replies, arrays, array_payloads)
+    return b"".join(parts) if len(parts) > 1 else parts[0]
+
+
+def group_reply_parts(
+    n: int,
+    replies: Sequence[tuple[int, bytes, Sequence]],
+    arrays: bytes | None = None,
+    array_payloads: Sequence = (),
+) -> list:
+    """:func:`group_reply` as its line and payloads, for :func:`writev_all`."""
+    payloads = list(array_payloads)
+    for _p, _r, own in replies:
+        payloads.extend(own)
+    line = group_reply_line(n, [(p, r) for p, r, _own in replies], [payload_nbytes(x) for x in payloads], arrays)
+    return [line, *payloads]
+
+
+def write_group_reply(
+    stream: MessageWriter,
+    n: int,
+    replies: Sequence[tuple[int, bytes, Sequence]],
+    arrays: bytes | None = None,
+    array_payloads: Sequence = (),
+) -> None:
+    """Write :func:`group_reply` to ``stream`` in one write, and flush it."""
+    stream.write(group_reply(n, replies, arrays, array_payloads))
+    stream.flush()
