@@ -1,5 +1,7 @@
-"""Whether a ``/metrics`` port can be bound: checked by a pool before it starts its local worker, and by
-the worker itself, so both say so in the same words."""
+"""Whether a ``/metrics`` port can be bound: checked by a pool before it starts its local worker, so a
+port in use is a plain error at the pool's constructor rather than a worker that fails to start.
+
+In ``wire/`` because the pool must not import the worker's Prometheus module to ask."""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from ..errors import MetricsPortError
 from ..extras import require
-from ..wire.metrics_port import check_port  # noqa: F401 - re-exported
 from . import pss as memory
 from .envproc import EnvState
 from .stats import BAD_REPLY_REASONS, CRASH_REASONS, LatencyBuckets, envs_by_state

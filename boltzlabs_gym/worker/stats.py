@@ -39,7 +39,7 @@ import collections
 import time
 from collections.abc import Iterable
 
-from ..wire.counters import RATE_WINDOW_S, RECENT_LATENCIES, RecentCounts, percentile  # noqa: F401 - re-exported
+from ..wire.counters import RATE_WINDOW_S, RECENT_LATENCIES, RecentCounts, percentile
 
 __all__ = [
     "CRASH_REASONS",
