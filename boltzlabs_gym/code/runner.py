@@ -65,6 +65,7 @@ class _Job:
     request: RunRequest
     future: concurrent.futures.Future
     enqueued: float = field(default_factory=time.perf_counter)
+    taken: float = 0.0
 
 
 @dataclass
@@ -92,7 +93,8 @@ class CodeRunner:
             request may ask for (the pools' step deadline is sized from them).
         max_output_bytes: stdout and stderr kept per command; the rest is dropped and counted.
         max_queue: requests waiting at most; past it :meth:`submit` raises :class:`QueueFullError`.
-        on_result: called with ``(request, result, queue_wait_s)`` on a lane's thread after every run.
+        on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's thread after
+            every run (seconds from submission to a lane taking it, and to its result).
     """
 
     def __init__(
@@ -108,7 +110,7 @@ class CodeRunner:
         max_compile_timeout: float = 60.0,
         max_output_bytes: int = 1 << 20,
         max_queue: int = 1024,
-        on_result: Callable[[RunRequest, RunResult, float], None] | None = None,
+        on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
         **pool_options: Any,
     ):
         if envs_per_lane < 1 or lanes < 1:
@@ -220,6 +222,7 @@ class CodeRunner:
         """Wait for a first request, then take whatever else waits, up to a batch; ``[]`` at close."""
         first = self._queue.get()
         if first is None:
+            self._queue.put(None)  # the close marker stays for the other lanes
             return []
         jobs = [first]
         while len(jobs) < self.envs_per_lane:
@@ -237,6 +240,7 @@ class CodeRunner:
             self._stats.queued -= len(jobs)
             for job in jobs:
                 if job.future.set_running_or_notify_cancel():
+                    job.taken = now
                     live.append(job)
                     self._stats.queue_wait_s += now - job.enqueued
                 else:
@@ -263,7 +267,7 @@ class CodeRunner:
                 self._count(job.request, result)
                 if self.on_result is not None:
                     try:
-                        self.on_result(job.request, result, now - job.enqueued)
+                        self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
                     except Exception:
                         log.exception("code runner on_result listener failed")
                 job.future.set_result(result)
