@@ -3,10 +3,13 @@
 :class:`CodeRunner` keeps ``lanes`` pools (:class:`~boltzlabs_gym.RLPool`, ``mode="boltz"``) of
 the runner's env (``boltzlabs_gym/code/runner_env``). Requests wait in one queue; each lane
 takes up to its ``envs_per_lane`` waiting requests, runs them as one batched step (one message
-per worker), hands back the results, then hard-resets the envs it used: their process trees are
-killed, their workspaces wiped, and fresh envs forked from the warm template. A batch lasts as
-long as its slowest program, so several lanes keep short programs from waiting behind a
-timed-out one.
+per worker) and hands back the results. Between two programs an env is either *wiped* inside its
+sandbox, before it answers (where it is PID 1 of its own PID namespace: every process left is
+killed, every writable place emptied, SysV IPC removed, and the env checks that nothing is left
+and that nothing of it changed; see ``docs/code-server.md``), or, where it cannot be or the wipe
+found something, *hard-reset*: its process tree killed, its workspace wiped, a fresh env forked
+from the warm template. A batch lasts as long as its slowest program, so several lanes keep
+short programs from waiting behind a timed-out one.
 
 Pools are local by default; ``workers=`` (addresses or a
 :class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
@@ -79,6 +82,8 @@ class RunnerStats:
     queue_wait_s: float = 0.0
     queued: int = 0
     running: int = 0
+    wipes: int = 0  # programs after which the env wiped itself clean
+    hard_resets: int = 0  # programs after which the env was hard-reset (no wipe here, or it found something)
 
 
 class CodeRunner:
@@ -95,6 +100,8 @@ class CodeRunner:
         max_queue: requests waiting at most; past it :meth:`submit` raises :class:`QueueFullError`.
         on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's thread after
             every run (seconds from submission to a lane taking it, and to its result).
+        wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
+            ``False`` hard-resets it after every program.
     """
 
     def __init__(
@@ -111,6 +118,7 @@ class CodeRunner:
         max_output_bytes: int = 1 << 20,
         max_queue: int = 1024,
         on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
+        wipe: bool = True,
         **pool_options: Any,
     ):
         if envs_per_lane < 1 or lanes < 1:
@@ -121,6 +129,7 @@ class CodeRunner:
         self.max_output_bytes = int(max_output_bytes)
         self.max_queue = int(max_queue)
         self.on_result = on_result
+        self.wipe = bool(wipe)
         self._stats = RunnerStats()
         self._stats_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
@@ -210,7 +219,10 @@ class CodeRunner:
         """A copy of the counters."""
         with self._stats_lock:
             s = self._stats
-            return RunnerStats(dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, s.queued, s.running)
+            return RunnerStats(
+                dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, s.queued, s.running, s.wipes,
+                s.hard_resets,
+            )  # fmt: skip
 
     @property
     def capacity(self) -> int:
@@ -256,13 +268,16 @@ class CodeRunner:
             if not jobs:
                 continue
             try:
-                results = self._run_batch(pool, jobs)
+                results, clean = self._run_batch(pool, jobs)
             except Exception as exc:  # the pool itself failed: these runs are the sandbox's errors
                 log.exception("code runner lane failed a batch")
                 results = [RunResult.sandbox_error(f"the pool failed: {exc}", self._isolation_text) for _ in jobs]
+                clean = [False] * len(jobs)
             now = time.perf_counter()
             with self._stats_lock:
                 self._stats.running -= len(jobs)
+                self._stats.wipes += sum(clean)
+                self._stats.hard_resets += len(clean) - sum(clean)
             for job, result in zip(jobs, results):
                 self._count(job.request, result)
                 if self.on_result is not None:
@@ -271,30 +286,37 @@ class CodeRunner:
                     except Exception:
                         log.exception("code runner on_result listener failed")
                 job.future.set_result(result)
-            if self._closed:
+            if self._closed or all(clean):
                 continue
             try:
                 mask = np.zeros(pool.n, dtype=bool)
-                mask[: len(jobs)] = True
+                mask[: len(jobs)] = [not c for c in clean]
                 pool.reset(where=mask, hard=True)  # killed, wiped, forked afresh for the next programs
             except Exception:
                 log.exception("code runner lane could not hard-reset its envs")
 
-    def _run_batch(self, pool: RLPool, jobs: list[_Job]) -> list[RunResult]:
-        items = [
-            (i, {"op": "step", "action": job.request.to_action(self.max_output_bytes)}, ())
-            for i, job in enumerate(jobs)
-        ]
+    def _run_batch(self, pool: RLPool, jobs: list[_Job]) -> tuple[list[RunResult], list[bool]]:
+        """Run ``jobs`` on the lane's first envs; their results, and which envs wiped themselves clean."""
+        items = []
+        for i, job in enumerate(jobs):
+            action = job.request.to_action(self.max_output_bytes)
+            action["wipe"] = self.wipe
+            items.append((i, {"op": "step", "action": action}, ()))
         pool.batch_async(items)
-        results = []
+        results, clean = [], []
         for r in pool.batch_wait():
             t = read_step(r, pool.step_timeout)
             if t.failure is not None:
                 detail = f"{t.failure.reason}\n{t.failure.stderr}".strip()
                 results.append(RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text))
+                clean.append(False)
             else:
-                results.append(RunResult.from_observation(t.obs or {}, self._isolation_text))
-        return results
+                obs = t.obs or {}
+                results.append(RunResult.from_observation(obs, self._isolation_text))
+                clean.append(obs.get("clean") is True)
+                if obs.get("clean") is not True and self.wipe and obs.get("unclean") != "not wiped (hard reset)":
+                    log.info("code runner: env %d not clean after a program (%s): hard reset", i, obs.get("unclean"))
+        return results, clean
 
     def _count(self, request: RunRequest, result: RunResult) -> None:
         run = result.run_result

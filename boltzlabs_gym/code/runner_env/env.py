@@ -15,11 +15,15 @@ and its observation is ``{"compile_result": ..., "run_result": ..., "files": {..
 ``{"status", "execution_time", "return_code", "stdout", "stderr", "truncated"}`` (status
 ``Finished``, ``Error`` or ``TimeLimitExceeded``).
 
-Python programs run in a child forked from this warm interpreter (a fresh ``__main__``, the
-program's own stdin/stdout/stderr, ``random`` reseeded); bash, C++ (``g++``) and Node.js programs
-run as subprocesses. Every program runs in its own session (process group) in the workspace
-directory; on its deadline the whole group is killed, and the hard reset that follows kills every
-process left in the sandbox.
+Python programs run in a child forked from a warm interpreter (a fresh ``__main__``, the
+program's own stdin/stdout/stderr, ``random`` reseeded): where the env can be wiped, from its
+zygote (``_zygote``: forked before the first request, so no request ever passed through its
+memory), else from this env process; bash, C++ (``g++``) and Node.js programs run as
+subprocesses. Every program runs in its own session (process group) in the workspace directory;
+on its deadline the whole group is killed. Then, where the env is PID 1 of its own PID namespace,
+the wipe (``_wipe``) kills every process left, empties the writable places and checks that
+nothing is left; the observation's ``clean`` says whether it did, and the runner hard-resets an
+env that is not clean.
 """
 
 from __future__ import annotations
@@ -40,8 +44,14 @@ import string  # noqa: F401
 import sys
 import time
 import typing  # noqa: F401
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import _wipe  # type: ignore[import-not-found]  # (a sibling: the env dir is on sys.path)
+from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
+from boltzlabs_gym.envside import seccomp
 from boltzlabs_gym.envside.process import workspace_now
 
 #: Programs' environment: nothing of the env process's own (its variables name the worker's paths).
@@ -58,10 +68,36 @@ SUBPROCESS_COMMANDS = {
     "cpp": (["g++", "-std=c++17", "-O2", "{src}", "-o", "{exe}", "-lpthread"], ["{exe}"], ".cpp"),
 }
 SCRATCH = "/tmp/.boltzlabs_runner"  # outside the workspace: stdin and the C++ binary
+STDIN_PATH = os.path.join(SCRATCH, "stdin")
+
+
+class _Wiping:
+    """This env's wipe between programs: its zygote, the baseline, the programs' extra filter."""
+
+    zygote: Zygote | None = None
+    baseline: _wipe.Baseline | None = None
+    #: stacked on every program where the env is wiped: POSIX message queues cannot be listed
+    #: (no mqueue mount), so they cannot be wiped; programs cannot make one
+    child_filter = None
 
 
 def reset(seed):
-    return {"ready": True}
+    if _Wiping.zygote is None and _wipe.available():
+        _start_wiping()
+    return {"ready": True, "wipe": _Wiping.zygote is not None}
+
+
+def _start_wiping() -> None:
+    """Before the first request: the programs' filter, the env protected, the zygote, the baseline."""
+    try:
+        _Wiping.child_filter = seccomp.build_filter(deny=("mq_open",))
+        _wipe.protect()
+        zygote = Zygote(_zygote_program)
+        _Wiping.baseline = _wipe.record([zygote.pid])
+        _Wiping.zygote = zygote
+    except Exception as exc:  # no wipe: every program is followed by a hard reset
+        sys.stderr.write(f"boltzlabs code runner: no wipe between programs: {type(exc).__name__}: {exc}\n")
+        _Wiping.zygote = _Wiping.baseline = None
 
 
 def step(action):
@@ -69,6 +105,12 @@ def step(action):
         result = run_program(action)
     except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
         result = {"compile_result": None, "run_result": _error(f"{type(exc).__name__}: {exc}"), "files": {}}
+    result["clean"], result["unclean"] = False, "not wiped (hard reset)"
+    if action.get("wipe", True) and _Wiping.zygote is not None and _Wiping.baseline is not None:
+        reason = _wipe.wipe(_Wiping.baseline, [_Wiping.zygote.pid])
+        if reason is None and not _Wiping.zygote.alive():
+            reason = "the zygote died"
+        result["clean"], result["unclean"] = reason is None, reason
     return result, 0.0, True, {}
 
 
@@ -84,16 +126,20 @@ def run_program(action: dict) -> dict:
     language = action["language"]
     cap = int(action.get("max_output_bytes", 1 << 20))
     memory_mb = int(action.get("memory_limit_mb", -1))
-    stdin_path = os.path.join(SCRATCH, "stdin")
+    stdin_path = STDIN_PATH
     with open(stdin_path, "wb") as f:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
     compile_result = None
     if language == "python":
-        src = _source_path(workspace, ".py", action["code"])
-        run_result = _supervise(_fork_python(src, workspace, stdin_path, memory_mb), action["run_timeout"], cap)
+        n, src = _source_path(workspace, ".py", action["code"])
+        if _Wiping.zygote is not None:
+            started = _from_zygote(_Wiping.zygote, n, memory_mb)
+        else:
+            started = _fork_python(src, workspace, stdin_path, memory_mb)
+        run_result = _supervise(started, action["run_timeout"], cap)
     elif language in SUBPROCESS_COMMANDS:
         compile_cmd, run_cmd, suffix = SUBPROCESS_COMMANDS[language]
-        src = _source_path(workspace, suffix, action["code"])
+        _, src = _source_path(workspace, suffix, action["code"])
         names = {"src": src, "exe": os.path.join(SCRATCH, "program")}
         run_result = None
         if compile_cmd is not None:
@@ -126,15 +172,18 @@ def _inside(workspace: str, name: str) -> str:
     return path
 
 
-def _source_path(workspace: str, suffix: str, code: str) -> str:
-    path = os.path.join(workspace, "main" + suffix)
+def _source_path(workspace: str, suffix: str, code: str) -> tuple[int, str]:
+    """Write ``code`` to ``main<suffix>`` (``main<n><suffix>`` if the request brought that name); ``(n, path)``."""
     n = 0
-    while os.path.exists(path):  # a file the request brought has that name: leave it alone
+    while os.path.exists(path := _main_path(workspace, n, suffix)):  # a file the request brought: leave it alone
         n += 1
-        path = os.path.join(workspace, f"main{n}{suffix}")
     with open(path, "wb") as f:
         f.write(code.encode("utf-8", "surrogateescape"))
-    return path
+    return n, path
+
+
+def _main_path(workspace: str, n: int, suffix: str) -> str:
+    return os.path.join(workspace, f"main{n or ''}{suffix}")
 
 
 def _fetch(workspace: str, action: dict) -> dict:
@@ -157,9 +206,23 @@ def _pipes() -> tuple[int, int, int, int]:
     return out_r, out_w, err_r, err_w
 
 
+@dataclass
+class _Started:
+    """A program that runs: its pid (and process group), a pidfd, the read ends of its stdout and
+    stderr, and how to get its wait status once it has ended (``None``: unknown)."""
+
+    pid: int
+    pidfd: int
+    out_r: int
+    err_r: int
+    reap: Callable[[], int | None]
+
+
 def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, err_w: int) -> None:
     """In the forked child: its own session, the memory limit, stdio, cwd; every other fd closed."""
     os.setsid()
+    os.umask(0o022)
+    _wipe.set_dumpable(True)  # (the env is not, where it is wiped): the program's own /proc/<pid> are its own
     if memory_mb > 0:
         limit = memory_mb << 20
         for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
@@ -171,11 +234,13 @@ def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, er
     os.dup2(err_w, 2)
     os.closerange(3, 65536)
     os.chdir(workspace)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    if _Wiping.child_filter is not None:
+        seccomp.install(_Wiping.child_filter)
 
 
-def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> tuple[int, int, int]:
+def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> _Started:
     """Fork and exec ``cmd``; its pid and the read ends of its stdout and stderr."""
     out_r, out_w, err_r, err_w = _pipes()
     pid = os.fork()
@@ -188,10 +253,14 @@ def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> t
         os._exit(127)
     os.close(out_w)
     os.close(err_w)
-    return pid, out_r, err_r
+    return _child_started(pid, out_r, err_r)
 
 
-def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> tuple[int, int, int]:
+def _child_started(pid: int, out_r: int, err_r: int) -> _Started:
+    return _Started(pid, os.pidfd_open(pid), out_r, err_r, lambda: os.waitpid(pid, 0)[1])
+
+
+def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> _Started:
     """Fork this warm interpreter and run ``src`` in the child as ``python src`` would."""
     out_r, out_w, err_r, err_w = _pipes()
     pid = os.fork()
@@ -205,7 +274,33 @@ def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> t
         os._exit(code)
     os.close(out_w)
     os.close(err_w)
-    return pid, out_r, err_r
+    return _child_started(pid, out_r, err_r)
+
+
+def _from_zygote(zygote: Zygote, n: int, memory_mb: int) -> _Started:
+    """Have the zygote fork the program ``main<n>.py``; it reaps it and reports its status."""
+    out_r, out_w, err_r, err_w = _pipes()
+    try:
+        pid, pidfd = zygote.start(n, memory_mb, out_w, err_w)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+
+    def reap() -> int | None:
+        try:
+            return zygote.status(timeout=2.0)
+        except ZygoteGone:
+            return None  # (the wipe's check then finds the zygote gone: a hard reset follows)
+
+    return _Started(pid, pidfd, out_r, err_r, reap)
+
+
+def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int) -> int:
+    """In a program forked by the zygote: the child's set-up, then ``main<n>.py``."""
+    workspace = workspace_now()
+    _enter_child(workspace, STDIN_PATH, memory_mb, out_w, err_w)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+    return _run_python_here(_main_path(workspace, n, ".py"), workspace)
 
 
 def _run_python_here(src: str, workspace: str) -> int:
@@ -273,19 +368,18 @@ def _exit_status(exc: SystemExit, stderr) -> int:
 
 
 # ------------------------------------------------------------------------------ watching programs
-def _supervise(started: tuple[int, int, int], timeout: float, cap: int) -> dict:
+def _supervise(started: _Started, timeout: float, cap: int) -> dict:
     """Collect a started program's output (at most ``cap`` bytes each) until it exits or ``timeout``
     passes; then kill its process group, whatever is left of it."""
-    pid, out_r, err_r = started
+    pid, pidfd, out_r, err_r = started.pid, started.pidfd, started.out_r, started.err_r
     t0 = time.monotonic()
     deadline = t0 + float(timeout)
-    pidfd = os.pidfd_open(pid)
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     sizes = {out_r: 0, err_r: 0}
     dropped = {out_r: 0, err_r: 0}
     open_fds = [out_r, err_r]
     status = None
-    timed_out = False
+    reaped = timed_out = False
     try:
         while True:
             left = deadline - time.monotonic()
@@ -305,7 +399,7 @@ def _supervise(started: tuple[int, int, int], timeout: float, cap: int) -> dict:
                 sizes[fd] += min(len(data), keep)
                 dropped[fd] += len(data) - min(len(data), keep)
             if pidfd in ready:
-                _, status = os.waitpid(pid, 0)
+                status, reaped = started.reap(), True
                 break
         elapsed = time.monotonic() - t0
     finally:
@@ -313,9 +407,9 @@ def _supervise(started: tuple[int, int, int], timeout: float, cap: int) -> dict:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        if status is None:
+        if not reaped:
             try:
-                _, status = os.waitpid(pid, 0)
+                status = started.reap()
             except ChildProcessError:
                 pass
         for fd in open_fds:  # what the program wrote before it ended and nobody read yet
