@@ -24,6 +24,9 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--max-run-timeout", type=float, default=60.0, help="largest run_timeout accepted (s)")
     p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="stdout/stderr kept per command")
     p.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    p.add_argument(
+        "--no-wipe", action="store_true", help="hard-reset every sandbox after each run (no in-sandbox wipe)"
+    )
     return p
 
 
@@ -49,6 +52,7 @@ def run_code_server(args: argparse.Namespace) -> int:
         max_run_timeout=args.max_run_timeout,
         max_output_bytes=args.max_output_bytes,
         max_queue=args.max_queue,
+        wipe=not args.no_wipe,
     )
     print(f"code server: {runner!r}; {runner.isolation}", flush=True)
     app = create_app(runner, metrics=not args.no_metrics, owns_runner=True)

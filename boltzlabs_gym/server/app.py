@@ -48,7 +48,10 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
         iso = runner.isolation
         return {
             "isolation": iso.to_json() if iso is not None else None,
-            "per_request": "a sandbox forked from a warm template and hard-reset (killed, wiped) after every run",
+            "per_request": (
+                "a sandbox forked from a warm template; after every run it is wiped inside its sandbox and "
+                "checked (where it is PID 1 of its own PID namespace) or hard-reset (killed, wiped, forked afresh)"
+            ),
             "languages": list(LANGUAGES),
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
@@ -61,6 +64,8 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
             "timeouts": s.timeouts,
             "oom_kills": s.oom_kills,
             "cancelled": s.cancelled,
+            "wipes": s.wipes,
+            "hard_resets": s.hard_resets,
         }
 
     @app.get("/metrics")
