@@ -86,6 +86,7 @@ NR_X86_64 = dict(
     fspick=433,
     mount_setattr=442,
     chroot=161,
+    mq_open=240,
 )
 
 DENY = (

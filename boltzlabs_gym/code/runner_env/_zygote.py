@@ -1,0 +1,152 @@
+"""A pristine forker: the process every Python program of an env is forked from.
+
+The runner's env handles requests (their code, stdin, files and outputs pass through its heap),
+so a program forked from the env itself would inherit a copy of what earlier requests left in
+freed memory. The zygote is forked from the env before its first request and never sees one:
+per program it receives two integers (which ``main<N>.py`` to run, the memory limit) and the
+program's stdout/stderr pipes, forks the program, hands the env a pidfd of it, reaps it and
+reports its wait status. Whatever a program does, its memory starts as the zygote's, and the
+zygote's heap holds nothing of any request.
+
+The zygote is protected from the programs it forks (they share its uid): it is not dumpable
+(no ``/proc/<pid>/mem``, ``process_vm_writev``, ``pidfd_getfd``; ``ptrace`` is denied by the
+sandbox's seccomp filter too), it ignores every catchable signal, and the env checks after each
+program that it is alive, not stopped, and that its rlimits, nice value, CPU affinity,
+scheduling policy, I/O priority and OOM score are as they were (see ``_wipe``).
+
+Standard library only; runs inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+from collections.abc import Callable
+
+_REQUEST = struct.Struct("!ii")  # main<N>.py, memory limit in MiB (-1: none)
+_STATUS = struct.Struct("!i")  # the program's wait status
+#: signals the zygote ignores (SIGKILL and SIGSTOP cannot be; SIGCHLD stays default: it reaps)
+_IGNORED = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)]
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote died or stopped answering; the env must not run another program in place."""
+
+
+class Zygote:
+    """Fork the zygote now (call before the env's first request); ``body(n, memory_mb, out_w, err_w)``
+    runs in each forked program and returns its exit status."""
+
+    def __init__(self, body: Callable[[int, int, int, int], int]):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the zygote process
+            try:
+                ours.close()
+                _serve(theirs, body)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)
+        self._sock = ours
+
+    def alive(self) -> bool:
+        """Whether the zygote still runs (its pidfd is readable once it exits)."""
+        return not select.select([self.pidfd], [], [], 0)[0]
+
+    def start(self, n: int, memory_mb: int, out_w: int, err_w: int, timeout: float = 5.0) -> tuple[int, int]:
+        """Fork a program; its pid and a pidfd of it (the caller closes it)."""
+        socket.send_fds(self._sock, [_REQUEST.pack(n, memory_mb)], [out_w, err_w])
+        msg, fds = self._recv(timeout)
+        if len(msg) != 1 + _STATUS.size or msg[:1] != b"p" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteGone(f"the zygote could not fork a program ({msg!r})")
+        return _STATUS.unpack(msg[1:])[0], fds[0]
+
+    def status(self, timeout: float) -> int:
+        """The last program's wait status, once the zygote has reaped it."""
+        msg, fds = self._recv(timeout)
+        for fd in fds:
+            os.close(fd)
+        if len(msg) != _STATUS.size:
+            raise ZygoteGone("the zygote did not report the program's exit status")
+        return _STATUS.unpack(msg)[0]
+
+    def _recv(self, timeout: float) -> tuple[bytes, list[int]]:
+        if not select.select([self._sock], [], [], timeout)[0]:
+            raise ZygoteGone(f"the zygote did not answer in {timeout:g} s")
+        msg, fds, _flags, _addr = socket.recv_fds(self._sock, 64, 1)
+        if not msg:
+            raise ZygoteGone("the zygote closed its socket")
+        return msg, fds
+
+    def close(self) -> None:
+        """Kill the zygote (the env is giving up on it)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self._sock.close()
+        os.close(self.pidfd)
+
+
+def _serve(sock: socket.socket, body: Callable[[int, int, int, int], int]) -> None:  # pragma: no cover
+    """The zygote's loop: nothing but the socket open, every signal ignored; one program at a time."""
+    previous = {s: signal.getsignal(s) for s in _IGNORED}
+    for s in _IGNORED:
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = {0, 1, 2, sock.fileno()}
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+    while True:
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
+        if not msg:
+            os._exit(0)
+        if len(msg) != _REQUEST.size or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"!")
+            continue
+        n, memory_mb = _REQUEST.unpack(msg)
+        out_w, err_w = fds
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                sock.close()
+                for s, handler in previous.items():
+                    try:
+                        signal.signal(s, handler)
+                    except (OSError, ValueError, TypeError):
+                        pass
+                code = body(n, memory_mb, out_w, err_w)
+            except BaseException:
+                pass
+            os._exit(code)
+        os.close(out_w)
+        os.close(err_w)
+        pidfd = os.pidfd_open(pid)
+        socket.send_fds(sock, [b"p" + _STATUS.pack(pid)], [pidfd])
+        os.close(pidfd)
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        sock.send(_STATUS.pack(status))
