@@ -18,6 +18,7 @@ shutdown). It owns one object per job, each made here with what it needs passed 
 * :class:`~.scheduler.Scheduler`: env calls: queue, send, reply, deadlines, faults, first requests;
 * :class:`~.direct_lane.DirectLane`: lending idle envs to the local pool, taking them back, its reports;
 * :class:`~.memory_snapshots.snapshotter.Snapshotter`: memory snapshots, taken and restored;
+* :class:`~.partial_replies.PartialReplies`: batches answered in parts, as their envs finish;
 * :class:`~.snapshot_store.SnapshotStore`, :class:`~.stats.WorkerStats`, :class:`~.uploads.Uploads`.
 
 The request handlers, one per op, are :mod:`.ops` (its table, :data:`~.ops.HANDLERS`, is the
@@ -64,6 +65,7 @@ from .host import drain_fd, sweep_stale_workers, wipe_tree
 from .memory_snapshots.gate import shared_gate
 from .memory_snapshots.snapshotter import Snapshotter
 from .ops import HANDLERS
+from .partial_replies import PartialReplies
 from .poller import Poller
 from .sandbox import SandboxUnavailable
 from .scheduler import Scheduler, in_flight
@@ -214,6 +216,7 @@ class Worker:
             has_local_pool=lambda: self._local is not None,
         )
         self.snapshotter = Snapshotter(shared_gate(), self.snapshots, self.spawner, self.poller)
+        self.partial_replies = PartialReplies(self.send, self.lane)
 
     def new_session_id(self) -> str:
         return f"s{next(self._sid_counter)}"
@@ -245,6 +248,8 @@ class Worker:
             while self._running:
                 if self._zmq_check:
                     self._drain_socket()
+                if self.partial_replies.pending:  # (refusals answered while requests were read)
+                    self.partial_replies.flush()
                 timeout = self._next_timeout()
                 try:
                     events = self._poll_spinning(timeout) if self._spin_until else self.poller.poll(timeout)
@@ -267,6 +272,8 @@ class Worker:
                     if owner is not None:
                         self.scheduler.on_env_event(owner[0], owner[1], ev)
                 self.scheduler.expire_deadlines()
+                if self.partial_replies.pending:  # what came in this turn, one part per request
+                    self.partial_replies.flush()
                 now = time.monotonic()
                 if now >= self._next_housekeeping or self.spawner.reaping:
                     # Reaping, the parent check and leases need no per-reply precision:
