@@ -259,9 +259,9 @@ class AsyncSteps:
                 )
         return [self.finished.popleft() for _ in range(want)]
 
-    def pump(self, deadline: float) -> int:
-        """Take in what finished, waiting until something did or until ``deadline``
-        (``time.monotonic``); how many calls finished."""
+    def pump(self, deadline: float, wake: int | None = None) -> int:
+        """Take in what finished, waiting until something did, until ``deadline``
+        (``time.monotonic``) or until descriptor ``wake`` is readable; how many calls finished."""
         before = len(self.finished)
         self._take_ready()
         if len(self.finished) > before:
@@ -270,6 +270,8 @@ class AsyncSteps:
             now = time.monotonic()
             wait_s = max(0.0, deadline - now)
             poller = zmq.Poller()
+            if wake is not None:
+                poller.register(wake, zmq.POLLIN)
             for link, tags in self._requests.items():
                 if tags:
                     poller.register(link.sock, zmq.POLLIN)
@@ -282,9 +284,9 @@ class AsyncSteps:
                     soonest = lane.next_deadline
                     if soonest is not None:
                         wait_s = min(wait_s, max(0.0, soonest - now))
-            poller.poll(math.ceil(wait_s * 1000))
+            woken = dict(poller.poll(math.ceil(wait_s * 1000)))
             self._take_ready()
-            if len(self.finished) > before or time.monotonic() >= deadline:
+            if len(self.finished) > before or time.monotonic() >= deadline or wake in woken:
                 return len(self.finished) - before
 
     def _take_ready(self) -> None:
