@@ -23,7 +23,7 @@ infos are those of :meth:`~boltzlabs_gym.BoltzLabsVecEnv.step`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
@@ -31,9 +31,6 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from .client.async_steps import Finished
 from .wire import codec
-
-if TYPE_CHECKING:
-    from .vector import BoltzLabsVecEnv
 
 __all__ = ["SendRecv", "check_batch_size"]
 
@@ -50,7 +47,7 @@ def check_batch_size(batch_size: Any, num_envs: int) -> int:
 class SendRecv:
     """A vector env's send/recv state: which envs are due a reset, what the last recv returned."""
 
-    def __init__(self, envs: BoltzLabsVecEnv, batch_size: int):
+    def __init__(self, envs: Any, batch_size: int):  # a BoltzLabsVecEnv (vector.py imports this module)
         self.envs = envs
         self.batch_size = batch_size
         #: The env ids of the last :meth:`recv` (the default of :meth:`send`'s ``env_id``).

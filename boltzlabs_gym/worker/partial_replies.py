@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from ..wire.protocol import MORE
 from .direct_lane import DirectLane
-from .session import Batch
+from .session import Batch, pack_results
 
 __all__ = ["PartialBatch", "PartialReplies"]
 
@@ -70,20 +70,13 @@ class PartialReplies:
 
     def _send_part(self, batch: PartialBatch) -> None:
         ready, batch.ready = batch.ready, []
-        results, parts = [], []
-        for index, status, reply, payloads in ready:
-            sizes = [len(reply)]
-            parts.append(reply)
-            for payload in payloads:
-                sizes.append(len(payload))
-                parts.append(payload)
-            results.append([index, status, sizes])
+        results, data = pack_results(ready)
         worker_s = time.perf_counter() - batch.t0
         more = batch.remaining > 0
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results, MORE: more}
         if not more and batch.stats is not None and batch.envs:
             batch.stats.batch_done(worker_s, batch.envs)
-        frames = [b"".join(parts)]
+        frames = [data]
         if batch.lend_from is not None:
             self._lane.send_lending(batch.lend_from, header, frames)
         else:

@@ -69,7 +69,7 @@ from .partial_replies import PartialReplies
 from .poller import Poller
 from .sandbox import SandboxUnavailable
 from .scheduler import Scheduler, in_flight
-from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
+from .session import LOCAL_CLIENT, Batch, Session, SessionExpired, pack_results
 from .snapshot_store import SnapshotStore
 from .spawner import DEFAULT_MAX_STARTING, Spawner
 from .stats import WorkerStats
@@ -456,25 +456,15 @@ class Worker:
 
     def reply_batch(self, batch: Batch) -> None:
         """Send a complete batch's results (each :class:`Batch` calls this when its last call is done)."""
-        # One data frame for the whole batch: a frame costs ZeroMQ (and the client) several
-        # microseconds, which at two or more frames per env was most of a cheap env's reply cost.
-        results = []
-        parts = []
-        for index, status, reply, payloads in batch.results:
-            sizes = [len(reply)]
-            parts.append(reply)
-            for payload in payloads:
-                sizes.append(len(payload))
-                parts.append(payload)
-            results.append([index, status, sizes])
+        results, data = pack_results(batch.results)
         worker_s = time.perf_counter() - batch.t0
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results}
         if batch.stats is not None and batch.envs:  # not a request of only faults or adoptions
             batch.stats.batch_done(worker_s, batch.envs)
         if batch.lend_from is not None:
-            self.lane.send_lending(batch.lend_from, header, [b"".join(parts)])
+            self.lane.send_lending(batch.lend_from, header, [data])
         else:
-            self.send(batch.client, header, [b"".join(parts)])
+            self.send(batch.client, header, [data])
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
 
