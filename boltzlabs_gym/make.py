@@ -49,7 +49,7 @@ POOL_OPTIONS = (
 
 
 #: Arguments of the vectorizer itself (as SyncVectorEnv's), not of the envs.
-VECTOR_OPTIONS = ("autoreset_mode", "copy", "observation_mode")
+VECTOR_OPTIONS = ("autoreset_mode", "copy", "observation_mode", "batch_size")
 
 
 def _split_pool_options(kwargs: dict) -> tuple[dict, dict]:
@@ -64,6 +64,7 @@ def make_vec(
     vector_kwargs: dict[str, Any] | None = None,
     wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+    batch_size: int | None = None,
     **kwargs: Any,
 ) -> BoltzLabsVecEnv:
     """Create a sandboxed vector env from a Gymnasium id, an env factory or an env directory.
@@ -76,6 +77,9 @@ def make_vec(
             ``observation_mode``, pool options), as ``gymnasium.make_vec`` takes them.
         wrappers: Gymnasium wrappers applied to each env *inside* its sandbox.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
+        batch_size: how many envs ``recv()`` returns, the first to finish (EnvPool's async mode:
+            ``async_reset()``, ``send(actions, env_id)``, ``recv()``; see
+            :mod:`boltzlabs_gym.vector_async`); default ``num_envs``.
         **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
             ``limits``, ``envs_per_sandbox``, ...) and, for ids and factories, the env's own
             kwargs. ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster
@@ -88,6 +92,7 @@ def make_vec(
     vector_kwargs = dict(vector_kwargs or {})
     # gym.make_vec's form: the vectorizer's own arguments in vector_kwargs.
     autoreset_mode = vector_kwargs.pop("autoreset_mode", autoreset_mode)
+    vector_kwargs.setdefault("batch_size", batch_size)
     vector_pool, vector_kwargs = _split_pool_options(vector_kwargs)
     pool_options.update(vector_pool)
     if isinstance(env_id, (str, os.PathLike)) and os.path.isdir(os.fspath(env_id)):

@@ -45,6 +45,7 @@ from .client.results import EnvResult, ResetOutcome, Transition, parse_result, r
 from .client.snapshot import Snapshot
 from .client.stats import PoolStats
 from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
+from .vector_async import SendRecv, check_batch_size
 from .wire import codec
 from .wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 from .wire.spaces import JsonSpace, seed_space_from_json, space_from_json
@@ -129,6 +130,10 @@ class BoltzLabsVecEnv(VectorEnv):
         observation_mode: as for ``SyncVectorEnv``: ``"same"`` (every env has env 0's
             observation space), ``"different"`` (same shape and dtype, other bounds:
             ``batch_differing_spaces``) or a tuple ``(observation_space, single_observation_space)``.
+        batch_size: how many envs :meth:`recv` hands back, the first to finish (EnvPool's async
+            mode, with :meth:`async_reset`, :meth:`send` and :meth:`recv`; see
+            :mod:`boltzlabs_gym.vector_async`); default ``num_envs``. ``step`` and ``reset`` are
+            unchanged.
         pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
             ``step_timeout``, ``workers``, ``limits``, ``envs_per_sandbox``, ...). With
             ``envs_per_sandbox=K`` each sandbox's envs come back as one block of
@@ -146,9 +151,12 @@ class BoltzLabsVecEnv(VectorEnv):
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         pool: RLPool | None = None,
+        batch_size: int | None = None,
         **pool_kwargs: Any,
     ):
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self._batch_size = batch_size
+        self._send_recv: SendRecv | None = None
         self.copy = copy
         self.observation_mode = observation_mode
         self.closed = False
@@ -168,6 +176,8 @@ class BoltzLabsVecEnv(VectorEnv):
         self._pool = pool
         try:
             self._setup_from_pool(observation_mode)
+            #: How many envs :meth:`recv` returns (EnvPool's ``batch_size``).
+            self.batch_size = check_batch_size(batch_size, self.num_envs)
         except BaseException:
             pool.close()
             raise
@@ -182,11 +192,19 @@ class BoltzLabsVecEnv(VectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
+        batch_size: int | None = None,
         **pool_kwargs: Any,
     ) -> BoltzLabsVecEnv:
         """A vector env over an env directory (``env.py`` calling ``serve``)."""
+        check_batch_size(batch_size, num_envs)
         pool = RLPool(env_dir, num_envs, **pool_kwargs)
-        return cls(pool=pool, autoreset_mode=autoreset_mode, copy=copy, observation_mode=observation_mode)
+        return cls(
+            pool=pool,
+            autoreset_mode=autoreset_mode,
+            copy=copy,
+            observation_mode=observation_mode,
+            batch_size=batch_size,
+        )
 
     def _describe_envs(self) -> list[dict]:
         """Every env's ``describe`` reply, in one batched call."""
@@ -691,6 +709,48 @@ class BoltzLabsVecEnv(VectorEnv):
         self.pool.batch_async(items)
         return self.pool.batch_wait()
 
+    # ------------------------------------------------------------------ EnvPool's async API
+    @property
+    def _async(self) -> SendRecv:
+        self._check_open()
+        if self._send_recv is None:
+            self._send_recv = SendRecv(self, self.batch_size)
+        return self._send_recv
+
+    def async_reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None) -> None:
+        """Start a reset of every env and return at once; :meth:`recv` collects the first
+        ``batch_size`` (EnvPool's ``async_reset``; see :mod:`boltzlabs_gym.vector_async`).
+
+        >>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=8, batch_size=4)   # doctest: +SKIP
+        >>> envs.async_reset(seed=0)                                                # doctest: +SKIP
+        >>> obs, rew, term, trunc, info = envs.recv()                                # doctest: +SKIP
+        >>> info["env_id"]                                                           # doctest: +SKIP
+        array([2, 0, 1, 3], dtype=int32)
+        """
+        self._check_idle("async_reset")
+        self._async.async_reset(seed, options)
+
+    def send(self, actions: Any, env_id: Any = None) -> None:
+        """Start a step of each env of ``env_id`` (default: the envs of the last :meth:`recv`) with
+        its row of ``actions``, and return at once (EnvPool's ``send``). An env whose episode
+        ended is reset instead in ``NEXT_STEP`` mode. Sending to an env in flight raises
+        :class:`~boltzlabs_gym.errors.AsyncStateError` naming it.
+
+        >>> envs.send(np.array([0, 1, 1, 0]), info["env_id"])                       # doctest: +SKIP
+        """
+        self._check_idle("send")
+        self._async.send(actions, env_id)
+
+    def recv(self, timeout: float | None = None):
+        """``(obs, rewards, terminations, truncations, infos)`` of the first ``batch_size`` envs to
+        finish what :meth:`send`/:meth:`async_reset` started, in finishing order;
+        ``infos["env_id"]`` says which (EnvPool's ``recv``)."""
+        self._check_idle("recv")
+        try:
+            return self._async.recv(timeout)
+        except WorkerTimeout as exc:
+            raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
+
     # ------------------------------------------------------------------ snapshots
     def snapshot(self, index: int, kind: str = "auto") -> Snapshot:
         """Env ``index``'s full state now, as a :class:`~boltzlabs_gym.client.snapshot.Snapshot` (see
@@ -886,7 +946,9 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
     if mask.dtype != np.bool_:
         raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
     if not mask.any():
-        raise ValueError(f"`options['reset_mask']` must contain at least one True value, got reset_mask={mask}")
+        raise ValueError(
+            f"`options['reset_mask']` must contain a boolean array with at least one True value, got reset_mask={mask}"
+        )
     return mask
 
 

@@ -10,6 +10,7 @@ env also uses its two block-wise calls, :meth:`BatchCalls.send_steps` and
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 import numpy as np
 
@@ -43,6 +44,9 @@ class BatchCalls:
         #: The books behind ``pool.stats()``: one entry per batch waited for.
         self.recorder = PoolRecorder()
         self._sent_at = 0.0  # when the batch in flight started going out (time.perf_counter)
+        #: Envs with calls in flight outside the lockstep batch (:mod:`~boltzlabs_gym.client.async_steps`):
+        #: a batched call starts only when there are none.
+        self.async_envs: Collection[int] = ()
 
     def check_open(self) -> None:
         """Raise :class:`~boltzlabs_gym.errors.PoolClosedError` once the pool is closed."""
@@ -53,6 +57,11 @@ class BatchCalls:
         self.check_open()
         if self.in_flight:
             raise AsyncStateError("a call is already in flight (waiting for step_wait()); wait for it first")
+        if self.async_envs:
+            ids = sorted(self.async_envs)
+            raise AsyncStateError(
+                f"{len(ids)} envs have send() calls in flight (env {ids[0]} first): recv() them before a lockstep call"
+            )
 
     def send(self, items: Items) -> None:
         """Send one request per worker carrying ``items``: ``(index, op, payload_frames)``."""

@@ -192,19 +192,43 @@ class DirectLane:
             raise
         return done, failed
 
-    def _gather(self, deadline: float, done: list, failed: list) -> None:
+    def collect(self, deadline: float) -> tuple[list[tuple[int, int, bytes, list]], list[tuple[int, int, str, bool]]]:
+        """What :meth:`wait` returns, for the calls that finished by the first time any did (or by
+        ``deadline``, ``time.monotonic``, when none has: then nothing); the others stay in flight.
+        For calls sent at different times and collected as they finish
+        (:mod:`~boltzlabs_gym.client.async_steps`)."""
+        done: list = []
+        failed: list = []
+        try:
+            self._gather(deadline, done, failed, first=True)
+        except BaseException:
+            self.abandon(failed)
+            raise
+        return done, failed
+
+    @property
+    def in_flight(self) -> int:
+        """How many calls are in flight on the lane."""
+        return len(self._inflight)
+
+    @property
+    def next_deadline(self) -> float | None:
+        """The earliest deadline (``time.monotonic``) of a call in flight, if any."""
+        return self._deadlines[0][0] if self._inflight and self._deadlines else None
+
+    def _gather(self, deadline: float, done: list, failed: list, first: bool = False) -> None:
         started = time.monotonic()
         while self._inflight:
             now = time.monotonic()
             failed += self._expire(now)
-            if not self._inflight:
+            if not self._inflight or first and (done or failed):
                 break
-            if now >= deadline:
+            if now >= deadline and not first:
                 self.abandon(failed)
                 raise TimeoutError
             next_deadline = self._deadlines[0][0] if self._deadlines else deadline
             timeout = max(0.0, min(deadline, next_deadline) - now)
-            may_nap = done and len(self._inflight) > NAP_MIN_IN_FLIGHT and not self._streaming
+            may_nap = not first and done and len(self._inflight) > NAP_MIN_IN_FLIGHT and not self._streaming
             if may_nap and self._nap(now, started, len(done), timeout):
                 timeout = 0.0  # read what came during the nap before any deadline is judged
             try:
@@ -219,6 +243,8 @@ class DirectLane:
                     self._on_writable(env, failed)
                 else:
                     self._on_readable(env, done, failed)
+            if first and now >= deadline:
+                return  # one look without waiting
 
     def _nap(self, now: float, started: float, answered: int, limit: float) -> bool:
         """Sleep through part of the expected wait for the calls still in flight (at most

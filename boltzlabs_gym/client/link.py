@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -208,6 +208,39 @@ class WorkerLink:
             if failure:
                 raise WorkerError(f"worker {self.address}: {failure}", self.address)
             self._check_alive()
+
+    def read_ready(self, wanted: Container[int]) -> list[tuple[dict, list]]:
+        """Every reply already here whose tag is in ``wanted``, without waiting (replies to calls
+        nobody waits for are dropped, as :meth:`recv` drops them). For callers that keep several
+        requests in flight on this link and wait on many links at once
+        (:mod:`~boltzlabs_gym.client.async_steps`)."""
+        out = []
+        while self._message_waiting():
+            frames = self.sock.recv_multipart()
+            self.last_heard = time.monotonic()
+            header = decode_header(frames[0])
+            self._claim_fds(header)
+            if header.get("seq") not in wanted:
+                close_lent(header)
+                continue
+            out.append((header, frames[1:]))
+        return out
+
+    def keep_alive(self, now: float) -> None:
+        """While waiting without :meth:`recv`: ping a quiet worker, and raise
+        :class:`~boltzlabs_gym.errors.WorkerLost` (or a dead local worker's error) for one silent
+        past the heartbeat timeout."""
+        heard = max(self.last_heard, self.last_sent)
+        if now - heard > self.heartbeat_timeout and not self._message_waiting():
+            self._check_alive()
+            hint = self.handshake_failure() or "it died, hangs, or the network is down"
+            raise WorkerLost(
+                f"worker {self.address} is unreachable: nothing heard for {now - heard:.1f} s "
+                f"(heartbeat timeout {self.heartbeat_timeout:g} s): {hint}",
+                self.address,
+            )
+        if now - max(self.last_ping, heard) >= self.heartbeat_interval:
+            self._ping(now)
 
     def _message_waiting(self) -> bool:
         try:

@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from ..wire.keys import ClientKeys
 from ..wire.limits import IsolationReport, Limits
 from ..wire.protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, jsonable
 from .arguments import MODES, check_actions, check_mask, check_pool_options, check_seeds, check_worker_options
+from .async_steps import AsyncSteps, Received, plain_items, read_received
 from .batch_calls import BatchCalls
 from .grouped_route import GroupedRoute
 from .grouping import SandboxLayout
@@ -374,6 +376,57 @@ class RLPool:
         self.step_async(actions)
         return self.step_wait()
 
+    # ------------------------------------------------------------------ envs that don't wait for each other
+    def send(
+        self,
+        actions: Sequence[Any] | None = None,
+        env_ids: Sequence[int] | np.ndarray | None = None,
+        *,
+        reset: bool = False,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict | None = None,
+    ) -> None:
+        """Start a step (one action per env id) or, with ``reset=True``, a reset on each env of
+        ``env_ids`` (default: all), and return at once; collect with :meth:`recv`.
+
+        Envs step on their own: each env of a send may be received before the others finish,
+        and other envs may be sent meanwhile. Refused, nothing sent, for an env id that is not
+        one, named twice, or still in flight (:class:`~boltzlabs_gym.errors.AsyncStateError`
+        naming it), and while a lockstep call is in flight. A reset ``seed`` int gives env ``i``
+        ``seed + i``; a list gives one per env id. See :mod:`boltzlabs_gym.client.async_steps`.
+
+        >>> pool.send([1, 0], env_ids=[3, 5])                  # doctest: +SKIP
+        >>> got = pool.recv(batch_size=1)                        # doctest: +SKIP
+        >>> got.env_ids, got.rewards                             # doctest: +SKIP
+        (array([5]), array([1.], dtype=float32))
+        """
+        self.async_steps.send(plain_items(self.n, actions, env_ids, reset, seed, options))
+
+    def recv(self, batch_size: int | None = None, timeout: float | None = None) -> Received:
+        """The results of the first ``batch_size`` envs to finish what :meth:`send` started
+        (default: every env in flight), in finishing order, as a
+        :class:`~boltzlabs_gym.client.async_steps.Received` ``(env_ids, obs, rewards, dones, infos)``.
+
+        A straggler or crashed env comes back as from :meth:`step` (obs ``None``, done, the
+        failure in its info). Waits up to ``timeout`` seconds (default: the longest deadline),
+        then raises :class:`~boltzlabs_gym.errors.WorkerTimeout`, with nothing lost. Raises
+        :class:`~boltzlabs_gym.errors.AsyncStateError` with nothing in flight and ``ValueError``
+        for a ``batch_size`` larger than what is in flight.
+        """
+        received = read_received(self.async_steps.recv(batch_size, timeout), self.step_timeout, self.reset_timeout)
+        for k, index in enumerate(received.env_ids):
+            self._last_obs[index] = received.obs[k]
+        return received
+
+    @functools.cached_property
+    def async_steps(self) -> AsyncSteps:
+        """The pool's calls that don't wait for each other (:meth:`send`/:meth:`recv`, the vector
+        env's and :mod:`boltzlabs_gym.aio`'s): see :mod:`~boltzlabs_gym.client.async_steps`."""
+        grouped = self.batch_calls.route if isinstance(self.batch_calls.route, GroupedRoute) else None
+        return AsyncSteps(
+            self._links, self.batch_calls, self.n, grouped=grouped, default_timeout=self.batch_calls.default_timeout
+        )
+
     def reset(
         self,
         seed: int | Sequence[int | None] | None = None,
@@ -593,6 +646,15 @@ class RLPool:
         if self.batch_calls.closed:
             return
         self.batch_calls.closed = True
+        if "async_steps" in self.__dict__:
+            dropped = self.async_steps.drop()
+            if dropped:
+                warnings.warn(
+                    f"RLPool closed with {len(dropped)} envs' send() calls not received (env ids "
+                    f"{dropped[:8]}{' ...' if len(dropped) > 8 else ''}); their results are dropped",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         lost = self.lost_workers
         # Every close sent first, then the answers awaited within one shared 5 s: a pool whose
         # workers are gone closes in 5 s, not 5 s per worker.

@@ -21,6 +21,12 @@ result lists. ``status`` is set by the worker, never by the env: ``"ok"``,
 ``"straggler"`` or ``"error"``. (Version 1 sent one frame per reply and payload;
 frames cost several microseconds each on both sides.)
 
+Partial replies (:data:`PARTIAL`): a ``batch`` request with ``"partial": true`` is answered in
+parts, as its envs finish, not once when the last one has: each part is a ``batch`` reply as
+above (same ``seq``) holding the results that came in during one turn of the worker's loop,
+with ``"more": true`` on every part but the last. The pool's send/recv and asyncio faces use it
+(:mod:`boltzlabs_gym.client.async_steps`, :mod:`boltzlabs_gym.worker.partial_replies`).
+
 Errors: ``{"v": 2, "seq": 17, "ok": false, "error": {"kind": "...", "message": "..."}}``.
 
 Lending (a local pool only: the pool that started the worker, over their socketpair; see
@@ -157,6 +163,9 @@ LENT_FDS = "_fds"
 FAULTS = "faults"
 #: Batch request key: ``[[index, op, seconds_left], ...]``, lent envs' calls nobody waits for.
 ADOPT = "adopt"
+#: Batch request key: answer in parts as envs finish (see "Partial replies" above); reply key
+#: ``more``: another part of the same request follows.
+PARTIAL, MORE = "partial", "more"
 #: The batch item op by which a local pool hands back a lent env whose call failed on its side.
 LENT_FAULT = "lent_fault"
 

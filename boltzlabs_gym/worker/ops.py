@@ -30,6 +30,7 @@ from ..wire.protocol import (
     MAX_ENV_PAYLOAD_BYTES,
     MEMORY,
     OK,
+    PARTIAL,
     PORTABLE,
     RESTORE,
     SNAPSHOT,
@@ -43,6 +44,7 @@ from .direct_lane import DirectLane
 from .envproc import EnvProcess, json_error
 from .memory_snapshots.holders import Holder
 from .memory_snapshots.snapshotter import Snapshotter, Swap
+from .partial_replies import PartialReplies
 from .sandbox import select_backend
 from .scheduler import Scheduler
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
@@ -84,6 +86,7 @@ class WorkerView(Protocol):
     scheduler: Scheduler
     lane: DirectLane
     snapshotter: Snapshotter
+    partial_replies: PartialReplies
 
     def session_for(self, client: bytes, header: Header) -> Session: ...
     def new_session_id(self) -> str: ...
@@ -255,7 +258,11 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
         raise ValueError(f"{len(payloads) - used} frames were sent that no item claims")
     copies: list[tuple[EnvProcess, dict, Batch | _SnapshotCatcher, int]] = []  # memory-snapshot restores
     lend = header.get(LEND) is True and session.lend and lane.may_lend(client, session)
-    batch = Batch(client, header.get("seq"), len(calls), worker.reply_batch)
+    batch: Batch
+    if header.get(PARTIAL) is True and calls:  # answered in parts, as its envs finish
+        batch = worker.partial_replies.batch(client, header.get("seq"), len(calls))
+    else:
+        batch = Batch(client, header.get("seq"), len(calls), worker.reply_batch)
     batch.lend_from = session if lend else None
     batch.stats = worker.stats.sessions.get(session.sid)
     if session.cfg.envs_per_sandbox > 1:  # one item per sandbox: count its envs (per sandbox, not per env)

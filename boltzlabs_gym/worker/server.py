@@ -18,6 +18,7 @@ shutdown). It owns one object per job, each made here with what it needs passed 
 * :class:`~.scheduler.Scheduler`: env calls: queue, send, reply, deadlines, faults, first requests;
 * :class:`~.direct_lane.DirectLane`: lending idle envs to the local pool, taking them back, its reports;
 * :class:`~.memory_snapshots.snapshotter.Snapshotter`: memory snapshots, taken and restored;
+* :class:`~.partial_replies.PartialReplies`: batches answered in parts, as their envs finish;
 * :class:`~.snapshot_store.SnapshotStore`, :class:`~.stats.WorkerStats`, :class:`~.uploads.Uploads`.
 
 The request handlers, one per op, are :mod:`.ops` (its table, :data:`~.ops.HANDLERS`, is the
@@ -64,10 +65,11 @@ from .host import drain_fd, sweep_stale_workers, wipe_tree
 from .memory_snapshots.gate import shared_gate
 from .memory_snapshots.snapshotter import Snapshotter
 from .ops import HANDLERS
+from .partial_replies import PartialReplies
 from .poller import Poller
 from .sandbox import SandboxUnavailable
 from .scheduler import Scheduler, in_flight
-from .session import LOCAL_CLIENT, Batch, Session, SessionExpired
+from .session import LOCAL_CLIENT, Batch, Session, SessionExpired, pack_results
 from .snapshot_store import SnapshotStore
 from .spawner import DEFAULT_MAX_STARTING, Spawner
 from .stats import WorkerStats
@@ -214,6 +216,7 @@ class Worker:
             has_local_pool=lambda: self._local is not None,
         )
         self.snapshotter = Snapshotter(shared_gate(), self.snapshots, self.spawner, self.poller)
+        self.partial_replies = PartialReplies(self.send, self.lane)
 
     def new_session_id(self) -> str:
         return f"s{next(self._sid_counter)}"
@@ -245,6 +248,8 @@ class Worker:
             while self._running:
                 if self._zmq_check:
                     self._drain_socket()
+                if self.partial_replies.pending:  # (refusals answered while requests were read)
+                    self.partial_replies.flush()
                 timeout = self._next_timeout()
                 try:
                     events = self._poll_spinning(timeout) if self._spin_until else self.poller.poll(timeout)
@@ -267,6 +272,8 @@ class Worker:
                     if owner is not None:
                         self.scheduler.on_env_event(owner[0], owner[1], ev)
                 self.scheduler.expire_deadlines()
+                if self.partial_replies.pending:  # what came in this turn, one part per request
+                    self.partial_replies.flush()
                 now = time.monotonic()
                 if now >= self._next_housekeeping or self.spawner.reaping:
                     # Reaping, the parent check and leases need no per-reply precision:
@@ -449,25 +456,15 @@ class Worker:
 
     def reply_batch(self, batch: Batch) -> None:
         """Send a complete batch's results (each :class:`Batch` calls this when its last call is done)."""
-        # One data frame for the whole batch: a frame costs ZeroMQ (and the client) several
-        # microseconds, which at two or more frames per env was most of a cheap env's reply cost.
-        results = []
-        parts = []
-        for index, status, reply, payloads in batch.results:
-            sizes = [len(reply)]
-            parts.append(reply)
-            for payload in payloads:
-                sizes.append(len(payload))
-                parts.append(payload)
-            results.append([index, status, sizes])
+        results, data = pack_results(batch.results)
         worker_s = time.perf_counter() - batch.t0
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results}
         if batch.stats is not None and batch.envs:  # not a request of only faults or adoptions
             batch.stats.batch_done(worker_s, batch.envs)
         if batch.lend_from is not None:
-            self.lane.send_lending(batch.lend_from, header, [b"".join(parts)])
+            self.lane.send_lending(batch.lend_from, header, [data])
         else:
-            self.send(batch.client, header, [b"".join(parts)])
+            self.send(batch.client, header, [data])
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
 

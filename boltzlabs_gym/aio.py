@@ -1,0 +1,319 @@
+"""asyncio: each coroutine owns one env at a time and awaits its own steps.
+
+>>> import asyncio                                                      # doctest: +SKIP
+>>> from boltzlabs_gym.aio import AsyncPool                            # doctest: +SKIP
+>>> async def rollout(pool, seed):
+...     async with pool.env() as env:            # waits while every env is taken
+...         obs, info = await env.reset(seed=seed)
+...         obs, reward, terminated, truncated, info = await env.step(1)
+...         return reward
+>>> async def main():
+...     async with AsyncPool("./envs/counter", n=64) as pool:
+...         return await asyncio.gather(*(rollout(pool, s) for s in range(1000)))
+>>> asyncio.run(main())                                                 # doctest: +SKIP
+
+How it works: an await puts its call in a queue and returns to the event loop; the calls queued
+in one loop tick go out together, one message per worker, through the pool's send/recv
+(:mod:`boltzlabs_gym.client.async_steps`). A reader thread waits for results (the loop never
+blocks on I/O) and hands each to its coroutine as it finishes, so a slow env holds up only the
+coroutine that owns it.
+
+* Taking an env (:meth:`AsyncPool.env`) waits, up to ``acquire_timeout``, while all ``n`` are in
+  use: thousands of coroutines share a pool of ``n`` envs.
+* A straggler or a crash is **reported**, not raised, and only to its own coroutine: its step
+  returns ``truncated=True`` with ``info["boltzlabs_straggler"]`` or ``info["boltzlabs_error"]``
+  (the env is respawned; reset it before stepping again), as :meth:`RLPool.step
+  <boltzlabs_gym.client.pool.RLPool.step>` reports it in that env's slot.
+* A coroutine cancelled mid-step leaves its env to finish that step, then to be reset, then back
+  in the pool; an env released mid-episode is reset before the next coroutine takes it.
+* An env held longer than ``hold_warning`` seconds warns (``ResourceWarning``) naming it: a
+  coroutine that never releases its env shrinks the pool for everyone.
+
+``AsyncPool(vec_env)`` runs over a :class:`~boltzlabs_gym.BoltzLabsVecEnv` (from
+:func:`boltzlabs_gym.make_vec`): observations and infos then come decoded into its spaces, and
+the vector env stays owned by its caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import select
+import threading
+import time
+import warnings
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .client.async_steps import Finished
+from .client.pool import RLPool
+from .client.results import read_reset, read_step
+from .errors import AsyncStateError, PoolClosedError
+
+__all__ = ["AsyncEnv", "AsyncPool"]
+
+
+class AsyncEnv:
+    """One env, owned by the coroutine inside ``async with pool.env() as env``."""
+
+    def __init__(self, pool: AsyncPool, env_id: int):
+        self._pool = pool
+        #: The env's index in the pool.
+        self.env_id = env_id
+        self._taken_at = time.monotonic()
+        self.needs_reset = True
+
+    async def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        """Reset the env: ``(obs, info)``."""
+        op: dict = {"op": "reset", "seed": seed}
+        if options:
+            op["options"] = options
+        finished = await self._pool._call(self.env_id, op)
+        obs, info, failure = self._pool._read_reset(finished)
+        self.needs_reset = failure is not None
+        return obs, info
+
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        """Step the env: ``(obs, reward, terminated, truncated, info)``; a straggler or crash is
+        reported in ``info`` with ``truncated=True`` (see the module doc)."""
+        if self.needs_reset:
+            raise AsyncStateError(f"env {self.env_id}: reset() it before step() (its episode is over or unstarted)")
+        finished = await self._pool._call(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        obs, reward, terminated, truncated, info = self._pool._read_step(finished)
+        self.needs_reset = terminated or truncated
+        return obs, reward, terminated, truncated, info
+
+
+class AsyncPool:
+    """An asyncio face over a pool: ``AsyncPool(env_dir, n=...)`` starts an :class:`RLPool`
+    (``pool_kwargs`` as its), ``AsyncPool(pool)`` or ``AsyncPool(vec_env)`` uses one that exists.
+
+    ``acquire_timeout``: how long :meth:`env` waits for a free env (``TimeoutError`` after);
+    ``hold_warning``: seconds after which an env still held warns.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike | RLPool | Any,
+        n: int | None = None,
+        *,
+        acquire_timeout: float | None = 600.0,
+        hold_warning: float = 600.0,
+        **pool_kwargs: Any,
+    ):
+        self._vec: Any = None  # a BoltzLabsVecEnv, whose spaces decode observations
+        self._owns = False
+        if isinstance(source, RLPool):
+            pool = source
+        elif hasattr(source, "pool") and hasattr(source, "single_observation_space"):
+            self._vec, pool = source, source.pool
+        else:
+            if n is None:
+                raise ValueError("AsyncPool(env_dir, n=...) needs n, the number of envs")
+            pool, self._owns = RLPool(source, n, **pool_kwargs), True
+        self.pool = pool
+        self.acquire_timeout = acquire_timeout
+        self.hold_warning = hold_warning
+        self._steps = pool.async_steps
+        self._free: asyncio.Queue[int] | None = None
+        self._held: dict[int, AsyncEnv] = {}
+        self._queued: list[tuple[int, dict, Sequence[bytes]]] = []
+        self._futures: dict[int, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: collections.deque[list] = collections.deque()  # this tick's calls, for the reader
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the reader to send
+        self._reader: threading.Thread | None = None
+        self._closed = False
+        self._reader_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ life
+    async def __aenter__(self) -> AsyncPool:
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _start(self) -> None:
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._free = asyncio.Queue()
+        for i in range(self.pool.n):
+            self._free.put_nowait(i)
+        self._reader = threading.Thread(target=self._read_results, name="boltzlabs-aio-reader", daemon=True)
+        self._reader.start()
+
+    async def aclose(self) -> None:
+        """Stop the reader; close the pool if this face started it. Envs still held warn."""
+        if self._closed:
+            return
+        self._closed = True
+        os.write(self._wake_w, b"x")
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.join, 10.0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        for future in self._futures.values():
+            if not future.done():
+                future.set_exception(PoolClosedError("the AsyncPool closed while this step was in flight"))
+        if self._held:
+            warnings.warn(
+                f"AsyncPool closed with envs {sorted(self._held)[:8]} still held by coroutines",
+                ResourceWarning,
+                stacklevel=2,
+            )
+        if self._owns:
+            self.pool.close()
+
+    # ------------------------------------------------------------------ taking envs
+    @asynccontextmanager
+    async def env(self) -> AsyncIterator[AsyncEnv]:
+        """Take a free env for the ``async with`` block (waiting up to ``acquire_timeout`` while
+        all are in use); it goes back when the block ends, reset first if its episode was left
+        unfinished or a step was cancelled."""
+        self._start()
+        assert self._free is not None
+        try:
+            env_id = await asyncio.wait_for(self._free.get(), self.acquire_timeout)
+        except asyncio.TimeoutError:
+            held = sorted(self._held, key=lambda i: self._held[i]._taken_at)
+            raise TimeoutError(
+                f"no free env within {self.acquire_timeout} s: all {self.pool.n} are held "
+                f"(longest held: env {held[0] if held else '?'}); release envs sooner or use a larger pool"
+            ) from None
+        env = self._held[env_id] = AsyncEnv(self, env_id)
+        try:
+            yield env
+        finally:
+            del self._held[env_id]
+            self._release(env)
+
+    def _release(self, env: AsyncEnv) -> None:
+        """Give the env back: at once if its episode is over or unstarted, else after a reset
+        (also after a cancelled step, once that step has finished)."""
+        assert self._free is not None
+        env_id = env.env_id
+        pending = self._futures.get(env_id)
+        if pending is None and env.needs_reset:
+            self._free.put_nowait(env_id)
+            return
+
+        async def reset_then_free() -> None:
+            try:
+                if pending is not None:
+                    await asyncio.wait([pending])
+                await self._call(env_id, {"op": "reset", "seed": None})
+            except Exception:  # noqa: BLE001 - the env goes back anyway; its next owner resets it
+                pass
+            if self._free is not None:
+                self._free.put_nowait(env_id)
+
+        asyncio.ensure_future(reset_then_free())
+
+    # ------------------------------------------------------------------ calls
+    async def _call(self, env_id: int, op: dict, payload_of: Any = None) -> Finished:
+        if self._closed:
+            raise PoolClosedError("this AsyncPool is closed")
+        if self._reader_error is not None:
+            raise self._reader_error
+        loop = self._loop
+        assert loop is not None
+        if self._vec is not None and op["op"] == "step":
+            obj, payloads = self._vec._encode_action(env_id, payload_of)
+            op, frames = {"op": "step", "action": obj}, payloads
+        else:
+            frames = ()
+        future = loop.create_future()
+        if not self._queued:
+            loop.call_soon(self._flush)  # everything queued in this tick goes out together
+        self._queued.append((env_id, op, frames))
+        self._futures[env_id] = future
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if future.done():
+                self._futures.pop(env_id, None)
+
+    def _flush(self) -> None:
+        """Hand this tick's calls to the reader thread (which does every send and receive)."""
+        queued, self._queued = self._queued, []
+        if queued:
+            self._outbox.append(queued)
+            os.write(self._wake_w, b"x")
+
+    def _read_results(self) -> None:
+        """The reader thread: send what the loop queued, wait for results, hand each to its
+        coroutine's future; the event loop itself never touches a socket."""
+        steps, loop = self._steps, self._loop
+        assert loop is not None
+        while not self._closed:
+            while self._outbox:
+                queued = self._outbox.popleft()
+                try:
+                    steps.send(queued)
+                except BaseException as exc:  # noqa: BLE001 - each of those coroutines gets the error
+                    loop.call_soon_threadsafe(self._fail, [env_id for env_id, _, _ in queued], exc)
+            try:
+                if steps.in_flight:
+                    steps.pump(time.monotonic() + 0.5, wake=self._wake_r)
+                else:
+                    select.select([self._wake_r], [], [], 0.5)
+                _drain(self._wake_r)
+            except BaseException as exc:  # noqa: BLE001 - reported to every waiting coroutine
+                self._reader_error = exc
+                loop.call_soon_threadsafe(self._fail, None, exc)
+                return
+            if steps.finished:
+                finished = list(steps.finished)
+                steps.finished.clear()
+                loop.call_soon_threadsafe(self._deliver, finished)
+            self._check_holds()
+
+    def _deliver(self, finished: list[Finished]) -> None:
+        for f in finished:
+            future = self._futures.pop(f.result.index, None)
+            if future is not None and not future.done():
+                future.set_result(f)
+
+    def _fail(self, env_ids: list[int] | None, exc: BaseException) -> None:
+        """Raise ``exc`` in the coroutines waiting on ``env_ids`` (``None``: every one)."""
+        for env_id in list(self._futures) if env_ids is None else env_ids:
+            future = self._futures.pop(env_id, None)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+
+    def _check_holds(self) -> None:
+        now = time.monotonic()
+        for env in list(self._held.values()):
+            if now - env._taken_at > self.hold_warning:
+                env._taken_at = now  # once per period
+                warnings.warn(
+                    f"env {env.env_id} has been held by one coroutine for over {self.hold_warning:g} s; "
+                    "a coroutine that never leaves `async with pool.env()` keeps it from the others",
+                    ResourceWarning,
+                    stacklevel=1,
+                )
+
+    # ------------------------------------------------------------------ reading
+    def _read_reset(self, f: Finished):
+        if self._vec is not None:
+            return self._vec._read_reset(f.result, self.pool.reset_timeout)
+        return read_reset(f.result, self.pool.reset_timeout)
+
+    def _read_step(self, f: Finished):
+        if self._vec is not None:
+            t = self._vec._read_step(f.result, self.pool.step_timeout)
+        else:
+            t = read_step(f.result, self.pool.step_timeout)
+        return t.obs, t.reward, t.terminated, t.truncated, t.info
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass

@@ -1,0 +1,179 @@
+"""EnvPool's async API on :class:`~boltzlabs_gym.BoltzLabsVecEnv`: ``async_reset``, ``send``, ``recv``.
+
+Made with ``batch_size`` (``BoltzLabsVecEnv(..., batch_size=M)``, ``make_vec(..., batch_size=M)``),
+a vector env of ``num_envs`` envs hands back the first ``M`` to finish on each :meth:`recv
+<SendRecv.recv>`, as ``envpool.make(..., num_envs=N, batch_size=M)`` does; code written for
+EnvPool's async mode runs with the construction line changed::
+
+    >>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=8, batch_size=4)   # doctest: +SKIP
+    >>> envs.async_reset()                       # every env starts its reset           # doctest: +SKIP
+    >>> obs, rew, term, trunc, info = envs.recv()   # the first 4 to finish             # doctest: +SKIP
+    >>> envs.send(policy(obs), info["env_id"])                                          # doctest: +SKIP
+
+``recv`` returns ``(obs, rewards, terminations, truncations, infos)`` for ``batch_size`` envs,
+in the order they finished; ``infos["env_id"]`` (``np.int32[batch_size]``) says which, and the
+rest of ``infos`` is Gymnasium's dict of arrays of that length, with ``_key`` masks. Each env
+follows the vector env's autoreset mode on its own: in ``NEXT_STEP`` (EnvPool's) the send after
+an env's episode ended resets it (its action is ignored) and its recv gives the first
+observation, reward 0; in ``SAME_STEP`` the step resets it in its own reply (``final_obs`` and
+``final_info`` in ``infos``); ``DISABLED`` refuses a step of a finished env. Straggler and crash
+infos are those of :meth:`~boltzlabs_gym.BoltzLabsVecEnv.step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
+
+from .client.async_steps import Finished
+from .wire import codec
+
+__all__ = ["SendRecv", "check_batch_size"]
+
+
+def check_batch_size(batch_size: Any, num_envs: int) -> int:
+    """``batch_size`` (``None``: ``num_envs``) as an int in ``[1, num_envs]``, or ValueError."""
+    if batch_size is None:
+        return num_envs
+    if type(batch_size) is not int or not 1 <= batch_size <= num_envs:
+        raise ValueError(f"batch_size must be an int in [1, num_envs={num_envs}], got {batch_size!r}")
+    return batch_size
+
+
+class SendRecv:
+    """A vector env's send/recv state: which envs are due a reset, what the last recv returned."""
+
+    def __init__(self, envs: Any, batch_size: int):  # a BoltzLabsVecEnv (vector.py imports this module)
+        self.envs = envs
+        self.batch_size = batch_size
+        #: The env ids of the last :meth:`recv` (the default of :meth:`send`'s ``env_id``).
+        self.last_ids = np.arange(batch_size, dtype=np.int32)
+        self._steps = envs.pool.async_steps
+
+    # ------------------------------------------------------------------ sending
+    def async_reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None) -> None:
+        """Start a reset of every env (refused while any is in flight); collect with :meth:`recv`."""
+        envs = self.envs
+        n = envs.num_envs
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            seeds: list = [int(seed) + i for i in range(n)]
+        elif seed is None:
+            seeds = [None] * n
+        else:
+            seeds = list(seed)  # type: ignore[arg-type]  # a bool seed lands here too: list() refuses it
+            if len(seeds) != n:
+                raise ValueError(f"async_reset needs one seed per env ({n}), got {len(seeds)}")
+        op_options = codec.to_json_safe(dict(options)) if options else None
+        items = []
+        for i in range(n):
+            op: dict = {"op": "reset", "seed": seeds[i]}
+            if op_options:
+                op["options"] = op_options
+            items.append((i, op, ()))
+        self._steps.send(items)
+        for i, s in enumerate(seeds):
+            if s is not None:
+                envs._env_seeds[i] = s
+        envs._autoreset_envs[:] = False
+
+    def send(self, actions: Any, env_id: Any = None) -> None:
+        """Start one step per env of ``env_id`` (default: the envs of the last :meth:`recv`) with
+        its row of ``actions``; an env due an autoreset (``NEXT_STEP``/``SAME_STEP`` after a failed
+        step) is reset instead, its action ignored."""
+        envs = self.envs
+        ids = self.last_ids if env_id is None else np.asarray(env_id).reshape(-1)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"env_id must hold ints, got dtype {ids.dtype}")
+        rows = self._action_rows(actions, len(ids))
+        mode = envs.autoreset_mode
+        items: list[tuple[int, dict, Sequence]] = []
+        for k, i in enumerate(ids.tolist()):
+            if not 0 <= i < envs.num_envs:
+                raise IndexError(f"env_id {i} out of range for {envs.num_envs} envs (0..{envs.num_envs - 1})")
+            if envs._autoreset_envs[i]:
+                if mode == AutoresetMode.DISABLED:
+                    raise ValueError(
+                        f"env {i} finished its episode and autoreset is DISABLED: reset it first "
+                        "(async_reset(), or reset(options={'reset_mask': mask}))"
+                    )
+                items.append((i, {"op": "reset", "seed": None}, ()))
+                continue
+            try:
+                obj, payloads = envs._encode_action(i, rows[k])
+            except (codec.CodecError, TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"action for env {i} does not fit the action space {envs.single_action_space}: {exc}"
+                ) from None
+            op = {"op": "step", "action": obj}
+            if mode == AutoresetMode.SAME_STEP:
+                op["autoreset"] = True
+            items.append((i, op, payloads))
+        self._steps.send(items)
+
+    def _action_rows(self, actions: Any, m: int) -> list:
+        """``actions`` as ``m`` per-env actions: a batch of the single action space's elements."""
+        space = self.envs.single_action_space
+        try:
+            rows = list(iterate(self.envs.action_space, actions)) if not isinstance(actions, list) else list(actions)
+        except Exception as exc:  # noqa: BLE001 - say which shape was expected
+            raise ValueError(f"actions must be a batch of {m} actions of {space}: {exc}") from None
+        if len(rows) != m:
+            raise ValueError(f"expected {m} actions (one per env_id), got {len(rows)} (actions of {space})")
+        return rows
+
+    # ------------------------------------------------------------------ receiving
+    def recv(self, timeout: float | None = None) -> tuple:
+        """``(obs, rewards, terminations, truncations, infos)`` of the first ``batch_size`` envs to
+        finish, ``infos["env_id"]`` naming them (see the module doc)."""
+        finished = self._steps.recv(self.batch_size, timeout)
+        m = len(finished)
+        batch = _InfoBatch(m)
+        infos: dict = {}
+        obs_rows: list = []
+        rewards = np.zeros(m, dtype=np.float64)
+        terms = np.zeros(m, dtype=np.bool_)
+        truncs = np.zeros(m, dtype=np.bool_)
+        ids = np.empty(m, dtype=np.int32)
+        for k, f in enumerate(finished):
+            ids[k] = f.result.index
+            obs, info = self._take(f, k, rewards, terms, truncs)
+            obs_rows.append(obs)
+            infos = batch._add_info(infos, info, k)
+        infos["env_id"] = ids
+        self.last_ids = ids
+        space = self.envs.single_observation_space
+        out = concatenate(space, obs_rows, create_empty_array(space, m, np.zeros))  # type: ignore[arg-type]
+        return out, rewards, terms, truncs, infos
+
+    def _take(self, f: Finished, k: int, rewards, terms, truncs) -> tuple[Any, dict]:
+        """One env's result: its observation and info, its reward and flags into row ``k``."""
+        envs, r = self.envs, f.result
+        i = r.index
+        pool = envs.pool
+        if f.op != "step":
+            obs, info, failure = envs._read_reset(r, pool.reset_timeout)
+            truncs[k] = failure is not None
+            envs._autoreset_envs[i] = failure is not None
+            return obs, info
+        obs, reward, term, trunc, info, failure, reset_obs, reset_info = envs._read_step(r, pool.step_timeout)
+        rewards[k], terms[k], truncs[k] = reward, term, trunc
+        done = term or trunc
+        if envs.autoreset_mode == AutoresetMode.SAME_STEP and done:
+            info = dict(info, final_obs=obs, final_info=dict(info))
+            if reset_info is not None:
+                obs, info = reset_obs, dict(reset_info, final_obs=info["final_obs"], final_info=info["final_info"])
+            envs._autoreset_envs[i] = reset_info is None  # a failed step did not reset itself
+        else:
+            envs._autoreset_envs[i] = done
+        return obs, info
+
+
+class _InfoBatch(VectorEnv):
+    """Gymnasium's info batching (``VectorEnv._add_info``) for a batch of ``m`` envs."""
+
+    def __init__(self, m: int):
+        self.num_envs = m

@@ -1,0 +1,140 @@
+"""EnvPool's send/recv on BoltzLabsVecEnv, and the asyncio face (boltzlabs_gym.aio): exact against
+SyncVectorEnv under random interleavings, failures confined to their own env."""
+
+from __future__ import annotations
+
+import asyncio
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import FAULTY, ISOLATION
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import boltzlabs_gym
+from boltzlabs_gym.aio import AsyncPool
+from boltzlabs_gym.errors import AsyncStateError
+
+N, BATCH = 3, 2
+
+
+@pytest.fixture(scope="module")
+def envs():
+    e = boltzlabs_gym.make_vec("CartPole-v1", num_envs=N, batch_size=BATCH, isolation=ISOLATION)
+    yield e
+    e.close()
+
+
+def _reference(seed: int, i: int):
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    obs, _ = ref.reset(seed=seed + i)
+    return ref, obs[0]
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    seed=st.integers(0, 1000), plan=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 1)), min_size=6, max_size=20)
+)
+def test_send_recv_is_exact_against_sync_vector_env_under_any_interleaving(envs, seed, plan):
+    refs = [_reference(seed, i) for i in range(N)]
+    envs.async_reset(seed=seed)
+    held: list[int] = []  # received, not sent again yet: the interleaving
+    in_flight = N
+    for hold_mask, action in plan:
+        obs, rew, term, trunc, info = envs.recv()
+        in_flight -= BATCH
+        for k, i in enumerate(info["env_id"].tolist()):
+            ref, expected = refs[i]
+            np.testing.assert_array_equal(obs[k], expected)
+        ids = held + info["env_id"].tolist()
+        send = [i for j, i in enumerate(ids) if not hold_mask >> (j % 3) & 1]
+        for i in ids:  # recv() needs batch_size envs in flight
+            if in_flight + len(send) >= BATCH:
+                break
+            if i not in send:
+                send.append(i)
+        held = [i for i in ids if i not in send]
+        if send:
+            envs.send(np.full(len(send), action), np.array(send))
+            in_flight += len(send)
+            for i in send:
+                ref, _ = refs[i]
+                o, r, te, tr, _ = ref.step(np.array([action]))
+                refs[i] = (ref, o[0])
+    envs.pool.async_steps.recv()  # the rest: back to idle for the next example
+
+
+def test_vec_recv_names_envs_and_refuses_what_envpool_refuses(envs):
+    envs.async_reset(seed=1)
+    obs, rew, term, trunc, info = envs.recv()
+    assert obs.shape == (BATCH, 4) and info["env_id"].dtype == np.int32 and len(set(info["env_id"])) == BATCH
+    with pytest.raises(AsyncStateError, match="is still in flight"):
+        envs.send(np.zeros(1, dtype=np.int64), [int(set(range(N)).difference(info["env_id"]).pop())])
+    with pytest.raises(ValueError, match="expected 2 actions"):
+        envs.send(np.zeros(3, dtype=np.int64), info["env_id"])
+    with pytest.raises(IndexError, match="env_id 7 out of range"):
+        envs.send(np.zeros(1, dtype=np.int64), [7])
+    envs.send(np.zeros(BATCH, dtype=np.int64))  # default: the last recv's envs
+    envs.recv()
+    with pytest.raises(ValueError, match=r"batch_size=2\) but only 0 envs are in flight and 1 finished"):
+        envs.recv()
+    envs.pool.async_steps.recv()  # the last one: all idle again
+
+
+def test_reset_mask_all_false_uses_gymnasiums_words(envs):
+    with pytest.raises(ValueError, match=r"must contain a boolean array with at least one True value"):
+        envs.reset(options={"reset_mask": np.zeros(N, dtype=bool)})
+
+
+def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
+    async def main():
+        async with AsyncPool(FAULTY, n=2, isolation=ISOLATION, step_timeout=1.0, acquire_timeout=20) as pool:
+
+            async def rollout(action):
+                async with pool.env() as env:
+                    await env.reset(seed=0)
+                    return await env.step(action)
+
+            results = await asyncio.gather(*(rollout(a) for a in [1, {"crash": True}, 2, 3, 4, 5]))
+            rewards = [r[1] for r in results]
+            assert rewards[0] == 1 and rewards[2:] == [2, 3, 4, 5]  # only the crashing one failed
+            assert results[1][3] and "boltzlabs_error" in results[1][4]
+
+            async def cancelled():
+                async with pool.env() as env:
+                    await env.reset(seed=0)
+                    await env.step({"sleep": 0.3})
+
+            task = asyncio.ensure_future(cancelled())
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The env comes back after its step finished and a reset: both envs can be taken.
+            async with pool.env() as a, pool.env() as b:
+                assert {a.env_id, b.env_id} == {0, 1}
+                with pytest.raises(AsyncStateError, match="reset\\(\\) it before step"):
+                    await a.step(1)
+                pool.acquire_timeout = 0.1
+                with pytest.raises(TimeoutError, match="all 2 are held"):
+                    async with pool.env():
+                        pass
+
+    asyncio.run(main())
+
+
+def test_asyncio_over_a_vector_env_decodes_into_its_spaces(envs):
+    async def main():
+        async with AsyncPool(envs, hold_warning=0.2) as pool:
+            async with pool.env() as env:
+                obs, _ = await env.reset(seed=3)
+                assert isinstance(obs, np.ndarray) and obs.shape == (4,)
+                obs, reward, *_ = await env.step(1)
+                assert reward == 1.0
+                with pytest.warns(ResourceWarning, match="held by one coroutine"):
+                    await asyncio.sleep(0.3)
+                    await env.step(1)
+                    await asyncio.sleep(0.6)
+
+    asyncio.run(main())

@@ -1,0 +1,118 @@
+"""RLPool.send/recv: envs that don't wait for each other (client/async_steps.py, worker/partial_replies.py).
+
+Real pools of the fault-injection env: on the direct lane, through the worker, on two remote
+workers, with two envs per sandbox. Small n, one pool per route, shared by the tests.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import FAULTY, ISOLATION
+from workers import WorkerProcess
+
+from boltzlabs_gym import RLPool
+from boltzlabs_gym.errors import AsyncStateError, PoolClosedError, WorkerTimeout
+
+ROUTES = ["lane", "worker", "remote"]
+
+
+@pytest.fixture(scope="module")
+def remote_workers():
+    workers = [WorkerProcess(insecure=True) for _ in range(2)]
+    yield [w.address for w in workers]
+    for w in workers:
+        w.stop()
+
+
+@pytest.fixture(scope="module", params=ROUTES)
+def pool(request):
+    options = {"lane": {}, "worker": {"direct": False}}.get(request.param)
+    if options is None:
+        options = {"workers": request.getfixturevalue("remote_workers")}
+    with RLPool(FAULTY, n=4, isolation=ISOLATION, step_timeout=1.5, **options) as p:
+        p.reset(seed=0)
+        yield p
+
+
+def test_first_finished_come_first_and_a_hung_env_delays_only_itself(pool):
+    t0 = time.monotonic()
+    pool.send([{"sleep": 0.4}, 1, 2, {"hang": True}], env_ids=[0, 1, 2, 3])
+    first = pool.recv(batch_size=2)
+    assert sorted(first.env_ids.tolist()) == [1, 2]
+    assert time.monotonic() - t0 < 0.35  # not held back by env 0's sleep, nor env 3's hang
+    assert first.rewards.tolist() == [float(i) for i in first.env_ids]
+    pool.send([5, 6], env_ids=first.env_ids)  # stepped again while 0 and 3 are in flight
+    again = pool.recv(batch_size=2)
+    assert sorted(again.env_ids.tolist()) == [1, 2] and not again.dones.any()
+    slow = pool.recv(batch_size=1)
+    assert slow.env_ids.tolist() == [0] and slow.obs[0]["t"] == 1
+    hung = pool.recv()  # the rest: env 3, killed at its deadline
+    assert hung.env_ids.tolist() == [3] and hung.dones[0] and hung.obs[0] is None
+    assert "boltzlabs_straggler" in hung.infos[0]
+    pool.send(None, [3], reset=True, seed=7)
+    reset = pool.recv()
+    assert reset.obs[0]["seed"] == 10 and reset.rewards[0] == 0 and not reset.dones[0]
+    obs, rewards, _, _ = pool.step([1, 1, 1, 1])  # lockstep still works after
+    assert [o["t"] for o in obs] == [2, 3, 3, 1] and rewards.tolist() == [1.0] * 4
+
+
+def test_crash_and_exception_stay_in_their_env(pool):
+    pool.send([{"crash": True}, {"raise": "boom"}, 1, 1], env_ids=[0, 1, 2, 3])
+    got = pool.recv()
+    by_id = {int(i): k for k, i in enumerate(got.env_ids)}
+    assert "boltzlabs_error" in got.infos[by_id[0]] and got.dones[by_id[0]]
+    assert got.dones[by_id[1]]  # serve() turns the exception into a terminal transition
+    assert got.rewards[by_id[2]] == 1.0 and not got.dones[by_id[2]]
+    pool.reset(seed=0)
+
+
+def test_bad_input_is_refused_naming_what_was_wrong_with_nothing_lost(pool):
+    with pytest.raises(AsyncStateError, match="nothing in flight"):
+        pool.recv()
+    with pytest.raises(IndexError, match="env id 9 out of range"):
+        pool.send([1], env_ids=[9])
+    with pytest.raises(TypeError, match="env id must be an int"):
+        pool.send([1], env_ids=["a"])
+    with pytest.raises(ValueError, match="env id 1 appears twice"):
+        pool.send([1, 1], env_ids=[1, 1])
+    with pytest.raises(ValueError, match="expected exactly 2 actions"):
+        pool.send([1], env_ids=[0, 1])
+    pool.send([{"sleep": 0.2}, 1], env_ids=[0, 1])
+    with pytest.raises(AsyncStateError, match="env 0 is still in flight"):
+        pool.send([1, 1], env_ids=[2, 0])
+    with pytest.raises(AsyncStateError, match="recv\\(\\) them before a lockstep call"):
+        pool.step([1, 1, 1, 1])
+    with pytest.raises(ValueError, match="batch_size=3.*only 2 envs are in flight"):
+        pool.recv(batch_size=3)
+    with pytest.raises(WorkerTimeout, match="nothing is lost"):
+        pool.recv(batch_size=2, timeout=0.05)
+    got = pool.recv(batch_size=2)  # the refused calls lost nothing, sent nothing twice
+    assert sorted(got.env_ids.tolist()) == [0, 1]
+    pool.reset(seed=0)
+
+
+def test_close_with_steps_in_flight_warns_naming_them():
+    pool = RLPool(FAULTY, n=2, isolation=ISOLATION)
+    pool.reset()
+    pool.send([{"sleep": 5}], env_ids=[1])
+    with pytest.warns(RuntimeWarning, match=r"1 envs' send\(\) calls not received \(env ids \[1\]\)"):
+        pool.close()
+    with pytest.raises(PoolClosedError):
+        pool.recv()
+
+
+def test_a_sandbox_of_several_envs_takes_one_call_and_finishes_together():
+    grouped = FAULTY.replace("faulty", "grouped")
+    with RLPool(grouped, n=4, isolation=ISOLATION, envs_per_sandbox=2, step_timeout=1.0) as pool:
+        pool.reset(seed=0)
+        pool.send(["hang", 1, 2], env_ids=[0, 1, 2])
+        with pytest.raises(AsyncStateError, match="env 3 shares sandbox 1 with env 2"):
+            pool.send([1], env_ids=[3])
+        first = pool.recv(batch_size=1)
+        assert first.env_ids.tolist() == [2] and first.rewards.tolist() == [2.0]
+        rest = pool.recv()  # sandbox 0's two envs, in one reply: killed at the deadline together
+        assert sorted(rest.env_ids.tolist()) == [0, 1] and rest.dones.all()
+        assert any("boltzlabs_straggler" in info for info in rest.infos)
