@@ -9,6 +9,7 @@ Commands, by example::
     boltzlabs-gym top tcp://a:5555 tcp://b:5555 --keys ./keys   live table: calls/s, latency, faults
     boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys --metrics-port 9100   with /metrics
     boltzlabs-gym isolation                           which sandbox this host gives, and why
+    boltzlabs-gym code-server --port 8080             SandboxFusion's POST /run_code on sandboxed pools
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _cmd_code_server(args: argparse.Namespace) -> int:
+    from .code_server import run_code_server
+
+    return run_code_server(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--isolation", default="auto")
     p.add_argument("--action", action="append", default=None, help="JSON action to send (repeatable); default 0")
     p.set_defaults(func=_cmd_check)
+
+    from .code_server import add_code_server_flags
+
+    p = add_code_server_flags(
+        sub.add_parser("code-server", help="serve SandboxFusion's /run_code API on sandboxed pools")
+    )
+    p.set_defaults(func=_cmd_code_server)
     return parser
 
 

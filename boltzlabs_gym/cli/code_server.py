@@ -1,0 +1,57 @@
+"""``boltzlabs-gym code-server``: SandboxFusion's API on a code runner (needs the ``server`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import MissingExtraError
+
+__all__ = ["add_code_server_flags", "run_code_server"]
+
+
+def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--lanes", type=int, default=4, help="pools, each with one batch in flight (default 4)")
+    p.add_argument("--envs-per-lane", type=int, default=4, help="sandboxes per pool (default 4)")
+    p.add_argument("--max-queue", type=int, default=1024, help="waiting runs past which 503 is answered")
+    p.add_argument("--isolation", default="auto", help="auto, strict, namespaces, bwrap or process")
+    p.add_argument(
+        "--workers", nargs="*", default=None, help="remote worker addresses (tcp://host:port); default: a local worker"
+    )
+    p.add_argument("--keys", default=None, help="CURVE key directory for authenticated remote workers")
+    p.add_argument("--memory-mb", type=int, default=2048, help="each sandbox's memory limit (MiB)")
+    p.add_argument("--max-run-timeout", type=float, default=60.0, help="largest run_timeout accepted (s)")
+    p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="stdout/stderr kept per command")
+    p.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    return p
+
+
+def run_code_server(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from ..server import create_app
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"boltzlabs-gym code-server needs the server extra ({exc}): pip install 'boltzlabs-gym[server]'", "server"
+        ) from exc
+    from ..code import CodeRunner
+    from ..wire.limits import Limits
+
+    runner = CodeRunner(
+        envs_per_lane=args.envs_per_lane,
+        lanes=args.lanes,
+        workers=args.workers or None,
+        keys=args.keys,
+        isolation=args.isolation,
+        limits=Limits(memory_bytes=args.memory_mb << 20),
+        max_run_timeout=args.max_run_timeout,
+        max_output_bytes=args.max_output_bytes,
+        max_queue=args.max_queue,
+    )
+    print(f"code server: {runner!r}; {runner.isolation}", flush=True)
+    app = create_app(runner, metrics=not args.no_metrics, owns_runner=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    runner.close()
+    return 0

@@ -1,0 +1,391 @@
+"""Run untrusted programs on a pool: every program in a sandbox no earlier program touched.
+
+:class:`CodeRunner` keeps ``lanes`` pools (:class:`~boltzlabs_gym.RLPool`, ``mode="boltz"``) of
+the runner's env (``boltzlabs_gym/code/runner_env``). Requests wait in one queue; each lane
+takes up to its ``envs_per_lane`` waiting requests, runs them as one batched step (one message
+per worker), hands back the results, then hard-resets the envs it used: their process trees are
+killed, their workspaces wiped, and fresh envs forked from the warm template. A batch lasts as
+long as its slowest program, so several lanes keep short programs from waiting behind a
+timed-out one.
+
+Pools are local by default; ``workers=`` (addresses or a
+:class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
+every other :class:`~boltzlabs_gym.RLPool` option pass through, so the same runner runs on remote
+or Ray workers.
+
+Limits: ``run_timeout`` is enforced inside the sandbox (the program's process group is killed
+on it; the hard reset after it kills anything that left the group); ``memory_limit_mb`` becomes
+the program's ``RLIMIT_AS``/``RLIMIT_DATA`` (as SandboxFusion sets it) under the sandbox's own
+memory limit (``limits``, a cgroup where the worker can create one, else ``RLIMIT_AS``). Output
+is cut at ``max_output_bytes`` per stream (:attr:`CommandResult.truncated` says how much was cut).
+
+Usage (needs a worker and its sandboxes, so not run as a doctest)::
+
+    with CodeRunner(envs_per_lane=4, lanes=2) as runner:
+        r = runner.run("print(input()[::-1])", stdin="abc")
+        r.status, r.run_result.stdout                      # ('Success', 'cba\\n')
+        rs = runner.run_many([{"code": "print(1)"}, {"code": "echo hi", "language": "bash"}])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..client.pool import RLPool
+from ..client.results import read_step
+from ..wire.limits import Limits
+from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
+from .results import LANGUAGES, RunRequest, RunResult
+
+log = logging.getLogger("boltzlabs_gym.code")
+
+__all__ = ["RUNNER_ENV_DIR", "AsyncCodeRunner", "CodeRunner", "QueueFullError", "RunnerStats"]
+
+#: The runner's env directory (served in ``mode="boltz"``).
+RUNNER_ENV_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner_env")
+
+
+class QueueFullError(RuntimeError):
+    """The runner's queue holds ``max_queue`` requests already; try again later."""
+
+
+@dataclass
+class _Job:
+    request: RunRequest
+    future: concurrent.futures.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+    taken: float = 0.0
+
+
+@dataclass
+class RunnerStats:
+    """Counters a runner keeps (read :meth:`CodeRunner.stats`); a listener sees every run as it ends."""
+
+    runs: dict[tuple[str, str], int] = field(default_factory=dict)  # (language, status) -> count
+    timeouts: int = 0
+    oom_kills: int = 0  # runs killed by SIGKILL before their deadline: the memory limit's kill
+    cancelled: int = 0
+    queue_wait_s: float = 0.0
+    queued: int = 0
+    running: int = 0
+
+
+class CodeRunner:
+    """Runs programs (python, bash, cpp, nodejs) in sandboxes of ``lanes`` pools; thread-safe.
+
+    Args:
+        envs_per_lane: sandboxes per pool; a lane runs up to that many programs in one batch.
+        lanes: pools, each with its own batch in flight.
+        workers, isolation, limits, env_vars, pool_options: passed to every
+            :class:`~boltzlabs_gym.RLPool` (``mode`` is always ``"boltz"``).
+        max_run_timeout, max_compile_timeout: the largest ``run_timeout``/``compile_timeout`` a
+            request may ask for (the pools' step deadline is sized from them).
+        max_output_bytes: stdout and stderr kept per command; the rest is dropped and counted.
+        max_queue: requests waiting at most; past it :meth:`submit` raises :class:`QueueFullError`.
+        on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's thread after
+            every run (seconds from submission to a lane taking it, and to its result).
+    """
+
+    def __init__(
+        self,
+        envs_per_lane: int = 4,
+        lanes: int = 2,
+        *,
+        workers: Any = None,
+        isolation: str = "auto",
+        limits: Limits | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        max_run_timeout: float = 60.0,
+        max_compile_timeout: float = 60.0,
+        max_output_bytes: int = 1 << 20,
+        max_queue: int = 1024,
+        on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
+        **pool_options: Any,
+    ):
+        if envs_per_lane < 1 or lanes < 1:
+            raise ValueError(f"envs_per_lane and lanes must be >= 1, got {envs_per_lane} and {lanes}")
+        self.envs_per_lane = envs_per_lane
+        self.max_run_timeout = float(max_run_timeout)
+        self.max_compile_timeout = float(max_compile_timeout)
+        self.max_output_bytes = int(max_output_bytes)
+        self.max_queue = int(max_queue)
+        self.on_result = on_result
+        self._stats = RunnerStats()
+        self._stats_lock = threading.Lock()
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._closed = False
+        self._pools: list[RLPool] = []
+        step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
+        try:
+            for _ in range(lanes):
+                self._pools.append(
+                    RLPool(
+                        RUNNER_ENV_DIR,
+                        envs_per_lane,
+                        workers=workers,
+                        isolation=isolation,
+                        mode="boltz",
+                        limits=limits,
+                        env_vars=dict(env_vars or {}),
+                        step_timeout=step_timeout,
+                        **pool_options,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+        #: The isolation every program runs under (the first pool's report; all pools ask for the same).
+        self.isolation = self._pools[0].isolation
+        self._isolation_text = self.isolation.backend if self.isolation is not None else ""
+        for pool in self._pools:
+            pool.reset()
+        self._threads = [
+            threading.Thread(target=self._lane, args=(pool,), name=f"code-runner-lane-{i}", daemon=True)
+            for i, pool in enumerate(self._pools)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ asking
+    def submit(self, request: RunRequest | Mapping[str, Any] | str) -> concurrent.futures.Future:
+        """Queue one program; a future of its :class:`RunResult`. Cancelling the future before a
+        lane takes it drops the run."""
+        request = self._check(RunRequest.of(request))
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._stats_lock:
+            if self._closed:
+                raise RuntimeError("this CodeRunner is closed")
+            if self._stats.queued >= self.max_queue:
+                raise QueueFullError(f"{self._stats.queued} requests are waiting (max_queue={self.max_queue})")
+            self._stats.queued += 1
+        self._queue.put(_Job(request, future))
+        return future
+
+    def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:
+        """Run one program and wait for it: ``stdin``, ``files``, ``fetch_files``, ``run_timeout``,
+        ``compile_timeout``, ``memory_limit_mb`` as in :class:`RunRequest`."""
+        return self.submit(RunRequest(code=code, language=language, **fields)).result()
+
+    def run_many(self, requests: Iterable[RunRequest | Mapping[str, Any] | str]) -> list[RunResult]:
+        """Run several programs at once (queued together: a lane takes as many as it has envs in
+        one batch) and return their results in order."""
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def grade_stdio(self, code: str, inputs: list[str], outputs: list[str | None], **fields: Any) -> Grade:
+        """Run ``code`` once per stdin in ``inputs``; a case passes when the run succeeds and its
+        stdout equals the expected one up to trailing newlines (``None``: any output), as verl's
+        sandbox-fusion reward compares them."""
+        return judge_stdio(self.run_many(stdio_requests(code, inputs, **fields)), outputs)
+
+    def grade_asserts(self, code: str, asserts: list[str], **fields: Any) -> Grade:
+        """Run ``code`` followed by each assert case (one program per case); a case passes when its
+        program succeeds (exit status 0)."""
+        return judge_asserts(self.run_many(assert_requests(code, asserts, **fields)))
+
+    def _check(self, request: RunRequest) -> RunRequest:
+        if request.language not in LANGUAGES:
+            raise ValueError(f"language {request.language!r} is not supported; supported: {', '.join(LANGUAGES)}")
+        if not 0 < float(request.run_timeout) <= self.max_run_timeout:
+            raise ValueError(f"run_timeout must be in (0, {self.max_run_timeout:g}] s, got {request.run_timeout}")
+        if not 0 < float(request.compile_timeout) <= self.max_compile_timeout:
+            raise ValueError(
+                f"compile_timeout must be in (0, {self.max_compile_timeout:g}] s, got {request.compile_timeout}"
+            )
+        return request
+
+    # ------------------------------------------------------------------ what the runner knows
+    def stats(self) -> RunnerStats:
+        """A copy of the counters."""
+        with self._stats_lock:
+            s = self._stats
+            return RunnerStats(dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, s.queued, s.running)
+
+    @property
+    def capacity(self) -> int:
+        """Programs that can run at the same time (envs over all lanes)."""
+        return self.envs_per_lane * len(self._pools)
+
+    # ------------------------------------------------------------------ the lanes
+    def _take(self) -> list[_Job]:
+        """Wait for a first request, then take whatever else waits, up to a batch; ``[]`` at close."""
+        first = self._queue.get()
+        if first is None:
+            self._queue.put(None)  # the close marker stays for the other lanes
+            return []
+        jobs = [first]
+        while len(jobs) < self.envs_per_lane:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._queue.put(None)  # for the next lane
+                break
+            jobs.append(job)
+        now = time.perf_counter()
+        live = []
+        with self._stats_lock:
+            self._stats.queued -= len(jobs)
+            for job in jobs:
+                if job.future.set_running_or_notify_cancel():
+                    job.taken = now
+                    live.append(job)
+                    self._stats.queue_wait_s += now - job.enqueued
+                else:
+                    self._stats.cancelled += 1
+            self._stats.running += len(live)
+        return live
+
+    def _lane(self, pool: RLPool) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs and self._closed:
+                return
+            if not jobs:
+                continue
+            try:
+                results = self._run_batch(pool, jobs)
+            except Exception as exc:  # the pool itself failed: these runs are the sandbox's errors
+                log.exception("code runner lane failed a batch")
+                results = [RunResult.sandbox_error(f"the pool failed: {exc}", self._isolation_text) for _ in jobs]
+            now = time.perf_counter()
+            with self._stats_lock:
+                self._stats.running -= len(jobs)
+            for job, result in zip(jobs, results):
+                self._count(job.request, result)
+                if self.on_result is not None:
+                    try:
+                        self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
+                    except Exception:
+                        log.exception("code runner on_result listener failed")
+                job.future.set_result(result)
+            if self._closed:
+                continue
+            try:
+                mask = np.zeros(pool.n, dtype=bool)
+                mask[: len(jobs)] = True
+                pool.reset(where=mask, hard=True)  # killed, wiped, forked afresh for the next programs
+            except Exception:
+                log.exception("code runner lane could not hard-reset its envs")
+
+    def _run_batch(self, pool: RLPool, jobs: list[_Job]) -> list[RunResult]:
+        items = [
+            (i, {"op": "step", "action": job.request.to_action(self.max_output_bytes)}, ())
+            for i, job in enumerate(jobs)
+        ]
+        pool.batch_async(items)
+        results = []
+        for r in pool.batch_wait():
+            t = read_step(r, pool.step_timeout)
+            if t.failure is not None:
+                detail = f"{t.failure.reason}\n{t.failure.stderr}".strip()
+                results.append(RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text))
+            else:
+                results.append(RunResult.from_observation(t.obs or {}, self._isolation_text))
+        return results
+
+    def _count(self, request: RunRequest, result: RunResult) -> None:
+        run = result.run_result
+        with self._stats_lock:
+            key = (request.language, result.status)
+            self._stats.runs[key] = self._stats.runs.get(key, 0) + 1
+            if run is not None and run.status == "TimeLimitExceeded":
+                self._stats.timeouts += 1
+            elif run is not None and run.return_code == -9:
+                self._stats.oom_kills += 1
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Stop the lanes (runs in flight finish first; queued ones are cancelled) and close the pools."""
+        with self._stats_lock:
+            if self._closed and not self._pools:
+                return
+            self._closed = True
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.cancel()
+        self._queue.put(None)
+        for t in getattr(self, "_threads", ()):
+            t.join(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
+        for pool in self._pools:
+            pool.close()
+        self._pools = []
+
+    def __enter__(self) -> CodeRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        lanes, k = len(self._pools), self.envs_per_lane
+        return f"CodeRunner(lanes={lanes}, envs_per_lane={k}, isolation={self._isolation_text!r})"
+
+
+class AsyncCodeRunner:
+    """The asyncio face of a :class:`CodeRunner` (made with the same arguments, or given one)::
+
+    async with AsyncCodeRunner(envs_per_lane=4) as runner:
+        result = await runner.run("print(1)")
+        results = await runner.run_many(["print(2)", {"code": "echo 3", "language": "bash"}])
+    """
+
+    def __init__(self, *args: Any, runner: CodeRunner | None = None, **kwargs: Any):
+        #: The synchronous runner doing the work.
+        self.runner = runner if runner is not None else CodeRunner(*args, **kwargs)
+
+    async def submit(self, request: RunRequest | Mapping[str, Any] | str) -> RunResult:
+        """Run one request; cancelling the awaiting task drops it if no lane has taken it yet."""
+        future = self.runner.submit(request)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    async def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:
+        """As :meth:`CodeRunner.run`."""
+        return await self.submit(RunRequest(code=code, language=language, **fields))
+
+    async def run_many(self, requests: Iterable[RunRequest | Mapping[str, Any] | str]) -> list[RunResult]:
+        """As :meth:`CodeRunner.run_many`."""
+        return list(await asyncio.gather(*(self.submit(r) for r in requests)))
+
+    async def grade_stdio(self, code: str, inputs: list[str], outputs: list[str | None], **fields: Any) -> Grade:
+        """As :meth:`CodeRunner.grade_stdio`."""
+        return judge_stdio(await self.run_many(stdio_requests(code, inputs, **fields)), outputs)
+
+    async def grade_asserts(self, code: str, asserts: list[str], **fields: Any) -> Grade:
+        """As :meth:`CodeRunner.grade_asserts`."""
+        return judge_asserts(await self.run_many(assert_requests(code, asserts, **fields)))
+
+    @property
+    def isolation(self):
+        """The isolation every program runs under."""
+        return self.runner.isolation
+
+    async def aclose(self) -> None:
+        """Close the runner (in a thread: it waits for runs in flight)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.runner.close)
+
+    async def __aenter__(self) -> AsyncCodeRunner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

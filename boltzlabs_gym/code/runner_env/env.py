@@ -1,0 +1,349 @@
+"""The code runner's env: runs one program per step inside its sandbox and reports what it did.
+
+Served by :class:`boltzlabs_gym.code.CodeRunner` in ``mode="boltz"``: the template imports this
+file (and the modules programs commonly use) once, every env is forked from it, and the runner
+hard-resets an env after every program, so each program starts in a sandbox no earlier program
+touched. Standard library only (it runs inside the sandbox).
+
+A step's action is a JSON object (built by :func:`boltzlabs_gym.code.results.RunRequest.to_action`)::
+
+    {"language": "python", "code": "...", "stdin": "...", "files": {"a.txt": "<base64>"},
+     "fetch_files": ["out.txt"], "run_timeout": 10, "compile_timeout": 10,
+     "memory_limit_mb": -1, "max_output_bytes": 1048576}
+
+and its observation is ``{"compile_result": ..., "run_result": ..., "files": {...}}``, each result
+``{"status", "execution_time", "return_code", "stdout", "stderr", "truncated"}`` (status
+``Finished``, ``Error`` or ``TimeLimitExceeded``).
+
+Python programs run in a child forked from this warm interpreter (a fresh ``__main__``, the
+program's own stdin/stdout/stderr, ``random`` reseeded); bash, C++ (``g++``) and Node.js programs
+run as subprocesses. Every program runs in its own session (process group) in the workspace
+directory; on its deadline the whole group is killed, and the hard reset that follows kills every
+process left in the sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections  # noqa: F401  (pre-imported: programs forked from the template find it warm)
+import functools  # noqa: F401
+import heapq  # noqa: F401
+import itertools  # noqa: F401
+import json  # noqa: F401
+import math  # noqa: F401
+import os
+import re  # noqa: F401
+import resource
+import select
+import signal
+import string  # noqa: F401
+import sys
+import time
+import typing  # noqa: F401
+
+from boltzlabs_gym.env import serve
+from boltzlabs_gym.envside.process import workspace_now
+
+#: Programs' environment: nothing of the env process's own (its variables name the worker's paths).
+PROGRAM_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "",
+}
+FINISHED, ERROR, TIMEOUT = "Finished", "Error", "TimeLimitExceeded"
+SUBPROCESS_COMMANDS = {
+    "bash": (None, ["/bin/bash", "{src}"], ".sh"),
+    "nodejs": (None, ["node", "{src}"], ".js"),
+    "cpp": (["g++", "-std=c++17", "-O2", "{src}", "-o", "{exe}", "-lpthread"], ["{exe}"], ".cpp"),
+}
+SCRATCH = "/tmp/.boltzlabs_runner"  # outside the workspace: stdin and the C++ binary
+
+
+def reset(seed):
+    return {"ready": True}
+
+
+def step(action):
+    try:
+        result = run_program(action)
+    except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
+        result = {"compile_result": None, "run_result": _error(f"{type(exc).__name__}: {exc}"), "files": {}}
+    return result, 0.0, True, {}
+
+
+def _error(message: str) -> dict:
+    return {"status": ERROR, "execution_time": None, "return_code": None, "stdout": None, "stderr": message}
+
+
+def run_program(action: dict) -> dict:
+    """Run ``action``'s program in the workspace; its compile and run results and fetched files."""
+    workspace = workspace_now()
+    os.makedirs(SCRATCH, exist_ok=True)
+    _write_files(workspace, action.get("files") or {})
+    language = action["language"]
+    cap = int(action.get("max_output_bytes", 1 << 20))
+    memory_mb = int(action.get("memory_limit_mb", -1))
+    stdin_path = os.path.join(SCRATCH, "stdin")
+    with open(stdin_path, "wb") as f:
+        f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
+    compile_result = None
+    if language == "python":
+        src = _source_path(workspace, ".py", action["code"])
+        run_result = _supervise(_fork_python(src, workspace, stdin_path, memory_mb), action["run_timeout"], cap)
+    elif language in SUBPROCESS_COMMANDS:
+        compile_cmd, run_cmd, suffix = SUBPROCESS_COMMANDS[language]
+        src = _source_path(workspace, suffix, action["code"])
+        names = {"src": src, "exe": os.path.join(SCRATCH, "program")}
+        run_result = None
+        if compile_cmd is not None:
+            cmd = [part.format(**names) for part in compile_cmd]
+            compile_result = _supervise(
+                _spawn(cmd, workspace, os.devnull, memory_mb), action.get("compile_timeout", 10), cap
+            )
+        if compile_result is None or (compile_result["status"] == FINISHED and compile_result["return_code"] == 0):
+            cmd = [part.format(**names) for part in run_cmd]
+            run_result = _supervise(_spawn(cmd, workspace, stdin_path, memory_mb), action["run_timeout"], cap)
+    else:
+        run_result = _error(f"language {language!r} is not served here")
+    return {"compile_result": compile_result, "run_result": run_result, "files": _fetch(workspace, action)}
+
+
+def _write_files(workspace: str, files: dict) -> None:
+    for name, content in files.items():
+        if not isinstance(content, str):
+            continue  # SandboxFusion skips files given as null
+        path = _inside(workspace, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(content))
+
+
+def _inside(workspace: str, name: str) -> str:
+    path = os.path.abspath(os.path.join(workspace, name))
+    if not (path + os.sep).startswith(workspace.rstrip(os.sep) + os.sep):
+        raise ValueError(f"file path {name!r} leaves the workspace")
+    return path
+
+
+def _source_path(workspace: str, suffix: str, code: str) -> str:
+    path = os.path.join(workspace, "main" + suffix)
+    n = 0
+    while os.path.exists(path):  # a file the request brought has that name: leave it alone
+        n += 1
+        path = os.path.join(workspace, f"main{n}{suffix}")
+    with open(path, "wb") as f:
+        f.write(code.encode("utf-8", "surrogateescape"))
+    return path
+
+
+def _fetch(workspace: str, action: dict) -> dict:
+    files = {}
+    for name in action.get("fetch_files") or []:
+        try:
+            path = _inside(workspace, name)
+        except ValueError:
+            continue
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                files[name] = base64.b64encode(f.read(int(action.get("max_file_bytes", 16 << 20)))).decode()
+    return files
+
+
+# ------------------------------------------------------------------------------ starting programs
+def _pipes() -> tuple[int, int, int, int]:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    return out_r, out_w, err_r, err_w
+
+
+def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, err_w: int) -> None:
+    """In the forked child: its own session, the memory limit, stdio, cwd; every other fd closed."""
+    os.setsid()
+    if memory_mb > 0:
+        limit = memory_mb << 20
+        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+            _, hard = resource.getrlimit(which)
+            resource.setrlimit(which, (limit, hard))
+    fd = os.open(stdin_path, os.O_RDONLY)
+    os.dup2(fd, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.closerange(3, 65536)
+    os.chdir(workspace)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> tuple[int, int, int]:
+    """Fork and exec ``cmd``; its pid and the read ends of its stdout and stderr."""
+    out_r, out_w, err_r, err_w = _pipes()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _enter_child(workspace, stdin_path, memory_mb, out_w, err_w)
+            os.execvpe(cmd[0], cmd, dict(PROGRAM_ENV, HOME=workspace))
+        except BaseException as exc:
+            os.write(2, f"cannot run {cmd[0]}: {exc}\n".encode())
+        os._exit(127)
+    os.close(out_w)
+    os.close(err_w)
+    return pid, out_r, err_r
+
+
+def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> tuple[int, int, int]:
+    """Fork this warm interpreter and run ``src`` in the child as ``python src`` would."""
+    out_r, out_w, err_r, err_w = _pipes()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _enter_child(workspace, stdin_path, memory_mb, out_w, err_w)
+            code = _run_python_here(src, workspace)
+        except BaseException:
+            pass
+        os._exit(code)
+    os.close(out_w)
+    os.close(err_w)
+    return pid, out_r, err_r
+
+
+def _run_python_here(src: str, workspace: str) -> int:
+    """The forked child's program: a fresh ``__main__`` running ``src``; its exit status."""
+    import atexit
+    import io
+    import random
+    import traceback
+    import types
+
+    stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    stdout = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8", errors="backslashreplace"
+    )
+    stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
+    for name, stream in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    os.environ.clear()
+    os.environ.update(PROGRAM_ENV, HOME=workspace)
+    random.seed()  # the template's state would repeat in every program
+    sys.argv = [src]
+    sys.path[0] = workspace
+    main = types.ModuleType("__main__")
+    main.__file__ = src
+    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    with open(src, "rb") as f:
+        source = f.read()
+    status = 0
+    try:
+        exec(compile(source, src, "exec"), main.__dict__)
+    except SystemExit as exc:
+        status = _exit_status(exc, sys.stderr)
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        status = 1
+    try:
+        import threading
+
+        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter does at exit
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for out in (sys.stdout, sys.stderr):
+        try:
+            out.flush()
+        except BaseException:
+            status = status or 1  # as the interpreter exits when its stdout cannot be flushed
+    return status
+
+
+def _exit_status(exc: SystemExit, stderr) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    try:
+        print(exc.code, file=stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+# ------------------------------------------------------------------------------ watching programs
+def _supervise(started: tuple[int, int, int], timeout: float, cap: int) -> dict:
+    """Collect a started program's output (at most ``cap`` bytes each) until it exits or ``timeout``
+    passes; then kill its process group, whatever is left of it."""
+    pid, out_r, err_r = started
+    t0 = time.monotonic()
+    deadline = t0 + float(timeout)
+    pidfd = os.pidfd_open(pid)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    sizes = {out_r: 0, err_r: 0}
+    dropped = {out_r: 0, err_r: 0}
+    open_fds = [out_r, err_r]
+    status = None
+    timed_out = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([*open_fds, pidfd], [], [], left)
+            for fd in ready:
+                if fd == pidfd:
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.remove(fd)
+                    continue
+                keep = max(0, cap - sizes[fd])
+                chunks[fd].append(data[:keep])
+                sizes[fd] += min(len(data), keep)
+                dropped[fd] += len(data) - min(len(data), keep)
+            if pidfd in ready:
+                _, status = os.waitpid(pid, 0)
+                break
+        elapsed = time.monotonic() - t0
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if status is None:
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        for fd in open_fds:  # what the program wrote before it ended and nobody read yet
+            while sizes[fd] < cap and select.select([fd], [], [], 0)[0]:
+                data = os.read(fd, min(65536, cap - sizes[fd]))
+                if not data:
+                    break
+                chunks[fd].append(data)
+                sizes[fd] += len(data)
+        for fd in (out_r, err_r, pidfd):
+            os.close(fd)
+    result = {
+        "status": TIMEOUT if timed_out else FINISHED,
+        "execution_time": round(elapsed, 6),
+        "return_code": None if timed_out else _return_code(status),
+        "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
+        "stderr": b"".join(chunks[err_r]).decode("utf-8", "replace"),
+        "truncated": {name: n for name, n in (("stdout", dropped[out_r]), ("stderr", dropped[err_r])) if n},
+    }
+    return result
+
+
+def _return_code(status: int | None) -> int | None:
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)  # as subprocess reports a signal: SIGKILL (an OOM kill, say) is -9
+    return os.WEXITSTATUS(status)
+
+
+serve(reset=reset, step=step)

@@ -1,0 +1,159 @@
+"""The HTTP face: SandboxFusion's ``POST /run_code`` and ``GET /v1/ping`` over a
+:class:`~boltzlabs_gym.code.CodeRunner`.
+
+Beside SandboxFusion's two endpoints: ``GET /v1/status`` (isolation in force, lanes, queue,
+counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.server.metrics`).
+
+* A full queue answers ``503`` with ``Retry-After``; bad fields and malformed JSON ``422``
+  (FastAPI's shape); a ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
+* A language SandboxFusion knows but this server does not run: ``SandboxError`` naming the
+  supported ones (SandboxFusion answers its own missing runners with a ``SandboxError`` too).
+* A client that disconnects before a lane takes its run drops it; once running, the run ends
+  by its own deadline and its answer is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..code.results import LANGUAGES, RunRequest, RunResult
+from ..code.runner import CodeRunner, QueueFullError
+from .models import RunCodeRequest, RunCodeResponse, RunStatus
+
+__all__ = ["create_app"]
+
+#: Seconds a client told the queue is full is asked to wait.
+RETRY_AFTER_S = 1
+
+
+def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = False) -> FastAPI:
+    """A FastAPI app serving ``runner`` (closed with the app if ``owns_runner``)."""
+    app = FastAPI(title="boltzlabs_gym code server", description="SandboxFusion's /run_code on sandboxed pools")
+    server_metrics = _metrics_for(runner) if metrics else None
+    if owns_runner:
+        app.router.on_shutdown.append(runner.close)
+
+    @app.get("/v1/ping")
+    async def ping() -> str:
+        return "pong"
+
+    @app.get("/v1/status")
+    async def status() -> dict[str, Any]:
+        s = runner.stats()
+        iso = runner.isolation
+        return {
+            "isolation": iso.to_json() if iso is not None else None,
+            "per_request": "a sandbox forked from a warm template and hard-reset (killed, wiped) after every run",
+            "languages": list(LANGUAGES),
+            "lanes": runner.capacity // runner.envs_per_lane,
+            "envs_per_lane": runner.envs_per_lane,
+            "max_queue": runner.max_queue,
+            "max_run_timeout": runner.max_run_timeout,
+            "max_output_bytes": runner.max_output_bytes,
+            "queued": s.queued,
+            "running": s.running,
+            "runs": {f"{lang}/{st}": n for (lang, st), n in sorted(s.runs.items())},
+            "timeouts": s.timeouts,
+            "oom_kills": s.oom_kills,
+            "cancelled": s.cancelled,
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        if server_metrics is None:
+            return JSONResponse({"detail": "metrics are off (start without --no-metrics)"}, status_code=404)
+        body, content_type = server_metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.post("/run_code", response_model=RunCodeResponse)
+    async def run_code(body: RunCodeRequest, request: Request) -> Any:
+        pod = os.environ.get("MY_POD_NAME")
+        if body.language not in LANGUAGES:
+            if server_metrics is not None:
+                server_metrics.rejected.labels("language").inc()
+            message = f"language {body.language!r} is not supported by this server; supported: {', '.join(LANGUAGES)}"
+            return RunCodeResponse(status=RunStatus.SandboxError, message=message, executor_pod_name=pod)
+        too_long = _over_maximum(body, runner)
+        if too_long is not None:
+            return JSONResponse({"detail": [too_long]}, status_code=422)
+        run = RunRequest(
+            code=body.code,
+            language=body.language,
+            stdin=body.stdin,
+            files=body.files,
+            fetch_files=body.fetch_files,
+            run_timeout=body.run_timeout,
+            compile_timeout=body.compile_timeout,
+            memory_limit_mb=body.memory_limit_MB,
+        )
+        try:
+            future = runner.submit(run)
+        except QueueFullError as exc:
+            if server_metrics is not None:
+                server_metrics.rejected.labels("queue_full").inc()
+            return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        waiting = asyncio.wrap_future(future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=0.5)
+            if done:
+                break
+            if await request.is_disconnected():
+                future.cancel()  # dropped if no lane took it yet; else it ends by its deadline
+                if server_metrics is not None:
+                    server_metrics.cancelled.inc()
+                return Response(status_code=499)
+        if waiting.cancelled():
+            return JSONResponse({"detail": "the server is shutting down"}, status_code=503)
+        return _response(waiting.result(), pod)
+
+    return app
+
+
+def _metrics_for(runner: CodeRunner):
+    try:
+        from .metrics import ServerMetrics
+    except ImportError:  # pragma: no cover - prometheus-client missing
+        return None
+    try:
+        m = ServerMetrics(lambda: (runner.stats().queued, runner.stats().running))
+    except ImportError:
+        return None
+    earlier = runner.on_result
+
+    def observe(req: RunRequest, result: RunResult, queue_wait_s: float, total_s: float) -> None:
+        m.observe(req, result, queue_wait_s, total_s)
+        if earlier is not None:
+            earlier(req, result, queue_wait_s, total_s)
+
+    runner.on_result = observe
+    return m
+
+
+def _over_maximum(body: RunCodeRequest, runner: CodeRunner) -> dict | None:
+    """A FastAPI-shaped 422 entry for a timeout over the server's maximum, else ``None``."""
+    for name, limit in (("run_timeout", runner.max_run_timeout), ("compile_timeout", runner.max_compile_timeout)):
+        value = getattr(body, name)
+        if value > limit:
+            return {
+                "type": "less_than_equal",
+                "loc": ["body", name],
+                "msg": f"Input should be less than or equal to {limit:g} (this server's maximum)",
+                "input": value,
+            }
+    return None
+
+
+def _response(result: RunResult, pod: str | None) -> dict:
+    return {
+        "status": result.status,
+        "message": result.message,
+        "compile_result": result.compile_result.to_json() if result.compile_result else None,
+        "run_result": result.run_result.to_json() if result.run_result else None,
+        "executor_pod_name": pod,
+        "files": result.files,
+    }

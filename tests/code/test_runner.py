@@ -1,0 +1,148 @@
+"""The code runner on a real local pool: languages, limits, files, a clean sandbox per program."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import shutil
+
+import pytest
+
+from boltzlabs_gym.code import AsyncCodeRunner, CodeRunner, QueueFullError, RunRequest
+from conftest import ISOLATION
+
+CAP = 4096
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with CodeRunner(envs_per_lane=4, lanes=1, isolation=ISOLATION, max_output_bytes=CAP, max_run_timeout=10) as r:
+        yield r
+
+
+def test_python_stdin_stdout_and_exit_codes(runner):
+    ok, exc, exit3, syntax = runner.run_many(
+        [
+            {"code": "print(input()[::-1])", "stdin": "abc"},
+            "raise ValueError('nope')",
+            "import sys; print('out'); sys.exit(3)",
+            "def f(:\n",
+        ]
+    )
+    assert (ok.status, ok.run_result.stdout, ok.run_result.return_code) == ("Success", "cba\n", 0)
+    assert exc.status == "Failed" and exc.run_result.return_code == 1
+    assert "ValueError: nope" in exc.stderr and "main.py" in exc.stderr
+    assert (exit3.status, exit3.run_result.return_code, exit3.stdout) == ("Failed", 3, "out\n")
+    assert syntax.status == "Failed" and "SyntaxError" in syntax.stderr
+    assert ok.isolation == runner.isolation.backend
+
+
+def test_timeout_kills_the_tree_and_the_next_program_finds_nothing_left(runner):
+    r = runner.run(
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "while True: time.sleep(0.01)\n",
+        run_timeout=1,
+    )
+    assert r.status == "Failed"
+    assert r.run_result.status == "TimeLimitExceeded" and r.run_result.return_code is None
+    assert 1.0 <= r.run_result.execution_time < 2.0
+    after = runner.run_many(
+        ["import os\nprint(sorted(open(f'/proc/{p}/cmdline').read() for p in os.listdir('/proc') if p.isdigit()))"] * 4
+    )
+    for a in after:
+        assert a.ok and "sleep" not in a.stdout, a
+
+
+def test_files_in_fetched_out_and_gone_for_the_next_program(runner):
+    data = base64.b64encode(b"hello").decode()
+    r = runner.run(
+        "print(open('in/data.txt').read()); open('out.bin', 'wb').write(bytes(range(4)))",
+        files={"in/data.txt": data},
+        fetch_files=["out.bin", "missing.txt"],
+    )
+    assert r.ok and r.stdout == "hello\n"
+    assert r.files == {"out.bin": base64.b64encode(bytes(range(4))).decode()}
+    again = runner.run_many(["import os; print(sorted(os.listdir('.')), os.listdir('/tmp'))"] * 4)
+    for a in again:
+        assert a.stdout.startswith("['main.py']"), a.stdout
+
+
+def test_output_is_cut_and_says_so_binary_output_decodes(runner):
+    big, garbage, closed = runner.run_many(
+        [
+            f"import sys; sys.stdout.write('x' * {CAP * 3}); sys.stderr.write('e' * 10)",
+            "import os; os.write(1, bytes(range(256)) * 4)",
+            "import os; os.close(1); os.close(2); print('lost')",
+        ]
+    )
+    assert big.ok and len(big.stdout) == CAP and big.run_result.truncated == {"stdout": CAP * 2}
+    assert big.stderr == "e" * 10
+    assert garbage.ok and len(garbage.stdout) > 0 and "\ufffd" in garbage.stdout
+    assert closed.status == "Failed" and closed.run_result.status == "Finished"
+
+
+def test_memory_limit_and_fork_bomb(runner):
+    hog, bomb = runner.run_many(
+        [
+            {"code": "x = bytearray(512 << 20); print(len(x))", "memory_limit_mb": 128},
+            {"code": "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", "run_timeout": 1},
+        ]
+    )
+    assert hog.status == "Failed" and "MemoryError" in hog.stderr
+    assert bomb.status == "Failed" and bomb.run_result.status == "TimeLimitExceeded"
+    assert runner.run("print(2)").stdout == "2\n"
+
+
+def test_other_languages(runner):
+    requests = [RunRequest("echo hi; echo err >&2; exit 4", language="bash")]
+    if shutil.which("g++"):
+        requests += [
+            RunRequest(
+                '#include <cstdio>\nint main(){int a; scanf("%d",&a); printf("%d\\n", a*2);}', "cpp", stdin="21"
+            ),
+            RunRequest("int main( {", "cpp"),
+        ]
+    if shutil.which("node"):
+        requests.append(RunRequest("console.log(6 * 7)", "nodejs"))
+    results = runner.run_many(requests)
+    bash = results[0]
+    assert (bash.status, bash.stdout, bash.stderr, bash.run_result.return_code) == ("Failed", "hi\n", "err\n", 4)
+    if shutil.which("g++"):
+        cpp, broken = results[1], results[2]
+        assert cpp.ok and cpp.stdout == "42\n" and cpp.compile_result.return_code == 0
+        assert broken.status == "Failed" and broken.run_result is None and broken.compile_result.return_code != 0
+    if shutil.which("node"):
+        assert results[-1].ok and results[-1].stdout == "42\n"
+
+
+def test_grading_helpers_and_async_face(runner):
+    g = runner.grade_stdio("print(int(input()) * 2)", ["1", "2", "x"], ["2", "5", "0"])
+    assert g.passed == [True, False, False] and g.score == pytest.approx(1 / 3)
+    a = runner.grade_asserts("def f(x):\n    return x + 1", ["assert f(1) == 2", "assert f(2) == 4"])
+    assert a.passed == [True, False] and "AssertionError" in a.results[1].stderr
+
+    async def main():
+        aio = AsyncCodeRunner(runner=runner)
+        one = await aio.run("print('a')")
+        many = await aio.run_many(["print('b')", {"code": "echo c", "language": "bash"}])
+        grade = await aio.grade_asserts("x = 1", ["assert x == 1"])
+        return one, many, grade
+
+    one, many, grade = asyncio.run(main())
+    assert one.stdout == "a\n" and [m.stdout for m in many] == ["b\n", "c\n"] and grade.all_passed
+
+
+def test_bad_requests_are_refused_before_running(runner):
+    with pytest.raises(ValueError, match="supported: python, bash, cpp, nodejs"):
+        runner.submit({"code": "x", "language": "cobol"})
+    with pytest.raises(ValueError, match="run_timeout"):
+        runner.submit({"code": "x", "run_timeout": 11})
+    limit, runner.max_queue = runner.max_queue, 0
+    try:
+        with pytest.raises(QueueFullError):
+            runner.submit("print(1)")
+    finally:
+        runner.max_queue = limit
+    stats = runner.stats()
+    assert stats.runs[("python", "Success")] > 0 and stats.timeouts >= 2 and stats.queued == 0

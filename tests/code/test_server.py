@@ -1,0 +1,172 @@
+"""The code server over real HTTP: SandboxFusion's API, its errors, hostile programs, metrics,
+and verl's own client module (from the verl wheel that .ci/run downloads) against it."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import socket
+import threading
+import time
+import types
+import zipfile
+
+import pytest
+
+pytest.importorskip("fastapi")
+requests = pytest.importorskip("requests")
+uvicorn = pytest.importorskip("uvicorn")
+
+from boltzlabs_gym.code import CodeRunner  # noqa: E402
+from boltzlabs_gym.server import create_app  # noqa: E402
+from boltzlabs_gym.wire.limits import Limits  # noqa: E402
+from conftest import ISOLATION, ROOT  # noqa: E402
+
+VERL_DIST = os.environ.get("BOLTZLABS_VERL_DIST_DIR", os.path.join(ROOT, ".cache", "verl-dist"))
+VERL_MODULE = "verl/utils/reward_score/sandbox_fusion/utils.py"
+
+
+@pytest.fixture(scope="module")
+def server():
+    runner = CodeRunner(
+        envs_per_lane=3,
+        lanes=1,
+        isolation=ISOLATION,
+        limits=Limits(memory_bytes=384 << 20, file_size_bytes=32 << 20),
+        max_run_timeout=10,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(runner), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/v1/ping", timeout=1).json() == "pong":
+                break
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    yield url, runner
+    srv.should_exit = True
+    thread.join(10)
+    runner.close()
+
+
+def post(url, **body):
+    return requests.post(url + "/run_code", json=body, timeout=30)
+
+
+def test_ping_status_and_a_run(server):
+    url, runner = server
+    assert requests.get(url + "/v1/ping").json() == "pong"
+    status = requests.get(url + "/v1/status").json()
+    assert status["isolation"]["backend"] == runner.isolation.backend and status["languages"][0] == "python"
+    r = post(url, code="import sys; print(sys.stdin.read().upper())", language="python", stdin="hi").json()
+    assert r["status"] == "Success" and r["message"] == "" and r["compile_result"] is None
+    assert r["run_result"]["stdout"] == "HI\n" and r["run_result"]["return_code"] == 0
+    assert set(r) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
+    assert set(r["run_result"]) == {"status", "execution_time", "return_code", "stdout", "stderr"}
+
+
+def test_sandboxfusion_answers_for_languages_and_bad_fields(server):
+    url, _ = server
+    go = post(url, code="package main", language="go").json()
+    assert go["status"] == "SandboxError" and "supported: python, bash, cpp, nodejs" in go["message"]
+    assert post(url, code="x", language="cobol").status_code == 422
+    assert post(url, language="python").status_code == 422
+    assert post(url, code="x", language="python", run_timeout=11).status_code == 422
+    bad = requests.post(url + "/run_code", data="{bad", headers={"Content-Type": "application/json"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_full_queue_answers_503_with_retry_after(server):
+    url, runner = server
+    limit, runner.max_queue = runner.max_queue, 0
+    try:
+        r = post(url, code="print(1)", language="python")
+    finally:
+        runner.max_queue = limit
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+
+
+def test_hostile_programs_and_metrics(server):
+    url, _ = server
+    programs = {
+        "bomb": ("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", 1),
+        "hog": ("x = []\nwhile True: x.append(bytearray(16 << 20))\n", 5),
+        "disk": ("import itertools\nfor i in itertools.count(): open(f'f{i}', 'wb').write(b'0' * (32 << 20))\n", 1),
+        "forever": (
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)\n",
+            1,
+        ),
+    }
+    with __import__("concurrent.futures").futures.ThreadPoolExecutor(4) as ex:
+        futures = {k: ex.submit(post, url, code=c, language="python", run_timeout=t) for k, (c, t) in programs.items()}
+        answers = {k: f.result().json() for k, f in futures.items()}
+    for name, a in answers.items():
+        assert a["status"] == "Failed", (name, a)
+    assert answers["hog"]["run_result"]["return_code"] in (-9, 1), answers["hog"]
+    assert answers["forever"]["run_result"]["status"] == "TimeLimitExceeded"
+    after = post(url, code="import os; print(os.listdir('.'))", language="python").json()
+    assert after["run_result"]["stdout"] == "['main.py']\n"
+    text = requests.get(url + "/metrics").text
+    assert 'boltzlabs_code_runs_total{language="python",status="Failed"}' in text
+    assert "boltzlabs_code_timeouts_total" in text and "boltzlabs_code_queue_wait_seconds_count" in text
+
+
+def test_a_client_that_leaves_drops_its_queued_run(server):
+    url, runner = server
+    before = runner.stats().cancelled
+    slow = "import time; time.sleep(2)"
+    with __import__("concurrent.futures").futures.ThreadPoolExecutor(4) as ex:
+        busy = [ex.submit(post, url, code=slow, language="python") for _ in range(3)]
+        time.sleep(0.3)
+        with pytest.raises(requests.Timeout):
+            requests.post(url + "/run_code", json={"code": "print(1)", "language": "python"}, timeout=0.5)
+        assert all(f.result().json()["status"] == "Success" for f in busy)
+    deadline = time.monotonic() + 5
+    while runner.stats().cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert runner.stats().cancelled == before + 1
+
+
+def _verl_module():
+    wheels = sorted(glob.glob(os.path.join(VERL_DIST, "verl-*.whl")))
+    if not wheels:
+        pytest.skip(
+            f"verl's wheel is not in {VERL_DIST}: python -m pip download --no-deps verl==0.9.1 -d .cache/verl-dist"
+        )
+    with zipfile.ZipFile(wheels[-1]) as z:
+        source = z.read(VERL_MODULE).decode()
+    module = types.ModuleType("verl_sandbox_fusion_utils")
+    module.__file__ = f"{wheels[-1]}/{VERL_MODULE}"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # verl's module alone, unchanged
+    return module
+
+
+def test_verl_client_unchanged(server):
+    url, _ = server
+    verl = _verl_module()
+    response, error = verl.call_sandbox_api(url + "/run_code", "print(input())", "7", 10, 5, 256)
+    assert error is None and response["status"] == "Success" and response["run_result"]["stdout"] == "7\n"
+    stdio = {"inputs": ["1 2\n", "3 4\n", "5 5\n"], "outputs": ["3\n", "7\n", "11\n"]}
+    results, meta = verl.check_correctness(url + "/run_code", stdio, "a, b = map(int, input().split()); print(a + b)")
+    assert results == [True, True, False] and [m["status"] for m in meta] == ["success", "success", "wrong_answer"]
+    results, meta = verl.check_correctness(url + "/run_code", {"inputs": [""], "outputs": [""]}, "while True: pass", 1)
+    assert results == [-3] and meta[0]["status"] == "timeout"
+    results, _ = verl.check_correctness(url + "/run_code", {"inputs": [""], "outputs": [""]}, "raise SystemExit(2)")
+    assert results == [-2]
+    if importlib.util.find_spec("shutil") and __import__("shutil").which("g++"):
+        cpp = '#include <iostream>\nint main(){int a;std::cin>>a;std::cout<<a*2<<"\\n";}'
+        results, meta = verl.check_correctness(
+            url + "/run_code", {"inputs": ["4"], "outputs": ["8"]}, cpp, language="cpp"
+        )
+        assert results == [True], meta
+        results, meta = verl.check_correctness(
+            url + "/run_code", {"inputs": ["4"], "outputs": ["8"]}, "int x(", language="cpp"
+        )
+        assert results == [-4] and meta[0]["status"] == "compile_error"
