@@ -24,7 +24,7 @@ from ..client.results import read_step
 from ..code import RunRequest, RunResult
 from ..code.runner import RUNNER_ENV_DIR
 
-__all__ = ["EnvLeases", "NoFreeEnv"]
+__all__ = ["EnvLeases", "NoFreeEnv", "describe_run"]
 
 
 class NoFreeEnv(RuntimeError):
@@ -108,3 +108,10 @@ class EnvLeases:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def describe_run(result: RunResult) -> str:
+    """A run as a tool's answer to the model: its status (the command's too), stdout and stderr."""
+    run = result.run_result
+    status = f"{result.status} ({run.status}, exit {run.return_code})" if run is not None else result.status
+    return f"{status}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"

@@ -21,7 +21,7 @@ import skyrl_gym
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 from .grading import Grader, extract_code
-from .leases import EnvLeases
+from .leases import EnvLeases, describe_run
 
 __all__ = ["BoltzCodeEnv", "register"]
 
@@ -69,7 +69,7 @@ class BoltzCodeEnv(BaseTextEnv):
             [verdict] = self.grader.grade([code], [self.tests])
             reward = verdict.score if verdict.score is not None else 0.0
             metadata.update(verdict.info())
-        text = f"{result.status}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        text = describe_run(result)
         observations = [] if done else [{"role": "user", "content": text}]
         return BaseTextEnvStepOutput(observations=observations, reward=reward, done=done, metadata=metadata)
 

@@ -27,7 +27,7 @@ from typing import Any
 import trl  # noqa: F401  (the extra: this module is for TRL, and says so when TRL is missing)
 
 from .grading import Grader, Verdict
-from .leases import EnvLeases
+from .leases import EnvLeases, describe_run
 
 __all__ = ["AsyncCodeReward", "CodeReward", "code_environment", "BoltzCodeEnvironment"]
 
@@ -119,10 +119,7 @@ class BoltzCodeEnvironment:
         if not self._held:
             self.reset()
         self._last_code = code
-        result = self.leases.run(self._held[0], code, run_timeout=self.run_timeout)
-        run = result.run_result
-        status = f"{result.status} ({run.status}, exit {run.return_code})" if run is not None else result.status
-        return f"{status}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        return describe_run(self.leases.run(self._held[0], code, run_timeout=self.run_timeout))
 
     def get_reward(self) -> float:
         """The rollout's reward: the pass rate of the last program run against the row's tests (0.0

@@ -26,7 +26,7 @@ from typing import Any
 from uuid import uuid4
 
 from .grading import Grader, Verdict
-from .leases import EnvLeases
+from .leases import EnvLeases, describe_run
 
 __all__ = ["compute_score", "compute_score_async", "configure", "code_tool_class"]
 
@@ -113,7 +113,7 @@ def code_tool_class() -> type:
                 return ToolResponse(text=f"error: {why}"), 0.0, {"error": why}
             state["code"] = code
             result = await _to_thread(_leases().run, state["index"], code, run_timeout=self.run_timeout)
-            text = f"{result.status}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+            text = describe_run(result)
             return ToolResponse(text=text), 0.0, {"status": result.status}
 
         async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
