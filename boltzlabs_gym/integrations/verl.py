@@ -54,20 +54,21 @@ def _answer(v: Verdict) -> dict:
     return {**v.info(), "score": v.score if v.score is not None else 0.0}
 
 
-def _batch(solution_str: Any, ground_truth: Any, kwargs: dict) -> tuple[list, list, bool]:
+def _batch(solution_str: Any, ground_truth: Any, kwargs: dict) -> tuple[Grader, list, list, bool]:
+    """The grader, solutions and ground truths of one call, and whether it came as a batch."""
+    grader = kwargs.pop("grader", None) or _grader()
     if "solution_strs" in kwargs:
-        return list(kwargs["solution_strs"]), list(kwargs.get("ground_truths") or []), True
-    return [solution_str], [ground_truth], False
+        solutions, truths, batched = list(kwargs["solution_strs"]), list(kwargs.get("ground_truths") or []), True
+    else:
+        solutions, truths, batched = [solution_str], [ground_truth], False
+    return grader, solutions, truths if len(truths) == len(solutions) else [None] * len(solutions), batched
 
 
 def compute_score(
     data_source: Any = None, solution_str: Any = None, ground_truth: Any = None, extra_info: Any = None, **kwargs: Any
 ) -> dict | list[dict]:
     """verl's reward function: grade ``solution_str`` against ``ground_truth``'s test cases (see module doc)."""
-    grader = kwargs.pop("grader", None) or _grader()
-    solutions, truths, batched = _batch(solution_str, ground_truth, kwargs)
-    if len(truths) != len(solutions):
-        truths = [None] * len(solutions)
+    grader, solutions, truths, batched = _batch(solution_str, ground_truth, kwargs)
     answers = [_answer(v) for v in grader.grade(solutions, truths)]
     return answers if batched else answers[0]
 
@@ -76,10 +77,7 @@ async def compute_score_async(
     data_source: Any = None, solution_str: Any = None, ground_truth: Any = None, extra_info: Any = None, **kwargs: Any
 ) -> dict | list[dict]:
     """:func:`compute_score` as a coroutine (verl's async reward loop)."""
-    grader = kwargs.pop("grader", None) or _grader()
-    solutions, truths, batched = _batch(solution_str, ground_truth, kwargs)
-    if len(truths) != len(solutions):
-        truths = [None] * len(solutions)
+    grader, solutions, truths, batched = _batch(solution_str, ground_truth, kwargs)
     answers = [_answer(v) for v in await grader.grade_async(solutions, truths)]
     return answers if batched else answers[0]
 
