@@ -109,7 +109,7 @@ from .envside.process import (
     workspace_now,
 )
 from .envside.serve_loop import Answer, serve_group_requests, serve_requests
-from .envside.state import SnapshotRefused, restore_request, snapshot_reply
+from .envside.state import AUTO, MEMORY, SnapshotRefused, restore_request, snapshot_reply
 
 __all__ = [
     "ENV_DIR",
@@ -254,9 +254,11 @@ def serve(
 
     Snapshots (``pool.snapshot(i)``, ``pool.fork(i, into=...)``; see :mod:`boltzlabs_gym.envside.state`):
     a factory's env object is pickled as it is, unless it has ``get_state()``/``set_state(state)``
-    methods, which are used instead. The function form keeps its state in module globals the
-    library cannot see: pass ``get_state=`` (returns picklable state) and ``set_state=`` (takes it
-    back) to make it snapshottable. ``reseed=`` (or a ``reseed(seed)`` method) is called when a
+    methods, which are used instead. The function form keeps its state in module globals a portable
+    snapshot cannot see: a memory snapshot (``kind="memory"``, and what ``"auto"`` takes wherever
+    the pool can: ``mode="boltz"``, namespaces backend) copies the whole process, globals included;
+    for the portable kind pass ``get_state=`` (returns picklable state) and ``set_state=`` (takes it
+    back). ``reseed=`` (or a ``reseed(seed)`` method) is called when a
     fork asks for a copy of its own random streams (``random`` and NumPy's global generator are
     reseeded in any case). The workspace's files are part of every snapshot.
     """
@@ -391,13 +393,29 @@ def _one_env_answer(env: Any, describe: dict, out: BinaryIO, on_restore: Callabl
     return answer
 
 
+_GLOBALS_UNSEEN = (
+    "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a portable "
+    "snapshot cannot see; pass get_state= and set_state= to serve(), use serve(factory=make_env), or take "
+    "kind='memory' (boltz mode, namespaces backend: it copies the whole process, globals included)"
+)
+
+
 def _snapshot(env: Any, last_obs: Any, started: bool, kind: Any = None, nonce: Any = None) -> tuple[dict, list] | None:
     if isinstance(env, _StateHooks) and not hasattr(env, "get_state"):
-        return {
-            "error": "cannot snapshot: serve(reset=, step=) keeps its state in module globals, which a "
-            "snapshot cannot see; pass get_state= and set_state= to serve(), or use serve(factory=make_env)"
-        }, []
+        return _snapshot_globals(last_obs, started, kind, nonce)
     return snapshot_reply(env, last_obs, started, workspace_now(), kind, nonce, memory_snapshots())
+
+
+def _snapshot_globals(last_obs: Any, started: bool, kind: Any, nonce: Any) -> tuple[dict, list] | None:
+    """The function form without state hooks: only a memory snapshot, a copy of the whole process,
+    carries its module globals, so ``"memory"`` and ``"auto"`` take that kind and nothing falls back
+    to a blob that would leave the globals out."""
+    if kind not in (MEMORY, AUTO):
+        return {"error": _GLOBALS_UNSEEN}, []
+    reply = snapshot_reply(None, last_obs, started, workspace_now(), MEMORY, nonce, memory_snapshots())
+    if reply is not None and "error" in reply[0] and kind == AUTO and started:
+        reply[0]["error"] = f"{_GLOBALS_UNSEEN} ({reply[0]['error'].removeprefix('cannot take ')})"
+    return reply
 
 
 def _restore(env: Any, msg: dict, payloads: list, last_obs: Any = None) -> tuple[Any, dict]:

@@ -224,11 +224,17 @@ def test_workspace_modes_are_copied_and_an_unreadable_workspace_refuses_without_
 
 
 def test_function_form_without_hooks_is_refused_with_the_fix():
+    """The portable kind cannot see module globals (the memory kind can: tests/worker/test_memory_snapshots.py)."""
     with RLPool(COUNTER, n=2, isolation=ISOLATION) as pool:
         pool.reset()
         with pytest.raises(SnapshotError, match=r"env 1.*get_state= and set_state="):
-            pool.snapshot(1)
+            pool.snapshot(1, kind="portable")
         assert pool.step([1, 1])[0] == [{"t": 1}, {"t": 1}]
+    with RLPool(COUNTER, n=1, isolation="process") as pool:  # no memory kind here: "auto" says why for both
+        pool.reset()
+        with pytest.raises(SnapshotError, match=r"env 0.*get_state= and set_state=.*namespaces backend"):
+            pool.snapshot(0)
+        assert pool.step([1])[0] == [{"t": 1}]
 
 
 def test_envs_per_sandbox_above_one_is_refused():

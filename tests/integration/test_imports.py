@@ -44,12 +44,14 @@ STDLIB_ONLY = {
 #: prefix -> prefixes it must never import.
 FORBIDDEN = {
     "boltzlabs_gym.wire": (
+        "boltzlabs_gym.integrations",
         "boltzlabs_gym.client",
         "boltzlabs_gym.worker",
         "boltzlabs_gym.envside",
         "boltzlabs_gym.cli",
     ),
     "boltzlabs_gym.client": (
+        "boltzlabs_gym.integrations",
         "boltzlabs_gym.worker",
         "boltzlabs_gym.cli",
         "boltzlabs_gym.vector",
@@ -58,6 +60,7 @@ FORBIDDEN = {
         "boltzlabs_gym.ray",
     ),
     "boltzlabs_gym.worker": (
+        "boltzlabs_gym.integrations",
         "boltzlabs_gym.client",
         "boltzlabs_gym.cli",
         "boltzlabs_gym.vector",
@@ -66,6 +69,9 @@ FORBIDDEN = {
         "boltzlabs_gym.ray",
     ),
 }
+#: The framework integrations sit on top of the client (and the code runner): never the worker or the env side.
+FORBIDDEN["boltzlabs_gym.integrations"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.cli")
+FORBIDDEN["boltzlabs_gym.envside"] = ("boltzlabs_gym.integrations",)
 #: The sandbox layer imports no feature of the worker above it.
 SANDBOX = "boltzlabs_gym.worker.sandbox"
 
@@ -267,3 +273,10 @@ def test_ray_is_imported_by_boltzlabs_gym_ray_only():
     graph = import_graph()
     users = {m for m, deps in graph.items() if "ray" in deps}
     assert users and all(m == "boltzlabs_gym.ray" or m.startswith("boltzlabs_gym.ray.") for m in users), users
+
+
+def test_each_framework_is_imported_by_its_integration_module_only():
+    graph = import_graph()
+    for framework, module in (("trl", "trl"), ("skyrl_gym", "skyrl"), ("verl", "verl")):
+        users = {m for m, deps in graph.items() if any(d == framework or d.startswith(framework + ".") for d in deps)}
+        assert users <= {f"boltzlabs_gym.integrations.{module}"}, (framework, users)

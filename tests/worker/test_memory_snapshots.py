@@ -21,7 +21,7 @@ import pytest
 import boltzlabs_gym
 from boltzlabs_gym import RLPool, SnapshotError
 from boltzlabs_gym.testing import wait_until
-from conftest import ENVS
+from conftest import COUNTER, ENVS
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -345,6 +345,29 @@ def test_vector_env_forks_cartpole_copies_that_match_the_source():
             a = np.full(8, rng.integers(0, 2))
             obs, *_ = envs.step(a)
             assert all(np.array_equal(obs[0], obs[i]) for i in range(1, 8))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_function_form_env_takes_the_memory_kind_with_its_module_globals(mode):
+    """serve(reset=, step=) without state hooks (envs/counter: a module-global dict): "auto" and
+    "memory" take a memory snapshot, which copies the globals; only the portable kind is refused."""
+    with RLPool(COUNTER, n=4, mode=mode, isolation="namespaces") as pool:
+        if pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("memory snapshots need the namespaces backend")
+        pool.reset(seed=0)
+        for _ in range(3):
+            pool.step([1, 1, 1, 1])
+        pool.reset(seed=0, where=np.array([False, True, True, True]))  # env 0 at t=3, the others at 0
+        with pool.snapshot(0) as snap:
+            assert snap.kind == "memory"
+            pool.restore(snap, where=[1])
+        assert [o["t"] for o in pool.step([1, 1, 1, 1])[0]] == [4, 4, 1, 1]
+        obs = pool.fork(0, into=[2, 3], kind="memory")
+        assert [o["t"] for o in obs] == [4, 4, 4, 4]
+        assert [o["t"] for o in pool.step([1, 1, 1, 1])[0]] == [5, 5, 5, 5]
+        with pytest.raises(SnapshotError, match=r"env 0.*module globals.*get_state= and set_state="):
+            pool.snapshot(0, kind="portable")
+        assert pool.step([1, 0, 0, 0])[0][0]["t"] == 6, "a refused snapshot must leave the env as it was"
 
 
 def test_snap_env_memory_copies_keep_workspace_and_generators():
