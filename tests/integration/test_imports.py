@@ -72,6 +72,21 @@ FORBIDDEN = {
 #: The framework integrations sit on top of the client (and the code runner): never the worker or the env side.
 FORBIDDEN["boltzlabs_gym.integrations"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.cli")
 FORBIDDEN["boltzlabs_gym.envside"] = ("boltzlabs_gym.integrations",)
+#: The code runner and asyncio faces sit on the client, the HTTP server on the code runner: none of
+#: them reaches into the worker, and none but the runner's sandbox side (runner_env) into the env side.
+FORBIDDEN["boltzlabs_gym.aio"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
+FORBIDDEN["boltzlabs_gym.code.runner"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.server")
+FORBIDDEN["boltzlabs_gym.code.results"] = FORBIDDEN["boltzlabs_gym.code.runner"]
+FORBIDDEN["boltzlabs_gym.code.grading"] = FORBIDDEN["boltzlabs_gym.code.runner"]
+FORBIDDEN["boltzlabs_gym.server"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
+#: What runs inside the runner's sandbox imports the env side only, like any env directory.
+FORBIDDEN["boltzlabs_gym.code.runner_env"] = (
+    "boltzlabs_gym.client",
+    "boltzlabs_gym.worker",
+    "boltzlabs_gym.code.runner",
+    "boltzlabs_gym.server",
+    "boltzlabs_gym.integrations",
+)
 #: The sandbox layer imports no feature of the worker above it.
 SANDBOX = "boltzlabs_gym.worker.sandbox"
 
