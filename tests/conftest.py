@@ -84,3 +84,29 @@ def no_leaks():
         except psutil.Error:
             pass
     assert not leaked and not dirs, f"leaked processes {details} and temp dirs {sorted(dirs)}"
+
+
+# ---------------------------------------------------------------- the framework integrations (tests/integrations)
+# Here, not in a tests/integrations/conftest.py: a second conftest module would shadow this one for
+# every ``from conftest import ...`` in the suite.
+ADD = "def add(a, b):\n    return a + b\n"
+ADD_TESTS = {"assert_case": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]}
+LOOP = "def add(a, b):\n    while True:\n        pass\n"
+
+
+@pytest.fixture(scope="session")
+def grader():
+    """One grader (a CodeRunner) shared by the integration tests."""
+    from boltzlabs_gym.integrations.grading import Grader
+
+    with Grader(run_timeout=1.0, envs_per_lane=4, lanes=2) as g:
+        yield g
+
+
+@pytest.fixture(scope="session")
+def leases():
+    """One EnvLeases pool shared by the integration tests."""
+    from boltzlabs_gym.integrations.leases import EnvLeases
+
+    with EnvLeases(2) as lease_pool:
+        yield lease_pool
