@@ -10,6 +10,8 @@ Servers, alive side by side:
              every run where the sandbox allows it, else hard-reset)
   bl-reset   the same with ``--no-wipe``: every sandbox hard-reset after every run (``--no-reset-server``
              leaves it out)
+  sandboxfusion  SandboxFusion's own server at ``--sandboxfusion URL``, started beforehand from its
+             source (docs/code-server.md: how, and which isolation)
   subprocess a ThreadPoolExecutor of the client's concurrency running
              ``subprocess.run([python, "-c", code], timeout=...)`` (what SkyRL's python tool does; no
              sandbox, no HTTP)
@@ -169,6 +171,12 @@ def main() -> int:
     p.add_argument("--leak-requests", type=int, default=500)
     p.add_argument("--leak-only", action="store_true", help="only the leak check")
     p.add_argument("--no-reset-server", action="store_true", help="leave out the --no-wipe server")
+    p.add_argument(
+        "--sandboxfusion",
+        metavar="URL",
+        help="also measure a SandboxFusion server already running at URL (started from its source: "
+        "docs/code-server.md says how), side by side",
+    )
     args = p.parse_args()
     procs = []
     try:
@@ -179,6 +187,8 @@ def main() -> int:
             reset_proc, reset_url = start_server(args, args.port + 1, "--no-wipe")
             procs.append(reset_proc)
             servers.append(("bl-reset", via_server(reset_url)))
+        if args.sandboxfusion:
+            servers.append(("sandboxfusion", via_server(args.sandboxfusion.rstrip("/"))))
         servers.append(("subprocess", via_subprocess))
         status = requests.get(url + "/v1/status").json()
         print(f"boltzlabs isolation: {status['isolation']['backend']}; lanes {args.lanes} x {args.envs_per_lane} envs")
@@ -201,7 +211,7 @@ def main() -> int:
 
 
 def table(args, servers) -> None:
-    print(f"{'workload':8} {'conc':>4} {'server':10} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8}", end=" ")
+    print(f"{'workload':8} {'conc':>4} {'server':13} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8}", end=" ")
     print(f"{'tle p99':>8} {'ok/n':>9}")
     for name in ("print", "mbpp", "mix"):
         for c in args.concurrency:
@@ -212,13 +222,13 @@ def table(args, servers) -> None:
                 m = measure(run, jobs, c)
                 rate[label] = m["runs_per_s"]
                 print(
-                    f"{name:8} {c:>4} {label:10} {m['runs_per_s']:8.1f} {m['p50_ms']:8.0f} {m['p99_ms']:8.0f}"
+                    f"{name:8} {c:>4} {label:13} {m['runs_per_s']:8.1f} {m['p50_ms']:8.0f} {m['p99_ms']:8.0f}"
                     f" {m['tle_p99_ms']:8.0f} {m['ok']:>4}/{m['n']:<4}",
                     flush=True,
                 )
             ratios = ", ".join(
                 f"{label}/{other} {rate[label] / rate[other]:.2f}x"
-                for label, other in (("boltzlabs", "subprocess"), ("boltzlabs", "bl-reset"))
+                for label, other in (("boltzlabs", "subprocess"), ("boltzlabs", "bl-reset"), ("boltzlabs", "sandboxfusion"))
                 if label in rate and other in rate
             )
             print(f"{'':14} ratios: {ratios}", flush=True)
