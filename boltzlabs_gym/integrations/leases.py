@@ -65,9 +65,12 @@ class EnvLeases:
         """Run one program in leased env ``index``'s sandbox (its workspace is the rollout's); its result.
         A failed env (crash, lost worker, closed pool) is a ``SandboxError`` result, never an exception."""
         request = RunRequest(code=code, language=language, run_timeout=min(run_timeout, self.max_run_timeout), **fields)
+        # No wipe after the program (the runner's default): the rollout's files stay for its next
+        # program; release() hard-resets the env when the rollout ends.
+        action = {**request.to_action(self.max_output_bytes), "wipe": False}
         try:
             with self._lock:
-                self.pool.batch_async([(index, {"op": "step", "action": request.to_action(self.max_output_bytes)}, ())])
+                self.pool.batch_async([(index, {"op": "step", "action": action}, ())])
                 [r] = self.pool.batch_wait()
             t = read_step(r, self.pool.step_timeout)
         except Exception as exc:  # noqa: BLE001 - the pool itself failed: the program's sandbox error

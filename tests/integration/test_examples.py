@@ -94,3 +94,31 @@ def test_sb3_example_learns_cartpole(no_leaks):
     out = _run("sb3_ppo_cartpole.py", "--timesteps", "50000", "--seed", "0", "--isolation", ISOLATION, timeout=580)
     assert _mean_return(out) >= 195
     assert "stragglers=0 errors=0" in out
+
+
+def _needs(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"pip install 'boltzlabs-gym[{extra}]'")
+
+
+def test_trl_grpo_rewards_example_trains(no_leaks):
+    _needs("trl", "trl")
+    out = _run("trl_grpo_rewards.py", "--steps", "2", timeout=300)
+    assert re.search(r"^\s+right\s+reward=1\.0\s+\(3/3 cases, graded\)$", out, re.M)
+    assert re.search(r"^\s+wrong\s+reward=0\.0", out, re.M) and re.search(r"^\s+loops\s+reward=0\.0", out, re.M)
+    assert "STEPS=2" in out
+
+
+def test_verl_compute_score_example_grades_both_styles(no_leaks):
+    out = _run("verl_compute_score.py", timeout=120)
+    assert "SCORES=[1.0, 1.0, 0.0, 0.0, 1.0]" in out
+
+
+def test_skyrl_env_example_keeps_files_per_trajectory(no_leaks):
+    _needs("skyrl_gym", "skyrl")
+    out = _run("skyrl_env.py", timeout=120)
+    assert "trajectory 'writes a file': turns printed ['ok', 'True'], reward 1.0" in out
+    assert "trajectory 'next': turns printed ['False', 'False'], reward 0.5" in out
+    assert "envs leased after close: 0" in out and "REWARDS=[1.0, 0.5]" in out
