@@ -138,10 +138,19 @@ class AsyncSteps:
             if index in seen:
                 raise ValueError(f"env id {index} appears twice in one send()")
             seen.add(int(index))
-        busy = sorted(seen.intersection(self.in_flight))
+        # An env whose result waits for recv() is not idle either: sending to it again would put a
+        # second result of the same env in the queue, and the first would come back stale.
+        waiting = {f.result.index: f.op for f in self.finished}
+        busy = sorted(seen.intersection(self.in_flight) | seen.intersection(waiting))
         if busy:
+            first = busy[0]
+            where = (
+                f"its {self.in_flight[first]} was sent and not received"
+                if first in self.in_flight
+                else f"its {waiting[first]} finished and its result waits for recv()"
+            )
             raise AsyncStateError(
-                f"env {busy[0]} is still in flight (its {self.in_flight[busy[0]]} was sent and not received)"
+                f"env {first} is still in flight ({where})"
                 + (f", and {len(busy) - 1} more" if len(busy) > 1 else "")
                 + "; recv() it before sending to it again"
             )
@@ -244,8 +253,11 @@ class AsyncSteps:
         if type(want) is not int or want < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if want > waiting + have:
+            # One count, whichever side of the wire each call is on: the split is only a moment's.
+            calls = waiting + have
             raise ValueError(
-                f"recv(batch_size={want}) but only {waiting} envs are in flight and {have} finished: "
+                f"recv(batch_size={want}), but only {calls} env{'s' if calls != 1 else ''} "
+                f"{'have calls' if calls != 1 else 'has a call'} to receive ({waiting} in flight, {have} finished): "
                 "send() to more envs first, or ask for fewer"
             )
         limit = self._default_timeout if timeout is None else float(timeout)

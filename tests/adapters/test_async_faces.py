@@ -77,7 +77,7 @@ def test_vec_recv_names_envs_and_refuses_what_envpool_refuses(envs):
         envs.send(np.zeros(1, dtype=np.int64), [7])
     envs.send(np.zeros(BATCH, dtype=np.int64))  # default: the last recv's envs
     envs.recv()
-    with pytest.raises(ValueError, match=r"batch_size=2\) but only 0 envs are in flight and 1 finished"):
+    with pytest.raises(ValueError, match=r"batch_size=2\), but only 1 env has a call to receive"):
         envs.recv()
     envs.pool.async_steps.recv()  # the last one: all idle again
 

@@ -85,12 +85,20 @@ def test_bad_input_is_refused_naming_what_was_wrong_with_nothing_lost(pool):
         pool.send([1, 1], env_ids=[2, 0])
     with pytest.raises(AsyncStateError, match="recv\\(\\) them before a lockstep call"):
         pool.step([1, 1, 1, 1])
-    with pytest.raises(ValueError, match="batch_size=3.*only 2 envs are in flight"):
+    with pytest.raises(ValueError, match=r"batch_size=3\), but only 2 envs have calls to receive"):
         pool.recv(batch_size=3)
     with pytest.raises(WorkerTimeout, match="nothing is lost"):
         pool.recv(batch_size=2, timeout=0.05)
     got = pool.recv(batch_size=2)  # the refused calls lost nothing, sent nothing twice
     assert sorted(got.env_ids.tolist()) == [0, 1]
+    # An env whose result waits for recv() is not idle: a second send would queue a second result.
+    pool.send([1, 1], env_ids=[2, 3])
+    time.sleep(0.5)  # both finish; recv() takes in both and hands out one
+    [first] = pool.recv(batch_size=1).env_ids.tolist()
+    other = 5 - first
+    with pytest.raises(AsyncStateError, match=f"env {other} is still in flight"):
+        pool.send([1], env_ids=[other])
+    assert pool.recv().env_ids.tolist() == [other]  # once, and the refused send sent nothing
     pool.reset(seed=0)
 
 
