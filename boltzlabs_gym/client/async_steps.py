@@ -108,7 +108,8 @@ class AsyncSteps:
         """Start each ``(env id, op, payload frames)`` item; returns once they went out.
 
         Refused as a whole, nothing sent, for an env id that is not one (``IndexError``/
-        ``TypeError``), named twice (``ValueError``), or in flight (:class:`AsyncStateError`),
+        ``TypeError``), named twice (``ValueError``), or in flight or finished and not received yet
+        (:class:`AsyncStateError`),
         and while a lockstep call is in flight.
         """
         self._batch_calls.check_open()
@@ -138,6 +139,13 @@ class AsyncSteps:
             if index in seen:
                 raise ValueError(f"env id {index} appears twice in one send()")
             seen.add(int(index))
+        unreceived = {f.result.index: f.op for f in self.finished if f.result.index in seen}
+        if unreceived:  # its result waits for a recv(): a new call now would return it twice
+            first = min(unreceived)
+            raise AsyncStateError(
+                f"env {first} is still in flight (its {unreceived[first]} finished and was not received); "
+                "recv() it before sending to it again"
+            )
         busy = sorted(seen.intersection(self.in_flight))
         if busy:
             raise AsyncStateError(
