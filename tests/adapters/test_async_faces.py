@@ -4,11 +4,12 @@ SyncVectorEnv under random interleavings, failures confined to their own env."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import FAULTY, ISOLATION
+from conftest import ENVS, FAULTY, ISOLATION
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from boltzlabs_gym.aio import AsyncPool
 from boltzlabs_gym.errors import AsyncStateError
 
 N, BATCH = 3, 2
+GROUPED = os.path.join(ENVS, "grouped")
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +118,7 @@ def test_send_recv_of_every_env_at_once_is_exact_through_episode_ends():
         envs.close()
         ref.close()
 
+
 def test_reset_mask_all_false_uses_gymnasiums_words(envs):
     with pytest.raises(ValueError, match=r"must contain a boolean array with at least one True value"):
         envs.reset(options={"reset_mask": np.zeros(N, dtype=bool)})
@@ -156,6 +159,44 @@ def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
                         pass
 
     asyncio.run(main())
+
+
+def test_asyncio_cancel_on_a_sandbox_of_two_envs_and_close_leaves_the_pool_idle():
+    """A step cancelled on a sandbox holding K=2 envs (a hung one, killed at its deadline): the
+    env comes back after that step and a reset; a mid-episode release goes back as it is; closing
+    the face leaves nothing in flight on the pool it was given."""
+    with boltzlabs_gym.RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+
+        async def main():
+            async with AsyncPool(pool, acquire_timeout=20) as face:
+
+                async def cancelled():
+                    async with face.env() as env:
+                        await env.reset(seed=0)
+                        await env.step("hang")
+
+                task = asyncio.ensure_future(cancelled())
+                await asyncio.sleep(0.2)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                # Both envs of the sandbox, once the cancelled one is back; called together, they
+                # go out as one call to their sandbox.
+                async with face.env() as a, face.env() as b:
+                    await asyncio.gather(a.reset(seed=1), b.reset(seed=2))
+                    steps = await asyncio.gather(a.step(3), b.step(4))
+                    assert [s[1] for s in steps] == [3, 4] and not any(s[3] for s in steps)
+                async with face.env() as a, face.env() as b:  # released mid-episode: reset first
+                    with pytest.raises(AsyncStateError, match="reset\\(\\) it before step"):
+                        await a.step(1)
+                    await asyncio.gather(a.reset(seed=3), b.reset(seed=4))
+                    await asyncio.gather(a.step(1), b.step(1))
+
+        asyncio.run(main())
+        assert not pool.async_steps.in_flight and not pool.async_steps.finished
+        pool.reset(seed=0)  # a lockstep call: nothing of the face's is left in flight
+        _, rewards, _, _ = pool.step([1, 2])
+        assert rewards.tolist() == [1, 2]
 
 
 def test_asyncio_over_a_vector_env_decodes_into_its_spaces(envs):
