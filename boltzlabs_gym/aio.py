@@ -131,6 +131,7 @@ class AsyncPool:
         self._reader_error: BaseException | None = None
         self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
         self._waiting = 0  # coroutines waiting in env() for a free env
+        self._next_hold_check = 0.0  # time.monotonic() of the reader's next look at held envs
 
     # ------------------------------------------------------------------ life
     async def __aenter__(self) -> AsyncPool:
@@ -332,7 +333,12 @@ class AsyncPool:
                 future.set_exception(exc)
 
     def _check_holds(self) -> None:
+        """Warn about envs held past ``hold_warning``; looks at most a few times per period (the
+        reader comes here after every batch of results, and a pool may have thousands held)."""
         now = time.monotonic()
+        if now < self._next_hold_check:
+            return
+        self._next_hold_check = now + min(1.0, self.hold_warning / 4)
         for env in list(self._held.values()):
             if now - env._taken_at > self.hold_warning:
                 env._taken_at = now  # once per period
