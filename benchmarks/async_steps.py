@@ -53,16 +53,21 @@ def send_recv_rate(pool: RLPool, batch_size: int, seconds: float) -> float:
     return rate
 
 
+def timed_rate(step, per_call: int, seconds: float) -> float:
+    """env-steps/s of calling ``step()`` (``per_call`` env-steps each) for ``seconds``."""
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        steps += per_call
+    return steps / (time.perf_counter() - t0)
+
+
 def vec_rates(n: int, seconds: float) -> tuple[float, float]:
     envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=n, batch_size=n)
     try:
         envs.reset(seed=0)
         actions = np.zeros(n, dtype=np.int64)
-        steps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            envs.step(actions)
-            steps += n
-        lock = steps / (time.perf_counter() - t0)
+        lock = timed_rate(lambda: envs.step(actions), n, seconds)
         envs.async_reset(seed=0)
         steps, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -86,21 +91,17 @@ def envpool_rates(n: int, batch_size: int, seconds: float) -> tuple[float, float
     sync = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n, seed=0)
     sync.reset()
     actions = np.zeros(n, dtype=np.int32)
-    steps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        sync.step(actions)
-        steps += n
-    lock = steps / (time.perf_counter() - t0)
+    lock = timed_rate(lambda: sync.step(actions), n, seconds)
     sync.close()
     envs = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n, batch_size=batch_size, seed=0)
     envs.async_reset()
     batch = np.zeros(batch_size, dtype=np.int32)
-    steps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+
+    def recv_send() -> None:
         *_, info = envs.recv()
         envs.send(batch, info["env_id"])
-        steps += batch_size
-    rate = steps / (time.perf_counter() - t0)
+
+    rate = timed_rate(recv_send, batch_size, seconds)
     envs.close()
     return lock, rate
 

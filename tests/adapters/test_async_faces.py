@@ -124,6 +124,21 @@ def test_reset_mask_all_false_uses_gymnasiums_words(envs):
         envs.reset(options={"reset_mask": np.zeros(N, dtype=bool)})
 
 
+async def _cancel_mid_step(face: AsyncPool, action, after: float) -> None:
+    """Cancel a coroutine ``after`` seconds into its step of ``action`` on an env it took."""
+
+    async def cancelled():
+        async with face.env() as env:
+            await env.reset(seed=0)
+            await env.step(action)
+
+    task = asyncio.ensure_future(cancelled())
+    await asyncio.sleep(after)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
     async def main():
         async with AsyncPool(FAULTY, n=2, isolation=ISOLATION, step_timeout=1.0, acquire_timeout=20) as pool:
@@ -138,16 +153,7 @@ def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
             assert rewards[0] == 1 and rewards[2:] == [2, 3, 4, 5]  # only the crashing one failed
             assert results[1][3] and "boltzlabs_error" in results[1][4]
 
-            async def cancelled():
-                async with pool.env() as env:
-                    await env.reset(seed=0)
-                    await env.step({"sleep": 0.3})
-
-            task = asyncio.ensure_future(cancelled())
-            await asyncio.sleep(0.1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await _cancel_mid_step(pool, {"sleep": 0.3}, after=0.1)
             # The env comes back after its step finished and a reset: both envs can be taken.
             async with pool.env() as a, pool.env() as b:
                 assert {a.env_id, b.env_id} == {0, 1}
@@ -169,17 +175,7 @@ def test_asyncio_cancel_on_a_sandbox_of_two_envs_and_close_leaves_the_pool_idle(
 
         async def main():
             async with AsyncPool(pool, acquire_timeout=20) as face:
-
-                async def cancelled():
-                    async with face.env() as env:
-                        await env.reset(seed=0)
-                        await env.step("hang")
-
-                task = asyncio.ensure_future(cancelled())
-                await asyncio.sleep(0.2)
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
+                await _cancel_mid_step(face, "hang", after=0.2)
                 # Both envs of the sandbox, once the cancelled one is back; called together, they
                 # go out as one call to their sandbox.
                 async with face.env() as a, face.env() as b:
