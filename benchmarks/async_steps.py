@@ -5,7 +5,9 @@
 * heavy-tailed env (lognormal step time, median 2 ms, p99 50 ms; sleeping and CPU-burning), n=64:
   ``recv(batch_size=16)`` and ``32`` against lockstep ``step()``;
 * CartPole, n=256: send/recv with ``batch_size=n`` against lockstep ``step()``;
-* asyncio: 1000 coroutines each stepping a counter env on a 256-env pool, against lockstep.
+* asyncio: 1000 coroutines each stepping a counter env on a 256-env pool, against lockstep;
+* where EnvPool is installed, its own async/sync ratio on its CartPole (n=256, ``recv`` of 256
+  and of 64), for comparison; else the reason it was skipped.
 
 Figures are printed, never asserted (see benchmarks/README.md).
 """
@@ -51,16 +53,21 @@ def send_recv_rate(pool: RLPool, batch_size: int, seconds: float) -> float:
     return rate
 
 
+def timed_rate(step, per_call: int, seconds: float) -> float:
+    """env-steps/s of calling ``step()`` (``per_call`` env-steps each) for ``seconds``."""
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        step()
+        steps += per_call
+    return steps / (time.perf_counter() - t0)
+
+
 def vec_rates(n: int, seconds: float) -> tuple[float, float]:
     envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=n, batch_size=n)
     try:
         envs.reset(seed=0)
         actions = np.zeros(n, dtype=np.int64)
-        steps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            envs.step(actions)
-            steps += n
-        lock = steps / (time.perf_counter() - t0)
+        lock = timed_rate(lambda: envs.step(actions), n, seconds)
         envs.async_reset(seed=0)
         steps, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -72,6 +79,31 @@ def vec_rates(n: int, seconds: float) -> tuple[float, float]:
         return lock, rate
     finally:
         envs.close()
+
+
+def envpool_rates(n: int, batch_size: int, seconds: float) -> tuple[float, float] | str:
+    """EnvPool's own CartPole: lockstep ``step`` against ``recv``/``send`` of ``batch_size``; or
+    why it was skipped."""
+    try:
+        import envpool
+    except ImportError as exc:
+        return f"envpool is not installed ({exc}); pip install envpool"
+    sync = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n, seed=0)
+    sync.reset()
+    actions = np.zeros(n, dtype=np.int32)
+    lock = timed_rate(lambda: sync.step(actions), n, seconds)
+    sync.close()
+    envs = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n, batch_size=batch_size, seed=0)
+    envs.async_reset()
+    batch = np.zeros(batch_size, dtype=np.int32)
+
+    def recv_send() -> None:
+        *_, info = envs.recv()
+        envs.send(batch, info["env_id"])
+
+    rate = timed_rate(recv_send, batch_size, seconds)
+    envs.close()
+    return lock, rate
 
 
 def asyncio_rate(pool: RLPool, coroutines: int, seconds: float) -> float:
@@ -114,9 +146,18 @@ def main() -> None:
         lock = lockstep_rate(pool, s)
         rate = asyncio_rate(pool, 1000, s)
     rows.append(("counter n=256, asyncio 1000 coroutines", lock, rate))
+    skipped = []
+    for m in (256, 64):
+        got = envpool_rates(256, m, s)
+        if isinstance(got, str):
+            skipped.append(f"EnvPool skipped: {got}")
+            break
+        rows.append((f"EnvPool CartPole n=256, recv batch_size={m}", *got))
     print(f"{'case':48} {'lockstep/s':>12} {'async/s':>12} {'ratio':>7}")
     for name, lock, rate in rows:
         print(f"{name:48} {lock:12.0f} {rate:12.0f} {rate / lock:7.2f}")
+    for line in skipped:
+        print(line)
 
 
 if __name__ == "__main__":

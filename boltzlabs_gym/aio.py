@@ -25,7 +25,8 @@ coroutine that owns it.
   (the env is respawned; reset it before stepping again), as :meth:`RLPool.step
   <boltzlabs_gym.client.pool.RLPool.step>` reports it in that env's slot.
 * A coroutine cancelled mid-step leaves its env to finish that step, then to be reset, then back
-  in the pool; an env released mid-episode is reset before the next coroutine takes it.
+  in the pool. Every owner resets its env before stepping it (a step before that is refused),
+  so an env released mid-episode goes back as it is.
 * An env held longer than ``hold_warning`` seconds warns (``ResourceWarning``) naming it: a
   coroutine that never releases its env shrinks the pool for everyone.
 
@@ -40,6 +41,7 @@ import asyncio
 import collections
 import os
 import select
+import sys
 import threading
 import time
 import warnings
@@ -50,7 +52,7 @@ from typing import Any
 from .client.async_steps import Finished
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
-from .errors import AsyncStateError, PoolClosedError
+from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
 
 __all__ = ["AsyncEnv", "AsyncPool"]
 
@@ -127,6 +129,9 @@ class AsyncPool:
         self._reader: threading.Thread | None = None
         self._closed = False
         self._reader_error: BaseException | None = None
+        self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
+        self._waiting = 0  # coroutines waiting in env() for a free env
+        self._next_hold_check = 0.0  # time.monotonic() of the reader's next look at held envs
 
     # ------------------------------------------------------------------ life
     async def __aenter__(self) -> AsyncPool:
@@ -147,13 +152,19 @@ class AsyncPool:
         self._reader.start()
 
     async def aclose(self) -> None:
-        """Stop the reader; close the pool if this face started it. Envs still held warn."""
+        """Let released envs finish their resets, stop the reader, collect what is still in
+        flight (so that a pool passed in is left idle); close the pool if this face started it.
+        Envs still held warn."""
         if self._closed:
             return
+        if self._releasing:
+            await asyncio.wait(set(self._releasing), timeout=self.pool.step_timeout + self.pool.reset_timeout)
         self._closed = True
         os.write(self._wake_w, b"x")
         if self._reader is not None:
             await asyncio.to_thread(self._reader.join, 10.0)
+            if not self._reader.is_alive():
+                await asyncio.to_thread(self._drop_unreceived)
         os.close(self._wake_r)
         os.close(self._wake_w)
         for future in self._futures.values():
@@ -168,16 +179,35 @@ class AsyncPool:
         if self._owns:
             self.pool.close()
 
+    def _drop_unreceived(self) -> None:
+        """Wait for the calls still in flight (cancelled or abandoned steps) and drop their results."""
+        steps = self._steps
+        if steps.in_flight:
+            try:
+                steps.recv(None, self.pool.step_timeout + self.pool.reset_timeout)
+            except WorkerTimeout:
+                pass  # the pool's own close reports what it drops
+        steps.finished.clear()
+
     # ------------------------------------------------------------------ taking envs
     @asynccontextmanager
     async def env(self) -> AsyncIterator[AsyncEnv]:
         """Take a free env for the ``async with`` block (waiting up to ``acquire_timeout`` while
-        all are in use); it goes back when the block ends, reset first if its episode was left
-        unfinished or a step was cancelled."""
+        all are in use); it goes back when the block ends (after a cancelled step, once that
+        step finished and the env was reset). Each owner resets its env before stepping it."""
         self._start()
         assert self._free is not None
         try:
-            env_id = await asyncio.wait_for(self._free.get(), self.acquire_timeout)
+            # A free env nobody waits for is taken at once; otherwise wait in line, so that
+            # waiting coroutines are served first, in order.
+            if self._waiting == 0 and not self._free.empty():
+                env_id = self._free.get_nowait()
+            else:
+                self._waiting += 1
+                try:
+                    env_id = await self._next_free()
+                finally:
+                    self._waiting -= 1
         except asyncio.TimeoutError:
             held = sorted(self._held, key=lambda i: self._held[i]._taken_at)
             raise TimeoutError(
@@ -191,27 +221,41 @@ class AsyncPool:
             del self._held[env_id]
             self._release(env)
 
+    async def _next_free(self) -> int:
+        """The next free env, waiting up to ``acquire_timeout`` (``asyncio.timeout`` where there is
+        one: ``wait_for`` costs a task per call, and every take waits while coroutines outnumber envs)."""
+        assert self._free is not None
+        if self.acquire_timeout is None:
+            return await self._free.get()
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(self.acquire_timeout):
+                return await self._free.get()
+        return await asyncio.wait_for(self._free.get(), self.acquire_timeout)  # pragma: no cover - 3.10
+
     def _release(self, env: AsyncEnv) -> None:
-        """Give the env back: at once if its episode is over or unstarted, else after a reset
-        (also after a cancelled step, once that step has finished)."""
+        """Give the env back: at once, unless a step was cancelled: then once that step has
+        finished and the env was reset. (Its next owner resets it before stepping anyway: an
+        :class:`AsyncEnv` refuses a step before its first reset, so a reset here would only
+        cost a round trip.)"""
         assert self._free is not None
         env_id = env.env_id
         pending = self._futures.get(env_id)
-        if pending is None and env.needs_reset:
+        if pending is None:
             self._free.put_nowait(env_id)
             return
 
         async def reset_then_free() -> None:
             try:
-                if pending is not None:
-                    await asyncio.wait([pending])
+                await asyncio.wait([pending])
                 await self._call(env_id, {"op": "reset", "seed": None})
             except Exception:  # noqa: BLE001 - the env goes back anyway; its next owner resets it
                 pass
             if self._free is not None:
                 self._free.put_nowait(env_id)
 
-        asyncio.ensure_future(reset_then_free())
+        task = asyncio.ensure_future(reset_then_free())
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     # ------------------------------------------------------------------ calls
     async def _call(self, env_id: int, op: dict, payload_of: Any = None) -> Finished:
@@ -232,10 +276,13 @@ class AsyncPool:
         self._queued.append((env_id, op, frames))
         self._futures[env_id] = future
         try:
-            return await asyncio.shield(future)
-        finally:
-            if future.done():
-                self._futures.pop(env_id, None)
+            return await future  # _deliver/_fail take it out of _futures before they set it
+        except asyncio.CancelledError:
+            if self._futures.get(env_id) is future:
+                # The step goes on in its env: its result goes to a future that _release waits on
+                # (no asyncio.shield per call, which costs a second future and a loop tick).
+                self._futures[env_id] = loop.create_future()
+            raise
 
     def _flush(self) -> None:
         """Hand this tick's calls to the reader thread (which does every send and receive)."""
@@ -286,7 +333,12 @@ class AsyncPool:
                 future.set_exception(exc)
 
     def _check_holds(self) -> None:
+        """Warn about envs held past ``hold_warning``; looks at most a few times per period (the
+        reader comes here after every batch of results, and a pool may have thousands held)."""
         now = time.monotonic()
+        if now < self._next_hold_check:
+            return
+        self._next_hold_check = now + min(1.0, self.hold_warning / 4)
         for env in list(self._held.values()):
             if now - env._taken_at > self.hold_warning:
                 env._taken_at = now  # once per period

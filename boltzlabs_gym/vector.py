@@ -491,6 +491,11 @@ class BoltzLabsVecEnv(VectorEnv):
         """Send the batched step; collect it with :meth:`step_wait`."""
         self._check_open()
         self._check_idle("step_async")
+        self._send_step(actions)
+        self._state = AsyncState.WAITING_STEP
+
+    def _send_step(self, actions: Any) -> None:
+        """Send every env's step (or its autoreset); :meth:`_collect_step` collects it."""
         ints = self._discrete_actions(actions)
         mode = self.autoreset_mode
         if ints is not None and self._grouped and not (mode == AutoresetMode.DISABLED and self._autoreset_envs.any()):
@@ -500,7 +505,6 @@ class BoltzLabsVecEnv(VectorEnv):
             )
             self.pool.batch_calls.send_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
             self._pending_reset_ops = reset_ops
-            self._state = AsyncState.WAITING_STEP
             return
         per_env = ints if ints is not None else self._split_actions(actions)
         items: list[tuple[int, dict[str, Any], Sequence[Any]]] = []
@@ -531,7 +535,6 @@ class BoltzLabsVecEnv(VectorEnv):
             items.append((i, op, payloads))
         self.pool.batch_async(items)
         self._pending_reset_ops = reset_ops
-        self._state = AsyncState.WAITING_STEP
 
     def step_wait(self, timeout: float | None = None):
         """Return ``(obs, rewards, terminations, truncations, infos)`` of :meth:`step_async`'s step."""
@@ -540,9 +543,13 @@ class BoltzLabsVecEnv(VectorEnv):
             raise NoAsyncCallError(
                 "Calling `step_wait` without any prior call to `step_async`.", AsyncState.WAITING_STEP.value
             )
-        # step_async sets it together with WAITING_STEP.
-        reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
+        return self._collect_step(timeout)
+
+    def _collect_step(self, timeout: float | None):
+        """The step batch :meth:`_send_step` sent, as :meth:`step_wait` returns it."""
+        # _send_step sets it.
+        reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
         groups, results = self._wait(timeout, raw=True)
         pool = self.pool
         limits = (pool.step_timeout, pool.reset_timeout)

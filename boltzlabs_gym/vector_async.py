@@ -30,6 +30,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from .client.async_steps import Finished
+from .errors import AsyncStateError
 from .wire import codec
 
 __all__ = ["SendRecv", "check_batch_size"]
@@ -53,12 +54,15 @@ class SendRecv:
         #: The env ids of the last :meth:`recv` (the default of :meth:`send`'s ``env_id``).
         self.last_ids = np.arange(batch_size, dtype=np.int32)
         self._steps = envs.pool.async_steps
+        #: Whether every env's step went out as one lockstep batch (see :meth:`_as_lockstep`).
+        self._lockstep = False
 
     # ------------------------------------------------------------------ sending
     def async_reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None) -> None:
         """Start a reset of every env (refused while any is in flight); collect with :meth:`recv`."""
         envs = self.envs
         n = envs.num_envs
+        self._check_no_lockstep(0)
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds: list = [int(seed) + i for i in range(n)]
         elif seed is None:
@@ -88,6 +92,13 @@ class SendRecv:
         ids = self.last_ids if env_id is None else np.asarray(env_id).reshape(-1)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"env_id must hold ints, got dtype {ids.dtype}")
+        self._check_no_lockstep(int(ids[0]) if len(ids) else 0)
+        if self._as_lockstep(actions, ids):
+            in_env_order = np.empty_like(actions)
+            in_env_order[ids] = actions
+            envs._send_step(in_env_order)
+            self._lockstep = True
+            return
         rows = self._action_rows(actions, len(ids))
         mode = envs.autoreset_mode
         items: list[tuple[int, dict, Sequence]] = []
@@ -114,6 +125,36 @@ class SendRecv:
             items.append((i, op, payloads))
         self._steps.send(items)
 
+    def _as_lockstep(self, actions: Any, ids: np.ndarray) -> bool:
+        """Whether this send can go out as a lockstep step of every env: ``batch_size`` is
+        ``num_envs``, nothing else is in flight or unreceived, ``ids`` name every env once (in
+        any order) and ``actions`` is one array. The next :meth:`recv` takes every env anyway, so
+        the lockstep path (one batch, plain transitions stored without parsing) gives the same
+        envs the same results at no extra cost; they come back in env-id order."""
+        n = self.envs.num_envs
+        if not (
+            self.batch_size == n
+            and len(ids) == n
+            and type(actions) is np.ndarray
+            and actions.ndim >= 1
+            and len(actions) == n
+            and not self._steps.in_flight
+            and not self._steps.finished
+            and ids.min() >= 0
+            and ids.max() < n
+        ):
+            return False
+        seen = np.zeros(n, dtype=np.bool_)
+        seen[ids] = True
+        return bool(seen.all())  # every env once, in any order
+
+    def _check_no_lockstep(self, env_id: int) -> None:
+        if self._lockstep:
+            raise AsyncStateError(
+                f"env {env_id} is still in flight (every env's step was sent and not received); "
+                "recv() before sending to it again"
+            )
+
     def _action_rows(self, actions: Any, m: int) -> list:
         """``actions`` as ``m`` per-env actions: a batch of the single action space's elements."""
         space = self.envs.single_action_space
@@ -129,6 +170,8 @@ class SendRecv:
     def recv(self, timeout: float | None = None) -> tuple:
         """``(obs, rewards, terminations, truncations, infos)`` of the first ``batch_size`` envs to
         finish, ``infos["env_id"]`` naming them (see the module doc)."""
+        if self._lockstep:
+            return self._recv_lockstep(timeout)
         finished = self._steps.recv(self.batch_size, timeout)
         m = len(finished)
         batch = _InfoBatch(m)
@@ -148,6 +191,21 @@ class SendRecv:
         space = self.envs.single_observation_space
         out = concatenate(space, obs_rows, create_empty_array(space, m, np.zeros))  # type: ignore[arg-type]
         return out, rewards, terms, truncs, infos
+
+    def _recv_lockstep(self, timeout: float | None) -> tuple:
+        """Every env's result of a send that went out as one lockstep step; should the wait run
+        out of ``timeout``, that step is over (as a lockstep ``step_wait``'s) and every env is
+        reset on its next send."""
+        envs = self.envs
+        self._lockstep = False
+        try:
+            obs, rewards, terms, truncs, infos = envs._collect_step(timeout)
+        except TimeoutError:
+            envs._autoreset_envs[:] = True
+            raise
+        ids = self.last_ids = np.arange(envs.num_envs, dtype=np.int32)
+        infos["env_id"] = ids
+        return obs, rewards, terms, truncs, infos
 
     def _take(self, f: Finished, k: int, rewards, terms, truncs) -> tuple[Any, dict]:
         """One env's result: its observation and info, its reward and flags into row ``k``."""

@@ -108,7 +108,8 @@ class AsyncSteps:
         """Start each ``(env id, op, payload frames)`` item; returns once they went out.
 
         Refused as a whole, nothing sent, for an env id that is not one (``IndexError``/
-        ``TypeError``), named twice (``ValueError``), or in flight (:class:`AsyncStateError`),
+        ``TypeError``), named twice (``ValueError``), or in flight or finished and not received yet
+        (:class:`AsyncStateError`),
         and while a lockstep call is in flight.
         """
         self._batch_calls.check_open()

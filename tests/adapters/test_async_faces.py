@@ -4,11 +4,12 @@ SyncVectorEnv under random interleavings, failures confined to their own env."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import FAULTY, ISOLATION
+from conftest import ENVS, FAULTY, ISOLATION
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from boltzlabs_gym.aio import AsyncPool
 from boltzlabs_gym.errors import AsyncStateError
 
 N, BATCH = 3, 2
+GROUPED = os.path.join(ENVS, "grouped")
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +84,57 @@ def test_vec_recv_names_envs_and_refuses_what_envpool_refuses(envs):
     envs.pool.async_steps.recv()  # the last one: all idle again
 
 
+def test_send_recv_of_every_env_at_once_is_exact_through_episode_ends():
+    """batch_size=num_envs with every env sent together (the lockstep path): the same
+    transitions as SyncVectorEnv (NEXT_STEP autoreset included), env ids in any order."""
+    n = 2
+    envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=n, batch_size=n, isolation=ISOLATION)
+    ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(n)])
+    try:
+        envs.async_reset(seed=5)
+        obs, *_, info = envs.recv()
+        expected, _ = ref.reset(seed=5)
+        np.testing.assert_array_equal(obs[np.argsort(info["env_id"])], expected)
+        order = info["env_id"][::-1].copy()  # any order of every env takes the lockstep path
+        episodes_ended = 0
+        for t in range(30):  # a constant action ends CartPole's episodes within ~10 steps
+            actions = np.array([t % 3 == 0, 1], dtype=np.int64)
+            envs.send(actions[order], order)
+            with pytest.raises(AsyncStateError, match="env 0 is still in flight"):
+                envs.send(actions[:1], [0])
+            obs, rew, term, trunc, info = envs.recv()
+            r_obs, r_rew, r_term, r_trunc, _ = ref.step(actions)
+            assert info["env_id"].tolist() == [0, 1] and info["env_id"].dtype == np.int32
+            np.testing.assert_array_equal(obs, r_obs)
+            np.testing.assert_array_equal(rew, r_rew)
+            np.testing.assert_array_equal(term, r_term)
+            np.testing.assert_array_equal(trunc, r_trunc)
+            episodes_ended += int(r_term.sum())
+            order = info["env_id"]
+        assert episodes_ended >= 2
+    finally:
+        envs.close()
+        ref.close()
+
+
 def test_reset_mask_all_false_uses_gymnasiums_words(envs):
     with pytest.raises(ValueError, match=r"must contain a boolean array with at least one True value"):
         envs.reset(options={"reset_mask": np.zeros(N, dtype=bool)})
+
+
+async def _cancel_mid_step(face: AsyncPool, action, after: float) -> None:
+    """Cancel a coroutine ``after`` seconds into its step of ``action`` on an env it took."""
+
+    async def cancelled():
+        async with face.env() as env:
+            await env.reset(seed=0)
+            await env.step(action)
+
+    task = asyncio.ensure_future(cancelled())
+    await asyncio.sleep(after)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
@@ -101,16 +151,7 @@ def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
             assert rewards[0] == 1 and rewards[2:] == [2, 3, 4, 5]  # only the crashing one failed
             assert results[1][3] and "boltzlabs_error" in results[1][4]
 
-            async def cancelled():
-                async with pool.env() as env:
-                    await env.reset(seed=0)
-                    await env.step({"sleep": 0.3})
-
-            task = asyncio.ensure_future(cancelled())
-            await asyncio.sleep(0.1)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            await _cancel_mid_step(pool, {"sleep": 0.3}, after=0.1)
             # The env comes back after its step finished and a reset: both envs can be taken.
             async with pool.env() as a, pool.env() as b:
                 assert {a.env_id, b.env_id} == {0, 1}
@@ -122,6 +163,34 @@ def test_asyncio_coroutines_share_envs_and_failures_stay_their_own():
                         pass
 
     asyncio.run(main())
+
+
+def test_asyncio_cancel_on_a_sandbox_of_two_envs_and_close_leaves_the_pool_idle():
+    """A step cancelled on a sandbox holding K=2 envs (a hung one, killed at its deadline): the
+    env comes back after that step and a reset; a mid-episode release goes back as it is; closing
+    the face leaves nothing in flight on the pool it was given."""
+    with boltzlabs_gym.RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+
+        async def main():
+            async with AsyncPool(pool, acquire_timeout=20) as face:
+                await _cancel_mid_step(face, "hang", after=0.2)
+                # Both envs of the sandbox, once the cancelled one is back; called together, they
+                # go out as one call to their sandbox.
+                async with face.env() as a, face.env() as b:
+                    await asyncio.gather(a.reset(seed=1), b.reset(seed=2))
+                    steps = await asyncio.gather(a.step(3), b.step(4))
+                    assert [s[1] for s in steps] == [3, 4] and not any(s[3] for s in steps)
+                async with face.env() as a, face.env() as b:  # released mid-episode: reset first
+                    with pytest.raises(AsyncStateError, match="reset\\(\\) it before step"):
+                        await a.step(1)
+                    await asyncio.gather(a.reset(seed=3), b.reset(seed=4))
+                    await asyncio.gather(a.step(1), b.step(1))
+
+        asyncio.run(main())
+        assert not pool.async_steps.in_flight and not pool.async_steps.finished
+        pool.reset(seed=0)  # a lockstep call: nothing of the face's is left in flight
+        _, rewards, _, _ = pool.step([1, 2])
+        assert rewards.tolist() == [1, 2]
 
 
 def test_asyncio_over_a_vector_env_decodes_into_its_spaces(envs):

@@ -79,6 +79,30 @@ def test_grpo_fork_grades_isolated_copies(no_leaks, mode):
         assert "ISOLATED=True" in out
 
 
+def test_async_ppo_runs_on_recv_batches(no_leaks):
+    """EnvPool-style async PPO at tiny size: every env is handed back by recv() and trained on."""
+    out = _run(
+        "async_ppo.py",
+        *("--num-envs", "4", "--batch-size", "2", "--num-steps", "8", "--total-timesteps", "64"),
+        *("--update-epochs", "1", "--isolation", ISOLATION),
+        timeout=120,
+    )
+    assert re.search(r"^global_step=64 mean_return_last20=\S+ SPS=\d+$", out, re.M), out
+    assert "envs_seen=4/4" in out
+    _mean_return(out)
+
+
+def test_async_ppo_runs_unchanged_on_envpool():
+    """The same script on EnvPool itself: only the construction line differs."""
+    pytest.importorskip("envpool")
+    out = _run(
+        "async_ppo.py",
+        *("--vectorizer", "envpool", "--num-envs", "4", "--batch-size", "2", "--num-steps", "8"),
+        *("--total-timesteps", "64", "--update-epochs", "1"),
+        timeout=120,
+    )
+    assert "envs_seen=4/4" in out
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cleanrl_ppo_learns_cartpole(no_leaks):
