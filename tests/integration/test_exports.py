@@ -63,6 +63,7 @@ ENV_EXPORTS = [
 #: calls users make. Adapter-only calls live on the parts the pool owns (``pool.batch_calls``,
 #: ``pool.snapshot_keeper``), not here.
 POOL_SURFACE = [
+    "async_steps",  # the part behind send/recv (issue #32), as batch_calls is behind step
     "batch_async",
     "batch_wait",
     "call_envs",
@@ -72,8 +73,10 @@ POOL_SURFACE = [
     "fork",
     "lost_workers",
     "memory",
+    "recv",
     "reset",
     "restore",
+    "send",
     "snapshot",
     "stats",
     "step",
