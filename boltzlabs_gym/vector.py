@@ -339,6 +339,22 @@ class BoltzLabsVecEnv(VectorEnv):
             return codec.encode_action(self.single_action_space, action)
         return codec.to_json_safe(action), []
 
+    def _step_item(self, i: int, obj: Any, payloads: Sequence[bytes], mode: AutoresetMode) -> tuple:
+        """Env ``i``'s step request for an encoded action (``autoreset`` in SAME_STEP mode)."""
+        op = {"op": "step", "action": obj}
+        if mode == AutoresetMode.SAME_STEP:
+            op["autoreset"] = True
+        return (i, op, payloads)
+
+    def _encode_env_action(self, i: int, action: Any) -> tuple[Any, list]:
+        """:meth:`_encode_action`, refused with a ``ValueError`` naming env ``i`` and the space."""
+        try:
+            return self._encode_action(i, action)
+        except (codec.CodecError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"action for env {i} does not fit the action space {self.single_action_space}: {exc}"
+            ) from None
+
     def _decode_value(self, obj: Any, payloads: list) -> Any:
         return codec.decode_info(obj, payloads, copy=True)
 
@@ -520,19 +536,8 @@ class BoltzLabsVecEnv(VectorEnv):
                     f"env {i} finished its episode and autoreset is DISABLED: reset it first with "
                     "reset(options={'reset_mask': mask})"
                 )
-            if ints is not None:
-                obj, payloads = action, ()
-            else:
-                try:
-                    obj, payloads = self._encode_action(i, action)
-                except (codec.CodecError, TypeError, ValueError) as exc:
-                    raise ValueError(
-                        f"action for env {i} does not fit the action space {self.single_action_space}: {exc}"
-                    ) from None
-            op = {"op": "step", "action": obj}
-            if mode == AutoresetMode.SAME_STEP:
-                op["autoreset"] = True
-            items.append((i, op, payloads))
+            obj, payloads = (action, ()) if ints is not None else self._encode_env_action(i, action)
+            items.append(self._step_item(i, obj, payloads, mode))
         self.pool.batch_async(items)
         self._pending_reset_ops = reset_ops
 

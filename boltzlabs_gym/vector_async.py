@@ -113,16 +113,8 @@ class SendRecv:
                     )
                 items.append((i, {"op": "reset", "seed": None}, ()))
                 continue
-            try:
-                obj, payloads = envs._encode_action(i, rows[k])
-            except (codec.CodecError, TypeError, ValueError) as exc:
-                raise ValueError(
-                    f"action for env {i} does not fit the action space {envs.single_action_space}: {exc}"
-                ) from None
-            op = {"op": "step", "action": obj}
-            if mode == AutoresetMode.SAME_STEP:
-                op["autoreset"] = True
-            items.append((i, op, payloads))
+            obj, payloads = envs._encode_env_action(i, rows[k])
+            items.append(envs._step_item(i, obj, payloads, mode))
         self._steps.send(items)
 
     def _as_lockstep(self, actions: Any, ids: np.ndarray) -> bool:
