@@ -94,18 +94,20 @@ ADD_TESTS = {"assert_case": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", 
 LOOP = "def add(a, b):\n    while True:\n        pass\n"
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: a pool left alive for the rest of the session shows up in the tests
+# that count the host's boltz templates and envs (tests/worker/test_boltz.py, test_memory_snapshots.py).
+@pytest.fixture(scope="module")
 def grader():
-    """One grader (a CodeRunner) shared by the integration tests."""
+    """One grader (a CodeRunner) shared by an integration test module."""
     from boltzlabs_gym.integrations.grading import Grader
 
     with Grader(run_timeout=1.0, envs_per_lane=4, lanes=2) as g:
         yield g
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def leases():
-    """One EnvLeases pool shared by the integration tests."""
+    """One EnvLeases pool shared by an integration test module."""
     from boltzlabs_gym.integrations.leases import EnvLeases
 
     with EnvLeases(2) as lease_pool:
