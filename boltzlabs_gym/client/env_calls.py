@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import PoolClosedError
+from ..wire.protocol import encode_header
 from .async_steps import Finished
 
 if TYPE_CHECKING:
@@ -63,11 +64,14 @@ class EnvCalls:
 
     def submit_many(self, items: Sequence[Item]) -> list[concurrent.futures.Future]:
         """:meth:`submit` for several ``(index, op, payloads)`` items, queued together (one message
-        per worker where their envs are free)."""
+        per worker where their envs are free). An env id out of range (``IndexError``) or an op that
+        cannot be encoded is refused here, nothing queued."""
         calls = []
         for index, op, payloads in items:
             if type(index) is not int or not 0 <= index < self.pool.n:
                 raise IndexError(f"env id {index!r} out of range for a pool of {self.pool.n} envs")
+            # Refused here, in its caller, not in a send that carries other callers' calls too.
+            encode_header({"items": [[index, op, len(payloads)]]})
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_running_or_notify_cancel()
             calls.append(((index, op, payloads), future))
@@ -129,12 +133,9 @@ class EnvCalls:
     def _send(self, calls: list[_Call]) -> None:
         try:
             self._steps.send([item for item, _ in calls])
-        except Exception:  # noqa: BLE001 - refused as a whole: send one by one, each failing alone
-            for call in calls:
-                try:
-                    self._steps.send([call[0]])
-                except Exception as exc:  # noqa: BLE001
-                    self._finish(call[0][0], exc)
+        except Exception as exc:  # noqa: BLE001 - the pool refused (closed, lost): these calls fail
+            for (index, _, _), _future in calls:
+                self._finish(index, exc)
 
     def _resolve(self, finished: Finished) -> None:
         self._finish(finished.result.index, finished)

@@ -248,7 +248,7 @@ class CodeRunner:
                 break
             if started:
                 self._start(pool, calls, free, started)
-        for _ in range(pool.n - 1):  # runs in flight finish first (the last env was put back by _take)
+        for _ in range(pool.n):  # runs in flight (and hard resets) finish first
             try:
                 free.get(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
             except queue.Empty:
@@ -273,9 +273,10 @@ class CodeRunner:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 job = None
+            else:
+                if job is None:
+                    self._queue.put(None)  # the close marker stays for the other lanes
             if job is None:
-                if self._closed:
-                    self._queue.put(None)  # for the next lane
                 free.put(env)
                 break
             pairs.append((env, job))

@@ -51,6 +51,8 @@ def test_a_slow_env_holds_up_its_own_calls_only_and_one_envs_calls_keep_their_or
 
             with pytest.raises(IndexError, match="out of range"):
                 calls.submit(*_step(3, 1))
+            with pytest.raises(TypeError, match="not JSON serializable"):  # in its caller, alone
+                calls.submit(*_step(1, object()))
             pending = calls.submit(*_step(0, {"sleep": 1.0}))
         with pytest.raises(PoolClosedError):
             pending.result(timeout=10)  # closed before it finished: its caller hears so
