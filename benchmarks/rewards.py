@@ -14,10 +14,13 @@ graded three ways:
 Three mixes: no loops; 10% of the completions loop forever (``while True: pass``); 10% fork and then
 both processes loop (model code that uses ``multiprocessing``/``os.fork`` and never returns).
 The baselines run in a child process of their own, killed (with its process group) after
-``--outer-timeout`` s: one still running then is reported as ``hung``. After each run the programs'
-processes still alive on this host are counted (``leaked``: found by a marker in their command line;
-for a baseline that hung, those still running when it was killed) and then killed. Median of
-``--repeats`` runs where nothing hung. Printed, never asserted::
+``--outer-timeout`` s: one still running then is reported as ``hung``. After each run the processes
+it left are counted (``leaked``): for a baseline, the programs still alive on this host (found by a
+marker in their command line) and the processes of its child's process group (for one that hung,
+those still running when it was killed), all then killed, also when the benchmark itself is
+interrupted or terminated; for ``boltz``, the processes below the benchmark's own (worker, envs,
+their programs) more than before the run. Median of ``--repeats`` runs where nothing hung.
+Printed, never asserted::
 
     python benchmarks/rewards.py [--batch 64] [--repeats 3] [--lanes 2 --envs-per-lane 8]
 """
@@ -102,18 +105,25 @@ def baseline_child(args: argparse.Namespace) -> None:
 
 
 def run_baseline(name: str, mix: str, args: argparse.Namespace) -> dict:
-    """Run a baseline in a child process (its own process group), killed after ``--outer-timeout``."""
+    """Run a baseline in a child process (its own process group), killed after ``--outer-timeout``;
+    whatever it started is killed after it, however this run ends (a signal to the benchmark too)."""
     cmd = [sys.executable, __file__, "--_baseline", name, "--_mix", mix, "--batch", str(args.batch)]
     cmd += ["--run-timeout", str(args.run_timeout), "--_threads", str(args.lanes * args.envs_per_lane)]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        out, _ = child.communicate(timeout=args.outer_timeout)
-        result = json.loads(out.decode().strip().splitlines()[-1])
-        result["leaked"] = leaked_processes()
-    except subprocess.TimeoutExpired:
-        result = {"seconds": None, "scores": None, "leaked": leaked_processes(exclude={child.pid})}
-    _kill_group(child)
-    kill_marked()
+        try:
+            out, _ = child.communicate(timeout=args.outer_timeout)
+            result = json.loads(out.decode().strip().splitlines()[-1])
+        except subprocess.TimeoutExpired:
+            result = {"seconds": None, "scores": None}
+        # Still running now: marked programs (children of subprocess.run's killed programs among
+        # them) and anything else in the child's process group (exec's own forks carry no marker).
+        time.sleep(0.2)  # let processes that are exiting go
+        left = set(marked_pids({child.pid})) | set(group_pids(child.pid))
+        result["leaked"] = len(left - {child.pid})
+    finally:
+        _kill_group(child)
+        kill_marked()
     return result
 
 
@@ -141,9 +151,38 @@ def marked_pids(exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[a
     return pids
 
 
-def leaked_processes(exclude: set[int] = frozenset()) -> int:  # type: ignore[assignment]
-    time.sleep(0.2)  # let processes that are exiting go
-    return len(marked_pids(exclude))
+def group_pids(pgid: int) -> list[int]:
+    """Processes of process group ``pgid``."""
+    return [pid for pid, (_, group) in _proc_table().items() if group == pgid]
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` (children, their children, ...)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in _proc_table().items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process this benchmark can see."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(entry)] = (int(fields[1]), int(fields[2]))
+    return table
 
 
 def kill_marked() -> None:
@@ -156,12 +195,17 @@ def kill_marked() -> None:
 
 # ---------------------------------------------------------------------- boltz
 def run_boltz(reward, mix: str, args: argparse.Namespace) -> dict:
+    """One graded batch; ``leaked``: processes below this one (worker, envs, zygotes, programs) more
+    than before it (sandboxed programs are forks of their env's zygote: they carry no marker)."""
     completions = batch(args.batch, MIXES[mix])
     tests = [{"assert_case": CASES}] * len(completions)
+    before = len(descendants(os.getpid()))
     t0 = time.perf_counter()
     scores = reward(["write add"] * len(completions), completions, tests=tests)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "scores": scores, "leaked": leaked_processes()}
+    time.sleep(0.2)  # let processes that are exiting go
+    leaked = max(0, len(descendants(os.getpid())) - before) + len(marked_pids())
+    return {"seconds": seconds, "scores": scores, "leaked": leaked}
 
 
 # ---------------------------------------------------------------------- report
@@ -198,6 +242,8 @@ def main() -> None:
     from boltzlabs_gym.integrations.grading import Grader
     from boltzlabs_gym.integrations.trl import CodeReward
 
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the running baseline's processes are killed
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     envs = args.lanes * args.envs_per_lane
     print(f"batch={args.batch} completions x {len(CASES)} asserts, run_timeout={args.run_timeout}s, ", end="")
     print(f"boltz {args.lanes}x{args.envs_per_lane} envs, threads={envs}, cpus={os.cpu_count()}")
@@ -219,6 +265,8 @@ def main() -> None:
                 results[name] = summarise(runs, expected)
             rows.append((mix, results))
     print_table(rows, args.batch)
+    time.sleep(0.2)
+    print(f"\nbenchmark programs still running after it: {len(marked_pids())}")
 
 
 def print_table(rows: list[tuple[str, dict]], n: int) -> None:

@@ -50,6 +50,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .client.async_steps import Finished
+from .client.env_calls import drain
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
@@ -308,7 +309,7 @@ class AsyncPool:
                     steps.pump(time.monotonic() + 0.5, wake=self._wake_r)
                 else:
                     select.select([self._wake_r], [], [], 0.5)
-                _drain(self._wake_r)
+                drain(self._wake_r)
             except BaseException as exc:  # noqa: BLE001 - reported to every waiting coroutine
                 self._reader_error = exc
                 loop.call_soon_threadsafe(self._fail, None, exc)
@@ -361,11 +362,3 @@ class AsyncPool:
         else:
             t = read_step(f.result, self.pool.step_timeout)
         return t.obs, t.reward, t.terminated, t.truncated, t.info
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass

@@ -1,15 +1,17 @@
 """Run untrusted programs on a pool: every program in a sandbox no earlier program touched.
 
 :class:`CodeRunner` keeps ``lanes`` pools (:class:`~boltzlabs_gym.RLPool`, ``mode="boltz"``) of
-the runner's env (``boltzlabs_gym/code/runner_env``). Requests wait in one queue; each lane
-takes up to its ``envs_per_lane`` waiting requests, runs them as one batched step (one message
-per worker) and hands back the results. Between two programs an env is either *wiped* inside its
-sandbox, before it answers (where it is PID 1 of its own PID namespace: every process left is
+the runner's env (``boltzlabs_gym/code/runner_env``). Requests wait in one queue; each env of a
+lane that is free takes the next one (requests that wait while several envs are free go out
+together, one message per worker), runs it and hands its result back as soon as its own program
+ended: envs do not wait for each other (the pool's send/recv, through
+:class:`~boltzlabs_gym.client.env_calls.EnvCalls`), so a program that runs into its
+``run_timeout`` holds up its own env only. Between two programs an env is either *wiped* inside
+its sandbox, before it answers (where it is PID 1 of its own PID namespace: every process left is
 killed, every writable place emptied, SysV IPC removed, and the env checks that nothing is left
 and that nothing of it changed; see ``docs/code-server.md``), or, where it cannot be or the wipe
 found something, *hard-reset*: its process tree killed, its workspace wiped, a fresh env forked
-from the warm template. A batch lasts as long as its slowest program, so several lanes keep
-short programs from waiting behind a timed-out one.
+from the warm template; only then does it take the next request.
 
 Pools are local by default; ``workers=`` (addresses or a
 :class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import queue
@@ -43,10 +46,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from ..client.env_calls import EnvCalls
 from ..client.pool import RLPool
-from ..client.results import read_step
+from ..client.results import read_reset, read_step
 from ..wire.limits import Limits
 from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .results import LANGUAGES, RunRequest, RunResult
@@ -90,16 +92,16 @@ class CodeRunner:
     """Runs programs (python, bash, cpp, nodejs) in sandboxes of ``lanes`` pools; thread-safe.
 
     Args:
-        envs_per_lane: sandboxes per pool; a lane runs up to that many programs in one batch.
-        lanes: pools, each with its own batch in flight.
+        envs_per_lane: sandboxes per pool; a lane runs up to that many programs at a time.
+        lanes: pools (each with a thread that sends and receives its programs).
         workers, isolation, limits, env_vars, pool_options: passed to every
             :class:`~boltzlabs_gym.RLPool` (``mode`` is always ``"boltz"``).
         max_run_timeout, max_compile_timeout: the largest ``run_timeout``/``compile_timeout`` a
             request may ask for (the pools' step deadline is sized from them).
         max_output_bytes: stdout and stderr kept per command; the rest is dropped and counted.
         max_queue: requests waiting at most; past it :meth:`submit` raises :class:`QueueFullError`.
-        on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's thread after
-            every run (seconds from submission to a lane taking it, and to its result).
+        on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's calls thread
+            after every run (seconds from submission to an env taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
             ``False`` hard-resets it after every program.
     """
@@ -123,6 +125,8 @@ class CodeRunner:
     ):
         if envs_per_lane < 1 or lanes < 1:
             raise ValueError(f"envs_per_lane and lanes must be >= 1, got {envs_per_lane} and {lanes}")
+        if pool_options.get("envs_per_sandbox", 1) != 1:
+            raise ValueError("CodeRunner runs each program in a sandbox of its own: envs_per_sandbox must be 1")
         self.envs_per_lane = envs_per_lane
         self.max_run_timeout = float(max_run_timeout)
         self.max_compile_timeout = float(max_compile_timeout)
@@ -159,9 +163,10 @@ class CodeRunner:
         self._isolation_text = self.isolation.backend if self.isolation is not None else ""
         for pool in self._pools:
             pool.reset()
+        self._calls = [EnvCalls(pool, name=f"code-runner-calls-{i}") for i, pool in enumerate(self._pools)]
         self._threads = [
-            threading.Thread(target=self._lane, args=(pool,), name=f"code-runner-lane-{i}", daemon=True)
-            for i, pool in enumerate(self._pools)
+            threading.Thread(target=self._lane, args=(pool, calls), name=f"code-runner-lane-{i}", daemon=True)
+            for i, (pool, calls) in enumerate(zip(self._pools, self._calls))
         ]
         for t in self._threads:
             t.start()
@@ -187,8 +192,8 @@ class CodeRunner:
         return self.submit(RunRequest(code=code, language=language, **fields)).result()
 
     def run_many(self, requests: Iterable[RunRequest | Mapping[str, Any] | str]) -> list[RunResult]:
-        """Run several programs at once (queued together: a lane takes as many as it has envs in
-        one batch) and return their results in order."""
+        """Run several programs at once (queued together: they go out together to the free envs,
+        the rest as envs come free) and return their results in order."""
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
 
@@ -230,93 +235,143 @@ class CodeRunner:
         return self.envs_per_lane * len(self._pools)
 
     # ------------------------------------------------------------------ the lanes
-    def _take(self) -> list[_Job]:
-        """Wait for a first request, then take whatever else waits, up to a batch; ``[]`` at close."""
+    def _lane(self, pool: RLPool, calls: EnvCalls) -> None:
+        """Keep the lane's envs busy: each env that is free takes the next waiting request, and
+        comes back when its own program has ended and its sandbox is clean again (wiped, or
+        hard-reset), whatever the lane's other envs are running."""
+        free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(pool.n):
+            free.put(i)
+        while True:
+            started = self._take(free, free.get())
+            if not started and self._closed:
+                break
+            if started:
+                self._start(pool, calls, free, started)
+        for _ in range(pool.n):  # runs in flight (and hard resets) finish first
+            try:
+                free.get(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
+            except queue.Empty:
+                log.error("code runner lane closed with programs still running")
+                return
+
+    def _take(self, free: queue.SimpleQueue[int], env: int) -> list[tuple[int, _Job]]:
+        """Wait for a request for free ``env``; then give whatever else waits to the lane's other free
+        envs. ``(env, job)`` pairs; ``[]`` at close (or when every request taken was cancelled)."""
         first = self._queue.get()
         if first is None:
             self._queue.put(None)  # the close marker stays for the other lanes
+            free.put(env)
             return []
-        jobs = [first]
-        while len(jobs) < self.envs_per_lane:
+        pairs = [(env, first)]
+        while True:
+            try:
+                env = free.get_nowait()
+            except queue.Empty:
+                break
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
-                break
+                job = None
+            else:
+                if job is None:
+                    self._queue.put(None)  # the close marker stays for the other lanes
             if job is None:
-                self._queue.put(None)  # for the next lane
+                free.put(env)
                 break
-            jobs.append(job)
+            pairs.append((env, job))
         now = time.perf_counter()
         live = []
         with self._stats_lock:
-            self._stats.queued -= len(jobs)
-            for job in jobs:
+            self._stats.queued -= len(pairs)
+            for env, job in pairs:
                 if job.future.set_running_or_notify_cancel():
                     job.taken = now
-                    live.append(job)
+                    live.append((env, job))
                     self._stats.queue_wait_s += now - job.enqueued
                 else:
                     self._stats.cancelled += 1
+                    free.put(env)
             self._stats.running += len(live)
         return live
 
-    def _lane(self, pool: RLPool) -> None:
-        while True:
-            jobs = self._take()
-            if not jobs and self._closed:
-                return
-            if not jobs:
-                continue
-            try:
-                results, clean = self._run_batch(pool, jobs)
-            except Exception as exc:  # the pool itself failed: these runs are the sandbox's errors
-                log.exception("code runner lane failed a batch")
-                results = [RunResult.sandbox_error(f"the pool failed: {exc}", self._isolation_text) for _ in jobs]
-                clean = [False] * len(jobs)
-            now = time.perf_counter()
-            with self._stats_lock:
-                self._stats.running -= len(jobs)
-                self._stats.wipes += sum(clean)
-                self._stats.hard_resets += len(clean) - sum(clean)
-            for job, result in zip(jobs, results):
-                self._count(job.request, result)
-                if self.on_result is not None:
-                    try:
-                        self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
-                    except Exception:
-                        log.exception("code runner on_result listener failed")
-                job.future.set_result(result)
-            if self._closed or all(clean):
-                continue
-            try:
-                mask = np.zeros(pool.n, dtype=bool)
-                mask[: len(jobs)] = [not c for c in clean]
-                pool.reset(where=mask, hard=True)  # killed, wiped, forked afresh for the next programs
-            except Exception:
-                log.exception("code runner lane could not hard-reset its envs")
-
-    def _run_batch(self, pool: RLPool, jobs: list[_Job]) -> tuple[list[RunResult], list[bool]]:
-        """Run ``jobs`` on the lane's first envs; their results, and which envs wiped themselves clean."""
+    def _start(self, pool: RLPool, calls: EnvCalls, free: queue.SimpleQueue[int], pairs: list) -> None:
+        """Send each job's program to its env (together: one message per worker); each ends on its own."""
         items = []
-        for i, job in enumerate(jobs):
+        for env, job in pairs:
             action = job.request.to_action(self.max_output_bytes)
             action["wipe"] = self.wipe
-            items.append((i, {"op": "step", "action": action}, ()))
-        pool.batch_async(items)
-        results, clean = [], []
-        for r in pool.batch_wait():
-            t = read_step(r, pool.step_timeout)
-            if t.failure is not None:
-                detail = f"{t.failure.reason}\n{t.failure.stderr}".strip()
-                results.append(RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text))
-                clean.append(False)
-            else:
-                obs = t.obs or {}
-                results.append(RunResult.from_observation(obs, self._isolation_text))
-                clean.append(obs.get("clean") is True)
-                if obs.get("clean") is not True and self.wipe and obs.get("unclean") != "not wiped (hard reset)":
-                    log.info("code runner: env %d not clean after a program (%s): hard reset", i, obs.get("unclean"))
-        return results, clean
+            items.append((env, {"op": "step", "action": action}, ()))
+        try:
+            futures = calls.submit_many(items)
+        except Exception as exc:  # noqa: BLE001 - the pool failed or closed: these runs are the sandbox's errors
+            failed: concurrent.futures.Future = concurrent.futures.Future()
+            failed.set_exception(exc)
+            futures = [failed] * len(pairs)
+        for (env, job), future in zip(pairs, futures):
+            future.add_done_callback(functools.partial(self._ended, pool, calls, free, env, job))
+
+    def _ended(
+        self,
+        pool: RLPool,
+        calls: EnvCalls,
+        free: queue.SimpleQueue[int],
+        env: int,
+        job: _Job,
+        future: concurrent.futures.Future,
+    ) -> None:
+        """A program ended (on the lane's calls thread): its result out, then its env made clean and free."""
+        result, clean = self._read(pool, env, future)
+        now = time.perf_counter()
+        with self._stats_lock:
+            self._stats.running -= 1
+            self._stats.wipes += clean
+            self._stats.hard_resets += not clean
+        self._count(job.request, result)
+        if self.on_result is not None:
+            try:
+                self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
+            except Exception:
+                log.exception("code runner on_result listener failed")
+        job.future.set_result(result)
+        if clean or self._closed:
+            free.put(env)
+            return
+        try:  # killed, wiped, forked afresh for the next program
+            reset = calls.submit(env, {"op": "hard_reset", "seed": None})
+        except Exception:
+            log.exception("code runner lane could not hard-reset env %d", env)
+            free.put(env)
+            return
+        reset.add_done_callback(functools.partial(self._reset_done, pool, free, env))
+
+    def _reset_done(
+        self, pool: RLPool, free: queue.SimpleQueue[int], env: int, future: concurrent.futures.Future
+    ) -> None:
+        try:
+            _, _, failure = read_reset(future.result().result, pool.start_timeout)
+            if failure is not None:
+                log.error("code runner: env %d did not restart after a hard reset: %s", env, failure.reason)
+        except Exception:
+            log.exception("code runner lane could not hard-reset env %d", env)
+        free.put(env)  # (one that did not restart reports a sandbox error for its next program)
+
+    def _read(self, pool: RLPool, env: int, future: concurrent.futures.Future) -> tuple[RunResult, bool]:
+        """A program's result, and whether its env wiped itself clean after it."""
+        try:
+            finished = future.result()
+        except Exception as exc:  # noqa: BLE001 - the pool itself failed: the run is the sandbox's error
+            log.error("code runner lane: env %d: the pool failed: %s", env, exc)
+            return RunResult.sandbox_error(f"the pool failed: {exc}", self._isolation_text), False
+        t = read_step(finished.result, pool.step_timeout)
+        if t.failure is not None:
+            detail = f"{t.failure.reason}\n{t.failure.stderr}".strip()
+            return RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text), False
+        obs = t.obs or {}
+        clean = obs.get("clean") is True
+        if not clean and self.wipe and obs.get("unclean") != "not wiped (hard reset)":
+            log.info("code runner: env %d not clean after a program (%s): hard reset", env, obs.get("unclean"))
+        return RunResult.from_observation(obs, self._isolation_text), clean
 
     def _count(self, request: RunRequest, result: RunResult) -> None:
         run = result.run_result
@@ -345,6 +400,8 @@ class CodeRunner:
         self._queue.put(None)
         for t in getattr(self, "_threads", ()):
             t.join(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
+        for calls in getattr(self, "_calls", ()):
+            calls.close()
         for pool in self._pools:
             pool.close()
         self._pools = []

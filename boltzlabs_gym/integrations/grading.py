@@ -3,8 +3,10 @@
 :class:`Grader` turns a batch of ``(completion, tests)`` pairs into scores. Every program of the
 batch (one per test case) is queued at once on one :class:`~boltzlabs_gym.code.CodeRunner`, so a
 whole GRPO group or batch is one round trip: each program runs in a sandbox no earlier program
-touched, is killed with its whole process tree on its ``run_timeout``, and its sandbox is
-hard-reset after it (nothing it started survives, no memory it grew stays).
+touched, is killed with its whole process tree on its ``run_timeout``, and its sandbox is wiped
+and checked (or hard-reset) after it: nothing it started survives, no memory it grew stays. A
+program that runs into its timeout holds up its own sandbox only: the others take the batch's next
+programs meanwhile.
 
 Test cases, per sample, in the forms verl's ``sandbox_fusion`` grades (a dict or its JSON text):
 

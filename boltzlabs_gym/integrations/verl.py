@@ -110,7 +110,7 @@ def code_tool_class() -> type:
                 why = "unknown instance" if state is None else "parameter 'code' must be a string"
                 return ToolResponse(text=f"error: {why}"), 0.0, {"error": why}
             state["code"] = code
-            result = await _to_thread(_leases().run, state["index"], code, run_timeout=self.run_timeout)
+            result = await _leases().run_async(state["index"], code, run_timeout=self.run_timeout)
             text = describe_run(result)
             return ToolResponse(text=text), 0.0, {"status": result.status}
 
@@ -124,7 +124,7 @@ def code_tool_class() -> type:
         async def release(self, instance_id: str, **kwargs: Any) -> None:
             state = self._instances.pop(instance_id, None)
             if state is not None:
-                await _to_thread(_leases().release, state["index"])
+                await _leases().release_async(state["index"])
 
     return CodeTool
 
