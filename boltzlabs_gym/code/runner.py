@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import os
 import queue
@@ -48,6 +49,7 @@ import numpy as np
 from ..client.pool import RLPool
 from ..client.results import read_step
 from ..wire.limits import Limits
+from ..wire.protocol import CALL_TAG
 from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .results import LANGUAGES, RunRequest, RunResult
 
@@ -69,6 +71,8 @@ class _Job:
     future: concurrent.futures.Future
     enqueued: float = field(default_factory=time.perf_counter)
     taken: float = 0.0
+    tag: int = 0  # its step's tag on the wire: what a cancel names
+    cancelled: bool = False  # cancelled while it ran: its result is dropped
 
 
 @dataclass
@@ -102,6 +106,9 @@ class CodeRunner:
             every run (seconds from submission to a lane taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
             ``False`` hard-resets it after every program.
+
+    The pools send every call through their worker (``direct=False``): a run is cancelled
+    (:meth:`cancel`) by the worker, which sees only the calls it sends itself.
     """
 
     def __init__(
@@ -133,6 +140,10 @@ class CodeRunner:
         self._stats = RunnerStats()
         self._stats_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._tags = itertools.count(1)
+        #: The runs in lanes' batches: their pool and env index (under ``_stats_lock``).
+        self._running: dict[concurrent.futures.Future, tuple[RLPool, int, _Job]] = {}
+        pool_options.setdefault("direct", False)
         self._closed = False
         self._pools: list[RLPool] = []
         step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
@@ -178,8 +189,28 @@ class CodeRunner:
             if self._stats.queued >= self.max_queue:
                 raise QueueFullError(f"{self._stats.queued} requests are waiting (max_queue={self.max_queue})")
             self._stats.queued += 1
-        self._queue.put(_Job(request, future))
+        self._queue.put(_Job(request, future, tag=next(self._tags)))
         return future
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Cancel a run :meth:`submit` started: dropped if no lane took it yet; if it runs, its
+        env's whole sandbox (the program's process tree with it) is killed at once and reset
+        before its next program. The future then raises ``CancelledError``. ``False``: it had
+        finished (or was cancelled before)."""
+        if future.cancel():
+            return True  # (counted when a lane finds it)
+        with self._stats_lock:
+            running = self._running.get(future)
+            if running is None or running[2].cancelled:
+                return False
+            pool, index, job = running
+            job.cancelled = True
+            self._stats.cancelled += 1
+        try:
+            pool.cancels.cancel([(index, job.tag)])
+        except Exception:  # the batch then ends by the run's own deadline; its result is dropped
+            log.exception("code runner could not cancel a run in flight")
+        return True
 
     def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:
         """Run one program and wait for it: ``stdin``, ``files``, ``fetch_files``, ``run_timeout``,
@@ -275,10 +306,15 @@ class CodeRunner:
                 clean = [False] * len(jobs)
             now = time.perf_counter()
             with self._stats_lock:
+                for job in jobs:
+                    self._running.pop(job.future, None)
                 self._stats.running -= len(jobs)
                 self._stats.wipes += sum(clean)
                 self._stats.hard_resets += len(clean) - sum(clean)
             for job, result in zip(jobs, results):
+                if job.cancelled:
+                    job.future.set_exception(concurrent.futures.CancelledError())
+                    continue
                 self._count(job.request, result)
                 if self.on_result is not None:
                     try:
@@ -301,7 +337,9 @@ class CodeRunner:
         for i, job in enumerate(jobs):
             action = job.request.to_action(self.max_output_bytes)
             action["wipe"] = self.wipe
-            items.append((i, {"op": "step", "action": action}, ()))
+            items.append((i, {"op": "step", "action": action, CALL_TAG: job.tag}, ()))
+        with self._stats_lock:
+            self._running.update((job.future, (pool, i, job)) for i, job in enumerate(jobs))
         pool.batch_async(items)
         results, clean = [], []
         for r in pool.batch_wait():
@@ -373,12 +411,12 @@ class AsyncCodeRunner:
         self.runner = runner if runner is not None else CodeRunner(*args, **kwargs)
 
     async def submit(self, request: RunRequest | Mapping[str, Any] | str) -> RunResult:
-        """Run one request; cancelling the awaiting task drops it if no lane has taken it yet."""
+        """Run one request; cancelling the awaiting task cancels it (:meth:`CodeRunner.cancel`)."""
         future = self.runner.submit(request)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            future.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, self.runner.cancel, future)
             raise
 
     async def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:

@@ -8,8 +8,9 @@ counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.server.metrics
   (FastAPI's shape); a ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
 * A language SandboxFusion knows but this server does not run: ``SandboxError`` naming the
   supported ones (SandboxFusion answers its own missing runners with a ``SandboxError`` too).
-* A client that disconnects before a lane takes its run drops it; once running, the run ends
-  by its own deadline and its answer is discarded.
+* A client that disconnects cancels its run (:meth:`~boltzlabs_gym.code.CodeRunner.cancel`):
+  queued, it is dropped; running, its sandbox is killed with the program's whole process tree
+  and reset for the next request (found within :data:`DISCONNECT_POLL_S`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ __all__ = ["create_app"]
 
 #: Seconds a client told the queue is full is asked to wait.
 RETRY_AFTER_S = 1
+#: How often a pending request looks whether its client is still there (seconds).
+DISCONNECT_POLL_S = 0.25
 
 
 def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = False) -> FastAPI:
@@ -104,11 +107,12 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
             return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         waiting = asyncio.wrap_future(future)
         while True:
-            done, _ = await asyncio.wait({waiting}, timeout=0.5)
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
             if done:
                 break
             if await request.is_disconnected():
-                future.cancel()  # dropped if no lane took it yet; else it ends by its deadline
+                await asyncio.get_running_loop().run_in_executor(None, runner.cancel, future)
+                waiting.cancel()  # (its CancelledError, set by the lane, then goes unread without a warning)
                 if server_metrics is not None:
                     server_metrics.cancelled.inc()
                 return Response(status_code=499)

@@ -52,7 +52,18 @@ the pool steps them itself; everything else about those envs stays with the work
   reply). The worker kills the env and reports it in that item's result as if the call had
   been its own (``"straggler"`` status when ``straggler``), then respawns it.
 
-A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
+A ``batch`` may carry only ``faults``/``adopt`` and no items.
+
+Cancelling calls (:data:`CALL_TAG`, :data:`CANCEL`). A batch item's op may carry ``"tag"``, a
+string or int the pool chose for that call (the env sees it too, and ignores it). A ``cancel``
+request, ``{"op": "cancel", "session": sid, "token": ..., "calls": [[index, tag], ...]}``,
+may come on any connection of the session's owner while the batch is in flight (it does not
+become the session's reply address): for each named env whose call with that tag is still
+queued, the call is dropped; in flight, the env's whole sandbox is killed and respawned, as for
+a fault but not counted as one. Either way that call is answered as an ``"error"`` result with
+``"cancelled": true``. The reply is ``{"ok": true, "cancelled": [index, ...]}``, the envs
+whose tagged call it found (a call that finished first is not touched). Calls on lent envs are
+the pool's own and are not found here. The rules both sides judge
 an env by (its deadline, a late call's message, stray output) are in
 :mod:`boltzlabs_gym.wire.call_rules`.
 
@@ -233,7 +244,11 @@ def poll_us_argument(text: str) -> float:
 
 
 #: Ops the worker understands.
-WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots")
+WORKER_OPS = (
+    "ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots", "cancel",
+)  # fmt: skip
+#: The worker op that cancels tagged calls, and an op's key for its tag (see "Cancelling calls" above).
+CANCEL, CALL_TAG = "cancel", "tag"
 #: Per-env ops the worker handles itself rather than forwarding to the env.
 WORKER_ENV_OPS = ("hard_reset",)
 

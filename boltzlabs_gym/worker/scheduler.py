@@ -20,6 +20,7 @@ from random import random
 from ..wire.call_rules import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
 from ..wire.envpipe import EnvFault
 from ..wire.protocol import (
+    CALL_TAG,
     ERROR,
     GROUP_OPS,
     GROUP_SLOTS,
@@ -242,6 +243,30 @@ class Scheduler:
             if stats is not None:
                 stats.respawned(kind)
 
+    def cancel(self, session: Session, env: EnvProcess, tag: object) -> bool:
+        """Cancel ``env``'s call tagged ``tag`` (:data:`~boltzlabs_gym.wire.protocol.CALL_TAG`):
+        still queued, it is dropped; in flight, the env's whole sandbox is killed and respawned.
+        Either way the call is answered as an error that says so. ``False``: no such call (it
+        finished first). A cancellation is the client's wish, not the env's fault: it is logged,
+        not counted among faults."""
+        for call in env.queue:
+            if call.op.get(CALL_TAG) == tag:
+                env.queue.remove(call)
+                call.finish(ERROR, _cancelled(env, "before it was sent to the env"), [])
+                return True
+        current = env.current
+        if current is None or current.kind == "start" or current.op.get(CALL_TAG) != tag:
+            return False
+        env.current = None
+        self._release_gate(current)
+        self.spawner.reap_now(self.spawner.kill_env(session, env))
+        log.info("worker %s session %s env %d: call %r cancelled", self.name, session.sid, env.global_index, tag)
+        current.finish(ERROR, _cancelled(env, "in flight: the env was killed and is being respawned"), [])
+        if not session.closed:
+            self.spawner.wipe(env.workspace)
+            self.spawner.queue_start(session, env, None)
+        return True
+
     # ================================================================== the books (worker.stats)
     def _sample_latency(self, session: Session, env: EnvProcess, call: Call) -> None:
         """Bucket this reply's latency (a step's) or its start-up time (a start's)."""
@@ -347,3 +372,7 @@ class Scheduler:
     def _session_of(env: EnvProcess) -> Session | None:
         session = getattr(env, "session", None)
         return None if session is None or session.closed else session
+
+
+def _cancelled(env: EnvProcess, where: str) -> bytes:
+    return json_error(f"the call was cancelled by the client {where}", index=env.global_index, cancelled=True)
