@@ -49,7 +49,7 @@ import numpy as np
 from ..client.pool import RLPool
 from ..client.results import read_step
 from ..wire.limits import Limits
-from ..wire.protocol import CALL_TAG
+from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .results import LANGUAGES, RunRequest, RunResult
 
@@ -168,6 +168,10 @@ class CodeRunner:
         #: The isolation every program runs under (the first pool's report; all pools ask for the same).
         self.isolation = self._pools[0].isolation
         self._isolation_text = self.isolation.backend if self.isolation is not None else ""
+        memory = str(self.isolation.properties.get("memory_limit", "")) if self.isolation is not None else ""
+        #: How a request's ``memory_limit_mb`` is enforced: ``"cgroup v1"``/``"cgroup v2"`` (the
+        #: sandbox's cgroup, lowered for the run by its worker) or ``"rlimit"`` (``RLIMIT_AS``/``RLIMIT_DATA``).
+        self.memory_limit_by = memory if memory.startswith("cgroup") else "rlimit"
         for pool in self._pools:
             pool.reset()
         self._threads = [
@@ -337,7 +341,11 @@ class CodeRunner:
         for i, job in enumerate(jobs):
             action = job.request.to_action(self.max_output_bytes)
             action["wipe"] = self.wipe
-            items.append((i, {"op": "step", "action": action, CALL_TAG: job.tag}, ()))
+            op = {"op": "step", "action": action, CALL_TAG: job.tag}
+            if action["memory_limit_mb"] > 0 and self.memory_limit_by != "rlimit":
+                op[CALL_MEMORY_LIMIT] = action["memory_limit_mb"] << 20  # the worker lowers the cgroup's limit
+                action["memory_limit_mb"] = -1  # and the program gets no rlimit
+            items.append((i, op, ()))
         with self._stats_lock:
             self._running.update((job.future, (pool, i, job)) for i, job in enumerate(jobs))
         pool.batch_async(items)

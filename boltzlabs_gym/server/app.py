@@ -55,6 +55,7 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
                 "a sandbox forked from a warm template; after every run it is wiped inside its sandbox and "
                 "checked (where it is PID 1 of its own PID namespace) or hard-reset (killed, wiped, forked afresh)"
             ),
+            "memory_limit_per_request": _memory_limit_report(runner),
             "languages": list(LANGUAGES),
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
@@ -141,6 +142,24 @@ def _metrics_for(runner: CodeRunner):
 
     runner.on_result = observe
     return m
+
+
+def _memory_limit_report(runner: CodeRunner) -> dict[str, str]:
+    """How ``memory_limit_MB`` is enforced here, and why."""
+    if runner.memory_limit_by == "rlimit":
+        return {
+            "by": "rlimit",
+            "how": "RLIMIT_AS and RLIMIT_DATA of the program, as SandboxFusion sets them (an allocation past it fails)",
+            "why": "the sandboxes have no cgroup of their own here (the worker needs root and a cgroup hierarchy)",
+        }
+    return {
+        "by": runner.memory_limit_by,
+        "how": (
+            "the sandbox's cgroup limit, lowered by the worker for the run to what the sandbox holds when it "
+            "starts plus memory_limit_MB (never above the sandbox's own limit); the kernel's OOM killer ends a "
+            "program past it (return_code -9)"
+        ),
+    }
 
 
 def _over_maximum(body: RunCodeRequest, runner: CodeRunner) -> dict | None:

@@ -52,7 +52,9 @@ the pool steps them itself; everything else about those envs stays with the work
   reply). The worker kills the env and reports it in that item's result as if the call had
   been its own (``"straggler"`` status when ``straggler``), then respawns it.
 
-A ``batch`` may carry only ``faults``/``adopt`` and no items.
+A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
+an env by (its deadline, a late call's message, stray output) are in
+:mod:`boltzlabs_gym.wire.call_rules`.
 
 Cancelling calls (:data:`CALL_TAG`, :data:`CANCEL`). A batch item's op may carry ``"tag"``, a
 string or int the pool chose for that call (the env sees it too, and ignores it). A ``cancel``
@@ -63,9 +65,14 @@ queued, the call is dropped; in flight, the env's whole sandbox is killed and re
 a fault but not counted as one. Either way that call is answered as an ``"error"`` result with
 ``"cancelled": true``. The reply is ``{"ok": true, "cancelled": [index, ...]}``, the envs
 whose tagged call it found (a call that finished first is not touched). Calls on lent envs are
-the pool's own and are not found here. The rules both sides judge
-an env by (its deadline, a late call's message, stray output) are in
-:mod:`boltzlabs_gym.wire.call_rules`.
+the pool's own and are not found here.
+
+A call's memory limit (:data:`CALL_MEMORY_LIMIT`). A batch item's op may carry
+``"memory_limit_bytes": n`` (n > 0): where the env has a cgroup of its own, the worker sets that
+cgroup's memory limit, for this call only, to what the sandbox holds when the call is sent plus
+``n``, never above the session's limit (the kernel's OOM killer then ends whatever outgrows it,
+the largest process first), and puts the session's limit back when the call is answered. Where
+the env has no cgroup (or the write fails), the key is ignored. The env sees it and ignores it.
 
 Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.client.grouping`).
 With K > 1 one sandboxed process hosts up to K envs of the pool, its *slots*: env ``i``
@@ -249,6 +256,8 @@ WORKER_OPS = (
 )  # fmt: skip
 #: The worker op that cancels tagged calls, and an op's key for its tag (see "Cancelling calls" above).
 CANCEL, CALL_TAG = "cancel", "tag"
+#: An op's key for its call's memory limit in bytes (see "A call's memory limit" above).
+CALL_MEMORY_LIMIT = "memory_limit_bytes"
 #: Per-env ops the worker handles itself rather than forwarding to the env.
 WORKER_ENV_OPS = ("hard_reset",)
 

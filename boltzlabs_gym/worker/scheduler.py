@@ -20,6 +20,7 @@ from random import random
 from ..wire.call_rules import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
 from ..wire.envpipe import EnvFault
 from ..wire.protocol import (
+    CALL_MEMORY_LIMIT,
     CALL_TAG,
     ERROR,
     GROUP_OPS,
@@ -32,6 +33,7 @@ from ..wire.protocol import (
 )
 from ..wire.start_failure import error_fields as start_failure_fields
 from ..wire.start_failure import parse_start_failure
+from .call_memory import lower_for_call, restore_after_call
 from .deadlines import Deadlines
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .poller import Poller
@@ -151,6 +153,8 @@ class Scheduler:
         env.sent_at = time.perf_counter()
         if call.timeout is not None:
             self.deadlines.add(call.timeout, (session.sid, env.index, call.token))
+        if CALL_MEMORY_LIMIT in call.op:
+            call.memory_lowered = lower_for_call(session, env, call.op)
         try:
             if call.payloads and sum(len(p) for p in call.payloads) >= _PARTS_MIN:
                 done = env.write_parts([env_request_line(call.op, call.payloads), *call.payloads])
@@ -205,6 +209,8 @@ class Scheduler:
         env.current = None
         env.state = IDLE
         self._release_gate(call)
+        if call.memory_lowered:
+            restore_after_call(session, env)
         if call.sampled:  # one call in ENV_SAMPLE_EVERY, chosen when sent: see worker.stats
             self._sample_latency(session, env, call)
         if call.kind == "start":

@@ -90,7 +90,10 @@ def test_memory_limit_and_fork_bomb(runner):
             {"code": "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", "run_timeout": 1},
         ]
     )
-    assert hog.status == "Failed" and "MemoryError" in hog.stderr
+    if runner.memory_limit_by == "rlimit":  # RLIMIT_AS: the allocation fails
+        assert hog.status == "Failed" and "MemoryError" in hog.stderr
+    else:  # the cgroup: the kernel's OOM killer ends the program, as SandboxFusion's cgroup would
+        assert hog.status == "Failed" and (hog.run_result.status, hog.run_result.return_code) == ("Finished", -9)
     assert bomb.status == "Failed" and bomb.run_result.status == "TimeLimitExceeded"
     assert runner.run("print(2)").stdout == "2\n"
 

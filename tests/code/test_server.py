@@ -120,6 +120,25 @@ def test_hostile_programs_and_metrics(server):
     assert "boltzlabs_code_timeouts_total" in text and "boltzlabs_code_queue_wait_seconds_count" in text
 
 
+def test_memory_limit_per_request(server):
+    url, runner = server
+    status = requests.get(url + "/v1/status").json()
+    assert status["memory_limit_per_request"]["by"] == runner.memory_limit_by
+    oom_before = _metric(url, 'boltzlabs_code_oom_kills_total{language="python"}')
+    hog = "x = bytearray(128 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('ok')\n"
+    with __import__("concurrent.futures").futures.ThreadPoolExecutor(2) as ex:
+        small, big = ex.map(lambda mb: post(url, code=hog, language="python", memory_limit_MB=mb).json(), (64, 256))
+    assert big["status"] == "Success" and big["run_result"]["stdout"] == "ok\n", big
+    assert small["status"] == "Failed" and small["run_result"]["status"] == "Finished", small
+    if runner.memory_limit_by == "rlimit":  # no cgroup here: the allocation fails under RLIMIT_AS
+        assert "MemoryError" in small["run_result"]["stderr"]
+    else:  # killed by the kernel's OOM killer, as in SandboxFusion's cgroup
+        assert small["run_result"]["return_code"] == -9
+        assert _metric(url, 'boltzlabs_code_oom_kills_total{language="python"}') == oom_before + 1
+    again = post(url, code=hog, language="python").json()  # the sandbox's own limit is back (384 MiB)
+    assert again["status"] == "Success", again
+
+
 def test_a_client_that_leaves_drops_its_queued_run(server):
     url, runner = server
     before = runner.stats().cancelled
