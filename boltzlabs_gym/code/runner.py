@@ -17,10 +17,16 @@ every other :class:`~boltzlabs_gym.RLPool` option pass through, so the same runn
 or Ray workers.
 
 Limits: ``run_timeout`` is enforced inside the sandbox (the program's process group is killed
-on it; the hard reset after it kills anything that left the group); ``memory_limit_mb`` becomes
-the program's ``RLIMIT_AS``/``RLIMIT_DATA`` (as SandboxFusion sets it) under the sandbox's own
-memory limit (``limits``, a cgroup where the worker can create one, else ``RLIMIT_AS``). Output
-is cut at ``max_output_bytes`` per stream (:attr:`CommandResult.truncated` says how much was cut).
+on it; the wipe or hard reset after it kills anything that left the group). ``memory_limit_mb``:
+where the sandboxes have cgroups, the worker lowers the sandbox's cgroup limit for the run to what
+the sandbox holds plus that much (never above the sandbox's own limit, ``limits``), and the kernel
+OOM-kills a program past it (return code -9); elsewhere it becomes the program's
+``RLIMIT_AS``/``RLIMIT_DATA``, as SandboxFusion sets it (:attr:`CodeRunner.memory_limit_by` says
+which). Output is cut at ``max_output_bytes`` per stream (:attr:`CommandResult.truncated` says
+how much was cut).
+
+:meth:`CodeRunner.cancel` (and cancelling an :class:`AsyncCodeRunner` task) drops a queued run
+and kills a running one's sandbox at once, through the worker's ``cancel`` op.
 
 Usage (needs a worker and its sandboxes, so not run as a doctest)::
 
