@@ -9,8 +9,10 @@ CURVE keys) and sends the worker's ``cancel`` op on it (see "Cancelling calls" i
 whole sandbox is killed and respawned. The batch waiting for it gets that env's result at once,
 an error result whose reply says ``"cancelled": true``.
 
-Only calls that go through the worker can be cancelled: a local pool's direct lane
-(``RLPool(direct=True)``) steps lent envs on their own pipes, and the worker does not see those.
+A local pool's direct lane (``RLPool(direct=True)``, the default) steps lent envs on their own
+pipes, and the worker does not see those calls: ``lent=True`` has it kill a named env that is lent
+whatever it runs, so the caller must know that the named call is still the one on that env (the
+code runner holds a lock that keeps its lane from starting the env's next call meanwhile).
 
 >>> pool = RLPool(env_dir, n=4, mode="boltz", direct=False)            # doctest: +SKIP
 >>> pool.batch_async([(0, {"op": "step", "action": a, "tag": "job-7"}, ())])  # doctest: +SKIP
@@ -29,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import zmq
 
 from ..errors import WorkerError, WorkerTimeout
-from ..wire.protocol import CANCEL, decode_header, encode_header
+from ..wire.protocol import CANCEL, CANCEL_LENT, decode_header, encode_header
 from .link import WorkerLink
 
 __all__ = ["CallCanceller"]
@@ -49,9 +51,10 @@ class CallCanceller:
         self._closed = False
         self._finalizer = weakref.finalize(self, _destroy, self._ctx)
 
-    def cancel(self, calls: Iterable[tuple[int, str | int]]) -> list[int]:
+    def cancel(self, calls: Iterable[tuple[int, str | int]], *, lent: bool = False) -> list[int]:
         """Cancel each ``(env index, tag)``; the indices whose call was found (queued or in
-        flight) and cancelled. A call that already finished is left alone."""
+        flight) and cancelled. A call that already finished is left alone, but with ``lent`` a
+        named env lent to the pool is killed whatever it runs (see the module doc)."""
         by_link: dict[int, list[list]] = {}
         for index, tag in calls:
             link_pos = self._link_of(int(index))
@@ -62,7 +65,7 @@ class CallCanceller:
                 raise RuntimeError("this CallCanceller is closed (its pool closed)")
             for link_pos, items in by_link.items():
                 link = self._links[link_pos]
-                reply = self._call(link, {"op": CANCEL, "calls": items})
+                reply = self._call(link, {"op": CANCEL, "calls": items, CANCEL_LENT: lent})
                 cancelled += [link.start + int(i) for i in reply.get("cancelled") or ()]
         return cancelled
 

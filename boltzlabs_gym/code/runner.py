@@ -112,9 +112,6 @@ class CodeRunner:
             every run (seconds from submission to a lane taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
             ``False`` hard-resets it after every program.
-
-    The pools send every call through their worker (``direct=False``): a run is cancelled
-    (:meth:`cancel`) by the worker, which sees only the calls it sends itself.
     """
 
     def __init__(
@@ -149,7 +146,10 @@ class CodeRunner:
         self._tags = itertools.count(1)
         #: The runs in lanes' batches: their pool and env index (under ``_stats_lock``).
         self._running: dict[concurrent.futures.Future, tuple[RLPool, int, _Job]] = {}
-        pool_options.setdefault("direct", False)
+        #: Held by a cancel from its look at ``_running`` to the worker's answer, and by a lane while it
+        #: lets go of its finished runs: a lane never starts an env's next run while the env is being
+        #: killed for the last one (a lent env is killed whatever it runs).
+        self._cancel_lock = threading.Lock()
         self._closed = False
         self._pools: list[RLPool] = []
         step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
@@ -209,17 +209,18 @@ class CodeRunner:
         finished (or was cancelled before)."""
         if future.cancel():
             return True  # (counted when a lane finds it)
-        with self._stats_lock:
-            running = self._running.get(future)
-            if running is None or running[2].cancelled:
-                return False
-            pool, index, job = running
-            job.cancelled = True
-            self._stats.cancelled += 1
-        try:
-            pool.cancels.cancel([(index, job.tag)])
-        except Exception:  # the batch then ends by the run's own deadline; its result is dropped
-            log.exception("code runner could not cancel a run in flight")
+        with self._cancel_lock:
+            with self._stats_lock:
+                running = self._running.get(future)
+                if running is None or running[2].cancelled:
+                    return False
+                pool, index, job = running
+                job.cancelled = True
+                self._stats.cancelled += 1
+            try:
+                pool.cancels.cancel([(index, job.tag)], lent=True)
+            except Exception:  # the batch then ends by the run's own deadline; its result is dropped
+                log.exception("code runner could not cancel a run in flight")
         return True
 
     def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:
@@ -315,9 +316,11 @@ class CodeRunner:
                 results = [RunResult.sandbox_error(f"the pool failed: {exc}", self._isolation_text) for _ in jobs]
                 clean = [False] * len(jobs)
             now = time.perf_counter()
-            with self._stats_lock:
+            with self._cancel_lock, self._stats_lock:
                 for job in jobs:
                     self._running.pop(job.future, None)
+                # a cancelled run's env was killed, maybe only after its program ended clean: reset it
+                clean = [c and not job.cancelled for c, job in zip(clean, jobs)]
                 self._stats.running -= len(jobs)
                 self._stats.wipes += sum(clean)
                 self._stats.hard_resets += len(clean) - sum(clean)

@@ -64,8 +64,10 @@ become the session's reply address): for each named env whose call with that tag
 queued, the call is dropped; in flight, the env's whole sandbox is killed and respawned, as for
 a fault but not counted as one. Either way that call is answered as an ``"error"`` result with
 ``"cancelled": true``. The reply is ``{"ok": true, "cancelled": [index, ...]}``, the envs
-whose tagged call it found (a call that finished first is not touched). Calls on lent envs are
-the pool's own and are not found here.
+whose tagged call it found (a call that finished first is not touched). A local pool steps lent
+envs itself, so the worker cannot see their calls: with ``"lent": true`` (:data:`CANCEL_LENT`)
+a named env that is lent to it is killed and respawned whatever it does (the pool vouches that
+the tagged call is the one on its pipes; the pool's wait then sees its pipe close).
 
 A call's memory limit (:data:`CALL_MEMORY_LIMIT`). A batch item's op may carry
 ``"memory_limit_bytes": n`` (n > 0): where the env has a cgroup of its own, the worker sets that
@@ -256,6 +258,8 @@ WORKER_OPS = (
 )  # fmt: skip
 #: The worker op that cancels tagged calls, and an op's key for its tag (see "Cancelling calls" above).
 CANCEL, CALL_TAG = "cancel", "tag"
+#: A cancel request's key: also kill named envs lent to the (local) pool.
+CANCEL_LENT = "lent"
 #: An op's key for its call's memory limit in bytes (see "A call's memory limit" above).
 CALL_MEMORY_LIMIT = "memory_limit_bytes"
 #: Per-env ops the worker handles itself rather than forwarding to the env.

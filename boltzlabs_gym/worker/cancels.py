@@ -3,16 +3,19 @@
 See "Cancelling calls" in :mod:`boltzlabs_gym.wire.protocol`. The request usually comes on a
 connection of its own (the pool's own connection is busy waiting for the batch it cancels), so
 it must not become the session's reply address: lending, start-up progress and start failures
-keep going where they went.
+keep going where they went. With ``"lent": true`` it also kills named envs lent to the session's
+local pool (their calls are the pool's own, on the envs' pipes, with no tag the worker sees).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ..wire.protocol import CANCEL
+from ..wire.protocol import CANCEL, CANCEL_LENT
+from .direct_lane import DirectLane
+from .envproc import LENT
 from .scheduler import Scheduler
-from .session import Session
+from .session import LOCAL_CLIENT, Session
 
 __all__ = ["op_cancel"]
 
@@ -25,6 +28,7 @@ class _Worker(Protocol):
 
     sessions: dict[str, Session]
     scheduler: Scheduler
+    lane: DirectLane
 
     def session_for(self, client: bytes, header: dict[str, Any]) -> Session: ...
 
@@ -38,7 +42,16 @@ def op_cancel(worker: _Worker, client: bytes, header: dict[str, Any], payloads: 
     if reply_to is not None:
         session.client = reply_to
     calls = _checked_calls(header.get("calls"), len(session.envs))
-    cancelled = [index for index, tag in calls if worker.scheduler.cancel(session, session.envs[index], tag)]
+    lent = header.get(CANCEL_LENT) is True and session.client == LOCAL_CLIENT
+    cancelled = []
+    for index, tag in calls:
+        env = session.envs[index]
+        if lent and env.state is LENT:  # the pool's own call on the env's pipes: the pool vouches for it
+            worker.lane.take_back(env)
+            worker.scheduler.kill_cancelled(session, env, tag)
+        elif not worker.scheduler.cancel(session, env, tag):
+            continue
+        cancelled.append(index)
     return {"ok": True, "cancelled": cancelled}
 
 

@@ -265,13 +265,18 @@ class Scheduler:
             return False
         env.current = None
         self._release_gate(current)
+        self.kill_cancelled(session, env, tag)
+        current.finish(ERROR, _cancelled(env, "in flight: the env was killed and is being respawned"), [])
+        return True
+
+    def kill_cancelled(self, session: Session, env: EnvProcess, tag: object) -> None:
+        """Kill ``env``'s sandbox, whose call ``tag`` was cancelled (a lent env's: the pool's own
+        call), wipe its workspace and respawn it; logged, not counted as a fault."""
         self.spawner.reap_now(self.spawner.kill_env(session, env))
         log.info("worker %s session %s env %d: call %r cancelled", self.name, session.sid, env.global_index, tag)
-        current.finish(ERROR, _cancelled(env, "in flight: the env was killed and is being respawned"), [])
         if not session.closed:
             self.spawner.wipe(env.workspace)
             self.spawner.queue_start(session, env, None)
-        return True
 
     # ================================================================== the books (worker.stats)
     def _sample_latency(self, session: Session, env: EnvProcess, call: Call) -> None:

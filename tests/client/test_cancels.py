@@ -49,3 +49,24 @@ def test_cancelling_nothing_in_flight_finds_nothing(pool):
     assert pool.cancels.cancel([(0, "a"), (1, 7)]) == []
     with pytest.raises(IndexError):
         pool.cancels.cancel([(2, "a")])
+
+
+def test_a_call_on_a_lent_env_is_cancelled_with_lent():
+    with RLPool(FAULTY, 2, isolation=ISOLATION, step_timeout=30) as pool:  # direct: envs lent to the pool
+        pool.reset(seed=0)
+        hang, two = {"op": "step", "action": {"hang": True}, "tag": 1}, {"op": "step", "action": 2, "tag": 2}
+        pool.batch_async([(0, hang, ()), (1, two, ())])
+        answers: list = []
+        timer = threading.Timer(0.3, lambda: answers.append(pool.cancels.cancel([(0, 1)], lent=True)))
+        started = time.monotonic()
+        timer.start()
+        hung, plain = (read_step(r, pool.step_timeout) for r in pool.batch_wait())
+        waited = time.monotonic() - started
+        timer.join()
+        assert answers == [[0]] and waited < 5.0
+        assert hung.failure is not None and plain.failure is None and plain.reward == 2
+        # the pool stepped env 0 itself: it saw the pipe close when the worker killed the env
+        assert "closed its stdout" in hung.failure.reason and "worker restarted it" in hung.failure.reason
+        pool.reset(where=[True, False], hard=True)
+        _, rewards, _, _ = pool.step([3, 4])
+        assert rewards.tolist() == [3.0, 4.0]
