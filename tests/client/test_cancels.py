@@ -10,6 +10,8 @@ import pytest
 
 from boltzlabs_gym import RLPool
 from boltzlabs_gym.client.results import read_step
+from boltzlabs_gym.testing import WorkerProcess
+from boltzlabs_gym.wire.keys import generate_keys
 from conftest import FAULTY, ISOLATION
 
 
@@ -70,3 +72,21 @@ def test_a_call_on_a_lent_env_is_cancelled_with_lent():
         pool.reset(where=[True, False], hard=True)
         _, rewards, _, _ = pool.step([3, 4])
         assert rewards.tolist() == [3.0, 4.0]
+
+
+def test_a_remote_workers_call_is_cancelled_over_its_curve_keys(tmp_path):
+    keys = str(tmp_path / "keys")
+    generate_keys(keys)
+    worker = WorkerProcess(keys=keys, capacity=2)
+    try:
+        with RLPool(FAULTY, 1, workers=[worker.address], keys=keys, isolation=ISOLATION, step_timeout=30) as pool:
+            pool.reset(seed=0)
+            pool.batch_async([(0, {"op": "step", "action": {"hang": True}, "tag": "r"}, ())])
+            answers: list = []
+            timer = threading.Timer(0.3, lambda: answers.append(pool.cancels.cancel([(0, "r")])))
+            timer.start()
+            (hung,) = (read_step(r, pool.step_timeout) for r in pool.batch_wait(timeout=10))
+            timer.join()
+            assert answers == [[0]] and "cancelled by the client" in hung.failure.reason
+    finally:
+        worker.stop()
