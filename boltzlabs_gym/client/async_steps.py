@@ -41,7 +41,7 @@ from ..errors import AsyncStateError, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, PARTIAL, encode_header, env_request, jsonable
 from .arguments import check_actions, check_seeds
 from .batch_calls import BatchCalls
-from .direct_lane import DIRECT_OPS
+from .direct_lane import goes_direct
 from .grouped_route import GroupedRoute
 from .grouping import GroupPlan, GroupResult, pack
 from .link import WorkerLink
@@ -186,7 +186,7 @@ class AsyncSteps:
         calls = []
         for unit, op, payloads, plan in items:
             local = unit - link.start
-            if lane is not None and lane.holds(local) and op["op"] in DIRECT_OPS:
+            if lane is not None and lane.holds(local) and goes_direct(op):
                 direct.append((unit, local, op, env_request(op, payloads)))
             else:
                 via.append([local, op, len(payloads)])

@@ -34,11 +34,21 @@ from ..wire.call_rules import (
     missed_deadline,
 )
 from ..wire.envpipe import EnvFault, EnvPipe
+from ..wire.protocol import CALL_MEMORY_LIMIT
 
-__all__ = ["DirectLane", "DIRECT_OPS"]
+__all__ = ["DirectLane", "DIRECT_OPS", "goes_direct"]
 
 #: Ops the lane sends itself; anything else goes through the worker.
 DIRECT_OPS = frozenset(("step", "reset"))
+
+
+def goes_direct(op: dict) -> bool:
+    """Whether the lane may send ``op`` itself: one of :data:`DIRECT_OPS` that asks the worker for
+    nothing (a call's memory limit, :data:`~boltzlabs_gym.wire.protocol.CALL_MEMORY_LIMIT`, is the
+    worker's to set and put back)."""
+    return op.get("op") in DIRECT_OPS and CALL_MEMORY_LIMIT not in op
+
+
 #: Gathering replies in rounds (see DirectLane._nap): only with more calls than this in flight, in
 #: about this many rounds, for naps of this length.
 NAP_MIN_IN_FLIGHT = 16

@@ -77,6 +77,8 @@ class WorkerLink:
         self.on_progress: Callable[[], None] | None = None
         #: The envs this (local) worker lent us, stepped on their own pipes; None: no lane.
         self.lane: DirectLane | None = None
+        #: The CURVE keys this link authenticates with (None: none), for other connections to the worker.
+        self.keys = keys
         #: A ZeroMQ DEALER or a Channel: the same send_multipart/poll/recv_multipart/close.
         self.sock: Any = channel
         if channel is None:

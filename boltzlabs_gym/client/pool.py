@@ -46,6 +46,7 @@ from ..wire.protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, jsonable
 from .arguments import MODES, check_actions, check_mask, check_pool_options, check_seeds, check_worker_options
 from .async_steps import AsyncSteps, Received, plain_items, read_received
 from .batch_calls import BatchCalls
+from .cancels import CallCanceller
 from .grouped_route import GroupedRoute
 from .grouping import SandboxLayout
 from .link import WorkerLink, start_local_worker
@@ -427,6 +428,12 @@ class RLPool:
             self._links, self.batch_calls, self.n, grouped=grouped, default_timeout=self.batch_calls.default_timeout
         )
 
+    @functools.cached_property
+    def cancels(self) -> CallCanceller:
+        """Cancels tagged calls in flight from any thread (its own connection to each worker):
+        see :mod:`~boltzlabs_gym.client.cancels`."""
+        return CallCanceller(self._links)
+
     def reset(
         self,
         seed: int | Sequence[int | None] | None = None,
@@ -655,6 +662,8 @@ class RLPool:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        if "cancels" in self.__dict__:
+            self.cancels.close()
         lost = self.lost_workers
         # Every close sent first, then the answers awaited within one shared 5 s: a pool whose
         # workers are gone closes in 5 s, not 5 s per worker.

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import WorkerError, WorkerLost, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
-from .direct_lane import DIRECT_OPS, DirectLane
+from .direct_lane import DirectLane, goes_direct
 from .link import WorkerLink
 from .results import EnvResult, parse_result
 
@@ -290,7 +290,7 @@ class LaneRoute(WorkerRoute):
                 raise ValueError(f"env index {index} appears twice in one batch")
             seen.add(index)
             local = index - link.start
-            if lane.holds(local) and type(op) is dict and op.get("op") in DIRECT_OPS:
+            if lane.holds(local) and type(op) is dict and goes_direct(op):
                 # Encoded before anything is sent: an op that cannot be, fails the call untouched.
                 direct.append((pos, local, op, env_request(op, payloads)))
             else:

@@ -19,10 +19,16 @@ every other :class:`~boltzlabs_gym.RLPool` option pass through, so the same runn
 or Ray workers.
 
 Limits: ``run_timeout`` is enforced inside the sandbox (the program's process group is killed
-on it; the hard reset after it kills anything that left the group); ``memory_limit_mb`` becomes
-the program's ``RLIMIT_AS``/``RLIMIT_DATA`` (as SandboxFusion sets it) under the sandbox's own
-memory limit (``limits``, a cgroup where the worker can create one, else ``RLIMIT_AS``). Output
-is cut at ``max_output_bytes`` per stream (:attr:`CommandResult.truncated` says how much was cut).
+on it; the wipe or hard reset after it kills anything that left the group). ``memory_limit_mb``:
+where the sandboxes have cgroups, the worker lowers the sandbox's cgroup limit for the run to what
+the sandbox holds plus that much (never above the sandbox's own limit, ``limits``), and the kernel
+OOM-kills a program past it (return code -9); elsewhere it becomes the program's
+``RLIMIT_AS``/``RLIMIT_DATA``, as SandboxFusion sets it (:attr:`CodeRunner.memory_limit_by` says
+which). Output is cut at ``max_output_bytes`` per stream (:attr:`CommandResult.truncated` says
+how much was cut).
+
+:meth:`CodeRunner.cancel` (and cancelling an :class:`AsyncCodeRunner` task) drops a queued run
+and kills a running one's sandbox at once, through the worker's ``cancel`` op.
 
 Usage (needs a worker and its sandboxes, so not run as a doctest)::
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import logging
 import os
 import queue
@@ -50,6 +57,7 @@ from ..client.env_calls import EnvCalls
 from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
 from ..wire.limits import Limits
+from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .results import LANGUAGES, RunRequest, RunResult
 
@@ -71,6 +79,8 @@ class _Job:
     future: concurrent.futures.Future
     enqueued: float = field(default_factory=time.perf_counter)
     taken: float = 0.0
+    tag: int = 0  # its step's tag on the wire: what a cancel names
+    cancelled: bool = False  # cancelled while it ran: its result is dropped
 
 
 @dataclass
@@ -137,6 +147,13 @@ class CodeRunner:
         self._stats = RunnerStats()
         self._stats_lock = threading.Lock()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._tags = itertools.count(1)
+        #: The runs in flight: their pool and env index (under ``_stats_lock``).
+        self._running: dict[concurrent.futures.Future, tuple[RLPool, int, _Job]] = {}
+        #: Held by a cancel from its look at ``_running`` to the worker's answer, and by a lane while it
+        #: lets go of a finished run: a lane never starts an env's next run while the env is being
+        #: killed for the last one (a lent env is killed whatever it runs).
+        self._cancel_lock = threading.Lock()
         self._closed = False
         self._pools: list[RLPool] = []
         step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
@@ -161,6 +178,10 @@ class CodeRunner:
         #: The isolation every program runs under (the first pool's report; all pools ask for the same).
         self.isolation = self._pools[0].isolation
         self._isolation_text = self.isolation.backend if self.isolation is not None else ""
+        memory = str(self.isolation.properties.get("memory_limit", "")) if self.isolation is not None else ""
+        #: How a request's ``memory_limit_mb`` is enforced: ``"cgroup v1"``/``"cgroup v2"`` (the
+        #: sandbox's cgroup, lowered for the run by its worker) or ``"rlimit"`` (``RLIMIT_AS``/``RLIMIT_DATA``).
+        self.memory_limit_by = memory if memory.startswith("cgroup") else "rlimit"
         for pool in self._pools:
             pool.reset()
         self._calls = [EnvCalls(pool, name=f"code-runner-calls-{i}") for i, pool in enumerate(self._pools)]
@@ -183,8 +204,29 @@ class CodeRunner:
             if self._stats.queued >= self.max_queue:
                 raise QueueFullError(f"{self._stats.queued} requests are waiting (max_queue={self.max_queue})")
             self._stats.queued += 1
-        self._queue.put(_Job(request, future))
+        self._queue.put(_Job(request, future, tag=next(self._tags)))
         return future
+
+    def cancel(self, future: concurrent.futures.Future) -> bool:
+        """Cancel a run :meth:`submit` started: dropped if no env took it yet; if it runs, its
+        env's whole sandbox (the program's process tree with it) is killed at once and reset
+        before its next program. The future then raises ``CancelledError``. ``False``: it had
+        finished (or was cancelled before)."""
+        if future.cancel():
+            return True  # (counted when a lane finds it)
+        with self._cancel_lock:
+            with self._stats_lock:
+                running = self._running.get(future)
+                if running is None or running[2].cancelled:
+                    return False
+                pool, index, job = running
+                job.cancelled = True
+                self._stats.cancelled += 1
+            try:
+                pool.cancels.cancel([(index, job.tag)], lent=True)
+            except Exception:  # the run then ends by its own deadline; its result is dropped
+                log.exception("code runner could not cancel a run in flight")
+        return True
 
     def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:
         """Run one program and wait for it: ``stdin``, ``files``, ``fetch_files``, ``run_timeout``,
@@ -301,7 +343,13 @@ class CodeRunner:
         for env, job in pairs:
             action = job.request.to_action(self.max_output_bytes)
             action["wipe"] = self.wipe
-            items.append((env, {"op": "step", "action": action}, ()))
+            op = {"op": "step", "action": action, CALL_TAG: job.tag}
+            if action["memory_limit_mb"] > 0 and self.memory_limit_by != "rlimit":
+                op[CALL_MEMORY_LIMIT] = action["memory_limit_mb"] << 20  # the worker lowers the cgroup's limit
+                action["memory_limit_mb"] = -1  # and the program gets no rlimit
+            items.append((env, op, ()))
+        with self._stats_lock:
+            self._running.update((job.future, (pool, env, job)) for env, job in pairs)
         try:
             futures = calls.submit_many(items)
         except Exception as exc:  # noqa: BLE001 - the pool failed or closed: these runs are the sandbox's errors
@@ -323,17 +371,17 @@ class CodeRunner:
         """A program ended (on the lane's calls thread): its result out, then its env made clean and free."""
         result, clean = self._read(pool, env, future)
         now = time.perf_counter()
-        with self._stats_lock:
+        with self._cancel_lock, self._stats_lock:
+            self._running.pop(job.future, None)
+            # a cancelled run's env was killed, maybe only after its program ended clean: reset it
+            clean = clean and not job.cancelled
             self._stats.running -= 1
             self._stats.wipes += clean
             self._stats.hard_resets += not clean
-        self._count(job.request, result)
-        if self.on_result is not None:
-            try:
-                self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
-            except Exception:
-                log.exception("code runner on_result listener failed")
-        job.future.set_result(result)
+        if job.cancelled:
+            job.future.set_exception(concurrent.futures.CancelledError())
+        else:
+            self._deliver(job, result, now)
         if clean or self._closed:
             free.put(env)
             return
@@ -344,6 +392,16 @@ class CodeRunner:
             free.put(env)
             return
         reset.add_done_callback(functools.partial(self._reset_done, pool, free, env))
+
+    def _deliver(self, job: _Job, result: RunResult, now: float) -> None:
+        """Count a finished run, tell the listener, resolve its future."""
+        self._count(job.request, result)
+        if self.on_result is not None:
+            try:
+                self.on_result(job.request, result, job.taken - job.enqueued, now - job.enqueued)
+            except Exception:
+                log.exception("code runner on_result listener failed")
+        job.future.set_result(result)
 
     def _reset_done(
         self, pool: RLPool, free: queue.SimpleQueue[int], env: int, future: concurrent.futures.Future
@@ -430,12 +488,12 @@ class AsyncCodeRunner:
         self.runner = runner if runner is not None else CodeRunner(*args, **kwargs)
 
     async def submit(self, request: RunRequest | Mapping[str, Any] | str) -> RunResult:
-        """Run one request; cancelling the awaiting task drops it if no lane has taken it yet."""
+        """Run one request; cancelling the awaiting task cancels it (:meth:`CodeRunner.cancel`)."""
         future = self.runner.submit(request)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            future.cancel()
+            await asyncio.get_running_loop().run_in_executor(None, self.runner.cancel, future)
             raise
 
     async def run(self, code: str, language: str = "python", **fields: Any) -> RunResult:

@@ -8,8 +8,9 @@ counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.server.metrics
   (FastAPI's shape); a ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
 * A language SandboxFusion knows but this server does not run: ``SandboxError`` naming the
   supported ones (SandboxFusion answers its own missing runners with a ``SandboxError`` too).
-* A client that disconnects before a lane takes its run drops it; once running, the run ends
-  by its own deadline and its answer is discarded.
+* A client that disconnects cancels its run (:meth:`~boltzlabs_gym.code.CodeRunner.cancel`):
+  queued, it is dropped; running, its sandbox is killed with the program's whole process tree
+  and reset for the next request (found within :data:`DISCONNECT_POLL_S`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ __all__ = ["create_app"]
 
 #: Seconds a client told the queue is full is asked to wait.
 RETRY_AFTER_S = 1
+#: How often a pending request looks whether its client is still there (seconds).
+DISCONNECT_POLL_S = 0.25
 
 
 def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = False) -> FastAPI:
@@ -52,6 +55,7 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
                 "a sandbox forked from a warm template; after every run it is wiped inside its sandbox and "
                 "checked (where it is PID 1 of its own PID namespace) or hard-reset (killed, wiped, forked afresh)"
             ),
+            "memory_limit_per_request": _memory_limit_report(runner),
             "languages": list(LANGUAGES),
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
@@ -104,11 +108,12 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
             return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
         waiting = asyncio.wrap_future(future)
         while True:
-            done, _ = await asyncio.wait({waiting}, timeout=0.5)
+            done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)
             if done:
                 break
             if await request.is_disconnected():
-                future.cancel()  # dropped if no lane took it yet; else it ends by its deadline
+                await asyncio.get_running_loop().run_in_executor(None, runner.cancel, future)
+                waiting.cancel()  # (its CancelledError, set by the lane, then goes unread without a warning)
                 if server_metrics is not None:
                     server_metrics.cancelled.inc()
                 return Response(status_code=499)
@@ -137,6 +142,24 @@ def _metrics_for(runner: CodeRunner):
 
     runner.on_result = observe
     return m
+
+
+def _memory_limit_report(runner: CodeRunner) -> dict[str, str]:
+    """How ``memory_limit_MB`` is enforced here, and why."""
+    if runner.memory_limit_by == "rlimit":
+        return {
+            "by": "rlimit",
+            "how": "RLIMIT_AS and RLIMIT_DATA of the program, as SandboxFusion sets them (an allocation past it fails)",
+            "why": "the sandboxes have no cgroup of their own here (the worker needs root and a cgroup hierarchy)",
+        }
+    return {
+        "by": runner.memory_limit_by,
+        "how": (
+            "the sandbox's cgroup limit, lowered by the worker for the run to what the sandbox holds when it "
+            "starts plus memory_limit_MB (never above the sandbox's own limit); the kernel's OOM killer ends a "
+            "program past it (return_code -9)"
+        ),
+    }
 
 
 def _over_maximum(body: RunCodeRequest, runner: CodeRunner) -> dict | None:

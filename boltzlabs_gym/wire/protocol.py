@@ -56,6 +56,26 @@ A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sid
 an env by (its deadline, a late call's message, stray output) are in
 :mod:`boltzlabs_gym.wire.call_rules`.
 
+Cancelling calls (:data:`CALL_TAG`, :data:`CANCEL`). A batch item's op may carry ``"tag"``, a
+string or int the pool chose for that call (the env sees it too, and ignores it). A ``cancel``
+request, ``{"op": "cancel", "session": sid, "token": ..., "calls": [[index, tag], ...]}``,
+may come on any connection of the session's owner while the batch is in flight (it does not
+become the session's reply address): for each named env whose call with that tag is still
+queued, the call is dropped; in flight, the env's whole sandbox is killed and respawned, as for
+a fault but not counted as one. Either way that call is answered as an ``"error"`` result with
+``"cancelled": true``. The reply is ``{"ok": true, "cancelled": [index, ...]}``, the envs
+whose tagged call it found (a call that finished first is not touched). A local pool steps lent
+envs itself, so the worker cannot see their calls: with ``"lent": true`` (:data:`CANCEL_LENT`)
+a named env that is lent to it is killed and respawned whatever it does (the pool vouches that
+the tagged call is the one on its pipes; the pool's wait then sees its pipe close).
+
+A call's memory limit (:data:`CALL_MEMORY_LIMIT`). A batch item's op may carry
+``"memory_limit_bytes": n`` (n > 0): where the env has a cgroup of its own, the worker sets that
+cgroup's memory limit, for this call only, to what the sandbox holds when the call is sent plus
+``n``, never above the session's limit (the kernel's OOM killer then ends whatever outgrows it,
+the largest process first), and puts the session's limit back when the call is answered. Where
+the env has no cgroup (or the write fails), the key is ignored. The env sees it and ignores it.
+
 Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.client.grouping`).
 With K > 1 one sandboxed process hosts up to K envs of the pool, its *slots*: env ``i``
 lives in sandbox ``i // K``, slot ``i % K`` (the last sandbox may host fewer). The worker,
@@ -233,7 +253,15 @@ def poll_us_argument(text: str) -> float:
 
 
 #: Ops the worker understands.
-WORKER_OPS = ("ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots")
+WORKER_OPS = (
+    "ping", "has_archive", "upload", "create", "batch", "memory", "close", "status", "report", "snapshots", "cancel",
+)  # fmt: skip
+#: The worker op that cancels tagged calls, and an op's key for its tag (see "Cancelling calls" above).
+CANCEL, CALL_TAG = "cancel", "tag"
+#: A cancel request's key: also kill named envs lent to the (local) pool.
+CANCEL_LENT = "lent"
+#: An op's key for its call's memory limit in bytes (see "A call's memory limit" above).
+CALL_MEMORY_LIMIT = "memory_limit_bytes"
 #: Per-env ops the worker handles itself rather than forwarding to the env.
 WORKER_ENV_OPS = ("hard_reset",)
 

@@ -77,6 +77,8 @@ class Call:
     sampled: bool = False
     #: Holds the measurement gate (``serialize_measurement``) while in flight.
     gated: bool = False
+    #: Lowered its env's cgroup memory limit while in flight (see :mod:`.call_memory`).
+    memory_lowered: bool = False
     #: A start's: the call waiting for the env's first request (a hard reset's; none for a respawn).
     user_call: Call | None = None
     #: The client request this call is item ``pos`` of, for env ``index`` (no closure per call).

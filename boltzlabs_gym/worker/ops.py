@@ -40,6 +40,7 @@ from ..wire.protocol import (
     parse_json,
 )
 from . import pss
+from .cancels import op_cancel
 from .direct_lane import DirectLane
 from .envproc import EnvProcess, json_error
 from .memory_snapshots.holders import Holder
@@ -496,4 +497,5 @@ HANDLERS: dict[object, Handler] = {
     "status": op_status,
     "report": op_report,
     "snapshots": op_snapshots,
+    "cancel": op_cancel,
 }

@@ -20,6 +20,8 @@ from random import random
 from ..wire.call_rules import STEP, STRAY_OUTPUT, call_timeout, leftover_is_stray, missed_deadline
 from ..wire.envpipe import EnvFault
 from ..wire.protocol import (
+    CALL_MEMORY_LIMIT,
+    CALL_TAG,
     ERROR,
     GROUP_OPS,
     GROUP_SLOTS,
@@ -31,6 +33,7 @@ from ..wire.protocol import (
 )
 from ..wire.start_failure import error_fields as start_failure_fields
 from ..wire.start_failure import parse_start_failure
+from .call_memory import lower_for_call, restore_after_call
 from .deadlines import Deadlines
 from .envproc import BUSY, DEAD, IDLE, Call, EnvProcess, json_error, read_progress
 from .poller import Poller
@@ -150,6 +153,8 @@ class Scheduler:
         env.sent_at = time.perf_counter()
         if call.timeout is not None:
             self.deadlines.add(call.timeout, (session.sid, env.index, call.token))
+        if CALL_MEMORY_LIMIT in call.op:
+            call.memory_lowered = lower_for_call(session, env, call.op)
         try:
             if call.payloads and sum(len(p) for p in call.payloads) >= _PARTS_MIN:
                 done = env.write_parts([env_request_line(call.op, call.payloads), *call.payloads])
@@ -204,6 +209,8 @@ class Scheduler:
         env.current = None
         env.state = IDLE
         self._release_gate(call)
+        if call.memory_lowered:
+            restore_after_call(session, env)
         if call.sampled:  # one call in ENV_SAMPLE_EVERY, chosen when sent: see worker.stats
             self._sample_latency(session, env, call)
         if call.kind == "start":
@@ -241,6 +248,35 @@ class Scheduler:
             stats = self.stats.sessions.get(session.sid)
             if stats is not None:
                 stats.respawned(kind)
+
+    def cancel(self, session: Session, env: EnvProcess, tag: object) -> bool:
+        """Cancel ``env``'s call tagged ``tag`` (:data:`~boltzlabs_gym.wire.protocol.CALL_TAG`):
+        still queued, it is dropped; in flight, the env's whole sandbox is killed and respawned.
+        Either way the call is answered as an error that says so. ``False``: no such call (it
+        finished first). A cancellation is the client's wish, not the env's fault: it is logged,
+        not counted among faults."""
+        for call in env.queue:
+            if call.op.get(CALL_TAG) == tag:
+                env.queue.remove(call)
+                call.finish(ERROR, _cancelled(env, "before it was sent to the env"), [])
+                return True
+        current = env.current
+        if current is None or current.kind == "start" or current.op.get(CALL_TAG) != tag:
+            return False
+        env.current = None
+        self._release_gate(current)
+        self.kill_cancelled(session, env, tag)
+        current.finish(ERROR, _cancelled(env, "in flight: the env was killed and is being respawned"), [])
+        return True
+
+    def kill_cancelled(self, session: Session, env: EnvProcess, tag: object) -> None:
+        """Kill ``env``'s sandbox, whose call ``tag`` was cancelled (a lent env's: the pool's own
+        call), wipe its workspace and respawn it; logged, not counted as a fault."""
+        self.spawner.reap_now(self.spawner.kill_env(session, env))
+        log.info("worker %s session %s env %d: call %r cancelled", self.name, session.sid, env.global_index, tag)
+        if not session.closed:
+            self.spawner.wipe(env.workspace)
+            self.spawner.queue_start(session, env, None)
 
     # ================================================================== the books (worker.stats)
     def _sample_latency(self, session: Session, env: EnvProcess, call: Call) -> None:
@@ -347,3 +383,7 @@ class Scheduler:
     def _session_of(env: EnvProcess) -> Session | None:
         session = getattr(env, "session", None)
         return None if session is None or session.closed else session
+
+
+def _cancelled(env: EnvProcess, where: str) -> bytes:
+    return json_error(f"the call was cancelled by the client {where}", index=env.global_index, cancelled=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import shutil
+import time
 
 import pytest
 
@@ -89,7 +90,10 @@ def test_memory_limit_and_fork_bomb(runner):
             {"code": "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n", "run_timeout": 1},
         ]
     )
-    assert hog.status == "Failed" and "MemoryError" in hog.stderr
+    if runner.memory_limit_by == "rlimit":  # RLIMIT_AS: the allocation fails
+        assert hog.status == "Failed" and "MemoryError" in hog.stderr
+    else:  # the cgroup: the kernel's OOM killer ends the program, as SandboxFusion's cgroup would
+        assert hog.status == "Failed" and (hog.run_result.status, hog.run_result.return_code) == ("Finished", -9)
     assert bomb.status == "Failed" and bomb.run_result.status == "TimeLimitExceeded"
     assert runner.run("print(2)").stdout == "2\n"
 
@@ -131,6 +135,30 @@ def test_grading_helpers_and_async_face(runner):
 
     one, many, grade = asyncio.run(main())
     assert one.stdout == "a\n" and [m.stdout for m in many] == ["b\n", "c\n"] and grade.all_passed
+
+
+def test_cancelling_a_running_task_kills_its_program_at_once(runner):
+    before = runner.stats()
+
+    async def main():
+        aio = AsyncCodeRunner(runner=runner)
+        task = asyncio.ensure_future(aio.run("import time\nwhile True: time.sleep(0.01)", run_timeout=10))
+        while runner.stats().running == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        cancelled_at = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while runner.stats().running:  # the lane's batch ends when the worker has killed the env
+            await asyncio.sleep(0.01)
+        return time.monotonic() - cancelled_at
+
+    assert asyncio.run(main()) < 2.0
+    after = runner.stats()
+    assert after.cancelled == before.cancelled + 1 and after.hard_resets == before.hard_resets + 1
+    assert after.timeouts == before.timeouts and after.runs == before.runs  # not a run that ended
+    assert runner.run("print(3)").stdout == "3\n"
 
 
 def test_bad_requests_are_refused_before_running(runner):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 import os
+import re
 import socket
 import threading
 import time
@@ -34,7 +36,7 @@ def server():
         lanes=1,
         isolation=ISOLATION,
         limits=Limits(memory_bytes=384 << 20, file_size_bytes=32 << 20),
-        max_run_timeout=10,
+        max_run_timeout=30,
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,7 +80,7 @@ def test_sandboxfusion_answers_for_languages_and_bad_fields(server):
     assert go["status"] == "SandboxError" and "supported: python, bash, cpp, nodejs" in go["message"]
     assert post(url, code="x", language="cobol").status_code == 422
     assert post(url, language="python").status_code == 422
-    assert post(url, code="x", language="python", run_timeout=11).status_code == 422
+    assert post(url, code="x", language="python", run_timeout=31).status_code == 422
     bad = requests.post(url + "/run_code", data="{bad", headers={"Content-Type": "application/json"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
 
@@ -118,6 +120,25 @@ def test_hostile_programs_and_metrics(server):
     assert "boltzlabs_code_timeouts_total" in text and "boltzlabs_code_queue_wait_seconds_count" in text
 
 
+def test_memory_limit_per_request(server):
+    url, runner = server
+    status = requests.get(url + "/v1/status").json()
+    assert status["memory_limit_per_request"]["by"] == runner.memory_limit_by
+    oom_before = _metric(url, 'boltzlabs_code_oom_kills_total{language="python"}')
+    hog = "x = bytearray(128 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('ok')\n"
+    with __import__("concurrent.futures").futures.ThreadPoolExecutor(2) as ex:
+        small, big = ex.map(lambda mb: post(url, code=hog, language="python", memory_limit_MB=mb).json(), (64, 256))
+    assert big["status"] == "Success" and big["run_result"]["stdout"] == "ok\n", big
+    assert small["status"] == "Failed" and small["run_result"]["status"] == "Finished", small
+    if runner.memory_limit_by == "rlimit":  # no cgroup here: the allocation fails under RLIMIT_AS
+        assert "MemoryError" in small["run_result"]["stderr"]
+    else:  # killed by the kernel's OOM killer, as in SandboxFusion's cgroup
+        assert small["run_result"]["return_code"] == -9
+        assert _metric(url, 'boltzlabs_code_oom_kills_total{language="python"}') == oom_before + 1
+    again = post(url, code=hog, language="python").json()  # the sandbox's own limit is back (384 MiB)
+    assert again["status"] == "Success", again
+
+
 def test_a_client_that_leaves_drops_its_queued_run(server):
     url, runner = server
     before = runner.stats().cancelled
@@ -132,6 +153,64 @@ def test_a_client_that_leaves_drops_its_queued_run(server):
     while runner.stats().cancelled == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert runner.stats().cancelled == before + 1
+
+
+def _metric(url: str, sample: str) -> float:
+    """The value of one sample (name and labels, as exposed) in the server's /metrics."""
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", requests.get(url + "/metrics").text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Host pids whose command line or name holds ``marker``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read()
+        except OSError:
+            continue
+        if marker in cmdline or marker in comm:
+            found.append(pid)
+    return found
+
+
+def test_a_client_that_leaves_mid_run_kills_its_program(server):
+    url, runner = server
+    before = runner.stats()
+    cancelled_before = _metric(url, "boltzlabs_code_cancelled_total")
+    code = (
+        "import ctypes, subprocess\n"
+        "subprocess.Popen(['sleep', '771.25'])\n"  # a child, to be killed with the program
+        "ctypes.CDLL(None).prctl(15, b'bzspin771', 0, 0, 0)\n"  # PR_SET_NAME: the program, found by name
+        "while True: pass\n"
+    )
+    body = json.dumps({"code": code, "language": "python", "run_timeout": 30}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            b"POST /run_code HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        started = time.monotonic()
+        while not (_processes_with("bzspin771") and _processes_with("771.25")) and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        assert _processes_with("bzspin771") and _processes_with("771.25"), "the program did not start"
+        time.sleep(max(0.0, 0.5 - (time.monotonic() - started)))
+    left = time.monotonic()  # the client is gone
+    while (_processes_with("bzspin771") or _processes_with("771.25")) and time.monotonic() - left < 5:
+        time.sleep(0.05)
+    gone_after = time.monotonic() - left
+    assert gone_after < 2.0, f"the program's processes outlived its client by {gone_after:.2f} s"
+    after = post(url, code="print(7)", language="python").json()  # the same lane, the same first env
+    assert after["status"] == "Success" and after["run_result"]["stdout"] == "7\n"
+    stats = runner.stats()
+    assert stats.cancelled == before.cancelled + 1 and stats.hard_resets > before.hard_resets
+    assert stats.timeouts == before.timeouts  # it was killed, not timed out
+    assert _metric(url, "boltzlabs_code_cancelled_total") == cancelled_before + 1
 
 
 def _verl_module():

@@ -128,6 +128,7 @@ class EnvCgroup:
 
     def __init__(self, kind: str, memory_bytes: int | None, pids: int | None, tag: str = "env"):
         self.kind = kind
+        self._oom_kills_seen = 0
         # The pid says whose it is (a later worker sweeps a dead worker's); the token keeps a worker
         # that got a dead one's pid from colliding with what that one left behind.
         name = f"boltzlabs-{os.getpid()}-{tag}-{next(_counter)}-{secrets.token_hex(4)}"
@@ -227,16 +228,46 @@ class EnvCgroup:
                     pass
             time.sleep(0.002)
 
-    def oom_killed(self) -> bool:
-        """Whether the kernel OOM-killed something in this group."""
+    def memory_usage(self) -> int | None:
+        """Bytes the group holds now (``None``: unreadable)."""
+        name = "memory.current" if self.kind == "v2" else "memory.usage_in_bytes"
         try:
-            if self.kind == "v2":
-                with open(f"{self.paths[0]}/memory.events") as f:
-                    return any(line.split()[0] == "oom_kill" and int(line.split()[1]) > 0 for line in f)
-            with open(f"{self.paths[0]}/memory.oom_control") as f:
-                return any(line.startswith("oom_kill ") and int(line.split()[1]) > 0 for line in f)
+            with open(f"{self.paths[0]}/{name}") as f:
+                return int(f.read())
         except (OSError, IndexError, ValueError):
+            return None
+
+    def set_memory_limit(self, limit: int | None) -> bool:
+        """Set the group's memory limit (``None``: none); whether it took. A limit under what the
+        group holds makes the kernel reclaim first (and fail if it cannot: ``False``)."""
+        name = "memory.max" if self.kind == "v2" else "memory.limit_in_bytes"
+        try:
+            _write(f"{self.paths[0]}/{name}", int(limit) if limit else ("max" if self.kind == "v2" else -1))
+        except (OSError, IndexError):
             return False
+        return True
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed something in this group (since :meth:`forget_oom_kills`)."""
+        return self.oom_kills() > self._oom_kills_seen
+
+    def oom_kills(self) -> int:
+        """How many processes the kernel OOM-killed in this group (0 where unreadable)."""
+        name, key = ("memory.events", "oom_kill") if self.kind == "v2" else ("memory.oom_control", "oom_kill")
+        try:
+            with open(f"{self.paths[0]}/{name}") as f:
+                for line in f:
+                    words = line.split()
+                    if len(words) == 2 and words[0] == key:
+                        return int(words[1])
+        except (OSError, IndexError, ValueError):
+            pass
+        return 0
+
+    def forget_oom_kills(self) -> None:
+        """Count only later OOM kills in :meth:`oom_killed` (one in a call that lowered the limit
+        for its program was that program's, not the env's)."""
+        self._oom_kills_seen = self.oom_kills()
 
     def remove(self, timeout: float = 2.0) -> None:
         """Kill what is left and remove the group(s). Idempotent."""
