@@ -18,12 +18,18 @@ until *all N* have answered, as ``BoltzLabsVecEnv.step`` does. Mechanisms:
   ``FUTEX_WAIT`` (``syscall(202)``, x86_64); the side that writes a word always calls
   ``FUTEX_WAKE`` after it (a system call, but no context switch when nobody sleeps).
   The trainer spins on all N reply words at once, then sleeps on the first still unanswered.
-* ``futexflagS``: the same, but the writer calls ``FUTEX_WAKE`` only when the reader has
+* ``futexTS``: the trainer spins S microseconds; the envs sleep at once (with N envs on two
+  CPUs, N spinning envs take the CPUs from the trainer and from each other).
+* ``futexflagS``: as ``futexS``, but the writer calls ``FUTEX_WAKE`` only when the reader has
   raised a "sleeping" flag. Without an atomic fence between storing the word and loading
   the flag (Python has none) a wake-up can be lost, so sleeps time out after 2 ms and the
   table counts the sleeps that timed out with the word already written (``lost``).
 * ``batch``: for reference, one process that serves all N envs (``envs_per_sandbox=N``):
   one request line with N actions down one pipe, one reply with N results back.
+
+With ``--gap-us G`` the trainer sleeps G microseconds before each batch (untimed), as a
+trainer that spends time on its policy between steps: an env's spin then outlasts the gap
+only when G is shorter than the spin, which the default ``G = 0`` flatters.
 
 Per batch: latency (median, p90 over every batch of every round), CPU (trainer + envs, from
 ``/proc/<pid>/schedstat``, nanoseconds of CPU, over the timed blocks), and context switches
@@ -272,12 +278,12 @@ class EventFds(Mechanism):
 
 
 class Futexes(Mechanism):
-    def __init__(self, n: int, spin_us: float, flagged: bool):
+    def __init__(self, n: int, spin_us: float, env_spin_us: float, flagged: bool):
         self.futex = Futex()
         self.words = Words(n)
         self.spin_s, self.flagged = spin_us * 1e-6, flagged
         self.seq = 0
-        self.pids = [fork_env(env_futex, self.words, i, self.spin_s, flagged) for i in range(n)]
+        self.pids = [fork_env(env_futex, self.words, i, env_spin_us * 1e-6, flagged) for i in range(n)]
         self.req_addr = [ctypes.addressof(w) for w in self.words.req]
         self.counts = [0]
 
@@ -345,10 +351,13 @@ def make(mode: str, n: int) -> Mechanism:
         return EventFds(n)
     if mode == "batch":
         return Batch(n)
-    for prefix, flagged in (("futexflag", True), ("futex", False)):
+    for prefix, flagged, envs_spin in (("futexflag", True, True), ("futexT", False, False), ("futex", False, True)):
         if mode.startswith(prefix):
-            return Futexes(n, float(mode[len(prefix) :]), flagged)
-    raise SystemExit(f"unknown mode {mode!r}: pipe, eventfd, futexS, futexflagS (S = spin microseconds), batch")
+            spin = float(mode[len(prefix) :])
+            return Futexes(n, spin, spin if envs_spin else 0.0, flagged)
+    raise SystemExit(
+        f"unknown mode {mode!r}: pipe, eventfd, futexS, futexTS, futexflagS (S = spin microseconds), batch"
+    )
 
 
 # --------------------------------------------------------------------------- measurement
@@ -382,8 +391,9 @@ def sample(pids: list[int]) -> tuple[int, int, int, int, int, int]:
     return cpu_ns("self"), t_vol, t_invol, e_cpu, e_vol, e_invol
 
 
-def run_block(mode: str, n: int, seconds: float, warmup: int) -> dict:
-    """Start ``mode``'s envs, warm up, time batches for about ``seconds``, stop; the raw figures."""
+def run_block(mode: str, n: int, seconds: float, warmup: int, gap_s: float = 0.0) -> dict:
+    """Start ``mode``'s envs, warm up, time batches for about ``seconds`` (``gap_s`` asleep before
+    each, untimed), stop; the raw figures."""
     mech = make(mode, n)
     try:
         for _ in range(warmup):
@@ -391,14 +401,13 @@ def run_block(mode: str, n: int, seconds: float, warmup: int) -> dict:
         lat: list[float] = []
         clock = time.perf_counter
         before = sample(mech.pids)
-        start = clock()
-        end = start + seconds
-        t = start
-        while t < end or len(lat) < 20:
+        end = clock() + seconds
+        while clock() < end or len(lat) < 20:
+            if gap_s:
+                time.sleep(gap_s)
+            t = clock()
             mech.batch()
-            now = clock()
-            lat.append(now - t)
-            t = now
+            lat.append(clock() - t)
         after = sample(mech.pids)
         lost = mech.lost
     finally:
@@ -462,10 +471,18 @@ def main(argv=None) -> int:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", default="1,8,64")
-    parser.add_argument("--modes", default="pipe,eventfd,futex0,futex2,futex20,futex100,futexflag20,futexflag100,batch")
+    parser.add_argument(
+        "--modes", default="pipe,eventfd,futex0,futex2,futex20,futex100,futexT20,futexT100,futexflag20,batch"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="blocks per mechanism, in rotating order")
     parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per block")
     parser.add_argument("--warmup", type=int, default=20, help="untimed batches before each block")
+    parser.add_argument(
+        "--gap-us",
+        type=float,
+        default=0.0,
+        help="the trainer sleeps this long before each batch (its policy's time), untimed",
+    )
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -476,23 +493,25 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             k = r % len(modes)
             for mode in modes[k:] + modes[:k]:
-                blocks[mode].append(run_block(mode, n, args.seconds, args.warmup))
+                blocks[mode].append(run_block(mode, n, args.seconds, args.warmup, args.gap_us * 1e-6))
                 print(f"  n={n} round {r} {mode}: {blocks[mode][-1]['batches']} batches", file=sys.stderr, flush=True)
         base = summarize(blocks["pipe"]) if "pipe" in blocks else None
         for mode in modes:
             rows.append((n, mode, summarize(blocks[mode]), base))
     print(f"wake-ups per batch: {started}, {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}")
+    print(f"trainer asleep {args.gap_us:g} us before each batch; {args.rounds} rounds of {args.seconds:g} s")
     print(f"load before: `{load_before}`; after: `{uptime()}`\n")
     print(
-        "| N | mechanism | latency median (us) | p90 (us) | CPU/batch trainer (us) | envs (us) | total (us) "
-        "| total / pipe | switches/batch trainer vol+invol | envs vol+invol | batches | lost |"
+        "| N | mechanism | latency median (us) | p90 (us) | median / pipe | CPU/batch trainer (us) | envs (us) "
+        "| total (us) | total / pipe | switches/batch trainer vol+invol | envs vol+invol | batches | lost |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|")
     for n, mode, s, base in rows:
         total = s["trainer_cpu_us"] + s["env_cpu_us"]
         rel = total / (base["trainer_cpu_us"] + base["env_cpu_us"]) if base else float("nan")
+        lat_rel = s["median_us"] / base["median_us"] if base else float("nan")
         print(
-            f"| {n} | {mode} | {s['median_us']:.0f} | {s['p90_us']:.0f} | {s['trainer_cpu_us']:.0f} "
+            f"| {n} | {mode} | {s['median_us']:.0f} | {s['p90_us']:.0f} | {lat_rel:.2f} | {s['trainer_cpu_us']:.0f} "
             f"| {s['env_cpu_us']:.0f} | {total:.0f} | {rel:.2f} "
             f"| {s['trainer_vol']:.1f}+{s['trainer_invol']:.1f} | {s['env_vol']:.1f}+{s['env_invol']:.1f} "
             f"| {s['batches']} | {s['lost'] if mode.startswith('futexflag') else '-'} |",
