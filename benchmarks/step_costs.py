@@ -243,15 +243,26 @@ def group_of(func: tuple, stats: dict, memo: dict, depth: int = 0) -> dict[str, 
     return weights
 
 
-def profile_groups(profile: cProfile.Profile) -> dict[str, float]:
-    """CPU seconds per group in a profile (own time of each function)."""
+def profile_groups(profile: cProfile.Profile) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """CPU seconds per group in a profile (own time of each function), and per function in each group."""
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     memo: dict = {}
     out = {g: 0.0 for g in GROUPS}
+    by_func: dict[str, dict[str, float]] = {g: {} for g in GROUPS}
     for func, (_cc, _nc, tt, _ct, _callers) in stats.items():
+        label = func_label(func)
         for group, w in group_of(func, stats, memo).items():
             out[group] += tt * w
-    return out
+            by_func[group][label] = by_func[group].get(label, 0.0) + tt * w
+    return out, by_func
+
+
+def func_label(func: tuple) -> str:
+    """``module.function`` (``envpipe._parse``), or a C function's own name (``posix.read``)."""
+    path, _line, name = func
+    if path == "~":
+        return name.strip("<>").replace("built-in method ", "").replace("method ", "")
+    return f"{os.path.splitext(os.path.basename(path))[0]}.{name}"
 
 
 # --------------------------------------------------------------------------- measurement
@@ -286,7 +297,7 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
         prof.enable()
         run_steps(env, actions, profiled_steps)
         prof.disable()
-        groups = profile_groups(prof)
+        groups, by_func = profile_groups(prof)
         obs_bytes = int(np.prod(env.single_observation_space.shape)) * env.single_observation_space.dtype.itemsize
         copy = bool(env.copy)
     finally:
@@ -312,6 +323,7 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
         "env_written": (after.env_io[1] - before.env_io[1]) / steps,
         "obs_copied": n * obs_bytes * (2 if copy else 1),
         "groups": groups,
+        "by_func": by_func,
     }
 
 
@@ -354,6 +366,18 @@ def print_tables(rows: list[dict]) -> None:
         )
 
 
+def print_top(rows: list[dict], top: int) -> None:
+    """Per configuration and group, the functions with most of the group's profiled CPU."""
+    print(f"\nTop {top} functions of each group (share of the group's profiled CPU):\n")
+    for r in rows:
+        print(f"* {r['env']} n={r['n']} K={r['k']}:")
+        for group in GROUPS:
+            funcs = r["by_func"][group]
+            total = sum(funcs.values()) or 1.0
+            best = sorted(funcs.items(), key=lambda kv: -kv[1])[:top]
+            print(f"  * {group}: " + ", ".join(f"`{name}` {sec / total * 100:.0f}%" for name, sec in best))
+
+
 def library_commit() -> str:
     import boltzlabs_gym
 
@@ -373,6 +397,7 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma-separated env:n:K")
     parser.add_argument("--seconds", type=float, default=3.0, help="about this long per unprofiled block")
     parser.add_argument("--profiled-steps", type=int, default=200)
+    parser.add_argument("--top", type=int, default=3, help="name the top functions of each group (0: none)")
     args = parser.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_before = uptime()
@@ -385,6 +410,8 @@ def main(argv=None) -> int:
     print(f"step costs: {started}, {os.cpu_count()} CPUs; boltzlabs_gym: {library_commit()}")
     print(f"load before: `{load_before}`; after: `{uptime()}`\n")
     print_tables(rows)
+    if args.top:
+        print_top(rows, args.top)
     return 0
 
 
