@@ -27,6 +27,10 @@ reset and a warm-up, two blocks of steps with the same all-zeros Discrete action
    inflates many small calls more than a few large ones, so the table gives each group's
    *share* of the profiled CPU, applied to the unprofiled main-thread CPU per step.
 
+For scale, each configuration's env is also stepped in this process, alone (``env.step``'s
+CPU per step, no pool): the rest of an env process's CPU per env-step is what the process,
+its pipe and its wake-ups cost.
+
 The observation bytes the trainer copies in memory are counted from the code's path (one
 copy of every env's observation into the batch, one more of the batch when ``copy=True``),
 not measured. Prints two Markdown tables (totals; the trainer's groups) with the date, the
@@ -271,6 +275,21 @@ def run_steps(env, actions: np.ndarray, steps: int) -> None:
         env.step(actions)
 
 
+def bare_step_us(factory, steps: int = 2000) -> float:
+    """CPU microseconds of one step of the env itself, in this process (no pool, no pipe): what
+    an env process would pay per step if nothing else did."""
+    env = factory()
+    env.reset(seed=0)
+    t0 = time.thread_time()
+    for _ in range(steps):
+        _obs, _reward, terminated, truncated, _info = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    elapsed = time.thread_time() - t0
+    env.close()
+    return elapsed / steps * 1e6
+
+
 def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) -> dict:
     factory = FACTORIES[env_name]
     kwargs = {"envs_per_sandbox": k} if k > 1 else {}
@@ -322,6 +341,7 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
         "env_read": (after.env_io[0] - before.env_io[0]) / steps,
         "env_written": (after.env_io[1] - before.env_io[1]) / steps,
         "obs_copied": n * obs_bytes * (2 if copy else 1),
+        "bare_us": bare_step_us(factory),
         "groups": groups,
         "by_func": by_func,
     }
@@ -337,14 +357,15 @@ def fmt_bytes(x: float) -> str:
 def print_tables(rows: list[dict]) -> None:
     print(
         "| env | n | K | steps | wall/step (us) | trainer CPU/step: main thread (us) | whole process (us) "
-        "| envs' CPU/step (us) | per env-step (us) | worker (us) | wake-ups/step: trainer vol+invol "
+        "| envs' CPU/step (us) | per env-step (us) | the env's own step, in process (us) | worker (us) "
+        "| wake-ups/step: trainer vol+invol "
         "| envs vol+invol | pipe bytes/step: envs wrote | trainer read | trainer wrote | obs bytes copied in trainer |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['env']} | {r['n']} | {r['k']} | {r['steps']} | {r['wall_us']:.0f} | {r['main_cpu_us']:.0f} "
-            f"| {r['proc_cpu_us']:.0f} | {r['env_cpu_us']:.0f} | {r['env_cpu_us'] / r['n']:.1f} "
+            f"| {r['proc_cpu_us']:.0f} | {r['env_cpu_us']:.0f} | {r['env_cpu_us'] / r['n']:.1f} | {r['bare_us']:.1f} "
             f"| {r['worker_cpu_us']:.0f} | {r['main_vol']:.1f}+{r['main_invol']:.1f} "
             f"| {r['env_vol']:.1f}+{r['env_invol']:.1f} | {fmt_bytes(r['env_written'])} "
             f"| {fmt_bytes(r['trainer_read'])} | {fmt_bytes(r['trainer_written'])} | {fmt_bytes(r['obs_copied'])} |"
