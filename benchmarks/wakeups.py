@@ -35,7 +35,8 @@ Per batch: latency (median, p90 over every batch of every round), CPU (trainer +
 ``/proc/<pid>/schedstat``, nanoseconds of CPU, over the timed blocks), and context switches
 (voluntary = the process slept and was woken; involuntary = preempted). Rounds rotate the
 order of the mechanisms so each is timed in several stretches of a shared machine's life.
-Prints a Markdown table with the date, ``uptime`` and CPU count. Every forked process is
+Prints a Markdown table with the date, ``uptime`` and CPU count. ``--calls`` instead times each
+mechanism's calls in one process with nobody waiting (the cost of a wake-up before any switch). Every forked process is
 waited for; the script checks at the end that none of its children is left.
 """
 
@@ -466,6 +467,53 @@ def leftover_children() -> list[str]:
     return [line for line in out.stdout.splitlines() if "ps -o" not in line]
 
 
+def call_costs(calls: int = 100_000) -> list[tuple[str, float]]:
+    """CPU microseconds per call of each mechanism's system calls, in one process, nobody waiting:
+    what a wake-up costs before any context switch."""
+    futex, words = Futex(), Words(1)
+    word = words.req[0]
+    addr = ctypes.addressof(word)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    efd = os.eventfd(0)
+
+    def pipe_pair() -> None:
+        os.write(w, REQUEST)
+        os.read(r, 4096)
+
+    def eventfd_pair() -> None:
+        os.eventfd_write(efd, 1)
+        os.eventfd_read(efd)
+
+    def futex_wake() -> None:
+        futex.wake(addr)
+
+    def futex_wait_changed() -> None:
+        futex.wait(addr, 1)  # the word holds 0: returns at once (EAGAIN)
+
+    def word_read() -> None:
+        word.value  # noqa: B018 - the load is what is timed
+
+    out = []
+    try:
+        for label, fn in (
+            ("pipe: os.write of a request line + os.read of it", pipe_pair),
+            ("eventfd: os.eventfd_write + os.eventfd_read", eventfd_pair),
+            ("futex: FUTEX_WAKE of a shared word (ctypes), nobody asleep", futex_wake),
+            ("futex: FUTEX_WAIT on a word that already changed (ctypes)", futex_wait_changed),
+            ("a spin's load: ctypes c_uint32.value", word_read),
+        ):
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            out.append((label, (time.thread_time() - t0) / calls * 1e6))
+    finally:
+        for fd in (r, w, efd):
+            os.close(fd)
+        words.close()
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -483,7 +531,15 @@ def main(argv=None) -> int:
         default=0.0,
         help="the trainer sleeps this long before each batch (its policy's time), untimed",
     )
+    parser.add_argument("--calls", action="store_true", help="only time each mechanism's calls in one process")
     args = parser.parse_args(argv)
+    if args.calls:
+        date = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        print(f"CPU per call, one process, nobody waiting: {date}, {os.cpu_count()} CPUs; load: `{uptime()}`\n")
+        print("| call | CPU per call (us), incl. the Python loop |\n|---|---:|")
+        for label, us in call_costs():
+            print(f"| {label} | {us:.2f} |")
+        return 0
     modes = args.modes.split(",")
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     load_before = uptime()
