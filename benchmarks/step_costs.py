@@ -56,6 +56,7 @@ if HERE not in sys.path:
 import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
 import numpy as np  # noqa: E402
+from wakeups import switches  # noqa: E402
 
 from boltzlabs_gym import BoltzLabsVecEnv  # noqa: E402
 
@@ -175,21 +176,6 @@ def cpu_ns(pid: int) -> int:
         except OSError:
             pass
     return total
-
-
-def switches(pid: int | str) -> tuple[int, int]:
-    """``(voluntary, involuntary)`` context switches of ``pid``'s main thread."""
-    vol = invol = 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("voluntary_ctxt_switches"):
-                    vol = int(line.split()[1])
-                elif line.startswith("nonvoluntary_ctxt_switches"):
-                    invol = int(line.split()[1])
-    except OSError:
-        pass
-    return vol, invol
 
 
 def io_chars(pid: int | str) -> tuple[int, int]:

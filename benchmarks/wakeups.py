@@ -369,14 +369,17 @@ def cpu_ns(pid: int | str) -> int:
 
 
 def switches(pid: int | str) -> tuple[int, int]:
-    """``(voluntary, involuntary)`` context switches of ``pid`` so far."""
+    """``(voluntary, involuntary)`` context switches of ``pid`` (its main thread) so far; zeros once it is gone."""
     vol = invol = 0
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches"):
-                vol = int(line.split()[1])
-            elif line.startswith("nonvoluntary_ctxt_switches"):
-                invol = int(line.split()[1])
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol = int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    invol = int(line.split()[1])
+    except OSError:
+        pass
     return vol, invol
 
 
