@@ -175,7 +175,7 @@ def env_futex(words: Words, i: int, spin_s: float, flagged: bool) -> None:
 def env_batch(req_r: int, rep_w: int) -> None:
     rfile = os.fdopen(req_r, "rb", buffering=65536)
     for line in rfile:
-        n = line.count(b",") + 1  # one action per env
+        n = line.count(b",")  # '{"op":"step","actions":[1,1]}': one comma per env
         os.write(rep_w, b"[" + b",".join([REPLY[:-1]] * n) + b"]\n")
 
 
@@ -334,7 +334,7 @@ class Batch(Mechanism):
         os.write(self.req_w, self.request)
         while True:
             self.epoll.poll()
-            self.buf += os.read(self.rep_r, 1 << 20)
+            self.buf += os.read(self.rep_r, 65536)  # as much as a pipe holds, as the other mechanisms read
             if self.buf.endswith(b"\n"):
                 break
         self.buf.clear()
