@@ -18,6 +18,10 @@ in one loop tick go out together, one message per worker, through the pool's sen
 blocks on I/O) and hands each to its coroutine as it finishes, so a slow env holds up only the
 coroutine that owns it.
 
+* With ``envs_per_sandbox`` K > 1 a sandbox takes one call at a time: a call to an env whose
+  sandbox neighbour has one in flight waits its turn (never an error) and goes out when that
+  call finished, together with the sandbox's other waiting calls and that tick's calls. A
+  coroutine cancelled while its call waits drops the call: it never runs.
 * Taking an env (:meth:`AsyncPool.env`) waits, up to ``acquire_timeout``, while all ``n`` are in
   use: thousands of coroutines share a pool of ``n`` envs.
 * A straggler or a crash is **reported**, not raised, and only to its own coroutine: its step
@@ -131,6 +135,11 @@ class AsyncPool:
         self._reader_error: BaseException | None = None
         self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
         self._waiting = 0  # coroutines waiting in env() for a free env
+        # Several envs per sandbox: a sandbox takes one call at a time, so a call to an env whose
+        # sandbox has one in flight waits here for its turn (see _hold_for_busy_sandboxes).
+        self._k = pool.envs_per_sandbox
+        self._sandbox_calls: dict[int, int] = {}  # sandbox -> its envs in flight (sent, not delivered)
+        self._turns: dict[int, list[tuple[int, dict, Sequence[bytes]]]] = {}  # sandbox -> calls waiting
         self._next_hold_check = 0.0  # time.monotonic() of the reader's next look at held envs
 
     # ------------------------------------------------------------------ life
@@ -278,7 +287,9 @@ class AsyncPool:
         try:
             return await future  # _deliver/_fail take it out of _futures before they set it
         except asyncio.CancelledError:
-            if self._futures.get(env_id) is future:
+            if self._futures.get(env_id) is future and self._k > 1 and self._drop_waiting_call(env_id):
+                del self._futures[env_id]  # it never went out: the env is as it was
+            elif self._futures.get(env_id) is future:
                 # The step goes on in its env: its result goes to a future that _release waits on
                 # (no asyncio.shield per call, which costs a second future and a loop tick).
                 self._futures[env_id] = loop.create_future()
@@ -287,9 +298,56 @@ class AsyncPool:
     def _flush(self) -> None:
         """Hand this tick's calls to the reader thread (which does every send and receive)."""
         queued, self._queued = self._queued, []
+        if self._k > 1:
+            queued = self._hold_for_busy_sandboxes(queued)
         if queued:
             self._outbox.append(queued)
             os.write(self._wake_w, b"x")
+
+    def _hold_for_busy_sandboxes(self, queued: list) -> list:
+        """The calls that may go out now; the others (an env whose sandbox has a call in flight:
+        :meth:`AsyncSteps.send <boltzlabs_gym.client.async_steps.AsyncSteps.send>` refuses
+        those) wait for that call to finish, then go out together (:meth:`_sandboxes_done`).
+        Calls to one idle sandbox in one tick go out together, as one call."""
+        k, busy, going = self._k, self._sandbox_calls, []
+        for item in queued:
+            sandbox = item[0] // k
+            if sandbox in busy:
+                self._turns.setdefault(sandbox, []).append(item)
+            else:
+                going.append(item)
+        for item in going:
+            sandbox = item[0] // k
+            busy[sandbox] = busy.get(sandbox, 0) + 1
+        return going
+
+    def _sandboxes_done(self, env_ids: Sequence[int]) -> None:
+        """``env_ids``' calls are over (delivered or failed): a sandbox with none left in flight
+        takes the calls that waited for it, in the next flush (with that tick's other calls)."""
+        k, busy = self._k, self._sandbox_calls
+        for env_id in env_ids:
+            sandbox = env_id // k
+            left = busy.get(sandbox, 0) - 1
+            if left > 0:
+                busy[sandbox] = left
+                continue
+            busy.pop(sandbox, None)
+            waiting = self._turns.pop(sandbox, None)
+            if waiting:
+                if not self._queued:
+                    self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+                self._queued.extend(waiting)
+
+    def _drop_waiting_call(self, env_id: int) -> bool:
+        """Take ``env_id``'s call out of its sandbox's line (its coroutine was cancelled before
+        the call went out); whether it was there."""
+        waiting = self._turns.get(env_id // self._k)
+        if waiting:
+            for pos, item in enumerate(waiting):
+                if item[0] == env_id:
+                    del waiting[pos]
+                    return True
+        return False
 
     def _read_results(self) -> None:
         """The reader thread: send what the loop queued, wait for results, hand each to its
@@ -324,13 +382,22 @@ class AsyncPool:
             future = self._futures.pop(f.result.index, None)
             if future is not None and not future.done():
                 future.set_result(f)
+        if self._k > 1:
+            # After the results: the coroutines they wake make their next calls before the
+            # flush that sends the waiting ones, and go out with them.
+            self._sandboxes_done([f.result.index for f in finished])
 
     def _fail(self, env_ids: list[int] | None, exc: BaseException) -> None:
         """Raise ``exc`` in the coroutines waiting on ``env_ids`` (``None``: every one)."""
+        if env_ids is None:
+            self._turns.clear()  # the reader is gone: nothing more goes out
+            self._sandbox_calls.clear()
         for env_id in list(self._futures) if env_ids is None else env_ids:
             future = self._futures.pop(env_id, None)
             if future is not None and not future.done():
                 future.set_exception(exc)
+        if env_ids is not None and self._k > 1:
+            self._sandboxes_done(env_ids)
 
     def _check_holds(self) -> None:
         """Warn about envs held past ``hold_warning``; looks at most a few times per period (the

@@ -16,7 +16,8 @@ Per-env semantics are those of a lockstep batch: a straggler is killed at its de
 result says so, a crashed env reports why, each env's deadline runs from its own send. With
 ``envs_per_sandbox`` K > 1 a sandbox is one process serving its envs one after another: the
 envs of a sandbox sent together are one call and finish together, and a sandbox takes one call
-at a time (sending to an env whose sandbox neighbour is in flight is refused, naming both).
+at a time (sending to an env whose sandbox neighbour is in flight is refused, naming both;
+:mod:`boltzlabs_gym.aio` queues such a call until the sandbox is free).
 
 >>> with RLPool("./envs/counter", n=8) as pool:                      # doctest: +SKIP
 ...     pool.reset(seed=0)
