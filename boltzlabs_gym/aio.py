@@ -128,8 +128,14 @@ class AsyncPool:
         self._queued: list[tuple[int, dict, Sequence[bytes]]] = []
         self._futures: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Hand-offs between the loop and the reader coalesce: a side that is behind takes what
+        # piled up in one go, and is woken once for it (each wake-up is a system call and a
+        # hand-over of the GIL between the two threads).
         self._outbox: collections.deque[list] = collections.deque()  # this tick's calls, for the reader
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the reader to send
+        self._reader_woken = False  # a wake-up is in the pipe, not yet seen by the reader
+        self._inbox: collections.deque[Finished] = collections.deque()  # results, for the loop
+        self._delivery_due = False  # a _deliver is scheduled on the loop and has not started
         self._reader: threading.Thread | None = None
         self._closed = False
         self._reader_error: BaseException | None = None
@@ -302,7 +308,9 @@ class AsyncPool:
             queued = self._hold_for_busy_sandboxes(queued)
         if queued:
             self._outbox.append(queued)
-            os.write(self._wake_w, b"x")
+            if not self._reader_woken:
+                self._reader_woken = True
+                os.write(self._wake_w, b"x")
 
     def _hold_for_busy_sandboxes(self, queued: list) -> list:
         """The calls that may go out now; the others (an env whose sandbox has a call in flight:
@@ -355,6 +363,9 @@ class AsyncPool:
         steps, loop = self._steps, self._loop
         assert loop is not None
         while not self._closed:
+            # Before taking the outbox: a call queued after this sees the flag down and wakes
+            # the pump below; one queued before is sent now.
+            self._reader_woken = False
             while self._outbox:
                 queued = self._outbox.popleft()
                 try:
@@ -372,12 +383,19 @@ class AsyncPool:
                 loop.call_soon_threadsafe(self._fail, None, exc)
                 return
             if steps.finished:
-                finished = list(steps.finished)
+                self._inbox.extend(steps.finished)
                 steps.finished.clear()
-                loop.call_soon_threadsafe(self._deliver, finished)
+                if not self._delivery_due:
+                    self._delivery_due = True
+                    loop.call_soon_threadsafe(self._deliver)
             self._check_holds()
 
-    def _deliver(self, finished: list[Finished]) -> None:
+    def _deliver(self) -> None:
+        """Hand every result in the inbox to its coroutine's future."""
+        self._delivery_due = False  # first: results put in the inbox after this schedule another
+        inbox, finished = self._inbox, []
+        while inbox:
+            finished.append(inbox.popleft())
         for f in finished:
             future = self._futures.pop(f.result.index, None)
             if future is not None and not future.done():
