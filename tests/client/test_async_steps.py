@@ -102,6 +102,21 @@ def test_bad_input_is_refused_naming_what_was_wrong_with_nothing_lost(pool):
     pool.reset(seed=0)
 
 
+def test_answered_calls_do_not_pile_up_on_the_lanes_deadline_heap(pool):
+    """Calls sent as others finish never leave the lane empty, which is when its heap of deadlines
+    is cleared: answered calls' entries are dropped as they pile up, not kept until they expire."""
+    lane = pool._links[0].lane
+    if lane is None:
+        pytest.skip("this route has no direct lane")
+    pool.send([1] * 4, env_ids=range(4))
+    for _ in range(60):
+        got = pool.recv(batch_size=2)
+        pool.send([1] * 2, env_ids=got.env_ids)
+        assert len(lane._deadlines) <= 4 * lane.in_flight + 65
+    assert len(pool.recv().env_ids) == 4
+    pool.reset(seed=0)
+
+
 def test_close_with_steps_in_flight_warns_naming_them():
     pool = RLPool(FAULTY, n=2, isolation=ISOLATION)
     pool.reset()
