@@ -16,7 +16,8 @@ How it works: an await puts its call in a queue and returns to the event loop; t
 in one loop tick go out together, one message per worker, through the pool's send/recv
 (:mod:`boltzlabs_gym.client.async_steps`). A reader thread waits for results (the loop never
 blocks on I/O) and hands each to its coroutine as it finishes, so a slow env holds up only the
-coroutine that owns it.
+coroutine that owns it. Results that finish while the loop is busy go to it in one hand-off, and
+calls queued while the reader is busy in one wake-up.
 
 * With ``envs_per_sandbox`` K > 1 a sandbox takes one call at a time: a call to an env whose
   sandbox neighbour has one in flight waits its turn (never an error) and goes out when that
