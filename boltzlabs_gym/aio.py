@@ -16,8 +16,13 @@ How it works: an await puts its call in a queue and returns to the event loop; t
 in one loop tick go out together, one message per worker, through the pool's send/recv
 (:mod:`boltzlabs_gym.client.async_steps`). A reader thread waits for results (the loop never
 blocks on I/O) and hands each to its coroutine as it finishes, so a slow env holds up only the
-coroutine that owns it.
+coroutine that owns it. Results that finish while the loop is busy go to it in one hand-off, and
+calls queued while the reader is busy in one wake-up.
 
+* With ``envs_per_sandbox`` K > 1 a sandbox takes one call at a time: a call to an env whose
+  sandbox neighbour has one in flight waits its turn (never an error) and goes out when that
+  call finished, together with the sandbox's other waiting calls and that tick's calls. A
+  coroutine cancelled while its call waits drops the call: it never runs.
 * Taking an env (:meth:`AsyncPool.env`) waits, up to ``acquire_timeout``, while all ``n`` are in
   use: thousands of coroutines share a pool of ``n`` envs.
 * A straggler or a crash is **reported**, not raised, and only to its own coroutine: its step
@@ -125,13 +130,24 @@ class AsyncPool:
         self._queued: list[tuple[int, dict, Sequence[bytes]]] = []
         self._futures: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Hand-offs between the loop and the reader coalesce: a side that is behind takes what
+        # piled up in one go, and is woken once for it (each wake-up is a system call and a
+        # hand-over of the GIL between the two threads).
         self._outbox: collections.deque[list] = collections.deque()  # this tick's calls, for the reader
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the reader to send
+        self._reader_woken = False  # a wake-up is in the pipe, not yet seen by the reader
+        self._inbox: collections.deque[Finished] = collections.deque()  # results, for the loop
+        self._delivery_due = False  # a _deliver is scheduled on the loop and has not started
         self._reader: threading.Thread | None = None
         self._closed = False
         self._reader_error: BaseException | None = None
         self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
         self._waiting = 0  # coroutines waiting in env() for a free env
+        # Several envs per sandbox: a sandbox takes one call at a time, so a call to an env whose
+        # sandbox has one in flight waits here for its turn (see _hold_for_busy_sandboxes).
+        self._k = pool.envs_per_sandbox
+        self._sandbox_calls: dict[int, int] = {}  # sandbox -> its envs in flight (sent, not delivered)
+        self._turns: dict[int, list[tuple[int, dict, Sequence[bytes]]]] = {}  # sandbox -> calls waiting
         self._next_hold_check = 0.0  # time.monotonic() of the reader's next look at held envs
 
     # ------------------------------------------------------------------ life
@@ -279,7 +295,9 @@ class AsyncPool:
         try:
             return await future  # _deliver/_fail take it out of _futures before they set it
         except asyncio.CancelledError:
-            if self._futures.get(env_id) is future:
+            if self._futures.get(env_id) is future and self._k > 1 and self._drop_waiting_call(env_id):
+                del self._futures[env_id]  # it never went out: the env is as it was
+            elif self._futures.get(env_id) is future:
                 # The step goes on in its env: its result goes to a future that _release waits on
                 # (no asyncio.shield per call, which costs a second future and a loop tick).
                 self._futures[env_id] = loop.create_future()
@@ -288,9 +306,58 @@ class AsyncPool:
     def _flush(self) -> None:
         """Hand this tick's calls to the reader thread (which does every send and receive)."""
         queued, self._queued = self._queued, []
+        if self._k > 1:
+            queued = self._hold_for_busy_sandboxes(queued)
         if queued:
             self._outbox.append(queued)
-            os.write(self._wake_w, b"x")
+            if not self._reader_woken:
+                self._reader_woken = True
+                os.write(self._wake_w, b"x")
+
+    def _hold_for_busy_sandboxes(self, queued: list) -> list:
+        """The calls that may go out now; the others (an env whose sandbox has a call in flight:
+        :meth:`AsyncSteps.send <boltzlabs_gym.client.async_steps.AsyncSteps.send>` refuses
+        those) wait for that call to finish, then go out together (:meth:`_sandboxes_done`).
+        Calls to one idle sandbox in one tick go out together, as one call."""
+        k, busy, going = self._k, self._sandbox_calls, []
+        for item in queued:
+            sandbox = item[0] // k
+            if sandbox in busy:
+                self._turns.setdefault(sandbox, []).append(item)
+            else:
+                going.append(item)
+        for item in going:
+            sandbox = item[0] // k
+            busy[sandbox] = busy.get(sandbox, 0) + 1
+        return going
+
+    def _sandboxes_done(self, env_ids: Sequence[int]) -> None:
+        """``env_ids``' calls are over (delivered or failed): a sandbox with none left in flight
+        takes the calls that waited for it, in the next flush (with that tick's other calls)."""
+        k, busy = self._k, self._sandbox_calls
+        for env_id in env_ids:
+            sandbox = env_id // k
+            left = busy.get(sandbox, 0) - 1
+            if left > 0:
+                busy[sandbox] = left
+                continue
+            busy.pop(sandbox, None)
+            waiting = self._turns.pop(sandbox, None)
+            if waiting:
+                if not self._queued:
+                    self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+                self._queued.extend(waiting)
+
+    def _drop_waiting_call(self, env_id: int) -> bool:
+        """Take ``env_id``'s call out of its sandbox's line (its coroutine was cancelled before
+        the call went out); whether it was there."""
+        waiting = self._turns.get(env_id // self._k)
+        if waiting:
+            for pos, item in enumerate(waiting):
+                if item[0] == env_id:
+                    del waiting[pos]
+                    return True
+        return False
 
     def _read_results(self) -> None:
         """The reader thread: send what the loop queued, wait for results, hand each to its
@@ -298,6 +365,9 @@ class AsyncPool:
         steps, loop = self._steps, self._loop
         assert loop is not None
         while not self._closed:
+            # Before taking the outbox: a call queued after this sees the flag down and wakes
+            # the pump below; one queued before is sent now.
+            self._reader_woken = False
             while self._outbox:
                 queued = self._outbox.popleft()
                 try:
@@ -315,23 +385,39 @@ class AsyncPool:
                 loop.call_soon_threadsafe(self._fail, None, exc)
                 return
             if steps.finished:
-                finished = list(steps.finished)
+                self._inbox.extend(steps.finished)
                 steps.finished.clear()
-                loop.call_soon_threadsafe(self._deliver, finished)
+                if not self._delivery_due:
+                    self._delivery_due = True
+                    loop.call_soon_threadsafe(self._deliver)
             self._check_holds()
 
-    def _deliver(self, finished: list[Finished]) -> None:
+    def _deliver(self) -> None:
+        """Hand every result in the inbox to its coroutine's future."""
+        self._delivery_due = False  # first: results put in the inbox after this schedule another
+        inbox, finished = self._inbox, []
+        while inbox:
+            finished.append(inbox.popleft())
         for f in finished:
             future = self._futures.pop(f.result.index, None)
             if future is not None and not future.done():
                 future.set_result(f)
+        if self._k > 1:
+            # After the results: the coroutines they wake make their next calls before the
+            # flush that sends the waiting ones, and go out with them.
+            self._sandboxes_done([f.result.index for f in finished])
 
     def _fail(self, env_ids: list[int] | None, exc: BaseException) -> None:
         """Raise ``exc`` in the coroutines waiting on ``env_ids`` (``None``: every one)."""
+        if env_ids is None:
+            self._turns.clear()  # the reader is gone: nothing more goes out
+            self._sandbox_calls.clear()
         for env_id in list(self._futures) if env_ids is None else env_ids:
             future = self._futures.pop(env_id, None)
             if future is not None and not future.done():
                 future.set_exception(exc)
+        if env_ids is not None and self._k > 1:
+            self._sandboxes_done(env_ids)
 
     def _check_holds(self) -> None:
         """Warn about envs held past ``hold_warning``; looks at most a few times per period (the

@@ -13,10 +13,16 @@ one of three places: idle, in flight, or finished and not yet received; it is ne
 and nothing moves it but a send, a result, or a recv.
 
 Per-env semantics are those of a lockstep batch: a straggler is killed at its deadline and its
-result says so, a crashed env reports why, each env's deadline runs from its own send. With
+result says so, a crashed env reports why, each env's deadline runs from its own send. A remote
+worker lost past its heartbeat timeout raises :class:`~boltzlabs_gym.errors.WorkerLost` from
+:meth:`AsyncSteps.recv` (or ``send``); with ``worker_loss="report"`` its envs in flight finish
+instead with that error in their result (truncated, ``info["boltzlabs_error"]``, as
+:meth:`RLPool.step <boltzlabs_gym.client.pool.RLPool.step>` reports them), as do its envs sent
+later, until it is replaced; the other workers' envs go on. With
 ``envs_per_sandbox`` K > 1 a sandbox is one process serving its envs one after another: the
 envs of a sandbox sent together are one call and finish together, and a sandbox takes one call
-at a time (sending to an env whose sandbox neighbour is in flight is refused, naming both).
+at a time (sending to an env whose sandbox neighbour is in flight is refused, naming both;
+:mod:`boltzlabs_gym.aio` queues such a call until the sandbox is free).
 
 >>> with RLPool("./envs/counter", n=8) as pool:                      # doctest: +SKIP
 ...     pool.reset(seed=0)
@@ -37,7 +43,7 @@ from typing import NamedTuple
 import numpy as np
 import zmq
 
-from ..errors import AsyncStateError, WorkerTimeout
+from ..errors import AsyncStateError, WorkerLost, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, PARTIAL, encode_header, env_request, jsonable
 from .arguments import check_actions, check_seeds
 from .batch_calls import BatchCalls
@@ -46,7 +52,7 @@ from .grouped_route import GroupedRoute
 from .grouping import GroupPlan, GroupResult, pack
 from .link import WorkerLink
 from .results import EnvResult, parse_result, read_reset, read_step
-from .routes import LaneRoute, WorkerRoute
+from .routes import LaneRoute, SplitRoute, WorkerRoute
 
 __all__ = ["AsyncSteps", "Finished", "Received", "plain_items", "read_received"]
 
@@ -78,7 +84,9 @@ class AsyncSteps:
     ``links``: the pool's worker links (their ``start``/``count`` in units, their ``lane`` if
     lent envs are stepped directly); ``batch_calls``: the pool's lockstep calls (neither kind
     starts while the other is in flight); ``grouped``: the pool's per-sandbox route, with
-    several envs per sandbox.
+    several envs per sandbox; ``losses``: the pool's route over its workers when it reports
+    lost workers (``worker_loss="report"``): a lost worker's envs then finish with an error
+    result instead of raising :class:`~boltzlabs_gym.errors.WorkerLost`.
     """
 
     def __init__(
@@ -89,8 +97,10 @@ class AsyncSteps:
         *,
         grouped: GroupedRoute | None = None,
         default_timeout: float,
+        losses: SplitRoute | None = None,
     ):
         self._links = links
+        self._losses = losses
         self._batch_calls = batch_calls
         self.n = n
         self._grouped = grouped
@@ -125,9 +135,21 @@ class AsyncSteps:
         by_link: dict[WorkerLink, list[tuple[int, dict, Sequence[bytes], GroupPlan | None]]] = {}
         for (unit, op, payloads), plan in zip(units, plans):
             by_link.setdefault(self._link_of(unit), []).append((unit, op, payloads, plan))
+        lost: list[tuple[WorkerLink, list[int], str]] = []
         for link, its_items in by_link.items():
-            self._send_on(link, its_items)
+            reason = self._losses.loss_of(link) if self._losses is not None else None
+            if reason is None:
+                try:
+                    self._send_on(link, its_items)
+                    continue
+                except WorkerLost as exc:
+                    if self._losses is None:
+                        raise
+                    reason = self._losses.note_lost(link, exc)
+            lost.append((link, [unit for unit, *_ in its_items], reason))
         self.in_flight.update(ops)
+        for link, lost_units, reason in lost:
+            self._finish_lost(link, lost_units, reason)
 
     def _check_ids(self, ids: list) -> None:
         n, seen = self.n, set()
@@ -281,6 +303,9 @@ class AsyncSteps:
             return len(self.finished) - before
         while True:
             now = time.monotonic()
+            self._keep_alive(now)
+            if len(self.finished) > before:
+                return len(self.finished) - before  # a lost worker's envs, reported
             wait_s = max(0.0, deadline - now)
             poller = zmq.Poller()
             if wake is not None:
@@ -288,7 +313,6 @@ class AsyncSteps:
             for link, tags in self._requests.items():
                 if tags:
                     poller.register(link.sock, zmq.POLLIN)
-                    link.keep_alive(now)
                     wait_s = min(wait_s, link.heartbeat_interval / 2)
             for link in self._links:
                 lane = link.lane
@@ -301,6 +325,30 @@ class AsyncSteps:
             self._take_ready()
             if len(self.finished) > before or time.monotonic() >= deadline or wake in woken:
                 return len(self.finished) - before
+
+    def _keep_alive(self, now: float) -> None:
+        """Ping the quiet workers that owe replies; one silent past its heartbeat timeout raises
+        :class:`~boltzlabs_gym.errors.WorkerLost`, or, where the pool reports lost workers, its
+        envs in flight finish with that error."""
+        for link, tags in list(self._requests.items()):
+            if not tags:
+                continue
+            try:
+                link.keep_alive(now)
+            except WorkerLost as exc:
+                if self._losses is None:
+                    raise
+                reason = self._losses.note_lost(link, exc)
+                del self._requests[link]  # a late reply from it is dropped
+                units = [unit for unit, call in self._units.items() if call.link is link]
+                self._finish_lost(link, units, reason)
+
+    def _finish_lost(self, link: WorkerLink, units: list[int], reason: str) -> None:
+        """``units`` (on ``link``, whose worker is lost) finish with ``reason`` as their error, as a
+        lockstep call reports them (truncated, ``info["boltzlabs_error"]``)."""
+        for unit in units:
+            self._units.setdefault(unit, _Unit(link, None, (unit,)))
+            self._finish(unit, EnvResult(unit, ERROR, {"message": reason}, []))
 
     def _take_ready(self) -> None:
         for link in self._links:

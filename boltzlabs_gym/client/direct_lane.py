@@ -172,7 +172,7 @@ class DirectLane:
         env.timeout = call_timeout(self._timeouts, op)
         env.sent_at, env.deadline = sent_at, now + env.timeout
         self._inflight[env.index] = env  # before writing: whatever happens, the call is accounted for
-        heapq.heappush(self._deadlines, (env.deadline, env.index))
+        self._push_deadline(env)
         try:
             done = env.write(data)
         except EnvFault as exc:
@@ -182,6 +182,16 @@ class DirectLane:
             self._by_fd[env.stdin_w] = env
             self._epoll.register(env.stdin_w, select.EPOLLOUT)
             self._streaming = True
+
+    def _push_deadline(self, env: _Lent) -> None:
+        """Put ``env``'s deadline on the heap. Answered calls' entries stay there until their time
+        passes; calls sent as others finish (send/recv) never empty the lane to clear it, so
+        with many stale entries the heap is rebuilt from the calls in flight."""
+        heap = self._deadlines
+        if len(heap) > 4 * len(self._inflight) + 64:
+            heap[:] = [(e.deadline, e.index) for e in self._inflight.values() if e is not env]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (env.deadline, env.index))
 
     def wait(self, deadline: float) -> tuple[list[tuple[int, int, bytes, list]], list[tuple[int, int, str, bool]]]:
         """Collect every call in flight, or stop at ``deadline`` (``time.monotonic``).

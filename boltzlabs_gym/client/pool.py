@@ -409,8 +409,10 @@ class RLPool:
         :class:`~boltzlabs_gym.client.async_steps.Received` ``(env_ids, obs, rewards, dones, infos)``.
 
         A straggler or crashed env comes back as from :meth:`step` (obs ``None``, done, the
-        failure in its info). Waits up to ``timeout`` seconds (default: the longest deadline),
-        then raises :class:`~boltzlabs_gym.errors.WorkerTimeout`, with nothing lost. Raises
+        failure in its info); so does, with ``worker_loss="report"``, an env of a lost worker
+        (otherwise its loss raises :class:`~boltzlabs_gym.errors.WorkerLost`). Waits up to
+        ``timeout`` seconds (default: the longest deadline), then raises
+        :class:`~boltzlabs_gym.errors.WorkerTimeout`, with nothing lost. Raises
         :class:`~boltzlabs_gym.errors.AsyncStateError` with nothing in flight and ``ValueError``
         for a ``batch_size`` larger than what is in flight.
         """
@@ -424,8 +426,15 @@ class RLPool:
         """The pool's calls that don't wait for each other (:meth:`send`/:meth:`recv`, the vector
         env's and :mod:`boltzlabs_gym.aio`'s): see :mod:`~boltzlabs_gym.client.async_steps`."""
         grouped = self.batch_calls.route if isinstance(self.batch_calls.route, GroupedRoute) else None
+        route = self._route
+        losses = route if isinstance(route, SplitRoute) and route.report_loss else None
         return AsyncSteps(
-            self._links, self.batch_calls, self.n, grouped=grouped, default_timeout=self.batch_calls.default_timeout
+            self._links,
+            self.batch_calls,
+            self.n,
+            grouped=grouped,
+            default_timeout=self.batch_calls.default_timeout,
+            losses=losses,
         )
 
     @functools.cached_property

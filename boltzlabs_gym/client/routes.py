@@ -200,6 +200,23 @@ class SplitRoute:
             "(RayWorkers.replace_dead()) and hard-reset them (pool.reset(hard=True))"
         )
 
+    def loss_of(self, link: WorkerLink) -> str | None:
+        """Why ``link``'s worker counts as lost (the message its envs' results carry); ``None``
+        while it does not."""
+        for ri, route in enumerate(self.routes):
+            if route.link is link:
+                return self.lost.get(ri)
+        return None
+
+    def note_lost(self, link: WorkerLink, exc: WorkerLost) -> str:
+        """Count ``link``'s worker as lost (``report_loss`` only: without it, raise ``exc``); why."""
+        if not self.report_loss:
+            raise exc
+        ri = next(ri for ri, route in enumerate(self.routes) if route.link is link)
+        if ri not in self.lost:
+            self._mark_lost(ri, exc)
+        return self.lost[ri]
+
     def replace(self, ri: int, link: WorkerLink) -> WorkerLink:
         """Put ``link`` (a new worker's, hosting the same envs) in place of lost route ``ri``'s; the old link."""
         route = self.routes[ri]

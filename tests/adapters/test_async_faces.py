@@ -207,3 +207,92 @@ def test_asyncio_over_a_vector_env_decodes_into_its_spaces(envs):
                     await asyncio.sleep(0.6)
 
     asyncio.run(main())
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["K=2", "K=4"])
+def grouped_envs(request):
+    k = request.param
+    e = boltzlabs_gym.make_vec("CartPole-v1", num_envs=2 * k, envs_per_sandbox=k, isolation=ISOLATION)
+    yield e
+    e.close()
+
+
+async def _rollout_against_reference(face: AsyncPool, seed: int, plan: list[tuple[int, int]]) -> int:
+    """Take an env, reset it with ``seed``, step it with ``plan``'s actions (each after yielding
+    to the loop a few times: a tick of its own), checking every transition against a
+    SyncVectorEnv's; the steps it took."""
+    ref, expected = _reference(seed, 0)
+    try:
+        async with face.env() as env:
+            obs, _ = await env.reset(seed=seed)
+            np.testing.assert_array_equal(obs, expected)
+            for t, (action, ticks) in enumerate(plan):
+                for _ in range(ticks):
+                    await asyncio.sleep(0)
+                obs, reward, terminated, truncated, _ = await env.step(action)
+                r_obs, r_rew, r_term, r_trunc, _ = ref.step(np.array([action]))
+                np.testing.assert_array_equal(obs, r_obs[0])
+                assert (reward, terminated, truncated) == (r_rew[0], r_term[0], r_trunc[0])
+                if terminated or truncated:
+                    return t + 1
+        return len(plan)
+    finally:
+        ref.close()
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    rollouts=st.lists(
+        st.tuples(
+            st.integers(0, 1000), st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=10)
+        ),
+        min_size=12,
+        max_size=24,
+    )
+)
+def test_asyncio_neighbours_of_a_sandbox_wait_their_turn_and_stay_exact(grouped_envs, rollouts):
+    """More coroutines than envs, each stepping its env in ticks of its own: a call to an env whose
+    sandbox neighbour is in flight waits for it (no AsyncStateError), and every trajectory is
+    SyncVectorEnv's for the same seed and actions."""
+
+    async def main():
+        async with AsyncPool(grouped_envs, acquire_timeout=60) as face:
+            steps = await asyncio.gather(*(_rollout_against_reference(face, s, p) for s, p in rollouts))
+            assert all(n >= 1 for n in steps)
+            assert not face._turns or not any(face._turns.values())
+
+    asyncio.run(main())
+    assert not grouped_envs.pool.async_steps.in_flight
+
+
+def test_asyncio_a_call_behind_a_slow_neighbour_goes_out_when_the_sandbox_is_free():
+    """Env 1's reset, made while its sandbox neighbour env 0 is in a slow reset, waits for it and
+    then runs; a call cancelled while waiting never goes out, and its env comes back at once."""
+    with boltzlabs_gym.RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
+
+        async def main():
+            async with AsyncPool(pool, acquire_timeout=20) as face:
+                async with face.env() as a, face.env() as b:
+                    slow = asyncio.ensure_future(a.reset(seed=1, options={"sleep": 0.3}))
+                    await asyncio.sleep(0.05)  # env 0's reset is out: its sandbox is busy
+                    obs, _ = await b.reset(seed=2)
+                    assert slow.done() and obs == {"env": b.env_id, "t": 0, "seed": 2, "pid": obs["pid"]}
+                    slow_obs, _ = slow.result()
+                    assert slow_obs["seed"] == 1 and slow_obs["pid"] == obs["pid"]
+                    assert [s[1] for s in await asyncio.gather(a.step(3), b.step(4))] == [3, 4]
+
+                    slow = asyncio.ensure_future(a.reset(seed=5, options={"sleep": 0.3}))
+                    await asyncio.sleep(0.05)
+                    waiting = asyncio.ensure_future(b.step(7))
+                    await asyncio.sleep(0.05)
+                    assert face._turns[0]  # b's step waits for a's reset
+                    waiting.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await waiting
+                    assert not face._turns[0] and b.env_id not in face._futures
+                    await slow
+                    obs, *_ = await b.step(1)
+                    assert obs["t"] == 2  # from 1: the cancelled step never ran
+
+        asyncio.run(main())
+        assert not pool.async_steps.in_flight and not pool.async_steps.finished

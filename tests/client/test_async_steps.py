@@ -14,7 +14,7 @@ from conftest import FAULTY, ISOLATION
 from workers import WorkerProcess
 
 from boltzlabs_gym import RLPool
-from boltzlabs_gym.errors import AsyncStateError, PoolClosedError, WorkerTimeout
+from boltzlabs_gym.errors import AsyncStateError, PoolClosedError, WorkerLost, WorkerTimeout
 
 ROUTES = ["lane", "worker", "remote"]
 
@@ -102,6 +102,21 @@ def test_bad_input_is_refused_naming_what_was_wrong_with_nothing_lost(pool):
     pool.reset(seed=0)
 
 
+def test_answered_calls_do_not_pile_up_on_the_lanes_deadline_heap(pool):
+    """Calls sent as others finish never leave the lane empty, which is when its heap of deadlines
+    is cleared: answered calls' entries are dropped as they pile up, not kept until they expire."""
+    lane = pool._links[0].lane
+    if lane is None:
+        pytest.skip("this route has no direct lane")
+    pool.send([1] * 4, env_ids=range(4))
+    for _ in range(60):
+        got = pool.recv(batch_size=2)
+        pool.send([1] * 2, env_ids=got.env_ids)
+        assert len(lane._deadlines) <= 4 * lane.in_flight + 65
+    assert len(pool.recv().env_ids) == 4
+    pool.reset(seed=0)
+
+
 def test_close_with_steps_in_flight_warns_naming_them():
     pool = RLPool(FAULTY, n=2, isolation=ISOLATION)
     pool.reset()
@@ -124,3 +139,52 @@ def test_a_sandbox_of_several_envs_takes_one_call_and_finishes_together():
         rest = pool.recv()  # sandbox 0's two envs, in one reply: killed at the deadline together
         assert sorted(rest.env_ids.tolist()) == [0, 1] and rest.dones.all()
         assert any("boltzlabs_straggler" in info for info in rest.infos)
+
+
+def test_a_lost_worker_reports_its_envs_with_worker_loss_report_and_raises_without():
+    """A remote worker killed with steps in flight: with ``worker_loss="report"`` its envs come back
+    done with the error a lockstep step gives them (then and on every later send) while the other
+    worker's envs go on; by default recv() raises WorkerLost."""
+    workers = [WorkerProcess(insecure=True) for _ in range(2)]
+    try:
+        options = {
+            "workers": [w.address for w in workers],
+            "isolation": ISOLATION,
+            "heartbeat_interval": 0.5,
+            "heartbeat_timeout": 2.0,
+            "step_timeout": 10.0,
+        }
+        with (
+            RLPool(FAULTY, n=4, worker_loss="report", **options) as reporting,
+            RLPool(FAULTY, n=2, **options) as raising,
+        ):
+            reporting.reset(seed=0)
+            raising.reset(seed=0)
+            reporting.send([1, 2, {"sleep": 5}, {"sleep": 5}], env_ids=[0, 1, 2, 3])  # envs 2, 3: worker 1
+            raising.send([1, {"sleep": 5}], env_ids=[0, 1])
+            workers[1].kill()
+            t0 = time.monotonic()
+            first = reporting.recv(batch_size=2)
+            assert sorted(first.env_ids.tolist()) == [0, 1] and first.rewards.tolist() == [
+                float(i + 1) for i in first.env_ids
+            ]
+            lost = reporting.recv()
+            assert time.monotonic() - t0 < 2.0 + 3.0  # found within the heartbeat timeout, not the step's 5 s
+            assert sorted(lost.env_ids.tolist()) == [2, 3] and lost.dones.all() and lost.obs == [None, None]
+            assert all("is lost" in info["boltzlabs_error"]["reason"] for info in lost.infos), lost.infos
+            assert list(reporting.lost_workers) == [workers[1].address]
+            reporting.send([1, 1, 1, 1], env_ids=[0, 1, 2, 3])  # the lost worker's envs report at once
+            again = reporting.recv()
+            by_id = {int(i): k for k, i in enumerate(again.env_ids)}
+            assert [again.rewards[by_id[i]] for i in (0, 1)] == [1.0, 1.0]
+            assert all(again.dones[by_id[i]] and "boltzlabs_error" in again.infos[by_id[i]] for i in (2, 3))
+            _, _, dones, infos = reporting.step([1, 1, 1, 1])  # lockstep reports them in the same words
+            assert dones[2:].all() and infos[2:] == [again.infos[by_id[i]] for i in (2, 3)] == lost.infos
+            assert raising.recv(batch_size=1).env_ids.tolist() == [0]
+            with pytest.raises(WorkerLost, match=r"unreachable: nothing heard"):
+                raising.recv()
+            with pytest.warns(RuntimeWarning, match="not received"):
+                raising.close()
+    finally:
+        for w in workers:
+            w.stop()
