@@ -62,7 +62,7 @@ import time
 from typing import Any
 
 from ..wire.limits import Limits
-from . import process
+from . import obs_region, process
 from .confine import CONTROL_FD, SANDBOX_WORKSPACE, python_paths
 
 HOLDER_COMM = "boltz-holder"
@@ -349,6 +349,9 @@ class CowForks:
         except BaseException as exc:  # noqa: BLE001
             _write(csock, f"!copy set-up failed: {type(exc).__name__}: {exc}".encode())
             os._exit(127)
+        # a copy shares its source's memory: never its observation region (the pool reads that
+        # region as the source's); it answers with bytes until the pool asks it for its own
+        obs_region.forget()
         # the fds that were on the source's channel pipes now go to this slot's (the rest of what the
         # holder has is /dev/null); then the descriptors of the hand-over are closed
         new = {0: stdin_fd, 1: stdout_fd, 2: stderr_fd}

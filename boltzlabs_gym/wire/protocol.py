@@ -159,6 +159,13 @@ LEND = "lend"
 LENT = "lent"
 #: Pool-side only: the header key under which a received reply keeps its lent envs' descriptors.
 LENT_FDS = "_fds"
+#: A batch reply's count of observation-region descriptors that travel with it, after the lent envs'
+#: (``{"op": "obs_region"}`` items; a local pool only: see :mod:`boltzlabs_gym.client.obs_regions`).
+REGION_FDS = "region_fds"
+#: Where the pool keeps those descriptors on the reply's header (never sent on the wire).
+REGION_FDS_TAKEN = "_region_fds"
+#: The item op that asks an env process for its shared observation region.
+OBS_REGION = "obs_region"
 #: Batch request key: ``[[index, reason], ...]``, lent envs that failed while idle.
 FAULTS = "faults"
 #: Batch request key: ``[[index, op, seconds_left], ...]``, lent envs' calls nobody waits for.
@@ -288,7 +295,8 @@ DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
 #: (the observation's bytes) that follows the line. The gym server writes it
 #: (``ArrayLeaf.step_reply``); the worker and the lane recognise it without a JSON parser
 #: (:data:`STEP_REPLY_PATTERN`, in :mod:`boltzlabs_gym.wire.envpipe`); the vector env reads it back
-#: (``ArrayLeaf.parse_step_line``).
+#: (``ArrayLeaf.parse_step_line``). An env with a shared observation region writes the same line with
+#: ``<obs>`` ``{"__shm__":[0,dtype,shape]}`` and ``<nbytes>`` 0 (its observation is in the region).
 STEP_REPLY_LAYOUT = (
     b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
 )
@@ -327,7 +335,7 @@ def step_reply_suffix(nbytes: int) -> bytes:
 _UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
 # What each field of the layout may hold; only valid JSON, so a line that matches needs no parser.
 _REPLY_FIELD_PATTERNS = (
-    rb'\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
+    rb'\{"__(?:nd|shm)__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
     rb"-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?",  # reward
     rb"(?:true|false)",  # terminated
     rb"(?:true|false)",  # truncated

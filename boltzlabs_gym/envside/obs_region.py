@@ -1,0 +1,113 @@
+"""The env side of shared observations: this process's observation region (a sealed memfd).
+
+A local pool may ask an env process for an observation region (``{"op": "obs_region"}``, see
+``docs/shared-memory.md``). The process then creates one memfd of ``slots`` x ``slot_bytes``
+(one slot per env it hosts; a slot holds one observation of the declared array space), maps it
+and answers with the memfd's descriptor number and size. The worker takes the descriptor out of
+this process (``pidfd_getfd``), seals it against shrinking and growing, and passes it to the
+pool, which maps it read-only. From then on a plain reply writes its observation into the slot
+and carries a reference (``{"__shm__": [slot, dtype, shape]}``) instead of the bytes.
+
+Only the sizes are this process's to choose, and the pool checks them against the declared
+space; the seals (set by the worker, not here) make sure this process can never shrink the
+memfd under the pool's mapping. Nothing here is trusted by anyone else.
+
+A process holds at most one region (:func:`current`). A process forked from one that had a region
+(a memory snapshot's copy) must :func:`forget` it before it serves: it would otherwise write into
+its source's region.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable
+
+__all__ = ["ObsRegion", "create", "current", "forget", "on_forget", "MEMFD_NAME"]
+
+#: The memfd's name (``/proc/<pid>/fd`` shows ``/memfd:boltzlabs-obs``); the worker checks it.
+MEMFD_NAME = "boltzlabs-obs"
+
+
+class ObsRegion:
+    """One mapped memfd of ``slots`` slots of ``slot_bytes`` each, back to back (so that a group's
+    rows are one block), its size rounded up to whole pages.
+
+    >>> region = ObsRegion(2, 16)
+    >>> region.size
+    4096
+    >>> region.view(1)[:4] = b"abcd"; bytes(region.memory[16:20])
+    b'abcd'
+    >>> region.close()
+    """
+
+    def __init__(self, slots: int, slot_bytes: int):
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"an observation region needs slots >= 1 and slot_bytes >= 1, got {slots}, {slot_bytes}")
+        page = mmap.PAGESIZE
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.size = max(1, -(-(slots * slot_bytes) // page)) * page
+        self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, self.size)
+            self._map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.memory = memoryview(self._map)
+
+    def view(self, slot: int) -> memoryview:
+        """The writable bytes of ``slot``."""
+        start = slot * self.slot_bytes
+        return self.memory[start : start + self.slot_bytes]
+
+    def close(self) -> None:
+        """Unmap and close the memfd (the pool's and the worker's copies live on)."""
+        try:
+            self.memory.release()
+            self._map.close()
+        except BufferError:  # a view is still held somewhere: the mapping goes with it (nothing writes it)
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_current: ObsRegion | None = None
+_users: list[Callable[[], None]] = []
+
+
+def create(slots: int, slot_bytes: int) -> ObsRegion:
+    """This process's region, made on first call (a second call with the same sizes returns it)."""
+    global _current
+    if _current is not None:
+        if (_current.slots, _current.slot_bytes) != (slots, slot_bytes):
+            raise ValueError("this process already has an observation region of other sizes")
+        return _current
+    _current = ObsRegion(slots, slot_bytes)
+    return _current
+
+
+def current() -> ObsRegion | None:
+    """This process's region, if it made one."""
+    return _current
+
+
+def on_forget(callback: Callable[[], None]) -> None:
+    """Have ``callback`` called by :func:`forget`, first: a user of the region lets go of its views
+    (and writes its observations elsewhere from then on)."""
+    _users.append(callback)
+
+
+def forget() -> None:
+    """Drop this process's region (its users let go of it, then unmap, close): a forked copy must
+    never write into its source's region."""
+    global _current
+    region, _current = _current, None
+    users = _users[:]
+    _users.clear()
+    for callback in users:
+        callback()
+    if region is not None:
+        region.close()
