@@ -66,6 +66,7 @@ class _Region:
     __slots__ = ("map", "slots", "slot_bytes", "dtype", "shape", "leaf")
 
     def __init__(self, fd: int, size: int, slots: int, slot_bytes: int, dtype: np.dtype, shape: tuple):
+        # (Python's mmap keeps a duplicate of ``fd`` until it is closed: one descriptor per mapping)
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         self.slots, self.slot_bytes, self.dtype, self.shape = slots, slot_bytes, dtype, shape
         # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)

@@ -220,15 +220,21 @@ class GymServer:
 
     def obs_region(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Make this process's shared observation region (one slot: this env) and describe it
-        (:func:`region_reply`); an env without an array observation space answers an error."""
+        (:func:`region_reply`); with ``"use": true`` (sent by the worker once it has sealed it),
+        write plain observations into it from now on. An env without an array observation space
+        answers an error."""
         leaf = self._obs_leaf
         if leaf is None:
             return {"error": "no shared observation region: the observation space is not one array"}, []
-        region = obs_region.create(1, leaf.nbytes)
+        if msg.get("use") is not True:
+            return region_reply(obs_region.create(1, leaf.nbytes), leaf), []
+        region = obs_region.current()
+        if region is None or (region.slots, region.slot_bytes) != (1, leaf.nbytes):
+            return {"error": "no shared observation region to use: ask for one first"}, []
         if self.shm_slot is None:
             self.shm_slot = np.ndarray(leaf.shape, leaf.dtype, buffer=region.view(0))
             obs_region.on_forget(self._unshare)
-        return region_reply(region, leaf), []
+        return {"obs_region": {"in_use": True}}, []
 
     def _unshare(self) -> None:
         self.shm_slot = None  # observations go as bytes again
@@ -763,13 +769,18 @@ def _serve_group_request(
 
 def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
     """A sandbox of several envs answers ``{"op": "obs_region"}`` for all of them: one region, a slot
-    per env, which its group replies' rows then live in (:meth:`GroupRows.share`)."""
+    per env, which its group replies' rows live in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
     if rows is None:
         return {"error": "no shared observation region: the envs' observations are not one array space"}
-    region = obs_region.create(len(rows.flags), rows._row_bytes)
+    sizes = (len(rows.flags), rows._row_bytes)
+    if msg.get("use") is not True:
+        return region_reply(obs_region.create(*sizes), rows._leaf)
+    region = obs_region.current()
+    if region is None or (region.slots, region.slot_bytes) != sizes:
+        return {"error": "no shared observation region to use: ask for one first"}
     if not rows.shared:
         rows.share(region)
-    return region_reply(region, rows._leaf)
+    return {"obs_region": {"in_use": True}}
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:

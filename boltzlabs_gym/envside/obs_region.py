@@ -10,7 +10,9 @@ and carries a reference (``{"__shm__": [slot, dtype, shape]}``) instead of the b
 
 Only the sizes are this process's to choose, and the pool checks them against the declared
 space; the seals (set by the worker, not here) make sure this process can never shrink the
-memfd under the pool's mapping. Nothing here is trusted by anyone else.
+memfd under the pool's mapping. The env writes into the region only once the worker says so
+(``{"op": "obs_region", "use": true}``, sent after the seals are in force): a region the worker
+refused is never used, and the env keeps sending bytes. Nothing here is trusted by anyone else.
 
 A process holds at most one region (:func:`current`). A process forked from one that had a region
 (a memory snapshot's copy) must :func:`forget` it before it serves: it would otherwise write into

@@ -7,9 +7,10 @@ does not pass it on as it is: it takes the descriptor out of the env process its
 (``pidfd_getfd``), checks that it is a memfd of the stated size, adds the seals that stop anyone
 shrinking or growing it (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``; a shrunk memfd would raise
 SIGBUS in the pool that maps it), checks that they are in force, and sends the descriptor to the
-pool with the batch reply. Anything that fails (no ``pidfd_getfd`` under this kernel or its
-ptrace rules, a lie about the descriptor or its size) answers that env's item with an error, and
-the env keeps sending observations as bytes.
+pool with the batch reply, after telling the env to use it (only then does the env write into
+it and refer to it: a region refused here is never used). Anything that fails (no
+``pidfd_getfd`` under this kernel or its ptrace rules, a lie about the descriptor or its size)
+answers that env's item with an error, and the env keeps sending observations as bytes.
 
 The env makes the memfd and the worker seals it, rather than the worker making it: the guarantees
 are the same (only the seals protect the pool, and only the worker sets them), and no spawn path
@@ -24,12 +25,13 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 
 from ..wire.protocol import OK, parse_json
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RegionCatcher", "take_region", "REQUIRED_SEALS", "MAX_REGION_BYTES"]
+__all__ = ["RegionCatcher", "take_region", "REQUIRED_SEALS", "MAX_REGION_BYTES", "USE_REGION"]
 
 #: Seals a region must have before it goes to the pool.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
@@ -114,23 +116,52 @@ def take_region(pid: int | None, count: int, reply: bytes) -> tuple[bytes, int |
     return json.dumps({"obs_region": described}).encode(), fd
 
 
+#: The request that tells an env to use its region (sent once it is sealed).
+USE_REGION = {"op": "obs_region", "use": True}
+
+
 class RegionCatcher:
-    """Stands in for a batch as an ``obs_region`` call's destination: passes the batch the checked,
-    sealed region (its descriptor kept on the batch, to travel with the reply) or why not."""
+    """Stands in for a batch as an ``obs_region`` call's destination. On the env's answer it takes
+    the region out of the env and seals it (:func:`take_region`), then tells the env to use it
+    (``submit(op, destination)`` queues that request to the same env); once the env says it does,
+    the batch gets the region's description, its descriptor kept on the batch to travel with the
+    reply. Anything that fails on the way is the item's result, and the env never uses the region."""
 
-    __slots__ = ("batch", "env")
+    __slots__ = ("batch", "env", "submit", "_sealed")
 
-    def __init__(self, batch, env):
-        self.batch, self.env = batch, env
+    def __init__(self, batch, env, submit: Callable[[dict, object], None]):
+        self.batch, self.env, self.submit = batch, env, submit
+        self._sealed: tuple[bytes, int] | None = None
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
-        if status == OK:  # the process that answered is the env's current one
-            reply, fd = take_region(self.env.pid, self.env.count, reply)
-            if fd is not None:
-                fds = self.batch.region_fds
-                answer = json.loads(reply)
-                answer["obs_region"]["fd_index"] = len(fds)
-                fds.append(fd)
-                reply = json.dumps(answer).encode()
-            payloads = []
-        self.batch.done(pos, index, status, reply, payloads)
+        sealed, self._sealed = self._sealed, None
+        if sealed is not None:  # the env's answer to USE_REGION
+            self._finish(pos, index, status, reply, sealed)
+            return
+        if status != OK:
+            self.batch.done(pos, index, status, reply, payloads)
+            return
+        described, fd = take_region(self.env.pid, self.env.count, reply)  # the process that answered
+        if fd is None:
+            self.batch.done(pos, index, OK, described, [])
+            return
+        self._sealed = (described, fd)
+        self.submit(USE_REGION, self)
+
+    def _finish(self, pos: int, index: int, status: str, reply: bytes, sealed: tuple[bytes, int]) -> None:
+        described, fd = sealed
+        try:
+            answer = parse_json(reply) if status == OK else None
+        except ValueError:
+            answer = None
+        if not (isinstance(answer, dict) and answer.get("obs_region") == {"in_use": True}):
+            os.close(fd)
+            if status == OK:
+                reply = json.dumps({"error": f"no shared observation region: the env said {reply[:200]!r}"}).encode()
+            self.batch.done(pos, index, status, reply, [])
+            return
+        fds = self.batch.region_fds
+        region = json.loads(described)
+        region["obs_region"]["fd_index"] = len(fds)
+        fds.append(fd)
+        self.batch.done(pos, index, OK, json.dumps(region).encode(), [])

@@ -281,7 +281,7 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
                 message = f"env {env.global_index}: shared observation regions are for a local pool's batches"
                 batch.done(pos, env.index, ERROR, json_error(message, refused="obs_region"), [])
                 continue
-            target = RegionCatcher(batch, env)
+            target = RegionCatcher(batch, env, _submitter(worker, session, env, pos))
         if op["op"] in (SNAPSHOT, RESTORE):
             prepared = _prepare_snapshot_item(worker, session, env, op, frames, batch, pos)
             if prepared is None:
@@ -297,6 +297,15 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
     if not calls:
         worker.reply_batch(batch)  # only faults or adoptions: nothing to wait for
     return None
+
+
+def _submitter(worker: WorkerView, session: Session, env: EnvProcess, pos: int) -> Callable[[dict, Any], None]:
+    """Queue a further request to ``env`` for batch position ``pos`` (a :class:`RegionCatcher`'s)."""
+
+    def submit(op: dict, destination: Any) -> None:
+        worker.scheduler.submit(session, env, op, (), destination, pos)
+
+    return submit
 
 
 def _prepare_snapshot_item(
