@@ -182,7 +182,10 @@ class ObsRegions:
             return f"its descriptor is not a sealable memfd: {exc}"
         if seals & REQUIRED_SEALS != REQUIRED_SEALS or not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return f"its memfd is not sealed against shrinking at {size} bytes (seals {seals:#x}, {st.st_size} bytes)"
-        self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape)
+        try:
+            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape)
+        except OSError as exc:  # out of descriptors or address space here: bytes it is
+            return f"it could not be mapped: {exc}"
         return None
 
     # ------------------------------------------------------------------ reading

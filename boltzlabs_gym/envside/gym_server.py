@@ -234,6 +234,7 @@ class GymServer:
         if self.shm_slot is None:
             self.shm_slot = np.ndarray(leaf.shape, leaf.dtype, buffer=region.view(0))
             obs_region.on_forget(self._unshare)
+        region.close_fd()  # the worker has its own now
         return {"obs_region": {"in_use": True}}, []
 
     def _unshare(self) -> None:
@@ -780,6 +781,7 @@ def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
         return {"error": "no shared observation region to use: ask for one first"}
     if not rows.shared:
         rows.share(region)
+    region.close_fd()  # the worker has its own now
     return {"obs_region": {"in_use": True}}
 
 

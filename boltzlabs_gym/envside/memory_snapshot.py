@@ -345,13 +345,13 @@ class CowForks:
             os.close(tree)
             os.chdir(req.get("workspace") or SANDBOX_WORKSPACE)
             _drop_privileges(self.uid, self._cap_last)
+            # a copy shares its source's memory, never its observation region (the pool reads that
+            # as the source's; the worker checks it is gone): bytes until the pool asks for its own
+            obs_region.forget()
             os.write(csock, b"ok")
         except BaseException as exc:  # noqa: BLE001
             _write(csock, f"!copy set-up failed: {type(exc).__name__}: {exc}".encode())
             os._exit(127)
-        # a copy shares its source's memory: never its observation region (the pool reads that
-        # region as the source's); it answers with bytes until the pool asks it for its own
-        obs_region.forget()
         # the fds that were on the source's channel pipes now go to this slot's (the rest of what the
         # holder has is /dev/null); then the descriptors of the hand-over are closed
         new = {0: stdin_fd, 1: stdout_fd, 2: stderr_fd}

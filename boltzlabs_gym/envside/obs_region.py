@@ -21,6 +21,7 @@ its source's region.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from collections.abc import Callable
@@ -34,6 +35,10 @@ MEMFD_NAME = "boltzlabs-obs"
 class ObsRegion:
     """One mapped memfd of ``slots`` slots of ``slot_bytes`` each, back to back (so that a group's
     rows are one block), its size rounded up to whole pages.
+
+    Mapped with libc's ``mmap`` (Python's ``mmap`` keeps a duplicate of the descriptor, and a
+    memory snapshot refuses an env with open files): once the worker has its own copy of the
+    descriptor, :meth:`close_fd` leaves the process with the mapping alone.
 
     >>> region = ObsRegion(2, 16)
     >>> region.size
@@ -53,27 +58,46 @@ class ObsRegion:
         self.fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(self.fd, self.size)
-            self._map = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._addr = _mmap(self.fd, self.size)
         except BaseException:
             os.close(self.fd)
             raise
-        self.memory = memoryview(self._map)
+        self.memory = memoryview((ctypes.c_char * self.size).from_address(self._addr)).cast("B")
 
     def view(self, slot: int) -> memoryview:
         """The writable bytes of ``slot``."""
         start = slot * self.slot_bytes
         return self.memory[start : start + self.slot_bytes]
 
-    def close(self) -> None:
-        """Unmap and close the memfd (the pool's and the worker's copies live on)."""
-        try:
-            self.memory.release()
-            self._map.close()
-        except BufferError:  # a view is still held somewhere: the mapping goes with it (nothing writes it)
-            pass
+    def close_fd(self) -> None:
+        """Close the memfd's descriptor here (the mapping stays)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def close(self) -> None:
+        """Unmap and close the memfd (the pool's and the worker's copies live on). Every view of it
+        must be gone first (:func:`on_forget`)."""
+        self.close_fd()
+        if self._addr:
+            self.memory.release()
+            _libc.munmap(ctypes.c_void_p(self._addr), ctypes.c_size_t(self.size))
+            self._addr = 0
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mmap(fd: int, size: int) -> int:
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, _MAP_FAILED):
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of the observation region: {os.strerror(err)}")
+    return int(addr)
 
 
 _current: ObsRegion | None = None
@@ -81,8 +105,12 @@ _users: list[Callable[[], None]] = []
 
 
 def create(slots: int, slot_bytes: int) -> ObsRegion:
-    """This process's region, made on first call (a second call with the same sizes returns it)."""
+    """This process's region, made on first call. A second call with the same sizes returns it while
+    its descriptor is still open here (not passed on yet); else the old region is dropped
+    (:func:`forget`) and a new one made: the pool asks again when it lost its mapping."""
     global _current
+    if _current is not None and _current.fd < 0:
+        forget()
     if _current is not None:
         if (_current.slots, _current.slot_bytes) != (slots, slot_bytes):
             raise ValueError("this process already has an observation region of other sizes")

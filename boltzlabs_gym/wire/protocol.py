@@ -52,6 +52,12 @@ the pool steps them itself; everything else about those envs stays with the work
   reply). The worker kills the env and reports it in that item's result as if the call had
   been its own (``"straggler"`` status when ``straggler``), then respawns it.
 
+* An item ``{"op": "obs_region"}`` (:data:`OBS_REGION`) in a local pool's ``batch``: the env
+  process's shared observation region. The worker seals the env's memfd, tells the env to use it
+  and passes the descriptor with the reply (``"region_fds": count``, :data:`REGION_FDS`, after the
+  lent envs' descriptors); the item's reply is ``{"obs_region": {"bytes", "slots", "slot_bytes",
+  "dtype", "shape", "fd_index"}}`` or ``{"error": ...}``. See ``docs/shared-memory.md``.
+
 A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
 an env by (its deadline, a late call's message, stray output) are in
 :mod:`boltzlabs_gym.wire.call_rules`.

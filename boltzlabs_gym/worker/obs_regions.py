@@ -160,6 +160,7 @@ class RegionCatcher:
                 reply = json.dumps({"error": f"no shared observation region: the env said {reply[:200]!r}"}).encode()
             self.batch.done(pos, index, status, reply, [])
             return
+        self.env.obs_region_inode = os.fstat(fd).st_ino
         fds = self.batch.region_fds
         region = json.loads(described)
         region["obs_region"]["fd_index"] = len(fds)

@@ -36,8 +36,8 @@ class FrameEnv(gym.Env):
         self.t = 0
         self.length = 5
 
-    def _obs(self):
-        return self.np_random.integers(0, 256, SHAPE, dtype=np.uint8)
+    def _obs(self, action: int = 0):
+        return ((self.np_random.integers(0, 256, SHAPE) + action) % 256).astype(np.uint8)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -48,7 +48,7 @@ class FrameEnv(gym.Env):
     def step(self, action):
         self.t += 1
         info = {"t": self.t} if self.t % 4 == 0 else {}
-        return self._obs(), float(action) + 0.5, self.t >= self.length, False, info
+        return self._obs(int(action)), float(action) + 0.5, self.t >= self.length, False, info
 
 
 def make_frames():
@@ -164,6 +164,9 @@ class ResizingEnv(FrameEnv):
 
 
 def make_resizing():
+    from boltzlabs_gym.envside import obs_region
+
+    obs_region.ObsRegion.close_fd = lambda self: None  # keeps its descriptor to the memfd
     return ResizingEnv()
 
 
@@ -379,5 +382,40 @@ def test_an_env_cannot_resize_its_region(tmp_path_factory, mapped, memfds):
             assert info["resize"]["grow"][0] == "Operation not permitted", info
         assert len(pool._links[0].regions) == 1 and mapped() == 1
         np.asarray(pool._links[0].regions._regions[0].map[:])  # the whole mapping reads: no SIGBUS
+    finally:
+        venv.close()
+
+
+def _memfd_inodes() -> set[str]:
+    """The inodes of the observation memfds this process maps."""
+    with open("/proc/self/maps") as f:
+        return {line.split()[4] for line in f if MEMFD in line}
+
+
+def test_a_memory_snapshot_copy_never_writes_into_its_sources_region(tmp_path_factory, mapped):
+    """A copy forked from a held env shares its memory, mapping included: it drops that region
+    before serving and gets one of its own, so each env's observations stay its own."""
+    env_dir = write_factory_env_dir(tmp_path_factory.mktemp("factories"), [make_frames])
+    venv = BoltzLabsVecEnv.from_env_dir(env_dir, 3, mode="boltz", isolation="namespaces")
+    try:
+        if venv.pool.isolation is None or venv.pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("memory snapshots need the namespaces backend (root)")
+        ref = FrameEnv()
+        venv.reset(seed=[9, 1, 2])
+        ref.reset(seed=9)
+        venv.step(np.array([1, 1, 1]))  # with its region in use
+        ref.step(1)
+        before = _memfd_inodes()
+        snap = venv.snapshot(0, kind="memory")
+        assert snap.kind == "memory", snap.kind
+        venv.restore(snap, [1, 2])
+        snap.release()
+        obs = venv.step(np.array([0, 1, 2]))[0]  # the copies go on from env 0's state
+        np.testing.assert_array_equal(obs[0], ref.step(0)[0])
+        for a in (1, 2):  # the same random stream, their own action: never env 0's bytes
+            np.testing.assert_array_equal(obs[a], (obs[0].astype(int) + a) % 256)
+        assert len(venv.pool._links[0].regions) == 3 and mapped() == 3
+        # three regions, three memfds: the copies' are their own (and the source was asked again)
+        assert len(_memfd_inodes() - before) == 3
     finally:
         venv.close()
