@@ -656,7 +656,9 @@ class BoltzLabsVecEnv(VectorEnv):
     def _take_plain_step(self, leaf: codec.ArrayLeaf, r: EnvResult, same_step: bool) -> bool:
         """Store a plain step's transition (array obs, empty info, no autoreset) without
         parsing JSON; False, storing nothing, for any other reply."""
-        parsed = leaf.parse_step_line(r.raw)  # type: ignore[arg-type]  # raw results always carry their line
+        if r.raw is None:
+            return False  # read already (an observation from a shared region, copied out): the general path
+        parsed = leaf.parse_step_line(r.raw)
         if parsed is None or len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
             return False
         reward, terminated, truncated = parsed

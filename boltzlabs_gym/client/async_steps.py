@@ -44,13 +44,14 @@ import numpy as np
 import zmq
 
 from ..errors import AsyncStateError, WorkerLost, WorkerTimeout
-from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, PARTIAL, encode_header, env_request, jsonable
+from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, OK, PARTIAL, encode_header, env_request, jsonable
 from .arguments import check_actions, check_seeds
 from .batch_calls import BatchCalls
 from .direct_lane import goes_direct
 from .grouped_route import GroupedRoute
 from .grouping import GroupPlan, GroupResult, pack
 from .link import WorkerLink
+from .obs_regions import RegionFault
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, SplitRoute, WorkerRoute
 
@@ -355,14 +356,35 @@ class AsyncSteps:
             lane = link.lane
             if lane is not None and lane.in_flight:
                 done, failed = lane.collect(time.monotonic())
-                for unit, _local, line, payloads in done:
-                    self._finish(unit, EnvResult(unit, "ok", None, payloads, line))
+                for unit, local, line, payloads in done:
+                    result = self._read_lane_reply(link, unit, local, line, payloads, failed)
+                    if result is not None:
+                        self._finish(unit, result)
                 if failed:
                     self._hand_back_failed(link, failed)
             tags = self._requests.get(link)
             if tags:
                 for header, frames in link.read_ready(tags):
                     self._take_part(link, tags, header, frames)
+
+    @staticmethod
+    def _read_lane_reply(
+        link: WorkerLink, unit: int, local: int, line: bytes, payloads: list, failed: list
+    ) -> EnvResult | None:
+        """A lent env's reply as a result, its observation copied out of its shared region if it has
+        one; ``None`` (added to ``failed``, to be handed back) for a wrong reference."""
+        regions = link.regions
+        if regions is None:
+            return EnvResult(unit, OK, None, payloads, line)
+        try:
+            raw, reply, payloads = regions.resolve(local, line, payloads)
+        except RegionFault as exc:
+            regions.forget(local)
+            assert link.lane is not None
+            link.lane.release(local)
+            failed.append((unit, local, f"the env broke the protocol: {exc.reason}", False))
+            return None
+        return EnvResult(unit, OK, reply, payloads, raw)
 
     def _take_part(self, link: WorkerLink, tags: set[int], header: dict, frames: list) -> None:
         """One reply part of a partial request: its envs' results (or, for a refused request, an

@@ -27,9 +27,10 @@ import zmq
 
 from ..errors import CapacityError, SandboxUnavailable, WorkerError, WorkerLost, WorkerTimeout
 from ..wire.channel import Channel, ChannelClosed, ChannelError
-from ..wire.protocol import LENT, LENT_FDS, decode_header, encode_header
+from ..wire.protocol import LENT, LENT_FDS, REGION_FDS, REGION_FDS_TAKEN, decode_header, encode_header
 from ..wire.start_failure import EXC_TYPES
 from .direct_lane import DirectLane
+from .obs_regions import ObsRegions
 from .start_errors import start_error
 
 __all__ = ["WorkerLink", "start_local_worker"]
@@ -79,6 +80,8 @@ class WorkerLink:
         self.lane: DirectLane | None = None
         #: The CURVE keys this link authenticates with (None: none), for other connections to the worker.
         self.keys = keys
+        #: The (local) worker's env processes' shared observation regions; None: observations as bytes.
+        self.regions: ObsRegions | None = None
         #: A ZeroMQ DEALER or a Channel: the same send_multipart/poll/recv_multipart/close.
         self.sock: Any = channel
         if channel is None:
@@ -119,10 +122,12 @@ class WorkerLink:
         return None
 
     def close(self) -> None:
-        """Close the socket and the lent pipes; stop a local worker and remove its directory."""
+        """Close the socket, the lent pipes and the mapped regions; stop a local worker and remove its directory."""
         if self.lane is not None:
             self.lane.close()
             self.lane = None
+        if self.regions is not None:
+            self.regions.close()
         if self.monitor is not None:
             try:
                 self.sock.disable_monitor()
@@ -317,17 +322,28 @@ class WorkerLink:
 
     # ------------------------------------------------------------------ lent envs
     def _claim_fds(self, header: dict) -> None:
-        """Attach to ``header`` (as ``_fds``) the descriptors its ``lent`` envs came with."""
+        """Attach to ``header`` (as ``_fds``) the descriptors its ``lent`` envs came with, and (as
+        ``_region_fds``) the observation regions that follow them."""
         lent = header.get(LENT)
+        regions = header.get(REGION_FDS)
+        if regions and (type(regions) is not int or self.regions is None or not 0 < regions <= self.count):
+            raise WorkerError(f"worker {self.address} sent regions this pool did not ask for", self.address)
         if not lent:
+            if regions:
+                header[REGION_FDS_TAKEN] = self._take_fds(regions)
             return
         valid = isinstance(lent, list) and all(type(i) is int and 0 <= i < self.count for i in lent)
         if self.lane is None or not valid:
             raise WorkerError(
                 f"worker {self.address} lent envs this pool did not ask for: {str(lent)[:80]}", self.address
             )
+        header[LENT_FDS] = self._take_fds(2 * len(lent))
+        if regions:
+            header[REGION_FDS_TAKEN] = self._take_fds(regions)
+
+    def _take_fds(self, count: int) -> list[int]:
         try:
-            header[LENT_FDS] = self.sock.take_fds(2 * len(lent))
+            return self.sock.take_fds(count)
         except ChannelError as exc:
             raise WorkerError(f"worker {self.address}: {exc}", self.address) from None
 
@@ -338,8 +354,8 @@ class WorkerLink:
 
 
 def close_lent(header: dict) -> None:
-    """Close the descriptors of envs lent with a reply nobody waits for any more."""
-    for fd in header.pop(LENT_FDS, ()):
+    """Close the descriptors of envs lent (and regions passed) with a reply nobody waits for any more."""
+    for fd in [*header.pop(LENT_FDS, ()), *header.pop(REGION_FDS_TAKEN, ())]:
         try:
             os.close(fd)
         except OSError:

@@ -50,6 +50,7 @@ from .cancels import CallCanceller
 from .grouped_route import GroupedRoute
 from .grouping import SandboxLayout
 from .link import WorkerLink, start_local_worker
+from .obs_regions import ObsRegions
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible, route_losses
 from .snapshot import Snapshot
@@ -111,6 +112,10 @@ class RLPool:
             see :mod:`boltzlabs_gym.client.direct_lane`) instead of through the worker: one process hop
             less per step, same limits, deadlines and failure reports. ``False`` sends
             everything through the worker, as remote pools always do.
+        shared_obs: a local pool asks each env process for a shared observation region (a
+            sealed memfd, mapped read-only here) and its envs' array observations come through it
+            rather than through their pipes; see :mod:`boltzlabs_gym.client.obs_regions` and
+            ``docs/shared-memory.md``. Remote pools never do: ``False`` keeps bytes everywhere.
         envs_per_sandbox: how many envs share one sandboxed process (default 1: every env
             in its own). With K > 1 env ``i`` is slot ``i % K`` of sandbox ``i // K``: one
             request and one reply per sandbox per batch, array observations in one block
@@ -156,6 +161,7 @@ class RLPool:
         busy_poll_us: float = DEFAULT_BUSY_POLL_US,
         env_aslr: bool = False,
         direct: bool = True,
+        shared_obs: bool = True,
         envs_per_sandbox: int = 1,
         metrics_port: int | None = None,
         snapshot_budget: int | None = None,
@@ -171,6 +177,9 @@ class RLPool:
             envs_per_sandbox,
         )
         self.direct = direct
+        if not isinstance(shared_obs, bool):
+            raise TypeError(f"shared_obs must be True or False, got {shared_obs!r}")
+        self.shared_obs = shared_obs
         source, addresses = worker_addresses(workers, keys)
         if isolation == "auto" and getattr(source, "sandboxed_only", False):
             # Workers in a Ray cluster: an env without a sandbox would run as the Ray user, with the
@@ -301,6 +310,8 @@ class RLPool:
                 worker_args += ["--snapshot-budget", str(snapshot_budget)]
             link = start_local_worker(sandboxes, self.busy_poll_us, worker_args=worker_args, **options)
             self._links.append(link)  # closed by the finalizer whatever happens next
+            if self.shared_obs:
+                link.regions = ObsRegions(sandboxes, k)
             if self.direct and lane_possible(sandboxes):
                 route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout, k)
             else:

@@ -25,9 +25,21 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import WorkerError, WorkerLost, WorkerTimeout
-from ..wire.protocol import ADOPT, ERROR, FAULTS, GROUP_SLOTS, LEND, LENT_FAULT, OK, encode_header, env_request
+from ..wire.protocol import (
+    ADOPT,
+    ERROR,
+    FAULTS,
+    GROUP_SLOTS,
+    LEND,
+    LENT_FAULT,
+    OBS_REGION,
+    OK,
+    encode_header,
+    env_request,
+)
 from .direct_lane import DirectLane, goes_direct
 from .link import WorkerLink
+from .obs_regions import KEEPS_REGION, ObsRegions, RegionFault
 from .results import EnvResult, parse_result
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
@@ -36,6 +48,8 @@ __all__ = ["LaneRoute", "Route", "SplitRoute", "WorkerRoute", "lane_possible", "
 
 #: The time the worker gets to kill, report and respawn envs that failed on the lane.
 LENT_FAULT_TIMEOUT_S = 30.0
+#: How long asking the env processes for their observation regions may take.
+REGION_ASK_TIMEOUT_S = 60.0
 #: How often a lane tells its worker what it stepped (the worker never sees those steps).
 LANE_REPORT_S = 1.0
 #: Batch latencies kept for the next report; the oldest go first (see worker.stats).
@@ -73,6 +87,7 @@ class WorkerRoute:
         self.last_entries: list = []  # the entries of the last request sent (which envs a lost worker had)
 
     def send(self, items: Items) -> float:
+        self._prepare_regions(items)
         n, start = self.n, self.link.start
         entries: list = []
         frames: list = []
@@ -100,6 +115,43 @@ class WorkerRoute:
         link.raise_for_error(header)
         return self._parse_results(header, frames, raw), {link.address: float(header.get("worker_ms", 0.0))}
 
+    # ------------------------------------------------------------------ shared observation regions
+    def _prepare_regions(self, items: Items) -> None:
+        """Before a batch: ask the env processes due a region for one (their first call, or the
+        first since they were replaced), then forget the regions of those this batch may replace."""
+        regions = self.link.regions
+        if regions is None:
+            return
+        if regions.due():
+            self._ask_regions(regions)
+        start = self.link.start
+        for index, op, _payloads in items:
+            if type(op) is not dict or op.get("op") not in KEEPS_REGION:
+                regions.forget(int(index) - start)
+
+    def _may_ask_regions(self) -> bool:
+        return True
+
+    def _ask_regions(self, regions: ObsRegions) -> None:
+        """One ``obs_region`` request, through the worker, for every process due a region."""
+        if not self._may_ask_regions():
+            return
+        link = self.link
+        due = regions.due()
+        header = self._region_request_header(due)
+        header["items"] = [[i, {"op": OBS_REGION}, 0] for i in due]
+        reply, frames = link.recv(link.send(header), REGION_ASK_TIMEOUT_S)
+        results: list[EnvResult] = []
+        try:
+            link.raise_for_error(reply)
+            link.take_lent(reply)
+            results = self._parse_results(reply, frames)
+        finally:
+            regions.adopt(reply, results, link.start)
+
+    def _region_request_header(self, due: list[int]) -> dict:
+        return {"op": "batch"}
+
     def _collect(self, seq: int, positions: list[int], results: list, deadline: float) -> float:
         """Receive a batch reply into ``results`` at ``positions``; take the envs it lends; its worker_ms."""
         link = self.link
@@ -119,6 +171,7 @@ class WorkerRoute:
                 f"worker {link.address} sent a malformed batch reply (results or data frame missing)", link.address
             )
         data = memoryview(frames[0])
+        regions = link.regions
         out = []
         pos = 0
         for entry in entries:
@@ -138,9 +191,25 @@ class WorkerRoute:
                 payloads.append(data[start : start + size])
                 start += size
             result = EnvResult(link.start + local, status, None, payloads, bytes(data[pos:reply_end]))
+            if regions is not None:
+                result = self._resolve(regions, local, result)
             out.append(result if raw else parse_result(result))
             pos = end
         return out
+
+    @staticmethod
+    def _resolve(regions: ObsRegions, local: int, result: EnvResult) -> EnvResult:
+        """A result through the worker read against its env's region (copied out now); a failed env
+        (maybe replaced) loses its region, and a wrong reference is that env's bad reply."""
+        if result.status != OK:
+            regions.forget(local)
+            return result
+        try:
+            return regions.resolve_result(result, result.index - local)
+        except RegionFault as exc:
+            regions.forget(local)
+            message = f"env {result.index} broke the protocol: {exc.reason}"
+            return EnvResult(result.index, ERROR, {"message": message, "bad_reply": True}, [])
 
 
 class SplitRoute:
@@ -296,6 +365,7 @@ class LaneRoute(WorkerRoute):
     def send(self, items: Items) -> float:
         link, n, lane = self.link, self.n, self.lane
         lane.check_idle()
+        self._prepare_regions(items)
         direct: list = []
         via: list = []
         frames: list = []
@@ -360,7 +430,18 @@ class LaneRoute(WorkerRoute):
             if pending.t_send is not None:  # fan-out to the envs and back, as a worker counts it
                 worker_ms = (time.perf_counter() - pending.t_send) * 1e3
                 self._note_lane_batch(worker_ms / 1e3)
+            regions = link.regions
             for pos, index, line, payloads in done:
+                if regions is not None:
+                    try:
+                        raw_line, reply, payloads = regions.resolve(index, line, payloads)
+                    except RegionFault as exc:  # handed back: the worker kills, reports, respawns it
+                        regions.forget(index)
+                        lane.release(index)
+                        failed.append((pos, index, f"the env broke the protocol: {exc.reason}", False))
+                        continue
+                    results[pos] = EnvResult(link.start + index, OK, reply, payloads, raw_line)
+                    continue
                 results[pos] = EnvResult(link.start + index, OK, None, payloads, line)
             self.lane_calls += len(done) if pending.calls is None else sum(pending.calls[pos] for pos, *_ in done)
             if pending.seq is not None:
@@ -383,6 +464,17 @@ class LaneRoute(WorkerRoute):
         if not raw:
             results = [parse_result(r) for r in results]
         return results, {link.address: worker_ms}
+
+    def _may_ask_regions(self) -> bool:
+        # Envs handed back with the ask must carry nothing in flight, and what the lane owes the
+        # worker (faults, adoptions) goes with the next batch: ask when the lane is quiet.
+        lane = self.lane
+        return not lane.in_flight and not lane.idle_faults and not lane.abandoned
+
+    def _region_request_header(self, due: list[int]) -> dict:
+        for index in due:
+            self.lane.hand_back(index)  # the worker takes it back with this request, lends it again after
+        return {"op": "batch", LEND: True}
 
     @staticmethod
     def _lent_fault(pos: int, reason: str, straggler: bool, calls: dict[int, int] | None) -> dict:

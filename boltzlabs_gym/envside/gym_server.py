@@ -82,7 +82,7 @@ from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
-from . import process
+from . import obs_region, process
 from .failures import MAX_TRACEBACK_CHARS, error_transition, failed_transition
 from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
 from .groups import GroupRequest, Progress, group_config, group_reply_parts
@@ -140,6 +140,9 @@ class GymServer:
         #: Whether a reset or restore started an episode in this process (a process the worker
         #: just (re)started has none: its predecessor's state died with it).
         self.started = False
+        #: This env's slot in the process's shared observation region (an array of the space's
+        #: dtype and shape on it), once a local pool asked for one (:meth:`obs_region`).
+        self.shm_slot: np.ndarray | None = None
         if isinstance(self.action_space, gs.Discrete):
             start = int(self.action_space.start)
             self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
@@ -196,8 +199,46 @@ class GymServer:
     def reset(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """``env.reset(seed=, options=)``; an exception gives ``obs`` null and ``boltzlabs_exception``."""
         out: list = []
+        slot = self.shm_slot
+        if slot is not None:
+            try:
+                obs, info = self._env_reset(msg.get("seed"), msg.get("options"))
+            except Exception:
+                return {"obs": None, "info": error_transition("reset")["info"]}, []
+            if type(obs) is np.ndarray and obs.dtype == slot.dtype and obs.shape == slot.shape:
+                try:
+                    info_j, _ = encode_info(info, out)
+                except Exception:
+                    del out[:]  # the encoders below say what is wrong
+                else:
+                    slot[...] = obs
+                    return {"obs": self._obs_leaf.shm_skeleton, "info": info_j}, out  # type: ignore[union-attr]
+            obs_j, info_j = self._encode_reset(obs, info, out)
+            return {"obs": obs_j, "info": info_j}, out
         obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
         return {"obs": obs, "info": info}, out
+
+    def obs_region(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
+        """Make this process's shared observation region (one slot: this env) and describe it
+        (:func:`region_reply`); with ``"use": true`` (sent by the worker once it has sealed it),
+        write plain observations into it from now on. An env without an array observation space
+        answers an error."""
+        leaf = self._obs_leaf
+        if leaf is None:
+            return {"error": "no shared observation region: the observation space is not one array"}, []
+        if msg.get("use") is not True:
+            return region_reply(obs_region.create(1, leaf.nbytes), leaf), []
+        region = obs_region.current()
+        if region is None or (region.slots, region.slot_bytes) != (1, leaf.nbytes):
+            return {"error": "no shared observation region to use: ask for one first"}, []
+        if self.shm_slot is None:
+            self.shm_slot = np.ndarray(leaf.shape, leaf.dtype, buffer=region.view(0))
+            obs_region.on_forget(self._unshare)
+        region.close_fd()  # the worker has its own now
+        return {"obs_region": {"in_use": True}}, []
+
+    def _unshare(self) -> None:
+        self.shm_slot = None  # observations go as bytes again
 
     def _decode_action(self, obj: Any, payloads: Sequence) -> Any:
         if self._discrete is not None and type(obj) is int and self._discrete[0] <= obj < self._discrete[1]:
@@ -243,7 +284,11 @@ class GymServer:
         resets_now = autoreset and (terminated or truncated)
         leaf = self._obs_leaf
         if leaf is not None and not resets_now and not info and type(info) is dict:
-            fast = leaf.step_reply(obs, reward, terminated, truncated)
+            slot = self.shm_slot
+            if slot is not None:
+                fast = leaf.shm_step_reply(obs, reward, terminated, truncated, slot)
+            else:
+                fast = leaf.step_reply(obs, reward, terminated, truncated)
             if fast is not None:
                 return fast
         # The reset below may overwrite the env's obs buffer: copy payloads then.
@@ -429,7 +474,23 @@ _OTHER_OPS = {
     "render": GymServer.render,
     "snapshot": GymServer.snapshot,
     "restore": GymServer.restore,
+    "obs_region": GymServer.obs_region,
 }
+
+
+def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf) -> dict:
+    """The answer to ``{"op": "obs_region"}``: the memfd's descriptor number in this process (for
+    the worker's ``pidfd_getfd``), its size, its slots and what one slot holds."""
+    return {
+        "obs_region": {
+            "fd": region.fd,
+            "bytes": region.size,
+            "slots": region.slots,
+            "slot_bytes": region.slot_bytes,
+            "dtype": leaf.dtype.str,
+            "shape": list(leaf.shape),
+        }
+    }
 
 
 class GroupRows:
@@ -457,6 +518,32 @@ class GroupRows:
             % (leaf.dtype.str.encode(), dims, np.dtype(np.float64).str.encode())
         )
         self._plain_lines: dict[int, bytes] = {}
+        self._leaf = leaf
+        #: Whether the rows live in the process's shared observation region (:meth:`share`).
+        self.shared = False
+
+    def share(self, region: obs_region.ObsRegion) -> None:
+        """Keep the rows in ``region`` (one slot per row) from now on: a reply's observations are
+        then a reference to its first rows (``{"__shm__": [0, dtype, [P, ...]]}``, an empty first
+        payload) instead of their bytes."""
+        m = len(self.flags)
+        self._private = (self.obs, self._obs_bytes, self._arrays)
+        self.obs = np.ndarray((m, *self.shape), self.dtype, buffer=region.memory[: m * self._row_bytes])
+        self._obs_bytes = memoryview(b"")
+        dims = b"".join(b",%d" % d for d in self.shape)
+        self._arrays = self._arrays.replace(
+            b'"obs":{"__nd__":[0,"%s",[%%d%s]]}' % (self.dtype.str.encode(), dims),
+            b'"obs":{"__shm__":[0,"%s",[%%d%s]]}' % (self.dtype.str.encode(), dims),
+        )
+        self._plain_lines.clear()
+        self.shared = True
+        obs_region.on_forget(self._unshare)
+
+    def _unshare(self) -> None:
+        """Back to the rows of this process's own memory (the region is being dropped)."""
+        self.obs, self._obs_bytes, self._arrays = self._private
+        self._plain_lines.clear()
+        self.shared = False
 
     @classmethod
     def of(cls, servers: Sequence[GymServer]) -> GroupRows | None:
@@ -496,6 +583,8 @@ class GroupRows:
 
     def payloads(self, n: int) -> list:
         """Views of the first ``n`` rows, rewards and flags: the first three payloads of the reply."""
+        if self.shared:
+            return [b"", self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
         return [self._obs_bytes[: n * self._row_bytes], self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
 
     def plain_line(self, n: int) -> bytes:
@@ -505,7 +594,7 @@ class GroupRows:
             line = self._plain_lines[n] = b'{"n":%d,%s,"replies":{},"_bin":[%d,%d,%d]}\n' % (
                 n,
                 self.arrays(n),
-                n * self._row_bytes,
+                0 if self.shared else n * self._row_bytes,
                 8 * n,
                 n,
             )
@@ -591,9 +680,15 @@ def _serve_group(servers: list[GymServer], fd_in: int, fd_out: int, progress: Pr
     and the process serves on (the whole line was read); a torn stream as in :func:`_serve_one`.
     At end of input every env is closed.
     """
-    answer_group = partial(_serve_group_request, servers, GroupRows.of(servers), progress, fd_out)
+    rows = GroupRows.of(servers)
+    answer_group = partial(_serve_group_request, servers, rows, progress, fd_out)
     ending = serve_group_requests(
-        FdReader(fd_in), FdWriter(fd_out), len(servers), answer_group, serve_past_bad_lines=True
+        FdReader(fd_in),
+        FdWriter(fd_out),
+        len(servers),
+        answer_group,
+        serve_past_bad_lines=True,
+        sandbox_ops={"obs_region": partial(_group_obs_region, rows)},
     )
     if ending is Ending.END_OF_INPUT:
         _close_all(servers)
@@ -671,6 +766,23 @@ def _serve_group_request(
         parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
     writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
     return not closing
+
+
+def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
+    """A sandbox of several envs answers ``{"op": "obs_region"}`` for all of them: one region, a slot
+    per env, which its group replies' rows live in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
+    if rows is None:
+        return {"error": "no shared observation region: the envs' observations are not one array space"}
+    sizes = (len(rows.flags), rows._row_bytes)
+    if msg.get("use") is not True:
+        return region_reply(obs_region.create(*sizes), rows._leaf)
+    region = obs_region.current()
+    if region is None or (region.slots, region.slot_bytes) != sizes:
+        return {"error": "no shared observation region to use: ask for one first"}
+    if not rows.shared:
+        rows.share(region)
+    region.close_fd()  # the worker has its own now
+    return {"obs_region": {"in_use": True}}
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:

@@ -62,7 +62,7 @@ import time
 from typing import Any
 
 from ..wire.limits import Limits
-from . import process
+from . import obs_region, process
 from .confine import CONTROL_FD, SANDBOX_WORKSPACE, python_paths
 
 HOLDER_COMM = "boltz-holder"
@@ -345,6 +345,9 @@ class CowForks:
             os.close(tree)
             os.chdir(req.get("workspace") or SANDBOX_WORKSPACE)
             _drop_privileges(self.uid, self._cap_last)
+            # a copy shares its source's memory, never its observation region (the pool reads that
+            # as the source's; the worker checks it is gone): bytes until the pool asks for its own
+            obs_region.forget()
             os.write(csock, b"ok")
         except BaseException as exc:  # noqa: BLE001
             _write(csock, f"!copy set-up failed: {type(exc).__name__}: {exc}".encode())

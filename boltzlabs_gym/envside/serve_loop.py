@@ -100,8 +100,11 @@ def serve_group_requests(
     answer_group: Callable[[GroupRequest], bool],
     *,
     serve_past_bad_lines: bool = False,
+    sandbox_ops: dict[str, Callable[[dict], dict]] | None = None,
 ) -> Ending:
-    """:func:`serve_requests` for a process hosting ``count`` envs: every request is a group request.
+    """:func:`serve_requests` for a process hosting ``count`` envs: every request is a group request,
+    but for the ops in ``sandbox_ops`` (about the process, not one env: ``{"op": name}`` answered with
+    ``sandbox_ops[name](msg)``'s reply, which carries no payloads).
 
     ``answer_group`` gets each checked request (:func:`~.groups.check_group`), writes its group
     reply and returns ``False`` after a ``close``. A request that is not a group request this
@@ -110,6 +113,13 @@ def serve_group_requests(
     """
 
     def answer(msg: dict, payloads: list[bytes]) -> bool:
+        if sandbox_ops and type(msg.get("op")) is str and msg["op"] in sandbox_ops:
+            try:
+                reply = sandbox_ops[msg["op"]](msg)
+            except Exception as exc:  # noqa: BLE001 - said in the reply; the envs serve on
+                reply = {"error": f"{msg['op']} failed: {type(exc).__name__}: {exc}"}
+            write_message(writer, reply)
+            return True
         try:
             request = check_group(msg, payloads, count)
         except ProtocolError as exc:

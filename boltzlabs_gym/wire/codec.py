@@ -65,6 +65,9 @@ __all__ = [
 
 #: The marker key of an array leaf.
 ND = "__nd__"
+#: The key of a reference to an observation in the env's shared region (``{"__shm__": [slot, dtype, shape]}``;
+#: see :mod:`boltzlabs_gym.client.obs_regions`). Only a local pool that asked for a region gets one.
+SHM = "__shm__"
 #: The marker key of a numpy scalar in an info: ``{"__np__": [dtype, value]}``.
 NP = "__np__"
 #: The marker key of an escaped user dict in an info (a dict that looked like a marker).
@@ -475,7 +478,19 @@ class ArrayLeaf:
     array([0., 0., 0., 0.], dtype=float32)
     """
 
-    __slots__ = ("space", "dtype", "shape", "nbytes", "skeleton", "skeleton_json", "step_prefix", "step_suffix")
+    __slots__ = (
+        "space",
+        "dtype",
+        "shape",
+        "nbytes",
+        "skeleton",
+        "skeleton_json",
+        "step_prefix",
+        "step_suffix",
+        "shm_skeleton",
+        "shm_prefix",
+        "shm_suffix",
+    )
 
     def __init__(self, space: _ArraySpace):
         self.space = space
@@ -487,6 +502,10 @@ class ArrayLeaf:
         # The bytes around the reward and done flags of a plain step reply line (see step_line).
         self.step_prefix = step_reply_prefix(self.skeleton_json.encode())
         self.step_suffix = step_reply_suffix(self.nbytes)
+        # The same line when the observation is in the env's shared region (slot 0): no payload bytes.
+        self.shm_skeleton = {SHM: [0, self.dtype.str, list(self.shape)]}
+        self.shm_prefix = step_reply_prefix(json.dumps(self.shm_skeleton, separators=(",", ":")).encode())
+        self.shm_suffix = step_reply_suffix(0)
 
     @classmethod
     def of(cls, space: gs.Space) -> ArrayLeaf | None:
@@ -554,6 +573,30 @@ class ArrayLeaf:
             obs,
         )
         return b"".join(parts)  # type: ignore[arg-type]
+
+    def shm_step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool, slot: Any) -> bytes | None:
+        """:meth:`step_reply` for an env with a shared observation region: the observation is copied
+        into ``slot`` (an array of the space's dtype and shape on the region) and the line refers to
+        it (``{"__shm__": [0, dtype, shape]}``, ``"_bin":[0]``); ``None`` as for :meth:`step_reply`."""
+        if (
+            type(obs) is not np.ndarray
+            or obs.dtype != self.dtype
+            or obs.shape != self.shape
+            or not math.isfinite(reward)
+        ):
+            return None
+        slot[...] = obs
+        return b"".join(
+            (self.shm_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated], self.shm_suffix)
+        )
+
+    def shm_to_step_line(self, line: bytes) -> bytes | None:
+        """The plain step line (:meth:`step_line`) a shared-region step line stands for, or ``None``
+        when ``line`` is not exactly one (the reference then goes the general way)."""
+        prefix, suffix = self.shm_prefix, self.shm_suffix
+        if not (line.startswith(prefix) and line.endswith(suffix)):
+            return None
+        return b"".join((self.step_prefix, line[len(prefix) : len(line) - len(suffix)], self.step_suffix))
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.

@@ -52,6 +52,12 @@ the pool steps them itself; everything else about those envs stays with the work
   reply). The worker kills the env and reports it in that item's result as if the call had
   been its own (``"straggler"`` status when ``straggler``), then respawns it.
 
+* An item ``{"op": "obs_region"}`` (:data:`OBS_REGION`) in a local pool's ``batch``: the env
+  process's shared observation region. The worker seals the env's memfd, tells the env to use it
+  and passes the descriptor with the reply (``"region_fds": count``, :data:`REGION_FDS`, after the
+  lent envs' descriptors); the item's reply is ``{"obs_region": {"bytes", "slots", "slot_bytes",
+  "dtype", "shape", "fd_index"}}`` or ``{"error": ...}``. See ``docs/shared-memory.md``.
+
 A ``batch`` may carry only ``faults``/``adopt`` and no items. The rules both sides judge
 an env by (its deadline, a late call's message, stray output) are in
 :mod:`boltzlabs_gym.wire.call_rules`.
@@ -179,6 +185,13 @@ LEND = "lend"
 LENT = "lent"
 #: Pool-side only: the header key under which a received reply keeps its lent envs' descriptors.
 LENT_FDS = "_fds"
+#: A batch reply's count of observation-region descriptors that travel with it, after the lent envs'
+#: (``{"op": "obs_region"}`` items; a local pool only: see :mod:`boltzlabs_gym.client.obs_regions`).
+REGION_FDS = "region_fds"
+#: Where the pool keeps those descriptors on the reply's header (never sent on the wire).
+REGION_FDS_TAKEN = "_region_fds"
+#: The item op that asks an env process for its shared observation region.
+OBS_REGION = "obs_region"
 #: Batch request key: ``[[index, reason], ...]``, lent envs that failed while idle.
 FAULTS = "faults"
 #: Batch request key: ``[[index, op, seconds_left], ...]``, lent envs' calls nobody waits for.
@@ -316,7 +329,8 @@ DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
 #: (the observation's bytes) that follows the line. The gym server writes it
 #: (``ArrayLeaf.step_reply``); the worker and the lane recognise it without a JSON parser
 #: (:data:`STEP_REPLY_PATTERN`, in :mod:`boltzlabs_gym.wire.envpipe`); the vector env reads it back
-#: (``ArrayLeaf.parse_step_line``).
+#: (``ArrayLeaf.parse_step_line``). An env with a shared observation region writes the same line with
+#: ``<obs>`` ``{"__shm__":[0,dtype,shape]}`` and ``<nbytes>`` 0 (its observation is in the region).
 STEP_REPLY_LAYOUT = (
     b'{"obs":<obs>,"reward":<reward>,"terminated":<terminated>,"truncated":<truncated>,"info":{},"_bin":[<nbytes>]}\n'
 )
@@ -355,7 +369,7 @@ def step_reply_suffix(nbytes: int) -> bytes:
 _UINT = rb"(?:0|[1-9]\d{0,17})"  # JSON has no leading zeros
 # What each field of the layout may hold; only valid JSON, so a line that matches needs no parser.
 _REPLY_FIELD_PATTERNS = (
-    rb'\{"__nd__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
+    rb'\{"__(?:nd|shm)__":\[0,"[<>|=][a-zA-Z]\d{1,2}",\[(?:' + _UINT + rb"(?:," + _UINT + rb"){0,31})?\]\]\}",  # obs
     rb"-?(?:0|[1-9]\d{0,400})(?:\.\d{1,400})?(?:[eE][+-]?\d{1,4})?",  # reward
     rb"(?:true|false)",  # terminated
     rb"(?:true|false)",  # truncated

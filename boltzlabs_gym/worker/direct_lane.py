@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from ..wire.call_rules import STEP
-from ..wire.protocol import ADOPT, ERROR, FAULTS, LENT
+from ..wire.protocol import ADOPT, ERROR, FAULTS, LENT, REGION_FDS
 from .deadlines import Deadlines
 from .envproc import BUSY, IDLE, Call, EnvProcess, json_error
 from .envproc import LENT as LENT_STATE  # the env state; LENT is the reply's wire word
@@ -98,17 +98,19 @@ class DirectLane:
                 fds += (env.stdin_w, env.stdout_r)
         return indices, fds
 
-    def send_lending(self, session: Session, header: dict, frames: list) -> None:
-        """Send a reply to the local pool lending it ``session``'s idle envs; without them if
-        their descriptors cannot go (out of descriptors here)."""
+    def send_lending(self, session: Session, header: dict, frames: list, region_fds: Sequence[int] = ()) -> None:
+        """Send a reply to the local pool lending it ``session``'s idle envs, with the observation
+        regions ``region_fds`` after their descriptors; without either if the descriptors cannot
+        go (out of descriptors here)."""
         header[LENT], fds = self._lend_idle(session)
         try:
-            self._send(session.client, header, frames, fds)
+            self._send(session.client, header, frames, [*fds, *region_fds])
         except (OSError, ValueError) as exc:
             log.warning("could not lend %d envs to the local pool: %s", len(header[LENT]), exc)
             for index in header[LENT]:
                 self.take_back(session.envs[index])
             header[LENT] = []
+            header.pop(REGION_FDS, None)
             self._send(session.client, header, frames, ())
 
     def take_back(self, env: EnvProcess) -> None:

@@ -124,6 +124,9 @@ class EnvProcess(EnvPipe):
         self.pending_start: Any = None
         #: What its factory raised, when its last start's answer said so (wire.start_failure).
         self.start_failure: StartFailure | None = None
+        #: The inode of the observation region the worker sealed for its process (worker.obs_regions):
+        #: the one shared writable mapping a memory snapshot allows, as its copies drop it.
+        self.obs_region_inode: int | None = None
 
     # ------------------------------------------------------------------ process life
     def spawn(self, backend, make_spec: Callable[..., LaunchSpec]) -> None:
@@ -147,6 +150,7 @@ class EnvProcess(EnvPipe):
         for fd in (in_w, out_r, err_r):
             os.set_blocking(fd, False)
         self.stdin_w, self.stdout_r, self.stderr_r = in_w, out_r, err_r
+        self.obs_region_inode = None
         self.reset_buffers()
         self._stderr.clear()
         self.state = STARTING

@@ -29,6 +29,7 @@ from ..wire.protocol import (
     LENT_FAULT,
     MAX_ENV_PAYLOAD_BYTES,
     MEMORY,
+    OBS_REGION,
     OK,
     PARTIAL,
     PORTABLE,
@@ -45,7 +46,8 @@ from .direct_lane import DirectLane
 from .envproc import EnvProcess, json_error
 from .memory_snapshots.holders import Holder
 from .memory_snapshots.snapshotter import Snapshotter, Swap
-from .partial_replies import PartialReplies
+from .obs_regions import RegionCatcher
+from .partial_replies import PartialBatch, PartialReplies
 from .sandbox import select_backend
 from .scheduler import Scheduler
 from .session import LOCAL_CLIENT, Batch, Session, SessionConfig, SessionExpired
@@ -270,11 +272,17 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
         batch.envs = sum(len(op.get(GROUP_SLOTS) or (0,)) for _, op, _ in calls)
     for pos, (index, op, frames) in enumerate(calls):
         env = session.envs[index]
-        target: Batch | _SnapshotCatcher = batch
+        target: Batch | _SnapshotCatcher | RegionCatcher = batch
         if op["op"] == LENT_FAULT:
             lane.submit_lent_fault(session, env, op, batch, pos)
             continue
         lane.take_back(env)  # even for a refused item: the pool let go of it when it sent one
+        if op["op"] == OBS_REGION:
+            if client != LOCAL_CLIENT or isinstance(batch, PartialBatch):
+                message = f"env {env.global_index}: shared observation regions are for a local pool's batches"
+                batch.done(pos, env.index, ERROR, json_error(message, refused="obs_region"), [])
+                continue
+            target = RegionCatcher(batch, env, _submitter(worker, session, env, pos))
         if op["op"] in (SNAPSHOT, RESTORE):
             prepared = _prepare_snapshot_item(worker, session, env, op, frames, batch, pos)
             if prepared is None:
@@ -290,6 +298,15 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
     if not calls:
         worker.reply_batch(batch)  # only faults or adoptions: nothing to wait for
     return None
+
+
+def _submitter(worker: WorkerView, session: Session, env: EnvProcess, pos: int) -> Callable[[dict, Any], None]:
+    """Queue a further request to ``env`` for batch position ``pos`` (a :class:`RegionCatcher`'s)."""
+
+    def submit(op: dict, destination: Any) -> None:
+        worker.scheduler.submit(session, env, op, (), destination, pos)
+
+    return submit
 
 
 def _prepare_snapshot_item(

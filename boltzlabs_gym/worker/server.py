@@ -52,6 +52,7 @@ from ..wire.protocol import (
     DEFAULT_BUSY_POLL_US,
     DEFAULT_SNAPSHOT_BUDGET,
     ERROR,
+    REGION_FDS,
     ProtocolError,
     check_poll_us,
     decode_header,
@@ -461,12 +462,30 @@ class Worker:
         header = {"seq": batch.seq, "ok": True, "worker_ms": worker_s * 1e3, "results": results}
         if batch.stats is not None and batch.envs:  # not a request of only faults or adoptions
             batch.stats.batch_done(worker_s, batch.envs)
-        if batch.lend_from is not None:
-            self.lane.send_lending(batch.lend_from, header, [data])
-        else:
-            self.send(batch.client, header, [data])
+        region_fds = batch.region_fds
+        if region_fds:
+            header[REGION_FDS] = len(region_fds)
+        try:
+            if batch.lend_from is not None:
+                self.lane.send_lending(batch.lend_from, header, [data], region_fds)
+            elif region_fds:
+                self._send_with_regions(batch.client, header, [data], region_fds)
+            else:
+                self.send(batch.client, header, [data])
+        finally:
+            for fd in region_fds:  # the pool has its own copies now (or none: it then keeps bytes)
+                os.close(fd)
         if batch.client == LOCAL_CLIENT:
             self._local_replied()
+
+    def _send_with_regions(self, client: bytes, header: dict, frames: list, region_fds: list[int]) -> None:
+        """Send a reply with observation-region descriptors; without them if they cannot go."""
+        try:
+            self.send(client, header, frames, region_fds)
+        except (OSError, ValueError) as exc:
+            log.warning("could not pass %d observation regions to the local pool: %s", len(region_fds), exc)
+            header.pop(REGION_FDS, None)
+            self.send(client, header, frames)
 
     def _send_created(self, session: Session, header: dict) -> None:
         """Answer a session's ``create`` (its envs all started), lending them if its pool asked."""

@@ -112,6 +112,8 @@ class Batch:
         #: envs its items cover (more than ``size`` when a sandbox hosts several).
         self.stats: Any = None
         self.envs = size
+        #: Sealed observation-region descriptors (``obs_region`` items) that go with the reply.
+        self.region_fds: list[int] = []
 
     def done(self, pos: int, index: int, status: str, reply: bytes, payloads: list) -> None:
         if self.results[pos] is not None:

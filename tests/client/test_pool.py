@@ -432,6 +432,7 @@ class _EchoLink:
     def __init__(self, address, start, count):
         self.address, self.start, self.count = address, start, count
         self.sent = []
+        self.regions = None  # a remote worker's: no shared observation regions
 
     def send(self, header, frames=()):
         self.sent.append(header)

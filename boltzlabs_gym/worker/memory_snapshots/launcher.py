@@ -67,8 +67,10 @@ class SnapshotLauncher:
         self._graveyard = graveyard
         self._count_live = count_live
 
-    def memory_snapshots_unavailable(self, launched: Launched | None) -> str | None:
-        """Why the env ``launched`` cannot take a memory snapshot, or None."""
+    def memory_snapshots_unavailable(self, launched: Launched | None, region_inode: int | None = None) -> str | None:
+        """Why the env ``launched`` cannot take a memory snapshot, or None. ``region_inode``: its
+        sealed observation region, the one shared writable mapping allowed (every copy drops it
+        before it serves, and is checked for that)."""
         why = self._why_not()
         if why:
             return why
@@ -90,7 +92,7 @@ class SnapshotLauncher:
                 f"the env has {status.get('Threads', '?')} threads, and a fork keeps only one: set OMP_NUM_THREADS=1, "
                 "OPENBLAS_NUM_THREADS=1 and MKL_NUM_THREADS=1 (before numpy is imported)"
             )
-        shared = _shared_writable_mappings(launched.pid)
+        shared = _shared_writable_mappings(launched.pid, region_inode)
         if shared:
             return (
                 f"the env has shared writable memory ({', '.join(shared[:3])}), which its copies would share "
@@ -265,7 +267,7 @@ class SnapshotLauncher:
                             p.pidfd = L.pidfd_open(pid)  # from here on the copy is named by its pidfd
                             continue
                     elif msg == b"ok" and p.pid:
-                        why = unconfined(p.pid)
+                        why = unconfined(p.pid) or _still_shares(p.pid)
                         if why:
                             p.error = f"the copy is not confined as it must be ({why})"
                         else:
@@ -401,18 +403,29 @@ def _status(pid: int) -> dict[str, str]:
     return out
 
 
-def _shared_writable_mappings(pid: int) -> list[str]:
-    """The process's shared writable mappings (MAP_SHARED memory, SysV shm): a fork shares them."""
+def _shared_writable_mappings(pid: int, except_inode: int | None = None) -> list[str]:
+    """The process's shared writable mappings (MAP_SHARED memory, SysV shm): a fork shares them;
+    but for those of the file ``except_inode`` (its observation region)."""
     found = []
+    skip = str(except_inode) if except_inode is not None else None
     try:
         with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 fields = line.split(maxsplit=5)
                 if len(fields) >= 2 and fields[1][1] == "w" and fields[1][3] == "s":
+                    if skip is not None and len(fields) > 4 and fields[4] == skip:
+                        continue
                     found.append(fields[5].strip() if len(fields) > 5 else fields[0])
     except OSError:
         return ["(unreadable)"]
     return found
+
+
+def _still_shares(pid: int) -> str | None:
+    """A copy must map no shared writable memory (the only kind its source could have had is its
+    observation region, which the copy drops before it says it is ready)."""
+    shared = _shared_writable_mappings(pid)
+    return f"it still maps shared writable memory ({', '.join(shared[:3])})" if shared else None
 
 
 _NO_CAPS = "0000000000000000"

@@ -89,7 +89,7 @@ class Snapshotter:
         copies, launched = session.copies, env.launched
         if copies is None:
             return NO_COPIES
-        why = copies.memory_snapshots_unavailable(launched)
+        why = copies.memory_snapshots_unavailable(launched, env.obs_region_inode)
         if why is not None or launched is None:  # (it says why an env without a process cannot)
             return why or "the env has no process"
         # Nothing of the env runs now (the worker checked: one thread, blocked reading its next

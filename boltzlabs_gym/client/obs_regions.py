@@ -1,0 +1,237 @@
+"""A local pool's shared observation regions: one read-only mapping per env process.
+
+A pool that started its own worker (``RLPool(shared_obs=True)``, the default) asks each env
+process for an observation region (an ``obs_region`` item, through the worker). The env makes a
+memfd with one slot per env it hosts, the worker takes it out of the env, seals it against any
+change of size and passes the descriptor with its reply (see
+:mod:`boltzlabs_gym.worker.obs_regions`); :meth:`ObsRegions.adopt` checks the seals and the size
+again (it costs nothing) and maps it read-only. From then on that env's plain replies (a plain
+step, a plain reset, a group reply's rows) write the observation into its slot and carry a
+reference, ``{"__shm__": [slot, dtype, shape]}``, instead of the bytes.
+
+:meth:`ObsRegions.resolve` turns every reply that refers to a region back into the reply the env
+would have sent without one, *copying the slot out as the reply is read*: the rest of the pool
+reads it as it always did (and validates it against the space as it always did), and an env that
+rewrites its slot afterwards changes nothing already read. A reference from an env that has no
+region here, or one whose slot, dtype or shape is not its region's, is that env's fault
+(:class:`RegionFault`), as a malformed payload is.
+
+Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, spaces that are not
+one array) stay bytes. A process the pool learns was replaced (a failure, a hard reset, a
+restore) loses its mapping here and is asked again before its next call; until then it answers
+with bytes. Remote pools never ask: their wire is unchanged.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import stat
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..wire.codec import ND, SHM, ArrayLeaf
+from ..wire.protocol import OK, REGION_FDS_TAKEN, parse_json
+from .results import EnvResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ObsRegions", "RegionFault", "REQUIRED_SEALS", "KEEPS_REGION"]
+
+#: Item ops after which an env process is still the one that had the region. Any other (a hard
+#: reset, a restore, a snapshot, a lent env's fault, ...) may replace it: its region is asked again.
+KEEPS_REGION = frozenset(("step", "reset", "obs_region", "describe", "call", "get_attr", "set_attr", "render"))
+
+#: The seals a region must carry before it is mapped: nobody can shrink (or grow) it any more.
+REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+#: The largest region mapped.
+MAX_REGION_BYTES = 1 << 30
+_SHM_KEY = b'"__shm__"'
+
+
+class RegionFault(Exception):
+    """An env's reply refers to its region wrongly; ``reason`` says how (the env is handed back)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Region:
+    """One env process's region, mapped read-only, and the one-env step line it rewrites."""
+
+    __slots__ = ("map", "slots", "slot_bytes", "dtype", "shape", "leaf")
+
+    def __init__(self, fd: int, size: int, slots: int, slot_bytes: int, dtype: np.dtype, shape: tuple):
+        # (Python's mmap keeps a duplicate of ``fd`` until it is closed: one descriptor per mapping)
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.slots, self.slot_bytes, self.dtype, self.shape = slots, slot_bytes, dtype, shape
+        # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
+        self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
+
+    def copy_rows(self, rows: int) -> bytes:
+        """The first ``rows`` slots' bytes, copied out now."""
+        return self.map[: rows * self.slot_bytes]
+
+    def close(self) -> None:
+        self.map.close()
+
+
+class _ShapeOnly:
+    """What :class:`ArrayLeaf` reads of a space: its dtype and shape."""
+
+    def __init__(self, dtype: np.dtype, shape: tuple):
+        self.dtype, self.shape = dtype, shape
+
+
+class ObsRegions:
+    """The regions of one local worker's env processes (``count`` of them, ``envs_per_sandbox``
+    envs each), by the worker's index of the process.
+
+    :meth:`due` lists the processes to ask (none asked yet, or replaced since);
+    :meth:`adopt` maps what a batch reply passed; :meth:`resolve` reads a reply against them;
+    :meth:`forget` drops one (its process was replaced); :meth:`close` unmaps them all.
+    """
+
+    def __init__(self, count: int, envs_per_sandbox: int = 1):
+        self.count = count
+        self.envs_per_sandbox = envs_per_sandbox
+        self._regions: dict[int, _Region] = {}
+        self._due: set[int] = set(range(count))
+        #: Processes that answered that they cannot have one (no array space, no memfd): not asked again.
+        self.refused: dict[int, str] = {}
+
+    def __contains__(self, index: int) -> bool:
+        return index in self._regions
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def due(self) -> list[int]:
+        """Processes to ask for a region before their next call."""
+        return sorted(self._due)
+
+    def forget(self, index: int) -> None:
+        """Env process ``index`` was (or may have been) replaced: unmap its region, ask again."""
+        region = self._regions.pop(index, None)
+        if region is not None:
+            region.close()
+        if index not in self.refused:
+            self._due.add(index)
+
+    def forget_all(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            self.forget(index)
+
+    def close(self) -> None:
+        for index in list(self._regions):
+            self._regions.pop(index).close()
+        self._due.clear()
+
+    # ------------------------------------------------------------------ adopting
+    def adopt(self, header: dict, results: list[EnvResult], start: int = 0) -> None:
+        """Map the regions a batch reply passed (``results``: its parsed results, ``start``: the
+        link's first index); close every descriptor that came with it."""
+        fds = header.pop(REGION_FDS_TAKEN, [])
+        try:
+            for r in results:
+                reply = r.reply
+                if not isinstance(reply, dict) or ("obs_region" not in reply and "error" not in reply):
+                    continue
+                index = r.index - start
+                if not 0 <= index < self.count or index not in self._due:
+                    continue
+                self._due.discard(index)
+                why = self._adopt_one(index, reply, fds) if r.status == OK else str(reply.get("message"))
+                if why is not None:
+                    log.debug("env process %d keeps sending observations as bytes: %s", index, why)
+                    if r.status == OK:
+                        self.refused[index] = why
+                    else:
+                        self._due.add(index)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _adopt_one(self, index: int, reply: dict, fds: list[int]) -> str | None:
+        """Map process ``index``'s region as ``reply`` describes it; why not (``None``: mapped)."""
+        described = reply.get("obs_region")
+        if not isinstance(described, dict):
+            return str(reply.get("error", "no region"))[:300]
+        try:
+            k = described["fd_index"]
+            size, slots, slot_bytes = described["bytes"], described["slots"], described["slot_bytes"]
+            dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
+            ok = all(type(v) is int for v in (k, size, slots, slot_bytes)) and 0 <= k < len(fds)
+            ok = ok and 1 <= slots <= self.envs_per_sandbox
+            ok = ok and dtype.kind in "biuf" and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
+            ok = ok and slot_bytes == dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            ok = ok and 0 < slots * slot_bytes <= size <= MAX_REGION_BYTES
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            return f"the worker described its region wrongly: {str(described)[:200]}"
+        fd = fds[k]
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            st = os.fstat(fd)
+        except OSError as exc:
+            return f"its descriptor is not a sealable memfd: {exc}"
+        if seals & REQUIRED_SEALS != REQUIRED_SEALS or not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return f"its memfd is not sealed against shrinking at {size} bytes (seals {seals:#x}, {st.st_size} bytes)"
+        try:
+            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape)
+        except OSError as exc:  # out of descriptors or address space here: bytes it is
+            return f"it could not be mapped: {exc}"
+        return None
+
+    # ------------------------------------------------------------------ reading
+    def resolve(self, index: int, line: bytes, payloads: list) -> tuple[bytes | None, dict | None, list]:
+        """A reply of process ``index`` as it would be without a region: ``(line, None, payloads)``
+        when it needs no change (or is a one-env plain step line, rewritten), ``(None, reply,
+        payloads)`` with the parsed reply otherwise. The slot is copied out here. Raises
+        :class:`RegionFault` for a reference this process may not make."""
+        region = self._regions.get(index)
+        if region is not None and len(payloads) == 1 and not len(payloads[0]):
+            step_line = region.leaf.shm_to_step_line(line)
+            if step_line is not None and region.slots == 1:
+                return step_line, None, [region.copy_rows(1)]
+        if _SHM_KEY not in line:
+            return line, None, payloads
+        try:
+            reply = parse_json(line)
+        except ValueError:
+            return line, None, payloads  # a bad reply, said as such by whoever parses it
+        ref = reply.get("obs") if isinstance(reply, dict) else None
+        if not (isinstance(ref, dict) and SHM in ref):
+            return line, None, payloads  # the key elsewhere (an info's): not a reference
+        if region is None:
+            raise RegionFault("its reply refers to a shared observation region it does not have")
+        if "n" in reply:  # a group reply: its rows, in place of its (empty) first payload
+            rows = reply.get("n")
+            if type(rows) is not int or not 0 < rows <= region.slots:
+                raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
+            expected = [0, region.dtype.str, [rows, *region.shape]]
+            if not payloads or len(payloads[0]) != 0:
+                raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
+            copied = [region.copy_rows(rows), *payloads[1:]]
+            resolved = expected
+        else:  # one env's reply: its observation becomes a payload after the others
+            rows, expected = 1, [0, region.dtype.str, list(region.shape)]
+            copied = [*payloads, region.copy_rows(1)]
+            resolved = [len(payloads), *expected[1:]]
+        if region.slots != 1 and "n" not in reply or ref != {SHM: expected}:
+            raise RegionFault(f"its reply refers to {str(ref)[:120]}, not its region's {expected}")
+        reply["obs"] = {ND: resolved}
+        return None, reply, copied
+
+    def resolve_result(self, result: EnvResult, start: int = 0) -> EnvResult:
+        """:meth:`resolve` a raw result in place (``start``: the link's first index); an OK result only."""
+        if result.status != OK or result.raw is None:
+            return result
+        line, reply, payloads = self.resolve(result.index - start, result.raw, result.payloads)
+        result.raw, result.reply, result.payloads = line, reply, payloads
+        return result

@@ -1,0 +1,421 @@
+"""Shared observation regions (``RLPool(shared_obs=True)``): the same results as SyncVectorEnv, and
+the trust rules held against hostile envs.
+
+Real worker, real sandboxes, real memfds. The hostile envs are factories that change their own
+process's env side (they run inside the sandbox, as untrusted code would): they lie in the
+``obs_region`` answer, write references they may not write, rewrite their slot after replying,
+or try to change the size of their memfd.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import ISOLATION
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from boltzlabs_gym import BoltzLabsVecEnv, RLPool
+from boltzlabs_gym.envside.gym_server import write_factory_env_dir
+
+MEMFD = "memfd:boltzlabs-obs"
+SHAPE = (6, 5, 3)
+
+
+class FrameEnv(gym.Env):
+    """Small uint8 frames, episodes of 3-8 steps, an info on every fourth step (those go as bytes)."""
+
+    def __init__(self):
+        self.observation_space = spaces.Box(0, 255, SHAPE, np.uint8)
+        self.action_space = spaces.Discrete(3)
+        self.t = 0
+        self.length = 5
+
+    def _obs(self, action: int = 0):
+        return ((self.np_random.integers(0, 256, SHAPE) + action) % 256).astype(np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        self.length = int(self.np_random.integers(3, 9))
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        info = {"t": self.t} if self.t % 4 == 0 else {}
+        return self._obs(int(action)), float(action) + 0.5, self.t >= self.length, False, info
+
+
+def make_frames():
+    return FrameEnv()
+
+
+# ------------------------------------------------------------------ hostile envs
+def _patch_step_line(rewrite):
+    """In this env process: every shared-region step line goes out rewritten by ``rewrite``."""
+    from boltzlabs_gym.wire import codec
+
+    honest = codec.ArrayLeaf.shm_step_reply
+
+    def lying(self, obs, reward, terminated, truncated, slot):
+        line = honest(self, obs, reward, terminated, truncated, slot)
+        return rewrite(line) if line is not None else None
+
+    codec.ArrayLeaf.shm_step_reply = lying
+
+
+def make_wrong_slot():
+    _patch_step_line(lambda line: line.replace(b'"__shm__":[0,', b'"__shm__":[1,'))
+    return FrameEnv()
+
+
+def make_wrong_dtype():
+    _patch_step_line(lambda line: line.replace(b'"|u1"', b'"<f4"'))
+    return FrameEnv()
+
+
+def make_wrong_shape():
+    _patch_step_line(lambda line: line.replace(b"[6,5,3]", b"[5,6,3]"))
+    return FrameEnv()
+
+
+def make_reference_without_region():
+    """Refuses a region, then refers to one anyway (and writes its observation nowhere)."""
+    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.wire import codec
+
+    def no_region(self, msg, payloads):
+        return {"error": "no region here"}, []
+
+    def reference(self, obs, reward, terminated, truncated):
+        return (
+            self.shm_prefix + repr(float(reward)).encode() + b',"terminated":false,"truncated":false' + self.shm_suffix
+        )
+
+    gym_server.GymServer.obs_region = no_region
+    gym_server._OTHER_OPS["obs_region"] = no_region
+    codec.ArrayLeaf.step_reply = reference
+    return FrameEnv()
+
+
+def _patch_region_reply(change):
+    from boltzlabs_gym.envside import gym_server
+
+    honest = gym_server.region_reply
+    gym_server.region_reply = lambda region, leaf: {"obs_region": change(dict(honest(region, leaf)["obs_region"]))}
+
+
+def make_lies_about_fd():
+    _patch_region_reply(lambda r: dict(r, fd=0))  # its stdin: no memfd
+    return FrameEnv()
+
+
+def make_lies_about_size():
+    _patch_region_reply(lambda r: dict(r, bytes=r["bytes"] * 4))
+    return FrameEnv()
+
+
+class RewritingEnv(FrameEnv):
+    """After its first step, a thread of its own keeps writing 0xFF over its slot."""
+
+    def step(self, action):
+        out = super().step(action)
+        if not getattr(self, "_writer", None):
+            from boltzlabs_gym.envside import obs_region
+
+            region = obs_region.current()
+            if region is not None:
+
+                def scribble():
+                    while True:
+                        region.memory[: region.slot_bytes] = b"\xff" * region.slot_bytes
+                        time.sleep(0.0005)
+
+                self._writer = threading.Thread(target=scribble, daemon=True)
+                self._writer.start()
+        return out[0], out[1], out[2], out[3], {}
+
+
+def make_rewriting():
+    return RewritingEnv()
+
+
+class ResizingEnv(FrameEnv):
+    """Tries to shrink, then grow, its memfd on every step; says what happened in its info."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        from boltzlabs_gym.envside import obs_region
+
+        region = obs_region.current()
+        tried = {}
+        for name, size in (("shrink", 0), ("grow", 1 << 24)):
+            try:
+                os.ftruncate(region.fd, size)
+                tried[name] = "done"
+            except OSError as exc:
+                tried[name] = exc.strerror
+        return obs, reward, False, False, {"resize": tried}
+
+
+def make_resizing():
+    from boltzlabs_gym.envside import obs_region
+
+    obs_region.ObsRegion.close_fd = lambda self: None  # keeps its descriptor to the memfd
+    return ResizingEnv()
+
+
+# ------------------------------------------------------------------ helpers
+def _pool(factory, n: int, tmp_path_factory, **options) -> RLPool:
+    env_dir = write_factory_env_dir(tmp_path_factory.mktemp("factories"), [factory])
+    return RLPool(env_dir, n, isolation=ISOLATION, step_timeout=20.0, **options)
+
+
+def _mapped(pid: int | str = "self") -> int:
+    """How many mappings of observation memfds process ``pid`` has."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sum(MEMFD in line for line in f)
+
+
+@pytest.fixture
+def mapped():
+    """:func:`_mapped` for this process, less what the module's shared pool holds."""
+    base = _mapped()
+    return lambda: _mapped() - base
+
+
+@pytest.fixture
+def memfds():
+    """:func:`_open_memfds` for this process, less what the module's shared pool holds."""
+    base = _open_memfds()
+    return lambda: _open_memfds() - base
+
+
+def _open_memfds(pid: int | str = "self") -> int:
+    """How many descriptors of observation memfds process ``pid`` holds."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/" + MEMFD)
+        except OSError:
+            pass
+    return count
+
+
+def _vec(pool: RLPool, **kwargs) -> BoltzLabsVecEnv:
+    return BoltzLabsVecEnv(pool=pool, **kwargs)
+
+
+def _detach(venv: BoltzLabsVecEnv) -> None:
+    """Let go of a vector env without closing the module's pool under it."""
+    venv._pool = None
+    venv.closed = True
+
+
+def _compare(ours: BoltzLabsVecEnv, mode: AutoresetMode, copy: bool, n: int, steps: int = 24) -> None:
+    ref = gym.vector.SyncVectorEnv([make_frames] * n, autoreset_mode=mode, copy=copy)
+    try:
+        got, want = ours.reset(seed=11), ref.reset(seed=11)
+        np.testing.assert_array_equal(got[0], want[0])
+        previous = (got[0], want[0])
+        rng = np.random.default_rng(5)
+        ends = 0
+        for t in range(steps):
+            actions = rng.integers(0, 3, n)
+            got, want = ours.step(actions), ref.step(actions)
+            for name, a, b in zip(("obs", "reward", "terminated", "truncated"), got[:4], want[:4]):
+                np.testing.assert_array_equal(a, b, err_msg=f"{name} differs at step {t} ({mode}, copy={copy})")
+            assert got[4].keys() == want[4].keys(), t
+            if "final_obs" in want[4]:
+                for i in np.flatnonzero(want[4]["_final_obs"]):
+                    np.testing.assert_array_equal(got[4]["final_obs"][i], want[4]["final_obs"][i])
+            # copy= as Gymnasium's vectorizers: the same batch object every step without it
+            assert (got[0] is previous[0]) == (want[0] is previous[1]), f"copy={copy} at step {t}"
+            previous = (got[0], want[0])
+            done = np.logical_or(got[2], got[3])
+            ends += int(done.sum())
+            if mode == AutoresetMode.DISABLED and done.any():
+                got_r = ours.reset(options={"reset_mask": done})
+                want_r = ref.reset(options={"reset_mask": done})
+                np.testing.assert_array_equal(got_r[0], want_r[0])
+                previous = (got_r[0], want_r[0])
+        assert ends > 0, "no episode ended: autoreset was not exercised"
+    finally:
+        ref.close()
+
+
+# ------------------------------------------------------------------ same results
+N = 4
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(1, True), (1, False), (2, True), (2, False)],
+    ids=lambda p: f"k{p[0]}-{'lane' if p[1] else 'worker'}",
+)
+def frames_pool(request, tmp_path_factory):
+    k, direct = request.param
+    pool = _pool(make_frames, N, tmp_path_factory, envs_per_sandbox=k, direct=direct)
+    yield pool
+    pool.close()
+
+
+def test_same_results_as_sync_vector_env(frames_pool):
+    """Every autoreset mode, with and without ``copy``: step for step SyncVectorEnv's results, and
+    the observations came through the regions (one per sandbox, mapped once each)."""
+    link = frames_pool._links[0]
+    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
+        for copy in (True, False):
+            venv = _vec(frames_pool, autoreset_mode=mode, copy=copy)
+            try:
+                _compare(venv, mode, copy, N)
+            finally:
+                _detach(venv)
+    sandboxes = frames_pool.layout.sandboxes
+    assert link.regions is not None and len(link.regions) == sandboxes, link.regions.refused
+    assert _mapped() == sandboxes
+    assert _open_memfds() == sandboxes  # the one Python's mmap keeps per mapping, no more
+    assert _open_memfds(link.process.pid) == 0  # the worker passed them on and closed its own
+
+
+def test_same_results_without_regions(tmp_path_factory, mapped, memfds):
+    """``shared_obs=False``: bytes on the pipes, the same results."""
+    pool = _pool(make_frames, N, tmp_path_factory, envs_per_sandbox=2, shared_obs=False)
+    try:
+        assert pool._links[0].regions is None
+        venv = _vec(pool, autoreset_mode=AutoresetMode.SAME_STEP)
+        _compare(venv, AutoresetMode.SAME_STEP, True, N)
+        _detach(venv)
+        assert mapped() == 0
+    finally:
+        pool.close()
+
+
+def test_hard_reset_maps_a_fresh_region_and_close_leaks_nothing(tmp_path_factory, mapped, memfds):
+    pool = _pool(make_frames, 2, tmp_path_factory)
+    link = pool._links[0]
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=1)
+        venv.step(np.array([1, 2]))
+        assert len(link.regions) == 2 and mapped() == 2
+        pool.reset(hard=True)
+        assert mapped() == 0  # the replaced processes' regions are unmapped
+        obs, *_ = venv.step(np.array([0, 1]))  # asked again first
+        assert len(link.regions) == 2 and mapped() == 2
+        assert obs.shape == (2, *SHAPE)
+    finally:
+        venv.close()
+    assert mapped() == 0 and memfds() == 0
+
+
+# ------------------------------------------------------------------ hostile envs
+@pytest.mark.parametrize(
+    "factory", [make_wrong_slot, make_wrong_dtype, make_wrong_shape, make_reference_without_region]
+)
+def test_a_wrong_reference_is_the_envs_fault(factory, tmp_path_factory):
+    """A reference to another slot, dtype or shape, or from an env with no region, is that env's
+    broken protocol: reported in its info, the env restarted (its region with it)."""
+    pool = _pool(factory, 1, tmp_path_factory)
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=0)
+        _, _, terminated, truncated, info = venv.step(np.array([1]))
+        assert truncated[0] and not terminated[0]
+        reason = info["boltzlabs_error"]["reason"][0]
+        assert "broke the protocol" in reason and "region" in reason, reason
+        obs, _ = venv.reset(seed=0)  # restarted: it serves again
+        assert obs.shape == (1, *SHAPE)
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("factory", [make_lies_about_fd, make_lies_about_size])
+def test_a_region_described_wrongly_is_refused(factory, tmp_path_factory, mapped, memfds):
+    """The worker checks what the env says of its region: a descriptor that is no memfd, or a
+    size it does not have, is refused, and the env's observations come as bytes, correct."""
+    pool = _pool(factory, 1, tmp_path_factory)
+    venv = _vec(pool)
+    ref = gym.vector.SyncVectorEnv([make_frames])
+    try:
+        np.testing.assert_array_equal(venv.reset(seed=4)[0], ref.reset(seed=4)[0])
+        for a in (0, 1, 2):
+            np.testing.assert_array_equal(venv.step(np.array([a]))[0], ref.step(np.array([a]))[0])
+        regions = pool._links[0].regions
+        assert len(regions) == 0 and "no shared observation region" in regions.refused[0]
+        assert mapped() == 0
+    finally:
+        venv.close()
+        ref.close()
+
+
+def test_an_env_rewriting_its_slot_changes_nothing_returned(tmp_path_factory):
+    """The slot is copied out as the reply is read: what was returned stays as it was."""
+    pool = _pool(make_rewriting, 1, tmp_path_factory)
+    venv = _vec(pool, copy=True)
+    try:
+        venv.reset(seed=2)
+        returned = [venv.step(np.array([a]))[0] for a in (0, 1, 2, 0)]
+        kept = [obs.copy() for obs in returned]
+        time.sleep(0.05)  # the env's thread scribbles over its slot meanwhile
+        for obs, copy in zip(returned, kept):
+            np.testing.assert_array_equal(obs, copy)
+        assert len(pool._links[0].regions) == 1
+    finally:
+        venv.close()
+
+
+def test_an_env_cannot_resize_its_region(tmp_path_factory, mapped, memfds):
+    """Sealed by the worker: shrinking and growing fail in the env, and the pool reads on."""
+    pool = _pool(make_resizing, 1, tmp_path_factory)
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=3)
+        for a in (0, 1, 2):
+            obs, _, _, _, info = venv.step(np.array([a]))
+            assert info["resize"]["shrink"][0] == "Operation not permitted", info
+            assert info["resize"]["grow"][0] == "Operation not permitted", info
+        assert len(pool._links[0].regions) == 1 and mapped() == 1
+        np.asarray(pool._links[0].regions._regions[0].map[:])  # the whole mapping reads: no SIGBUS
+    finally:
+        venv.close()
+
+
+def _memfd_inodes() -> set[str]:
+    """The inodes of the observation memfds this process maps."""
+    with open("/proc/self/maps") as f:
+        return {line.split()[4] for line in f if MEMFD in line}
+
+
+def test_a_memory_snapshot_copy_never_writes_into_its_sources_region(tmp_path_factory, mapped):
+    """A copy forked from a held env shares its memory, mapping included: it drops that region
+    before serving and gets one of its own, so each env's observations stay its own."""
+    env_dir = write_factory_env_dir(tmp_path_factory.mktemp("factories"), [make_frames])
+    venv = BoltzLabsVecEnv.from_env_dir(env_dir, 3, mode="boltz", isolation="namespaces")
+    try:
+        if venv.pool.isolation is None or venv.pool.isolation.backend != "namespaces":  # pragma: no cover
+            pytest.skip("memory snapshots need the namespaces backend (root)")
+        ref = FrameEnv()
+        venv.reset(seed=[9, 1, 2])
+        ref.reset(seed=9)
+        venv.step(np.array([1, 1, 1]))  # with its region in use
+        ref.step(1)
+        before = _memfd_inodes()
+        snap = venv.snapshot(0, kind="memory")
+        assert snap.kind == "memory", snap.kind
+        venv.restore(snap, [1, 2])
+        snap.release()
+        obs = venv.step(np.array([0, 1, 2]))[0]  # the copies go on from env 0's state
+        np.testing.assert_array_equal(obs[0], ref.step(0)[0])
+        for a in (1, 2):  # the same random stream, their own action: never env 0's bytes
+            np.testing.assert_array_equal(obs[a], (obs[0].astype(int) + a) % 256)
+        assert len(venv.pool._links[0].regions) == 3 and mapped() == 3
+        # three regions, three memfds: the copies' are their own (and the source was asked again)
+        assert len(_memfd_inodes() - before) == 3
+    finally:
+        venv.close()
