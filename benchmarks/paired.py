@@ -26,7 +26,8 @@ of ours listed without a suffix at every K. Append ``@US`` to set ``busy_poll_us
 (``default@0``), ``+aslr`` for ``env_aslr=True`` (``default+aslr``: every env interpreter
 with its own randomized layout, as before that became the default), and ``+hop`` for
 ``direct=False`` (``default+hop``: every step through the worker, as before the direct
-lane). ``envs_per_sandbox`` is passed only when K > 1, so K = 1 runs against versions of
+lane), and ``+bytes`` for ``shared_obs=False`` (``default+bytes``: observations on the envs'
+pipes rather than in shared memory). ``envs_per_sandbox`` is passed only when K > 1, so K = 1 runs against versions of
 boltzlabs_gym that predate it (before/after comparisons). A final ``+metrics``
 (``default+metrics``, ``default+hop+metrics``) serves the worker's ``/metrics`` and scrapes it
 once a second while the pool steps, 15 times the usual Prometheus rate (issue #24: metrics must
@@ -225,8 +226,8 @@ def ours_kwargs(name: str) -> tuple[str, dict]:
     """The kind and the BoltzLabsVecEnv keywords of one of ours (``default-k8+hop@0``)."""
     kind, _, busy_poll = name.partition("@")
     kind, plus, option = kind.partition("+")
-    if plus and option not in ("aslr", "hop"):
-        raise SystemExit(f"unknown option {option!r} in {name!r}: +aslr or +hop")
+    if plus and option not in ("aslr", "hop", "bytes"):
+        raise SystemExit(f"unknown option {option!r} in {name!r}: +aslr, +hop or +bytes")
     kind, k = split_k(kind)
     kwargs: dict = {"busy_poll_us": float(busy_poll)} if busy_poll else {}
     if k > 1:  # only then: K = 1 runs on versions without the keyword
@@ -235,6 +236,8 @@ def ours_kwargs(name: str) -> tuple[str, dict]:
         kwargs["env_aslr"] = True
     if option == "hop":
         kwargs["direct"] = False
+    if option == "bytes":
+        kwargs["shared_obs"] = False
     if kind == "boltz":
         kwargs["mode"] = "boltz"
     elif kind == "process":

@@ -206,6 +206,7 @@ def test_paired_names_expand_over_envs_per_sandbox():
         "boltz",
         {"busy_poll_us": 0.0, "envs_per_sandbox": 8, "direct": False, "mode": "boltz"},
     )
+    assert paired.ours_kwargs("default-k32+bytes")[1] == {"envs_per_sandbox": 32, "shared_obs": False}
     assert "envs_per_sandbox" not in paired.ours_kwargs("default-k1")[1]  # K = 1 runs on versions without it
 
 
