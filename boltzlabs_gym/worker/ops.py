@@ -270,6 +270,8 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
     batch.stats = worker.stats.sessions.get(session.sid)
     if session.cfg.envs_per_sandbox > 1:  # one item per sandbox: count its envs (per sandbox, not per env)
         batch.envs = sum(len(op.get(GROUP_SLOTS) or (0,)) for _, op, _ in calls)
+    # The pool's own set-up of shared observations is no call of its user's: not counted as env calls.
+    batch.envs -= sum(op["op"] == OBS_REGION for _, op, _ in calls)
     for pos, (index, op, frames) in enumerate(calls):
         env = session.envs[index]
         target: Batch | _SnapshotCatcher | RegionCatcher = batch

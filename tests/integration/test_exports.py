@@ -67,6 +67,7 @@ POOL_SURFACE = [
     "batch_async",
     "batch_wait",
     "call_envs",
+    "cancels",  # cancelling tagged calls in flight on a connection of its own (issue #33)
     "close",
     "closed",
     "envs_per_gb",
