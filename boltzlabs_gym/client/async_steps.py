@@ -50,7 +50,7 @@ from .batch_calls import BatchCalls
 from .direct_lane import goes_direct
 from .grouped_route import GroupedRoute
 from .grouping import GroupPlan, GroupResult, pack
-from .link import WorkerLink
+from .link import WorkerLink, link_holding
 from .obs_regions import RegionFault
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, SplitRoute, WorkerRoute
@@ -196,10 +196,10 @@ class AsyncSteps:
         return units, list(plans)
 
     def _link_of(self, unit: int) -> WorkerLink:
-        for link in self._links:
-            if link.start <= unit < link.start + link.count:
-                return link
-        raise IndexError(unit)  # pragma: no cover - ids were checked
+        link = link_holding(self._links, unit)
+        if link is None:
+            raise IndexError(unit)  # pragma: no cover - ids were checked
+        return link
 
     def _send_on(self, link: WorkerLink, items: list) -> None:
         lane = link.lane

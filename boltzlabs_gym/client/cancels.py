@@ -32,7 +32,7 @@ import zmq
 
 from ..errors import WorkerError, WorkerTimeout
 from ..wire.protocol import CANCEL, CANCEL_LENT, decode_header, encode_header
-from .link import WorkerLink
+from .link import WorkerLink, dealer_socket, link_holding
 
 __all__ = ["CallCanceller"]
 
@@ -55,25 +55,20 @@ class CallCanceller:
         """Cancel each ``(env index, tag)``; the indices whose call was found (queued or in
         flight) and cancelled. A call that already finished is left alone, but with ``lent`` a
         named env lent to the pool is killed whatever it runs (see the module doc)."""
-        by_link: dict[int, list[list]] = {}
+        by_link: dict[WorkerLink, list[list]] = {}
         for index, tag in calls:
-            link_pos = self._link_of(int(index))
-            by_link.setdefault(link_pos, []).append([int(index) - self._links[link_pos].start, tag])
+            link = link_holding(self._links, int(index))
+            if link is None:
+                raise IndexError(f"env index {index} is not one of this pool's")
+            by_link.setdefault(link, []).append([int(index) - link.start, tag])
         cancelled: list[int] = []
         with self._lock:
             if self._closed:
                 raise RuntimeError("this CallCanceller is closed (its pool closed)")
-            for link_pos, items in by_link.items():
-                link = self._links[link_pos]
+            for link, items in by_link.items():
                 reply = self._call(link, {"op": CANCEL, "calls": items, CANCEL_LENT: lent})
                 cancelled += [link.start + int(i) for i in reply.get("cancelled") or ()]
         return cancelled
-
-    def _link_of(self, index: int) -> int:
-        for pos, link in enumerate(self._links):
-            if link.start <= index < link.start + link.count:
-                return pos
-        raise IndexError(f"env index {index} is not one of this pool's")
 
     def _call(self, link: WorkerLink, header: dict) -> dict:
         sock = self._socket(link)
@@ -99,13 +94,7 @@ class CallCanceller:
     def _socket(self, link: WorkerLink) -> zmq.Socket:
         sock = self._socks.get(link.address)
         if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
-            if link.keys is not None:
-                sock.curve_secretkey = link.keys.secret
-                sock.curve_publickey = link.keys.public
-                sock.curve_serverkey = link.keys.server_public
+            sock = dealer_socket(self._ctx, link.keys, self.timeout)
             sock.connect(link.address)
             self._socks[link.address] = sock
         return sock

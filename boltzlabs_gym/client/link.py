@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -68,7 +68,7 @@ class WorkerLink:
         self.session: str | None = None
         self.token: str | None = None
         self.uploaded = False
-        self.monitor = None
+        self.monitor: zmq.Socket | None = None
         self.last_heard = time.monotonic()
         self.last_ping = 0.0
         self.last_sent = 0.0  # when the last request went out (time.monotonic)
@@ -88,16 +88,13 @@ class WorkerLink:
             assert ctx is not None
             self.sock = self._connect(ctx, keys, send_timeout)
 
+    def holds(self, index: int) -> bool:
+        """Whether env (or sandbox) ``index`` of the pool lives on this worker."""
+        return self.start <= index < self.start + self.count
+
     def _connect(self, ctx: zmq.Context, keys, send_timeout: float) -> zmq.Socket:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        # A DEALER with no live peer blocks on send: bound it, so an unreachable or
-        # key-rejecting worker becomes an error instead of a hang.
-        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+        sock = dealer_socket(ctx, keys, send_timeout)
         if keys is not None:
-            sock.curve_secretkey = keys.secret
-            sock.curve_publickey = keys.public
-            sock.curve_serverkey = keys.server_public
             # A rejected key is silent on the data socket: watch the handshake events.
             self.monitor = sock.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -460,3 +457,26 @@ def _read_line(stream, timeout: float) -> str:
 
 def _tail_text(stderr: str) -> str:
     return f"\n--- stderr tail ---\n{stderr.rstrip()}" if stderr.strip() else " (no stderr output)"
+
+
+def dealer_socket(ctx: zmq.Context, keys: Any, send_timeout: float) -> zmq.Socket:
+    """A DEALER for a worker, not yet connected: no linger, sends bounded by ``send_timeout``
+    seconds, and the CURVE ``keys`` (a :class:`~boltzlabs_gym.wire.keys.ClientKeys`) when given."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    # A DEALER with no live peer blocks on send: bound it, so an unreachable or
+    # key-rejecting worker becomes an error instead of a hang.
+    sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    if keys is not None:
+        sock.curve_secretkey = keys.secret
+        sock.curve_publickey = keys.public
+        sock.curve_serverkey = keys.server_public
+    return sock
+
+
+def link_holding(links: Iterable[WorkerLink], index: int) -> WorkerLink | None:
+    """The link whose worker holds env (or sandbox) ``index``, if any."""
+    for link in links:
+        if link.holds(index):
+            return link
+    return None

@@ -29,7 +29,6 @@ import logging
 import mmap
 import os
 import stat
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -121,10 +120,6 @@ class ObsRegions:
             region.close()
         if index not in self.refused:
             self._due.add(index)
-
-    def forget_all(self, indices: Iterable[int]) -> None:
-        for index in indices:
-            self.forget(index)
 
     def close(self) -> None:
         for index in list(self._regions):

@@ -296,8 +296,7 @@ class SplitRoute:
 
     def _route_of(self, index: int) -> int:
         for ri, route in enumerate(self.routes):
-            link = route.link
-            if link.start <= index < link.start + link.count:
+            if route.link.holds(index):
                 return ri
         raise IndexError(index)  # pragma: no cover
 

@@ -22,7 +22,7 @@ from ..errors import AsyncStateError, SnapshotError, WorkerError
 from ..wire.protocol import MEMORY, OK, SNAPSHOT_KINDS
 from .arguments import check_mask
 from .batch_calls import BatchCalls
-from .link import WorkerLink
+from .link import WorkerLink, link_holding
 from .results import EnvResult
 from .snapshot import Snapshot
 
@@ -260,10 +260,9 @@ class SnapshotKeeper:
 
     # ------------------------------------------------------------------ the workers' side
     def _link_of(self, index: int) -> WorkerLink:
-        sandbox = index // self.envs_per_sandbox
-        for link in self._links:
-            if link.start <= sandbox < link.start + link.count:
-                return link
+        link = link_holding(self._links, index // self.envs_per_sandbox)
+        if link is not None:
+            return link
         raise SnapshotError(f"env {index} is on no worker of this pool")  # unreachable: the links cover every env
 
     def _place(self, snap: Snapshot, links: Iterable[WorkerLink]) -> tuple[dict[str, str], list[tuple[str, str]]]:
