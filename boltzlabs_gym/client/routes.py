@@ -296,7 +296,8 @@ class SplitRoute:
 
     def _route_of(self, index: int) -> int:
         for ri, route in enumerate(self.routes):
-            if route.link.holds(index):
+            link = route.link
+            if link.start <= index < link.start + link.count:
                 return ri
         raise IndexError(index)  # pragma: no cover
 
