@@ -555,20 +555,25 @@ class BoltzLabsVecEnv(VectorEnv):
         """The step batch :meth:`_send_step` sent, as :meth:`step_wait` returns it."""
         # _send_step sets it.
         reset_ops, self._pending_reset_ops = cast(np.ndarray, self._pending_reset_ops), None
-        groups, results = self._wait(timeout, raw=True)
         pool = self.pool
         limits = (pool.step_timeout, pool.reset_timeout)
         infos: dict = {}
         same_step = self.autoreset_mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
         leaf = self._obs_leaf
-        for group in groups:
-            infos = self._take_group_step(group, reset_ops, same_step, failed, infos, limits)
-        for r in results:
-            i = r.index
-            if leaf is not None and r.status == OK and not reset_ops[i] and self._take_plain_step(leaf, r, same_step):
-                continue
-            infos = self._take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
+        # Observations in shared regions are read in place: the one copy of each is the one
+        # into this batch (every result is taken in this block, and none is kept past it).
+        with pool.batch_calls.lending_obs_views():
+            groups, results = self._wait(timeout, raw=True)
+            for group in groups:
+                infos = self._take_group_step(group, reset_ops, same_step, failed, infos, limits)
+            for r in results:
+                i = r.index
+                plain = leaf is not None and r.status == OK and not reset_ops[i]
+                if plain and self._take_plain_step(leaf, r, same_step):  # type: ignore[arg-type]
+                    continue
+                infos = self._take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
+            del groups, results
         done = np.logical_or(self._terminations, self._truncations)
         if same_step:
             # Only envs that could not reset in-process (their step failed) still need one.

@@ -10,7 +10,9 @@ env also uses its two block-wise calls, :meth:`BatchCalls.send_steps` and
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +24,9 @@ from .results import EnvResult
 from .routes import Items, Route
 from .stats import PoolRecorder
 from .timing import Timing
+
+if TYPE_CHECKING:
+    from .link import WorkerLink
 
 __all__ = ["BatchCalls"]
 
@@ -47,11 +52,24 @@ class BatchCalls:
         #: Envs with calls in flight outside the lockstep batch (:mod:`~boltzlabs_gym.client.async_steps`):
         #: a batched call starts only when there are none.
         self.async_envs: Collection[int] = ()
+        #: The pool's worker links (its own list: a replaced link takes the lost one's place).
+        self.links: Sequence[WorkerLink] = ()
 
     def check_open(self) -> None:
         """Raise :class:`~boltzlabs_gym.errors.PoolClosedError` once the pool is closed."""
         if self.closed:
             raise PoolClosedError("this pool is closed; create a new RLPool")
+
+    @contextmanager
+    def lending_obs_views(self) -> Iterator[None]:
+        """Within the block, observations from shared regions come as read-only views of their
+        slots, not copies (:meth:`~boltzlabs_gym.client.obs_regions.ObsRegions.lending_views`):
+        for a caller that copies each into its own batch and keeps no result past the block."""
+        with ExitStack() as stack:
+            for link in self.links:
+                if link.regions is not None:
+                    stack.enter_context(link.regions.lending_views())
+            yield
 
     def _check_idle(self) -> None:
         self.check_open()

@@ -16,6 +16,13 @@ rewrites its slot afterwards changes nothing already read. A reference from an e
 region here, or one whose slot, dtype or shape is not its region's, is that env's fault
 (:class:`RegionFault`), as a malformed payload is.
 
+A caller that copies every observation it reads into memory of its own before anything else
+sees it (the vector env's step, which copies each row into its batch) may read the slots in
+place instead: inside :meth:`ObsRegions.lending_views`, a resolved reply's observation payload
+is a read-only view of the slot, not a copy, and the caller's own copy is the only one. The
+slot is still read only after the env's reply; an env that rewrites it during that copy tears
+its own observation, nobody else's. Nothing outside the block may keep such a view.
+
 Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, spaces that are not
 one array) stay bytes. A process the pool learns was replaced (a failure, a hard reset, a
 restore) loses its mapping here and is asked again before its next call; until then it answers
@@ -29,6 +36,8 @@ import logging
 import mmap
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -62,11 +71,12 @@ class RegionFault(Exception):
 class _Region:
     """One env process's region, mapped read-only, and the one-env step line it rewrites."""
 
-    __slots__ = ("map", "slots", "slot_bytes", "dtype", "shape", "leaf")
+    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf")
 
     def __init__(self, fd: int, size: int, slots: int, slot_bytes: int, dtype: np.dtype, shape: tuple):
         # (Python's mmap keeps a duplicate of ``fd`` until it is closed: one descriptor per mapping)
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.view = memoryview(self.map)  # read-only, as the mapping
         self.slots, self.slot_bytes, self.dtype, self.shape = slots, slot_bytes, dtype, shape
         # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
         self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
@@ -75,8 +85,18 @@ class _Region:
         """The first ``rows`` slots' bytes, copied out now."""
         return self.map[: rows * self.slot_bytes]
 
+    def view_rows(self, rows: int) -> memoryview:
+        """The first ``rows`` slots in place (read-only; see :meth:`ObsRegions.lending_views`)."""
+        return self.view[: rows * self.slot_bytes]
+
     def close(self) -> None:
-        self.map.close()
+        try:
+            self.view.release()
+            self.map.close()
+        except BufferError:
+            # A view lent out is still alive (an exception's traceback holds a step's locals): the
+            # mapping goes when the last view does.
+            log.debug("a shared observation region was still viewed when its env was replaced")
 
 
 class _ShapeOnly:
@@ -102,6 +122,8 @@ class ObsRegions:
         self._due: set[int] = set(range(count))
         #: Processes that answered that they cannot have one (no array space, no memfd): not asked again.
         self.refused: dict[int, str] = {}
+        #: Inside :meth:`lending_views`: observations are read in place, not copied out.
+        self.views = False
 
     def __contains__(self, index: int) -> bool:
         return index in self._regions
@@ -184,6 +206,17 @@ class ObsRegions:
         return None
 
     # ------------------------------------------------------------------ reading
+    @contextmanager
+    def lending_views(self) -> Iterator[None]:
+        """Within the block, :meth:`resolve` hands observations over as read-only views of their
+        slots instead of copies: for a caller that copies each one into memory of its own (and
+        keeps no view past the block)."""
+        self.views = True
+        try:
+            yield
+        finally:
+            self.views = False
+
     def resolve(self, index: int, line: bytes, payloads: list) -> tuple[bytes | None, dict | None, list]:
         """A reply of process ``index`` as it would be without a region: ``(line, None, payloads)``
         when it needs no change (or is a one-env plain step line, rewritten), ``(None, reply,
@@ -193,7 +226,7 @@ class ObsRegions:
         if region is not None and len(payloads) == 1 and not len(payloads[0]):
             step_line = region.leaf.shm_to_step_line(line)
             if step_line is not None and region.slots == 1:
-                return step_line, None, [region.copy_rows(1)]
+                return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
         if _SHM_KEY not in line:
             return line, None, payloads
         try:
@@ -212,7 +245,7 @@ class ObsRegions:
             expected = [0, region.dtype.str, [rows, *region.shape]]
             if not payloads or len(payloads[0]) != 0:
                 raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
-            copied = [region.copy_rows(rows), *payloads[1:]]
+            copied = [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
             resolved = expected
         else:  # one env's reply: its observation becomes a payload after the others
             rows, expected = 1, [0, region.dtype.str, list(region.shape)]

@@ -225,6 +225,7 @@ class RLPool:
         self.batch_calls = BatchCalls(n, self.start_timeout + max(self.step_timeout, self.reset_timeout) + 30.0)
         self._seq = itertools.count(1)  # request tags, shared by every link
         self._links: list[WorkerLink] = []
+        self.batch_calls.links = self._links
         self._route: Route | None = None  # how batches reach the workers, chosen at start-up
         self._last_obs: list = [None] * n
         self._ctx = zmq.Context()

@@ -283,6 +283,50 @@ def test_same_results_as_sync_vector_env(frames_pool):
     assert _open_memfds(link.process.pid) == 0  # the worker passed them on and closed its own
 
 
+def _region_arrays(pool: RLPool) -> list[np.ndarray]:
+    """Every mapped region of ``pool``, as a byte array over its mapping."""
+    regions = pool._links[0].regions
+    assert regions is not None
+    return [np.frombuffer(region.map, dtype=np.uint8) for region in regions._regions.values()]
+
+
+def _arrays_in(value) -> list[np.ndarray]:
+    if isinstance(value, np.ndarray):
+        return [value] + (_arrays_in(list(value)) if value.dtype == object else [])
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _arrays_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays_in(v)]
+    return []
+
+
+def test_nothing_returned_views_a_region(frames_pool):
+    """The vector env's step reads observations in place and copies each into its batch: no
+    array it returns (observations with or without ``copy``, ``final_obs`` in infos) shares
+    memory with a region, and the regions are back to copying once the step returned."""
+    regions = frames_pool._links[0].regions
+    for mode in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
+        for copy in (True, False):
+            venv = _vec(frames_pool, autoreset_mode=mode, copy=copy)
+            try:
+                venv.reset(seed=3)
+                rng = np.random.default_rng(1)
+                ends = 0
+                for _ in range(12):
+                    step = venv.step(rng.integers(0, 3, N))
+                    assert not regions.views
+                    ends += int(np.logical_or(step[2], step[3]).sum())
+                    shared = _region_arrays(frames_pool)
+                    in_place = np.frombuffer(regions._regions[0].view_rows(1), np.uint8)
+                    assert shared and np.shares_memory(in_place, shared[0])  # what the check looks for
+                    del in_place
+                    for array in _arrays_in(list(step)):
+                        assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
+                assert ends > 0
+            finally:
+                _detach(venv)
+
+
 def test_same_results_without_regions(tmp_path_factory, mapped, memfds):
     """``shared_obs=False``: bytes on the pipes, the same results."""
     pool = _pool(make_frames, N, tmp_path_factory, envs_per_sandbox=2, shared_obs=False)
