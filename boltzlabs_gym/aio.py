@@ -101,7 +101,8 @@ class AsyncPool:
     ``hold_warning``: seconds after which an env still held warns.
 
     It is bound to the running event loop it is first used in (``async with``, :meth:`env`): its
-    sends and receives run on that loop, never in a thread, and never block it.
+    sends and receives run on that loop, never in a thread, and never block it; used from
+    another loop it raises ``RuntimeError``.
     """
 
     def __init__(
