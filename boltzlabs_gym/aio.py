@@ -87,7 +87,13 @@ class AsyncEnv:
         reported in ``info`` with ``truncated=True`` (see the module doc)."""
         if self.needs_reset:
             raise AsyncStateError(f"env {self.env_id}: reset() it before step() (its episode is over or unstarted)")
-        finished = await self._pool._call(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        pool = self._pool
+        future = pool._queue(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
+            finished = await future
+        except asyncio.CancelledError:
+            pool._cancelled(self.env_id, future)
+            raise
         obs, reward, terminated, truncated, info = self._pool._read_step(finished)
         self.needs_reset = terminated or truncated
         return obs, reward, terminated, truncated, info
@@ -278,6 +284,16 @@ class AsyncPool:
 
     # ------------------------------------------------------------------ calls
     async def _call(self, env_id: int, op: dict, payload_of: Any = None) -> Finished:
+        future = self._queue(env_id, op, payload_of)
+        try:
+            return await future  # _deliver/_fail take it out of _futures before they set it
+        except asyncio.CancelledError:
+            self._cancelled(env_id, future)
+            raise
+
+    def _queue(self, env_id: int, op: dict, payload_of: Any = None) -> asyncio.Future:
+        """Queue ``op`` for ``env_id`` (it goes out with this tick's flush); the future its
+        result will be set on."""
         if self._closed:
             raise PoolClosedError("this AsyncPool is closed")
         if self._io_error is not None:
@@ -294,16 +310,18 @@ class AsyncPool:
             loop.call_soon(self._flush)  # everything queued in this tick goes out together
         self._queued.append((env_id, op, frames))
         self._futures[env_id] = future
-        try:
-            return await future  # _deliver/_fail take it out of _futures before they set it
-        except asyncio.CancelledError:
-            if self._futures.get(env_id) is future and self._k > 1 and self._drop_waiting_call(env_id):
-                del self._futures[env_id]  # it never went out: the env is as it was
-            elif self._futures.get(env_id) is future:
-                # The step goes on in its env: its result goes to a future that _release waits on
-                # (no asyncio.shield per call, which costs a second future and a loop tick).
-                self._futures[env_id] = loop.create_future()
-            raise
+        return future
+
+    def _cancelled(self, env_id: int, future: asyncio.Future) -> None:
+        """The coroutine awaiting ``future`` (``env_id``'s call) was cancelled."""
+        if self._futures.get(env_id) is not future:
+            return  # _deliver/_fail took it out of _futures: the call is over
+        if self._k > 1 and self._drop_waiting_call(env_id):
+            del self._futures[env_id]  # it never went out: the env is as it was
+        else:
+            # The step goes on in its env: its result goes to a future that _release waits on
+            # (no asyncio.shield per call, which costs a second future and a loop tick).
+            self._futures[env_id] = self._loop.create_future()  # type: ignore[union-attr]
 
     def _flush(self) -> None:
         """Send this tick's calls (a send returns once they went out, waiting on no env), then
