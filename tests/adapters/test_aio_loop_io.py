@@ -72,3 +72,35 @@ def test_a_reply_that_came_in_during_a_send_on_a_zeromq_socket_is_taken_at_once(
                 assert (await b_step)[0]["t"] == 1
 
         asyncio.run(main())
+
+
+def test_a_lost_worker_is_found_by_the_loops_heartbeats_and_reported_to_its_coroutine():
+    """The only call in flight is on a remote worker that is killed: nothing will ever signal its
+    socket, and the loop's heartbeat timer finds the loss within the heartbeat timeout
+    (``worker_loss="report"``: the step comes back truncated with the error)."""
+    worker = WorkerProcess(insecure=True)
+    try:
+        with RLPool(
+            FAULTY,
+            n=1,
+            workers=[worker.address],
+            worker_loss="report",
+            heartbeat_interval=0.5,
+            heartbeat_timeout=2.0,
+            step_timeout=30.0,
+        ) as pool:
+
+            async def main():
+                async with AsyncPool(pool) as face, face.env() as env:
+                    await env.reset(seed=0)
+                    slow = asyncio.ensure_future(env.step({"sleep": 30}))
+                    await asyncio.sleep(0.1)
+                    worker.kill()
+                    t0 = time.monotonic()
+                    obs, reward, terminated, truncated, info = await asyncio.wait_for(slow, 10.0)
+                    assert time.monotonic() - t0 < 2.0 + 3.0  # the heartbeat timeout, not the step's 30 s
+                    assert truncated and obs is None and "is lost" in info["boltzlabs_error"]["reason"]
+
+            asyncio.run(main())
+    finally:
+        worker.stop()
