@@ -14,10 +14,13 @@
 
 How it works: an await puts its call in a queue and returns to the event loop; the calls queued
 in one loop tick go out together, one message per worker, through the pool's send/recv
-(:mod:`boltzlabs_gym.client.async_steps`). A reader thread waits for results (the loop never
-blocks on I/O) and hands each to its coroutine as it finishes, so a slow env holds up only the
-coroutine that owns it. Results that finish while the loop is busy go to it in one hand-off, and
-calls queued while the reader is busy in one wake-up.
+(:mod:`boltzlabs_gym.client.async_steps`). There is no thread: the event loop itself sends them
+(a send never waits on an env: a message to a worker, a few bytes to each lent env's pipe) and
+watches the pool's descriptors (:meth:`AsyncSteps.watched_fds
+<boltzlabs_gym.client.async_steps.AsyncSteps.watched_fds>`) with ``add_reader``, plus a timer for
+the soonest deadline or heartbeat. When one is readable it takes in what finished, without
+waiting, and hands each result to its coroutine's future, so a slow env holds up only the
+coroutine that owns it. An :class:`AsyncPool` belongs to the event loop it was first used in.
 
 * With ``envs_per_sandbox`` K > 1 a sandbox takes one call at a time: a call to an env whose
   sandbox neighbour has one in flight waits its turn (never an error) and goes out when that
@@ -43,11 +46,8 @@ the vector env stays owned by its caller.
 from __future__ import annotations
 
 import asyncio
-import collections
 import os
-import select
 import sys
-import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -55,7 +55,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from .client.async_steps import Finished
-from .client.env_calls import drain
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
@@ -88,7 +87,13 @@ class AsyncEnv:
         reported in ``info`` with ``truncated=True`` (see the module doc)."""
         if self.needs_reset:
             raise AsyncStateError(f"env {self.env_id}: reset() it before step() (its episode is over or unstarted)")
-        finished = await self._pool._call(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        pool = self._pool
+        future = pool._queue(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
+            finished = await future
+        except asyncio.CancelledError:
+            pool._cancelled(self.env_id, future)
+            raise
         obs, reward, terminated, truncated, info = self._pool._read_step(finished)
         self.needs_reset = terminated or truncated
         return obs, reward, terminated, truncated, info
@@ -100,6 +105,10 @@ class AsyncPool:
 
     ``acquire_timeout``: how long :meth:`env` waits for a free env (``TimeoutError`` after);
     ``hold_warning``: seconds after which an env still held warns.
+
+    It is bound to the running event loop it is first used in (``async with``, :meth:`env`): its
+    sends and receives run on that loop, never in a thread, and never block it; used from
+    another loop it raises ``RuntimeError``.
     """
 
     def __init__(
@@ -130,17 +139,14 @@ class AsyncPool:
         self._queued: list[tuple[int, dict, Sequence[bytes]]] = []
         self._futures: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Hand-offs between the loop and the reader coalesce: a side that is behind takes what
-        # piled up in one go, and is woken once for it (each wake-up is a system call and a
-        # hand-over of the GIL between the two threads).
-        self._outbox: collections.deque[list] = collections.deque()  # this tick's calls, for the reader
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # wakes the reader to send
-        self._reader_woken = False  # a wake-up is in the pipe, not yet seen by the reader
-        self._inbox: collections.deque[Finished] = collections.deque()  # results, for the loop
-        self._delivery_due = False  # a _deliver is scheduled on the loop and has not started
-        self._reader: threading.Thread | None = None
+        # The loop waits on the pool's descriptors itself (see _watch).
+        self._watched: set[int] = set()  # descriptors with a reader on the loop
+        self._wakeup: asyncio.TimerHandle | None = None  # the timer for the soonest deadline or heartbeat
+        self._wakeup_at = 0.0  # its time.monotonic()
+        self._take_due = False  # a _take_results is scheduled with call_soon and has not run
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self._reader_error: BaseException | None = None
+        self._io_error: BaseException | None = None  # what broke the pool's I/O: every later call raises it
         self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
         self._waiting = 0  # coroutines waiting in env() for a free env
         # Several envs per sandbox: a sandbox takes one call at a time, so a call to an env whose
@@ -148,7 +154,6 @@ class AsyncPool:
         self._k = pool.envs_per_sandbox
         self._sandbox_calls: dict[int, int] = {}  # sandbox -> its envs in flight (sent, not delivered)
         self._turns: dict[int, list[tuple[int, dict, Sequence[bytes]]]] = {}  # sandbox -> calls waiting
-        self._next_hold_check = 0.0  # time.monotonic() of the reader's next look at held envs
 
     # ------------------------------------------------------------------ life
     async def __aenter__(self) -> AsyncPool:
@@ -160,16 +165,20 @@ class AsyncPool:
 
     def _start(self) -> None:
         if self._loop is not None:
+            if self._loop is not asyncio.get_running_loop():
+                raise RuntimeError(
+                    "this AsyncPool belongs to another event loop (the one it was first used in); "
+                    "make one AsyncPool per loop, e.g. inside the coroutine that asyncio.run() runs"
+                )
             return
         self._loop = asyncio.get_running_loop()
         self._free = asyncio.Queue()
         for i in range(self.pool.n):
             self._free.put_nowait(i)
-        self._reader = threading.Thread(target=self._read_results, name="boltzlabs-aio-reader", daemon=True)
-        self._reader.start()
+        self._hold_timer = self._loop.call_later(self._hold_period(), self._check_holds)
 
     async def aclose(self) -> None:
-        """Let released envs finish their resets, stop the reader, collect what is still in
+        """Let released envs finish their resets, stop watching the pool, collect what is still in
         flight (so that a pool passed in is left idle); close the pool if this face started it.
         Envs still held warn."""
         if self._closed:
@@ -177,13 +186,12 @@ class AsyncPool:
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=self.pool.step_timeout + self.pool.reset_timeout)
         self._closed = True
-        os.write(self._wake_w, b"x")
-        if self._reader is not None:
-            await asyncio.to_thread(self._reader.join, 10.0)
-            if not self._reader.is_alive():
-                await asyncio.to_thread(self._drop_unreceived)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        if self._loop is not None:
+            self._unwatch()
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
+            # Nothing on the loop touches the pool now: a thread may wait for the rest.
+            await asyncio.to_thread(self._drop_unreceived)
         for future in self._futures.values():
             if not future.done():
                 future.set_exception(PoolClosedError("the AsyncPool closed while this step was in flight"))
@@ -276,10 +284,20 @@ class AsyncPool:
 
     # ------------------------------------------------------------------ calls
     async def _call(self, env_id: int, op: dict, payload_of: Any = None) -> Finished:
+        future = self._queue(env_id, op, payload_of)
+        try:
+            return await future  # _deliver/_fail take it out of _futures before they set it
+        except asyncio.CancelledError:
+            self._cancelled(env_id, future)
+            raise
+
+    def _queue(self, env_id: int, op: dict, payload_of: Any = None) -> asyncio.Future:
+        """Queue ``op`` for ``env_id`` (it goes out with this tick's flush); the future its
+        result will be set on."""
         if self._closed:
             raise PoolClosedError("this AsyncPool is closed")
-        if self._reader_error is not None:
-            raise self._reader_error
+        if self._io_error is not None:
+            raise self._io_error
         loop = self._loop
         assert loop is not None
         if self._vec is not None and op["op"] == "step":
@@ -292,27 +310,39 @@ class AsyncPool:
             loop.call_soon(self._flush)  # everything queued in this tick goes out together
         self._queued.append((env_id, op, frames))
         self._futures[env_id] = future
-        try:
-            return await future  # _deliver/_fail take it out of _futures before they set it
-        except asyncio.CancelledError:
-            if self._futures.get(env_id) is future and self._k > 1 and self._drop_waiting_call(env_id):
-                del self._futures[env_id]  # it never went out: the env is as it was
-            elif self._futures.get(env_id) is future:
-                # The step goes on in its env: its result goes to a future that _release waits on
-                # (no asyncio.shield per call, which costs a second future and a loop tick).
-                self._futures[env_id] = loop.create_future()
-            raise
+        return future
+
+    def _cancelled(self, env_id: int, future: asyncio.Future) -> None:
+        """The coroutine awaiting ``future`` (``env_id``'s call) was cancelled."""
+        if self._futures.get(env_id) is not future:
+            return  # _deliver/_fail took it out of _futures: the call is over
+        if self._k > 1 and self._drop_waiting_call(env_id):
+            del self._futures[env_id]  # it never went out: the env is as it was
+        else:
+            # The step goes on in its env: its result goes to a future that _release waits on
+            # (no asyncio.shield per call, which costs a second future and a loop tick).
+            self._futures[env_id] = self._loop.create_future()  # type: ignore[union-attr]
 
     def _flush(self) -> None:
-        """Hand this tick's calls to the reader thread (which does every send and receive)."""
+        """Send this tick's calls (a send returns once they went out, waiting on no env), then
+        watch for their results."""
         queued, self._queued = self._queued, []
         if self._k > 1:
             queued = self._hold_for_busy_sandboxes(queued)
-        if queued:
-            self._outbox.append(queued)
-            if not self._reader_woken:
-                self._reader_woken = True
-                os.write(self._wake_w, b"x")
+        if not queued:
+            return
+        failure = self._io_error
+        if failure is None and self._closed:
+            failure = PoolClosedError("the AsyncPool closed before this call went out")
+        if failure is None:
+            try:
+                self._steps.send(queued)
+            except Exception as exc:  # noqa: BLE001 - each of those coroutines gets the error
+                failure = exc
+        if failure is not None:
+            self._fail([env_id for env_id, _, _ in queued], failure)
+        if self._io_error is None and not self._closed:
+            self._after_io()  # (after a refused send too: one to several workers may have gone out in part)
 
     def _hold_for_busy_sandboxes(self, queued: list) -> list:
         """The calls that may go out now; the others (an env whose sandbox has a call in flight:
@@ -359,45 +389,84 @@ class AsyncPool:
                     return True
         return False
 
-    def _read_results(self) -> None:
-        """The reader thread: send what the loop queued, wait for results, hand each to its
-        coroutine's future; the event loop itself never touches a socket."""
-        steps, loop = self._steps, self._loop
+    # ------------------------------------------------------------------ results, on the loop
+    def _take_results(self) -> None:
+        """Take in what finished, never waiting (a watched descriptor is readable, a deadline or
+        heartbeat is due, or a reply waits unsignalled), and hand it to the coroutines."""
+        self._take_due = False
+        if self._closed or self._io_error is not None:
+            return
+        try:
+            self._steps.take_ready(time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - reported to every waiting coroutine
+            self._break(exc)
+            return
+        if self._steps.finished:
+            self._deliver()
+        self._after_io()
+
+    def _on_wakeup(self) -> None:
+        self._wakeup = None
+        self._take_results()
+
+    def _after_io(self) -> None:
+        """After a send or a take: take again soon if a reply waits that no descriptor will
+        signal (ZeroMQ's descriptor signals a change only, and any send or receive on the socket
+        may take that change in; pyzmq's asyncio sockets do the same), then watch what is in
+        flight."""
+        try:
+            waiting = self._steps.reply_waiting()
+        except Exception as exc:  # noqa: BLE001 - reported to every waiting coroutine
+            self._break(exc)
+            return
+        if waiting and not self._take_due:
+            self._take_due = True
+            self._loop.call_soon(self._take_results)  # type: ignore[union-attr]
+        self._watch()
+
+    def _watch(self) -> None:
+        """Have the loop wait on the descriptors of the calls in flight, and until the soonest
+        lane deadline (a straggler is killed on time) or worker heartbeat."""
+        loop, steps = self._loop, self._steps
         assert loop is not None
-        while not self._closed:
-            # Before taking the outbox: a call queued after this sees the flag down and wakes
-            # the pump below; one queued before is sent now.
-            self._reader_woken = False
-            while self._outbox:
-                queued = self._outbox.popleft()
-                try:
-                    steps.send(queued)
-                except BaseException as exc:  # noqa: BLE001 - each of those coroutines gets the error
-                    loop.call_soon_threadsafe(self._fail, [env_id for env_id, _, _ in queued], exc)
-            try:
-                if steps.in_flight:
-                    steps.pump(time.monotonic() + 0.5, wake=self._wake_r)
-                else:
-                    select.select([self._wake_r], [], [], 0.5)
-                drain(self._wake_r)
-            except BaseException as exc:  # noqa: BLE001 - reported to every waiting coroutine
-                self._reader_error = exc
-                loop.call_soon_threadsafe(self._fail, None, exc)
-                return
-            if steps.finished:
-                self._inbox.extend(steps.finished)
-                steps.finished.clear()
-                if not self._delivery_due:
-                    self._delivery_due = True
-                    loop.call_soon_threadsafe(self._deliver)
-            self._check_holds()
+        fds = steps.watched_fds()
+        if fds != self._watched:
+            for fd in self._watched - fds:
+                loop.remove_reader(fd)
+            for fd in fds - self._watched:
+                loop.add_reader(fd, self._take_results)
+            self._watched = fds
+        now = time.monotonic()
+        due = steps.next_wakeup(now)
+        # A timer set for later than needed is moved; one set sooner stays (it finds nothing
+        # and sets the next): no new timer per tick while calls keep finishing.
+        if due is not None and (self._wakeup is None or due < self._wakeup_at):
+            if self._wakeup is not None:
+                self._wakeup.cancel()
+            self._wakeup = loop.call_later(max(0.0, due - now), self._on_wakeup)
+            self._wakeup_at = due
+
+    def _unwatch(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        for fd in self._watched:
+            loop.remove_reader(fd)
+        self._watched = set()
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+
+    def _break(self, exc: BaseException) -> None:
+        """The pool's I/O failed (a worker lost, say): every waiting coroutine gets ``exc``, and
+        every later call raises it."""
+        self._io_error = exc
+        self._unwatch()
+        self._fail(None, exc)
 
     def _deliver(self) -> None:
-        """Hand every result in the inbox to its coroutine's future."""
-        self._delivery_due = False  # first: results put in the inbox after this schedule another
-        inbox, finished = self._inbox, []
-        while inbox:
-            finished.append(inbox.popleft())
+        """Hand every finished call to its coroutine's future."""
+        finished = list(self._steps.finished)
+        self._steps.finished.clear()
         for f in finished:
             future = self._futures.pop(f.result.index, None)
             if future is not None and not future.done():
@@ -410,7 +479,7 @@ class AsyncPool:
     def _fail(self, env_ids: list[int] | None, exc: BaseException) -> None:
         """Raise ``exc`` in the coroutines waiting on ``env_ids`` (``None``: every one)."""
         if env_ids is None:
-            self._turns.clear()  # the reader is gone: nothing more goes out
+            self._turns.clear()  # the pool's I/O is broken: nothing more goes out
             self._sandbox_calls.clear()
         for env_id in list(self._futures) if env_ids is None else env_ids:
             future = self._futures.pop(env_id, None)
@@ -419,13 +488,17 @@ class AsyncPool:
         if env_ids is not None and self._k > 1:
             self._sandboxes_done(env_ids)
 
+    def _hold_period(self) -> float:
+        return min(1.0, self.hold_warning / 4)
+
     def _check_holds(self) -> None:
-        """Warn about envs held past ``hold_warning``; looks at most a few times per period (the
-        reader comes here after every batch of results, and a pool may have thousands held)."""
-        now = time.monotonic()
-        if now < self._next_hold_check:
+        """Warn about envs held past ``hold_warning``; a timer, a few times per period (a pool may
+        have thousands held)."""
+        if self._closed:
             return
-        self._next_hold_check = now + min(1.0, self.hold_warning / 4)
+        # First: a warning turned into an error must not stop the checks.
+        self._hold_timer = self._loop.call_later(self._hold_period(), self._check_holds)  # type: ignore[union-attr]
+        now = time.monotonic()
         for env in list(self._held.values()):
             if now - env._taken_at > self.hold_warning:
                 env._taken_at = now  # once per period

@@ -47,7 +47,7 @@ from ..errors import AsyncStateError, WorkerLost, WorkerTimeout
 from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, OK, PARTIAL, encode_header, env_request, jsonable
 from .arguments import check_actions, check_seeds
 from .batch_calls import BatchCalls
-from .direct_lane import goes_direct
+from .direct_lane import DirectLane, goes_direct
 from .grouped_route import GroupedRoute
 from .grouping import GroupPlan, GroupResult, pack
 from .link import WorkerLink, link_holding
@@ -308,24 +308,70 @@ class AsyncSteps:
             if len(self.finished) > before:
                 return len(self.finished) - before  # a lost worker's envs, reported
             wait_s = max(0.0, deadline - now)
+            due = self.next_wakeup(now)
+            if due is not None:
+                wait_s = min(wait_s, max(0.0, due - now))
             poller = zmq.Poller()
             if wake is not None:
                 poller.register(wake, zmq.POLLIN)
-            for link, tags in self._requests.items():
-                if tags:
-                    poller.register(link.sock, zmq.POLLIN)
-                    wait_s = min(wait_s, link.heartbeat_interval / 2)
-            for link in self._links:
-                lane = link.lane
-                if lane is not None and lane.in_flight:
-                    poller.register(lane._epoll.fileno(), zmq.POLLIN)
-                    soonest = lane.next_deadline
-                    if soonest is not None:
-                        wait_s = min(wait_s, max(0.0, soonest - now))
+            for link in self._owing():
+                poller.register(link.sock, zmq.POLLIN)  # the socket itself: zmq.Poller knows its signals
+            for lane in self._busy_lanes():
+                poller.register(lane.fileno(), zmq.POLLIN)
             woken = dict(poller.poll(math.ceil(wait_s * 1000)))
             self._take_ready()
             if len(self.finished) > before or time.monotonic() >= deadline or wake in woken:
                 return len(self.finished) - before
+
+    # ------------------------------------------------------------------ for an event loop
+    # What pump() does, cut up for a caller that waits on the descriptors itself and never
+    # blocks (boltzlabs_gym.aio's event loop): it watches watched_fds() and calls take_ready() when
+    # one is readable, when next_wakeup() comes, and at once when reply_waiting() says so.
+    def watched_fds(self) -> set[int]:
+        """The descriptors to wait on for the calls in flight, as :meth:`pump` does: each worker
+        link that owes replies (:meth:`WorkerLink.fileno
+        <boltzlabs_gym.client.link.WorkerLink.fileno>`; ZeroMQ's needs :meth:`reply_waiting` too)
+        and each lane with calls in flight (:meth:`DirectLane.fileno
+        <boltzlabs_gym.client.direct_lane.DirectLane.fileno>`)."""
+        fds = {link.fileno() for link in self._owing()}
+        fds.update(lane.fileno() for lane in self._busy_lanes())
+        return fds
+
+    def take_ready(self, now: float) -> int:
+        """Take in what finished, never waiting: replies, stragglers past their deadline (killed
+        and reported), lost workers (raised or reported, as :meth:`recv` does); ping the quiet
+        workers that owe replies (``now``: ``time.monotonic``). How many calls finished (on
+        :attr:`finished`)."""
+        before = len(self.finished)
+        self._take_ready()
+        self._keep_alive(now)
+        return len(self.finished) - before
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When (``time.monotonic``) :meth:`take_ready` is due though no descriptor woke: the
+        soonest deadline of a call on a lane, or the next heartbeat of a worker that owes replies;
+        None: no call in flight needs one."""
+        due = [now + link.heartbeat_interval / 2 for link in self._owing()]
+        for lane in self._busy_lanes():
+            soonest = lane.next_deadline
+            if soonest is not None:
+                due.append(soonest)
+        return min(due, default=None)
+
+    def reply_waiting(self) -> bool:
+        """Whether a reply waits that the :meth:`watched_fds` may not signal: a ZeroMQ socket's
+        descriptor signals a change only, and any send or receive on it (a call, a ping) may take
+        in that change. Ask after each :meth:`send` and :meth:`take_ready`; while true, take
+        ready again."""
+        return any(link.reply_waiting() for link in self._owing())
+
+    def _owing(self) -> list[WorkerLink]:
+        """The links whose workers owe replies to partial requests."""
+        return [link for link, tags in self._requests.items() if tags]
+
+    def _busy_lanes(self) -> list[DirectLane]:
+        """The lanes with calls in flight."""
+        return [link.lane for link in self._links if link.lane is not None and link.lane.in_flight]
 
     def _keep_alive(self, now: float) -> None:
         """Ping the quiet workers that owe replies; one silent past its heartbeat timeout raises

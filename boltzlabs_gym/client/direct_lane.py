@@ -231,6 +231,11 @@ class DirectLane:
         """How many calls are in flight on the lane."""
         return len(self._inflight)
 
+    def fileno(self) -> int:
+        """The lane's epoll descriptor: readable while a lent env's pipe has something for
+        :meth:`collect` (level-triggered), for an event loop to wait on."""
+        return self._epoll.fileno()
+
     @property
     def next_deadline(self) -> float | None:
         """The earliest deadline (``time.monotonic``) of a call in flight, if any."""

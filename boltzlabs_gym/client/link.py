@@ -87,6 +87,7 @@ class WorkerLink:
         if channel is None:
             assert ctx is not None
             self.sock = self._connect(ctx, keys, send_timeout)
+        self._fd: int | None = None  # fileno(), once asked
 
     def holds(self, index: int) -> bool:
         """Whether env (or sandbox) ``index`` of the pool lives on this worker."""
@@ -245,6 +246,24 @@ class WorkerLink:
             )
         if now - max(self.last_ping, heard) >= self.heartbeat_interval:
             self._ping(now)
+
+    def fileno(self) -> int:
+        """The descriptor to wait on for replies, for an event loop that reads them with
+        :meth:`read_ready`: the channel's socket, or the ZeroMQ socket's ``FD``. ZeroMQ's only
+        signals a change, and a send or receive on the socket may take in the change that a reply
+        came: after any, ask :meth:`reply_waiting` before waiting on it again."""
+        if self._fd is None:
+            self._fd = self.sock.fileno() if isinstance(self.sock, Channel) else self.sock.getsockopt(zmq.FD)
+        return self._fd
+
+    def reply_waiting(self) -> bool:
+        """Whether a message waits to be read that :meth:`fileno` may not signal (see there)."""
+        if isinstance(self.sock, Channel):
+            return self.sock.has_message()  # beyond those, its socket is readable while bytes wait
+        try:
+            return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        except zmq.ZMQError:
+            return False  # closed: the next read says so with its own message
 
     def _message_waiting(self) -> bool:
         try:

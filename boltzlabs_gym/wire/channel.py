@@ -225,6 +225,11 @@ class Channel:
         self._read(timeout_ms / 1000.0)
         return bool(self._messages)
 
+    def has_message(self) -> bool:
+        """Whether a whole message was read already and waits here, where the socket's own
+        descriptor no longer says so."""
+        return bool(self._messages)
+
     def recv_multipart(self) -> list:
         """The next message, waiting for it as long as it takes (frames after the first of a
         large message are read-write ``memoryview`` s of one buffer, else ``bytes``)."""
