@@ -1,6 +1,8 @@
 """Envs that don't wait for each other, against lockstep ``step()``: env-steps/s side by side.
 
     PYTHONPATH=$PWD python benchmarks/async_steps.py [--seconds 5]
+    PYTHONPATH=$PWD python benchmarks/async_steps.py --asyncio-rounds 5   # the asyncio row alone
+
 
 * heavy-tailed env (lognormal step time, median 2 ms, p99 50 ms; sleeping and CPU-burning), n=64:
   ``recv(batch_size=16)`` and ``32`` against lockstep ``step()``;
@@ -8,6 +10,10 @@
 * asyncio: 1000 coroutines each stepping a counter env on a 256-env pool, against lockstep;
 * where EnvPool is installed, its own async/sync ratio on its CartPole (n=256, ``recv`` of 256
   and of 64), for comparison; else the reason it was skipped.
+
+``--asyncio-rounds N`` measures only the asyncio case, N alternating rounds (lockstep, then
+asyncio) on one pool, and prints each round's ratio and their median: that ratio moves by a few
+hundredths from one run to the next.
 
 Figures are printed, never asserted (see benchmarks/README.md).
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 
 import numpy as np
@@ -128,11 +135,26 @@ def asyncio_rate(pool: RLPool, coroutines: int, seconds: float) -> float:
     return asyncio.run(main())
 
 
+def asyncio_rounds(rounds: int, seconds: float) -> None:
+    ratios = []
+    with RLPool(COUNTER, n=256) as pool:
+        for r in range(rounds):
+            lock = lockstep_rate(pool, seconds)
+            rate = asyncio_rate(pool, 1000, seconds)
+            ratios.append(rate / lock)
+            print(f"round {r + 1}: lockstep {lock:.0f}/s, asyncio {rate:.0f}/s, ratio {rate / lock:.2f}", flush=True)
+    print(f"median ratio {statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--asyncio-rounds", type=int, default=0, help="only the asyncio case, this many rounds")
     args = parser.parse_args()
     s = args.seconds
+    if args.asyncio_rounds:
+        asyncio_rounds(args.asyncio_rounds, s)
+        return
     rows = []
     for mode in ("sleep", "burn"):
         with RLPool(HEAVY, n=64, env_vars={"HEAVY_TAIL_MODE": mode}) as pool:
