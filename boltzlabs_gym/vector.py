@@ -569,8 +569,12 @@ class BoltzLabsVecEnv(VectorEnv):
                 infos = self._take_group_step(group, reset_ops, same_step, failed, infos, limits)
             for r in results:
                 i = r.index
-                plain = leaf is not None and r.status == OK and not reset_ops[i]
-                if plain and self._take_plain_step(leaf, r, same_step):  # type: ignore[arg-type]
+                if (
+                    leaf is not None
+                    and r.status == OK
+                    and not reset_ops[i]
+                    and self._take_plain_step(leaf, r, same_step)
+                ):
                     continue
                 infos = self._take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
             del groups, results
