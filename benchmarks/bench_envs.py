@@ -3,6 +3,8 @@
 * ``CounterEnv``   - the JSON counter env of ``envs/counter`` as a ``gymnasium.Env``
   with a ``Box(1)`` observation: +1 per step, reward = action, ends at 100.
 * ``LargeObsEnv``  - a cheap step with an 84x84x4 uint8 observation (copy-bound).
+* ``DictObsEnv``   - LargeObsEnv's frames in a Dict beside a small state vector and a
+  Discrete (a pixels-plus-proprioception observation).
 * ``HangEnv``      - a counter whose action 2 wedges the env forever (straggler test).
 """
 
@@ -58,6 +60,33 @@ class LargeObsEnv(gym.Env):
         return self._frames[self.t % 8], float(action), self.t >= self.episode_len, False, {}
 
 
+class DictObsEnv(LargeObsEnv):
+    """LargeObsEnv's frames as ``{"pixels", "state", "phase"}``: the copy-bound case with a Dict space."""
+
+    def __init__(self, episode_len: int = 200):
+        super().__init__(episode_len)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pixels": gym.spaces.Box(0, 255, shape=OBS_SHAPE, dtype=np.uint8),
+                "state": gym.spaces.Box(-np.inf, np.inf, shape=(8,), dtype=np.float32),
+                "phase": gym.spaces.Discrete(8),
+            }
+        )
+        self._state = np.zeros(8, dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        frame, info = super().reset(seed=seed, options=options)
+        return self._dict(frame), info
+
+    def step(self, action):
+        frame, reward, terminated, truncated, info = super().step(action)
+        return self._dict(frame), reward, terminated, truncated, info
+
+    def _dict(self, frame):
+        self._state[0] = self.t
+        return {"pixels": frame, "state": self._state, "phase": self.t % 8}
+
+
 class HangEnv(CounterEnv):
     """Action 2 never returns (a wedged env); 0/1 are plain counter steps."""
 
@@ -82,6 +111,10 @@ def make_counter():
 
 def make_large_obs():
     return LargeObsEnv()
+
+
+def make_dict_obs():
+    return DictObsEnv()
 
 
 def make_hang():

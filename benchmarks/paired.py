@@ -2,7 +2,7 @@
 """Paired throughput: every implementation alive at once, short blocks in rotating order.
 
     python benchmarks/paired.py --sizes 8,64,256                 # CartPole-v1, ours vs SyncVectorEnv and AsyncVectorEnv
-    python benchmarks/paired.py --env large_obs --sizes 8 --impls async,default,boltz
+    python benchmarks/paired.py --env large_obs --sizes 8 --impls async,default,boltz  # frames; dict_obs: in a Dict
     python benchmarks/paired.py --sizes 256 --impls sync,async,subproc,dummy,envpool,pufferlib,default,boltz \\
         --envs-per-sandbox 1,32                                  # ours with 1 and with 32 envs per sandbox
 
@@ -59,7 +59,11 @@ cloudpickle.register_pickle_by_value(bench_envs)  # sandboxes cannot import this
 # SB3's SubprocVecEnv forks its workers from a forkserver: preload what they import (as run.py does).
 mp.set_forkserver_preload(["stable_baselines3.common.vec_env", "gymnasium", "numpy", "bench_envs"])
 
-FACTORIES = {"cartpole": bench_envs.make_cartpole, "large_obs": bench_envs.make_large_obs}
+FACTORIES = {
+    "cartpole": bench_envs.make_cartpole,
+    "large_obs": bench_envs.make_large_obs,
+    "dict_obs": bench_envs.make_dict_obs,
+}
 #: Steps per timed block: about 0.1-0.4 s per block on a 2-core box.
 BLOCK_STEPS = {8: 200, 32: 80, 64: 40, 128: 20, 256: 10}
 #: Every ratio is to these, measured in the same rounds.

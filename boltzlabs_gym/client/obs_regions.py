@@ -23,10 +23,15 @@ is a read-only view of the slot, not a copy, and the caller's own copy is the on
 slot is still read only after the env's reply; an env that rewrites it during that copy tears
 its own observation, nobody else's. Nothing outside the block may keep such a view.
 
-Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, spaces that are not
-one array) stay bytes. A process the pool learns was replaced (a failure, a hard reset, a
-restore) loses its mapping here and is asked again before its next call; until then it answers
-with bytes. Remote pools never ask: their wire is unchanged.
+An env of one process with a Dict/Tuple observation of fixed-size arrays has a slot that holds
+those arrays' payloads back to back (its ``layout``): its reply is encoded as always, with those
+payloads empty and ``"__shm__": [0, count]`` saying they are in the slot;
+:meth:`ObsRegions.resolve` fills them in from it.
+
+Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, other spaces) stay
+bytes. A process the pool learns was replaced (a failure, a hard reset, a restore) loses its
+mapping here and is asked again before its next call; until then it answers with bytes. Remote
+pools never ask: their wire is unchanged.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ KEEPS_REGION = frozenset(("step", "reset", "obs_region", "describe", "call", "ge
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 #: The largest region mapped.
 MAX_REGION_BYTES = 1 << 30
+#: The most payloads a Dict/Tuple observation's slot may hold.
+MAX_LAYOUT_PAYLOADS = 1024
 _SHM_KEY = b'"__shm__"'
 
 
@@ -69,17 +76,31 @@ class RegionFault(Exception):
 
 
 class _Region:
-    """One env process's region, mapped read-only, and the one-env step line it rewrites."""
+    """One env process's region, mapped read-only, and the one-env step line it rewrites.
 
-    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf")
+    A slot holds one array (``dtype`` and ``shape``), or a Dict/Tuple observation's payloads
+    back to back (``spans``: each one's ``(start, size)``; ``dtype``, ``shape`` and ``leaf`` are
+    then ``None``).
+    """
 
-    def __init__(self, fd: int, size: int, slots: int, slot_bytes: int, dtype: np.dtype, shape: tuple):
+    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans")
+
+    def __init__(
+        self,
+        fd: int,
+        size: int,
+        slots: int,
+        slot_bytes: int,
+        dtype: np.dtype | None,
+        shape: tuple | None,
+        spans: tuple[tuple[int, int], ...] | None = None,
+    ):
         # (Python's mmap keeps a duplicate of ``fd`` until it is closed: one descriptor per mapping)
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         self.view = memoryview(self.map)  # read-only, as the mapping
-        self.slots, self.slot_bytes, self.dtype, self.shape = slots, slot_bytes, dtype, shape
+        self.slots, self.slot_bytes, self.dtype, self.shape, self.spans = slots, slot_bytes, dtype, shape, spans
         # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
-        self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
+        self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape)) if dtype is not None else None  # type: ignore[arg-type]
 
     def copy_rows(self, rows: int) -> bytes:
         """The first ``rows`` slots' bytes, copied out now."""
@@ -97,6 +118,30 @@ class _Region:
             # A view lent out is still alive (an exception's traceback holds a step's locals): the
             # mapping goes when the last view does.
             log.debug("a shared observation region was still viewed when its env was replaced")
+
+
+def _array_bytes(dtype: np.dtype, shape: tuple) -> int | None:
+    """The bytes of one array of ``dtype`` and ``shape``, or ``None`` if a slot may not hold one."""
+    if dtype.kind not in "biuf" or not all(type(d) is int and 0 <= d < 1 << 31 for d in shape):
+        return None
+    return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+
+
+def _layout_spans(layout: object) -> tuple[tuple[int, int], ...] | None:
+    """``(start, size)`` of each payload a slot's ``layout`` (``[[dtype, shape], ...]``) holds,
+    back to back; ``None`` if it is not a list of arrays a slot may hold."""
+    if not isinstance(layout, list) or not 0 < len(layout) <= MAX_LAYOUT_PAYLOADS:
+        return None
+    spans, start = [], 0
+    for entry in layout:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
+            return None
+        size = _array_bytes(np.dtype(entry[0]), tuple(entry[1]))
+        if size is None:
+            return None
+        spans.append((start, size))
+        start += size
+    return tuple(spans)
 
 
 class _ShapeOnly:
@@ -178,14 +223,20 @@ class ObsRegions:
         described = reply.get("obs_region")
         if not isinstance(described, dict):
             return str(reply.get("error", "no region"))[:300]
+        dtype: np.dtype | None = None
+        shape: tuple | None = None
+        spans: tuple[tuple[int, int], ...] | None = None
         try:
             k = described["fd_index"]
             size, slots, slot_bytes = described["bytes"], described["slots"], described["slot_bytes"]
-            dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
             ok = all(type(v) is int for v in (k, size, slots, slot_bytes)) and 0 <= k < len(fds)
             ok = ok and 1 <= slots <= self.envs_per_sandbox
-            ok = ok and dtype.kind in "biuf" and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
-            ok = ok and slot_bytes == dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            if "layout" in described:  # a Dict/Tuple observation's payloads: one env per process
+                spans = _layout_spans(described["layout"])
+                ok = ok and spans is not None and slots == 1 and slot_bytes == sum(n for _, n in spans)
+            else:
+                dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
+                ok = ok and _array_bytes(dtype, shape) == slot_bytes
             ok = ok and 0 < slots * slot_bytes <= size <= MAX_REGION_BYTES
         except (KeyError, TypeError, ValueError):
             ok = False
@@ -200,7 +251,7 @@ class ObsRegions:
         if seals & REQUIRED_SEALS != REQUIRED_SEALS or not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return f"its memfd is not sealed against shrinking at {size} bytes (seals {seals:#x}, {st.st_size} bytes)"
         try:
-            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape)
+            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape, spans)
         except OSError as exc:  # out of descriptors or address space here: bytes it is
             return f"it could not be mapped: {exc}"
         return None
@@ -223,7 +274,7 @@ class ObsRegions:
         payloads)`` with the parsed reply otherwise. The slot is copied out here. Raises
         :class:`RegionFault` for a reference this process may not make."""
         region = self._regions.get(index)
-        if region is not None and len(payloads) == 1 and not len(payloads[0]):
+        if region is not None and region.leaf is not None and len(payloads) == 1 and not len(payloads[0]):
             step_line = region.leaf.shm_to_step_line(line)
             if step_line is not None and region.slots == 1:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
@@ -233,28 +284,52 @@ class ObsRegions:
             reply = parse_json(line)
         except ValueError:
             return line, None, payloads  # a bad reply, said as such by whoever parses it
+        if isinstance(reply, dict) and SHM in reply:  # a Dict/Tuple observation's payloads
+            return None, reply, self._payloads_from(region, reply, payloads)
         ref = reply.get("obs") if isinstance(reply, dict) else None
         if not (isinstance(ref, dict) and SHM in ref):
             return line, None, payloads  # the key elsewhere (an info's): not a reference
         if region is None:
             raise RegionFault("its reply refers to a shared observation region it does not have")
+        dtype, shape = region.dtype, region.shape
+        if dtype is None or shape is None:
+            raise RegionFault("its reply refers to one array in a region that holds a Dict/Tuple observation")
         if "n" in reply:  # a group reply: its rows, in place of its (empty) first payload
             rows = reply.get("n")
             if type(rows) is not int or not 0 < rows <= region.slots:
                 raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
-            expected = [0, region.dtype.str, [rows, *region.shape]]
+            expected = [0, dtype.str, [rows, *shape]]
             if not payloads or len(payloads[0]) != 0:
                 raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
             copied = [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
             resolved = expected
         else:  # one env's reply: its observation becomes a payload after the others
-            rows, expected = 1, [0, region.dtype.str, list(region.shape)]
+            rows, expected = 1, [0, dtype.str, list(shape)]
             copied = [*payloads, region.copy_rows(1)]
             resolved = [len(payloads), *expected[1:]]
         if region.slots != 1 and "n" not in reply or ref != {SHM: expected}:
             raise RegionFault(f"its reply refers to {str(ref)[:120]}, not its region's {expected}")
         reply["obs"] = {ND: resolved}
         return None, reply, copied
+
+    def _payloads_from(self, region: _Region | None, reply: dict, payloads: list) -> list:
+        """The payloads of a reply whose first ones (a Dict/Tuple observation's) are in the env's
+        slot (``"__shm__": [0, count]``, their places empty): read from the slot, the rest as sent."""
+        if region is None:
+            raise RegionFault("its reply refers to a shared observation region it does not have")
+        spans = region.spans
+        if spans is None:
+            raise RegionFault("its reply refers to observation payloads in a region that holds one array")
+        ref = reply.pop(SHM)
+        if ref != [0, len(spans)] or region.slots != 1:
+            raise RegionFault(f"its reply refers to {str(ref)[:60]}, not its region's [0, {len(spans)}]")
+        if len(payloads) < len(spans) or any(len(p) for p in payloads[: len(spans)]):
+            raise RegionFault("its reply refers to its region but sends the observation's bytes too")
+        if self.views:
+            view = region.view
+            return [view[start : start + size] for start, size in spans] + payloads[len(spans) :]
+        data = region.map
+        return [data[start : start + size] for start, size in spans] + payloads[len(spans) :]
 
     def resolve_result(self, result: EnvResult, start: int = 0) -> EnvResult:
         """:meth:`resolve` a raw result in place (``start``: the link's first index); an OK result only."""

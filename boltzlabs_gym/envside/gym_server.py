@@ -73,12 +73,12 @@ from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from math import isfinite
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from gymnasium import spaces as gs
 
-from ..wire.codec import ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
+from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, payload_layout, to_json_safe
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
@@ -130,6 +130,11 @@ class GymServer:
         # Hot path of the common case (array observations, Discrete or array actions, empty
         # infos): a step costs a few microseconds of serving around the env's own step.
         self._obs_leaf = ArrayLeaf.of(self.obs_space)
+        #: Where each payload of a Dict/Tuple observation goes in a shared slot: ``(start, size)``
+        #: (:func:`~boltzlabs_gym.wire.codec.payload_layout`); ``None`` for any other space.
+        layout = payload_layout(self.obs_space) if self._obs_leaf is None else None
+        self._obs_layout = layout
+        self._obs_spans: tuple[tuple[int, int], ...] = _spans(layout) if layout is not None else ()
         self._action_leaf = ArrayLeaf.of(self.action_space)
         self._discrete = None
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
@@ -143,6 +148,8 @@ class GymServer:
         #: This env's slot in the process's shared observation region (an array of the space's
         #: dtype and shape on it), once a local pool asked for one (:meth:`obs_region`).
         self.shm_slot: np.ndarray | None = None
+        #: The same for a Dict/Tuple observation: the slot's bytes, its payloads back to back.
+        self.shm_payloads: memoryview | None = None
         if isinstance(self.action_space, gs.Discrete):
             start = int(self.action_space.start)
             self._discrete = (start, start + int(self.action_space.n), self.action_space.dtype.type)
@@ -216,29 +223,54 @@ class GymServer:
             obs_j, info_j = self._encode_reset(obs, info, out)
             return {"obs": obs_j, "info": info_j}, out
         obs, info = self._reset(msg.get("seed"), msg.get("options"), out)
-        return {"obs": obs, "info": info}, out
+        reply = {"obs": obs, "info": info}
+        if obs is not None and self.shm_payloads is not None:
+            self._obs_payloads_to_slot(reply, out)
+        return reply, out
 
     def obs_region(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Make this process's shared observation region (one slot: this env) and describe it
         (:func:`region_reply`); with ``"use": true`` (sent by the worker once it has sealed it),
         write plain observations into it from now on. An env without an array observation space
         answers an error."""
-        leaf = self._obs_leaf
-        if leaf is None:
-            return {"error": "no shared observation region: the observation space is not one array"}, []
+        leaf, layout = self._obs_leaf, self._obs_layout
+        if leaf is None and layout is None:
+            return {
+                "error": "no shared observation region: the observation space is neither one array "
+                "nor a Dict/Tuple of fixed-size arrays"
+            }, []
+        nbytes = leaf.nbytes if leaf is not None else sum(size for _, size in self._obs_spans)
         if msg.get("use") is not True:
-            return region_reply(obs_region.create(1, leaf.nbytes), leaf), []
+            return region_reply(obs_region.create(1, nbytes), leaf if leaf is not None else cast(tuple, layout)), []
         region = obs_region.current()
-        if region is None or (region.slots, region.slot_bytes) != (1, leaf.nbytes):
+        if region is None or (region.slots, region.slot_bytes) != (1, nbytes):
             return {"error": "no shared observation region to use: ask for one first"}, []
-        if self.shm_slot is None:
+        if leaf is not None and self.shm_slot is None:
             self.shm_slot = np.ndarray(leaf.shape, leaf.dtype, buffer=region.view(0))
+            obs_region.on_forget(self._unshare)
+        elif leaf is None and self.shm_payloads is None:
+            self.shm_payloads = region.view(0)
             obs_region.on_forget(self._unshare)
         region.close_fd()  # the worker has its own now
         return {"obs_region": {"in_use": True}}, []
 
     def _unshare(self) -> None:
-        self.shm_slot = None  # observations go as bytes again
+        self.shm_slot = self.shm_payloads = None  # observations go as bytes again
+
+    def _obs_payloads_to_slot(self, reply: dict, out: list) -> None:
+        """Move a Dict/Tuple observation's payloads (the first of ``out``: its obs was encoded
+        first) into this env's slot, leave empty ones in their place and say so in the reply
+        (``"__shm__": [0, count]``). Left as they are if they are not the layout's sizes."""
+        slot, spans = self.shm_payloads, self._obs_spans
+        if slot is None or len(out) < len(spans):
+            return
+        for (_, size), payload in zip(spans, out):
+            if memoryview(payload).nbytes != size:
+                return
+        for i, (start, size) in enumerate(spans):
+            slot[start : start + size] = memoryview(out[i]).cast("B")
+            out[i] = b""
+        reply[SHM] = [0, len(spans)]
 
     def _decode_action(self, obj: Any, payloads: Sequence) -> Any:
         if self._discrete is not None and type(obj) is int and self._discrete[0] <= obj < self._discrete[1]:
@@ -314,6 +346,9 @@ class GymServer:
             reply["info"], _ = encode_info(info, out, zero_copy=zero_copy)
         except Exception:
             reply, out = error_transition("encode"), []
+        else:
+            if self.shm_payloads is not None:
+                self._obs_payloads_to_slot(reply, out)
         return self._autoreset(reply, out, autoreset, reset_zero_copy)
 
     def _autoreset(self, reply: dict, out: list, autoreset: bool, zero_copy: bool = True) -> tuple[dict, list]:
@@ -478,19 +513,27 @@ _OTHER_OPS = {
 }
 
 
-def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf) -> dict:
+def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple) -> dict:
     """The answer to ``{"op": "obs_region"}``: the memfd's descriptor number in this process (for
-    the worker's ``pidfd_getfd``), its size, its slots and what one slot holds."""
-    return {
-        "obs_region": {
-            "fd": region.fd,
-            "bytes": region.size,
-            "slots": region.slots,
-            "slot_bytes": region.slot_bytes,
-            "dtype": leaf.dtype.str,
-            "shape": list(leaf.shape),
-        }
-    }
+    the worker's ``pidfd_getfd``), its size, its slots and what one slot holds: one array
+    (``dtype``, ``shape``), or a Dict/Tuple observation's payloads back to back (``layout``, a
+    ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.codec.payload_layout`)."""
+    described: dict = {"fd": region.fd, "bytes": region.size, "slots": region.slots, "slot_bytes": region.slot_bytes}
+    if isinstance(leaf, ArrayLeaf):
+        described.update(dtype=leaf.dtype.str, shape=list(leaf.shape))
+    else:
+        described["layout"] = [[dtype.str, list(shape)] for dtype, shape in leaf]
+    return {"obs_region": described}
+
+
+def _spans(layout: tuple) -> tuple[tuple[int, int], ...]:
+    """``(start, size)`` of each payload of ``layout`` in a slot, back to back."""
+    spans, start = [], 0
+    for dtype, shape in layout:
+        size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        spans.append((start, size))
+        start += size
+    return tuple(spans)
 
 
 class GroupRows:

@@ -60,6 +60,7 @@ __all__ = [
     "decode_info",
     "to_json_safe",
     "ArrayLeaf",
+    "payload_layout",
     "ND",
 ]
 
@@ -462,6 +463,39 @@ def _decode_graph(space: gs.Graph, obj: Any, payloads: Payloads, copy: bool, pat
         raise CodecError(f"{path}.edge_links: expected integers of shape ({n_edges}, 2), got {dtype.str} {shape}")
     links = np.frombuffer(payloads[k], dtype=dtype).reshape(shape)
     return gs.GraphInstance(nodes, edges, links.copy() if copy else links)
+
+
+def payload_layout(space: gs.Space) -> tuple[tuple[np.dtype, tuple[int, ...]], ...] | None:
+    """The ``(dtype, shape)`` of each payload :func:`encode` makes for every value of ``space``, in
+    order, when they are always the same: a Dict or Tuple (nested or not) whose array leaves are
+    Box, MultiBinary or MultiDiscrete spaces, beside any Discrete or Text leaves (those go inline).
+    ``None`` for a space whose values make a varying number of payloads (Sequence, Graph, OneOf, a
+    JSON space), for a top-level array space (:class:`ArrayLeaf` covers it) and for one with no
+    array leaf at all. A shared observation region holds these payloads back to back.
+
+    >>> [(d.str, s) for d, s in payload_layout(gs.Dict({"a": gs.Box(0, 1, (2,)), "b": gs.Discrete(3)}))]
+    [('<f4', (2,))]
+    """
+    if isinstance(space, _ARRAY_SPACES):
+        return None
+    layout: list[tuple[np.dtype, tuple[int, ...]]] = []
+    if not _fixed_payloads(space, layout) or not layout:
+        return None
+    return tuple(layout)
+
+
+def _fixed_payloads(space: gs.Space, layout: list) -> bool:
+    """Append the payloads ``space``'s values make (in :func:`_encode`'s order); False if they vary."""
+    if isinstance(space, _ARRAY_SPACES):
+        layout.append((np.dtype(space.dtype), tuple(space.shape)))
+        return True
+    if isinstance(space, (gs.Discrete, gs.Text)):
+        return True
+    if isinstance(space, gs.Dict):
+        return all(_fixed_payloads(sub, layout) for sub in space.spaces.values())
+    if isinstance(space, gs.Tuple):
+        return all(_fixed_payloads(sub, layout) for sub in space.spaces)
+    return False
 
 
 class ArrayLeaf:

@@ -76,8 +76,9 @@ def _described(reply: bytes, count: int) -> dict:
     fd, size, slots, slot_bytes = (int(v) for v in values)  # type: ignore[arg-type]  # ints, checked
     if fd < 0 or slots != count or slot_bytes < 1 or not slots * slot_bytes <= size <= MAX_REGION_BYTES:
         raise RegionRefused(f"a region of {size} bytes for {slots} slots of {slot_bytes} (it hosts {count} envs)")
-    if not isinstance(region.get("dtype"), str) or not isinstance(region.get("shape"), list):
-        raise RegionRefused("dtype and shape missing")
+    one_array = isinstance(region.get("dtype"), str) and isinstance(region.get("shape"), list)
+    if not one_array and not isinstance(region.get("layout"), list):
+        raise RegionRefused("what a slot holds is missing: dtype and shape, or a layout")
     return region
 
 
@@ -112,7 +113,7 @@ def take_region(pid: int | None, count: int, reply: bytes) -> tuple[bytes, int |
             os.close(fd)
         log.debug("no observation region for env process %s: %s", pid, exc)
         return json.dumps({"error": f"no shared observation region: {exc}"}).encode(), None
-    described = {k: region[k] for k in ("bytes", "slots", "slot_bytes", "dtype", "shape")}
+    described = {k: region[k] for k in ("bytes", "slots", "slot_bytes", "dtype", "shape", "layout") if k in region}
     return json.dumps({"obs_region": described}).encode(), fd
 
 

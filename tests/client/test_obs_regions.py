@@ -463,3 +463,203 @@ def test_a_memory_snapshot_copy_never_writes_into_its_sources_region(tmp_path_fa
         assert len(_memfd_inodes() - before) == 3
     finally:
         venv.close()
+
+
+# ------------------------------------------------------------------ Dict and Tuple observations
+class DictFrameEnv(FrameEnv):
+    """FrameEnv's frames in a Dict beside a float vector, a MultiBinary, a Discrete and a Text
+    (inline on the wire): three payloads, at fixed sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = spaces.Dict(
+            {
+                "frame": spaces.Box(0, 255, SHAPE, np.uint8),
+                "pos": spaces.Box(-10.0, 10.0, (2,), np.float32),
+                "bits": spaces.MultiBinary(3),
+                "heading": spaces.Discrete(4),
+                "mission": spaces.Text(12),
+            }
+        )
+
+    def _obs(self, action: int = 0):
+        frame = super()._obs(action)
+        return {
+            "frame": frame,
+            "pos": np.array([self.t, action - 0.5], np.float32),
+            "bits": (frame[0, 0, :3] % 2).astype(np.int8),
+            "heading": int(frame[0, 0, 0] % 4),
+            "mission": f"step {self.t}",
+        }
+
+
+class TupleFrameEnv(FrameEnv):
+    """FrameEnv's frames in a Tuple beside a nested Dict of an int vector."""
+
+    def __init__(self):
+        super().__init__()
+        inner = spaces.Dict({"count": spaces.Box(0, 100, (1,), np.int64)})
+        self.observation_space = spaces.Tuple((spaces.Box(0, 255, SHAPE, np.uint8), inner))
+
+    def _obs(self, action: int = 0):
+        return super()._obs(action), {"count": np.array([self.t], np.int64)}
+
+
+def make_dict_frames():
+    return DictFrameEnv()
+
+
+def make_tuple_frames():
+    return TupleFrameEnv()
+
+
+def _assert_same(got, want, what: str) -> None:
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), what
+        for key in want:
+            _assert_same(got[key], want[key], f"{what}[{key!r}]")
+    elif isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want), what
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_same(a, b, f"{what}[{i}]")
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def _compare_any(ours: BoltzLabsVecEnv, factory, mode: AutoresetMode, copy: bool, n: int, steps: int = 20) -> None:
+    """:func:`_compare` for any observation space: nested Dict/Tuple batches."""
+    ref = gym.vector.SyncVectorEnv([factory] * n, autoreset_mode=mode, copy=copy)
+    try:
+        got, want = ours.reset(seed=7), ref.reset(seed=7)
+        _assert_same(got[0], want[0], "reset obs")
+        rng = np.random.default_rng(2)
+        ends = 0
+        for t in range(steps):
+            actions = rng.integers(0, 3, n)
+            got, want = ours.step(actions), ref.step(actions)
+            _assert_same(got[0], want[0], f"obs at step {t} ({mode}, copy={copy})")
+            for name, a, b in zip(("reward", "terminated", "truncated"), got[1:4], want[1:4]):
+                np.testing.assert_array_equal(a, b, err_msg=f"{name} differs at step {t}")
+            if "final_obs" in want[4]:
+                for i in np.flatnonzero(want[4]["_final_obs"]):
+                    _assert_same(got[4]["final_obs"][i], want[4]["final_obs"][i], f"final_obs[{i}] at step {t}")
+            done = np.logical_or(got[2], got[3])
+            ends += int(done.sum())
+            if mode == AutoresetMode.DISABLED and done.any():
+                _assert_same(
+                    ours.reset(options={"reset_mask": done})[0],
+                    ref.reset(options={"reset_mask": done})[0],
+                    f"partial reset at step {t}",
+                )
+        assert ends > 0, "no episode ended: autoreset was not exercised"
+    finally:
+        ref.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
+@pytest.mark.parametrize("factory", [make_dict_frames, make_tuple_frames], ids=["dict", "tuple"])
+def test_dict_and_tuple_observations_go_through_regions(factory, direct, tmp_path_factory, mapped, memfds):
+    """A Dict/Tuple observation of fixed-size arrays (beside Discrete and Text leaves) has its
+    arrays' bytes in the region, back to back: SyncVectorEnv's results in every autoreset mode,
+    nothing returned views the region, and nothing leaks."""
+    pool = _pool(factory, N, tmp_path_factory, direct=direct)
+    regions = pool._links[0].regions
+    try:
+        for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
+            for copy in (True, False):
+                venv = _vec(pool, autoreset_mode=mode, copy=copy)
+                try:
+                    _compare_any(venv, factory, mode, copy, N)
+                    step = venv.step(np.zeros(N, np.int64))
+                    shared = _region_arrays(pool)
+                    for array in _arrays_in(list(step)):
+                        assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
+                    del shared  # (arrays over the mappings: they would keep them mapped)
+                finally:
+                    _detach(venv)
+        assert regions is not None and len(regions) == N, regions.refused
+        assert all(region.spans is not None and len(region.spans) >= 2 for region in regions._regions.values())
+        assert mapped() == N and memfds() == N
+    finally:
+        pool.close()
+    assert mapped() == 0 and memfds() == 0
+
+
+def test_dict_observations_in_a_sandbox_of_several_envs_go_as_bytes(tmp_path_factory, mapped):
+    """Several envs per sandbox with a Dict observation: no region (each position's reply carries
+    its bytes), the same results."""
+    pool = _pool(make_dict_frames, N, tmp_path_factory, envs_per_sandbox=2)
+    try:
+        venv = _vec(pool, autoreset_mode=AutoresetMode.SAME_STEP)
+        _compare_any(venv, make_dict_frames, AutoresetMode.SAME_STEP, True, N)
+        _detach(venv)
+        regions = pool._links[0].regions
+        assert regions is not None and len(regions) == 0
+        assert all("not one array" in why for why in regions.refused.values()), regions.refused
+        assert mapped() == 0
+    finally:
+        pool.close()
+
+
+def _patch_payload_marker(change):
+    """In this env process: every reply that says its observation payloads are in the region is
+    rewritten by ``change(reply, payloads)`` first."""
+    from boltzlabs_gym.envside import gym_server
+
+    honest = gym_server.GymServer._obs_payloads_to_slot
+
+    def lying(self, reply, out):
+        honest(self, reply, out)
+        if "__shm__" in reply:
+            change(reply, out)
+
+    gym_server.GymServer._obs_payloads_to_slot = lying
+
+
+def make_dict_wrong_count():
+    _patch_payload_marker(lambda reply, out: reply.__setitem__("__shm__", [0, 2]))
+    return DictFrameEnv()
+
+
+def make_dict_marker_and_bytes():
+    def resend(reply, out):
+        out[0] = bytes(int(np.prod(SHAPE)))  # the frame's bytes on the pipe as well
+
+    _patch_payload_marker(resend)
+    return DictFrameEnv()
+
+
+def make_dict_marker_without_region():
+    """Refuses a region, then says its payloads are in one anyway."""
+    from boltzlabs_gym.envside import gym_server
+
+    def no_region(self, msg, payloads):
+        return {"error": "no region here"}, []
+
+    def marker(self, reply, out):
+        reply["__shm__"] = [0, 3]
+        out[:3] = [b"", b"", b""]
+
+    gym_server.GymServer.obs_region = no_region
+    gym_server._OTHER_OPS["obs_region"] = no_region
+    gym_server.GymServer.shm_payloads = property(lambda self: memoryview(b""), lambda self, v: None)
+    gym_server.GymServer._obs_payloads_to_slot = marker
+    return DictFrameEnv()
+
+
+@pytest.mark.parametrize(
+    "factory", [make_dict_wrong_count, make_dict_marker_and_bytes, make_dict_marker_without_region]
+)
+def test_a_wrong_payload_reference_is_the_envs_fault(factory, tmp_path_factory):
+    """A Dict observation's payloads said to be in the region wrongly (another count, bytes sent
+    as well, or no region at all) are that env's broken protocol: reported, the env restarted."""
+    pool = _pool(factory, 1, tmp_path_factory)
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=0)
+        _, _, terminated, truncated, info = venv.step(np.array([1]))
+        assert truncated[0] and not terminated[0]
+        reason = info["boltzlabs_error"]["reason"][0]
+        assert "broke the protocol" in reason and "region" in reason, reason
+    finally:
+        venv.close()

@@ -11,6 +11,7 @@ from gymnasium import spaces as gs
 from gymnasium.utils.env_checker import data_equivalence
 
 from boltzlabs_gym.wire.codec import (
+    payload_layout,
     ArrayLeaf,
     CodecError,
     decode,
@@ -329,7 +330,10 @@ def test_info_depth_limit():
 
 # ----------------------------------------------------------------------------- the plain step line
 
-@pytest.mark.parametrize("space", [gs.Box(-1, 1, (4,), np.float32), gs.Box(0, 255, (3, 2), np.uint8), gs.MultiBinary(5)])
+
+@pytest.mark.parametrize(
+    "space", [gs.Box(-1, 1, (4,), np.float32), gs.Box(0, 255, (3, 2), np.uint8), gs.MultiBinary(5)]
+)
 @pytest.mark.parametrize("reward", [1.0, -0.0, 1e-05, 1e300, -3.25])
 @pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True), (True, True)])
 def test_step_line_is_the_json_it_claims(space, reward, flags):
@@ -339,8 +343,14 @@ def test_step_line_is_the_json_it_claims(space, reward, flags):
     line = leaf.step_line(reward, *flags)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     msg = json.loads(line)
-    assert msg == {"obs": leaf.skeleton, "reward": reward, "terminated": flags[0], "truncated": flags[1],
-                   "info": {}, "_bin": [leaf.nbytes]}
+    assert msg == {
+        "obs": leaf.skeleton,
+        "reward": reward,
+        "terminated": flags[0],
+        "truncated": flags[1],
+        "info": {},
+        "_bin": [leaf.nbytes],
+    }
     assert leaf.parse_step_line(line) == (reward, *flags)
 
 
@@ -395,8 +405,9 @@ VARIABLE_SPACES = {
     "oneof": gs.OneOf([gs.Discrete(2), gs.Box(0, 1, (2,), np.float32)]),
     "graph": gs.Graph(gs.Box(0, 1, (3,), np.float32), gs.Discrete(4)),
     "graph_no_edges": gs.Graph(gs.Discrete(5), None),
-    "graph_of_dicts": gs.Graph(gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}),
-                               gs.Tuple((gs.Discrete(4), gs.Box(0, 1, (2,))))),
+    "graph_of_dicts": gs.Graph(
+        gs.Dict({"pos": gs.Box(-10, 10, (3,)), "label": gs.Discrete(5)}), gs.Tuple((gs.Discrete(4), gs.Box(0, 1, (2,))))
+    ),
     "sequence_of_graphs": gs.Sequence(gs.Graph(gs.Box(-1, 1, (2, 2)), gs.Discrete(4))),
     "nested": gs.Tuple(
         [gs.Sequence(gs.OneOf([gs.Discrete(2), gs.Text(3)])), gs.Graph(gs.Discrete(2), gs.Box(0, 1, ()))]
@@ -426,11 +437,16 @@ def test_variable_spaces_round_trip(name):
         (gs.OneOf([gs.Discrete(2)]), [True, 0], "OneOf index must be an int"),
         (gs.OneOf([gs.Discrete(2)]), [0], "list \\[index, value\\]"),
         (gs.Graph(gs.Discrete(2), None), {"nodes": None}, "nodes, edges and edge_links"),
-        (gs.Graph(gs.Discrete(2), None), {"nodes": {"__nd__": [1, "<i8", [1]]}, "edges": None, "edge_links": None},
-         "payload index 1 out of range"),
-        (gs.Graph(gs.Discrete(2), None),
-         {"nodes": {"__nd__": [0, "<i8", [1]]}, "edges": {"__nd__": [0, "<i8", [1]]}, "edge_links": None},
-         "go together"),
+        (
+            gs.Graph(gs.Discrete(2), None),
+            {"nodes": {"__nd__": [1, "<i8", [1]]}, "edges": None, "edge_links": None},
+            "payload index 1 out of range",
+        ),
+        (
+            gs.Graph(gs.Discrete(2), None),
+            {"nodes": {"__nd__": [0, "<i8", [1]]}, "edges": {"__nd__": [0, "<i8", [1]]}, "edge_links": None},
+            "go together",
+        ),
     ],
 )
 def test_hostile_variable_values_refused(space, obj, match):
@@ -469,3 +485,40 @@ def test_an_array_action_keeps_the_callers_numeric_dtype_across():
         leaf.decode_action(*_wire(*encode(gs.Box(-1, 1, (3,)), np.zeros(3, np.float32))))
     with pytest.raises(CodecError, match="dtype"):
         leaf.decode_action({"__nd__": [0, "|O", [2]]}, [b"x" * 16])
+
+
+# ------------------------------------------------------------------ payload layouts
+_FIXED = {
+    "dict": gs.Dict({"img": gs.Box(0, 255, (4, 3), np.uint8), "d": gs.Discrete(5), "v": gs.Box(-1, 1, (2,))}),
+    "nested": gs.Tuple((gs.MultiBinary(3), gs.Dict({"t": gs.Text(8), "m": gs.MultiDiscrete([2, 3])}))),
+    "scalar box": gs.Dict({"x": gs.Box(-1.0, 1.0, (), np.float64)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FIXED))
+def test_payload_layout_is_what_encode_writes(name):
+    """A fixed layout is every value's payloads, in order and size (a shared slot holds them so)."""
+    space = _FIXED[name]
+    space.seed(3)
+    layout = payload_layout(space)
+    assert layout is not None
+    for _ in range(20):
+        _, payloads = encode(space, space.sample())
+        sizes = [memoryview(p).nbytes for p in payloads]
+        assert sizes == [dtype.itemsize * int(np.prod(shape)) for dtype, shape in layout]
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gs.Box(0, 1, (3,)),  # one array: ArrayLeaf's
+        gs.Dict({"d": gs.Discrete(2), "t": gs.Text(4)}),  # no payload at all
+        gs.Dict({"s": gs.Sequence(gs.Box(0, 1, (2,)))}),  # as many payloads as the value has items
+        gs.Tuple((gs.Box(0, 1, (2,)), gs.OneOf((gs.Discrete(2), gs.Box(0, 1, (1,)))))),
+        gs.Graph(gs.Box(0, 1, (2,)), None),
+        JsonSpace(),
+    ],
+    ids=["box", "no-arrays", "sequence", "oneof", "graph", "json"],
+)
+def test_payload_layout_is_none_where_payloads_vary(space):
+    assert payload_layout(space) is None
