@@ -5,7 +5,8 @@
     python benchmarks/step_costs.py --configs cartpole:64:1,large_obs:64:8 --seconds 3
 
 Each configuration is ``env:n:K`` (``K`` = ``envs_per_sandbox``; ``env`` one of
-``cartpole``, ``large_obs`` from ``bench_envs.py``), built through the public API as
+``cartpole``, ``large_obs``, ``dict_obs`` from ``bench_envs.py``, with ``+bytes`` for
+``shared_obs=False``: ``dict_obs+bytes:64:1``), built through the public API as
 ``benchmarks/paired.py`` builds ``default`` (mode="default", the direct lane). After a
 reset and a warm-up, two blocks of steps with the same all-zeros Discrete actions:
 
@@ -55,14 +56,28 @@ if HERE not in sys.path:
 
 import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
+import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 from wakeups import switches  # noqa: E402
 
 from boltzlabs_gym import BoltzLabsVecEnv  # noqa: E402
 
+
+def flatten_spaces(space: gym.Space) -> list:
+    """The array spaces of ``space`` (itself, or the leaves of a Dict/Tuple with a shape)."""
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in flatten_spaces(sub)]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in flatten_spaces(sub)]
+    return [space] if space.shape else []
+
 cloudpickle.register_pickle_by_value(bench_envs)  # sandboxes cannot import this directory
 
-FACTORIES = {"cartpole": bench_envs.make_cartpole, "large_obs": bench_envs.make_large_obs}
+FACTORIES = {
+    "cartpole": bench_envs.make_cartpole,
+    "large_obs": bench_envs.make_large_obs,
+    "dict_obs": bench_envs.make_dict_obs,
+}
 DEFAULT_CONFIGS = "cartpole:8:1,cartpole:8:8,cartpole:64:1,cartpole:64:8,large_obs:64:1,large_obs:64:8"
 GROUPS = ("encode", "write", "wait", "read/parse", "copy obs", "return", "other")
 
@@ -277,8 +292,10 @@ def bare_step_us(factory, steps: int = 2000) -> float:
 
 
 def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) -> dict:
-    factory = FACTORIES[env_name]
-    kwargs = {"envs_per_sandbox": k} if k > 1 else {}
+    factory = FACTORIES[env_name.removesuffix("+bytes")]
+    kwargs: dict = {"envs_per_sandbox": k} if k > 1 else {}
+    if env_name.endswith("+bytes"):
+        kwargs["shared_obs"] = False
     t0 = time.perf_counter()
     env = BoltzLabsVecEnv([factory] * n, **kwargs)
     try:
@@ -303,7 +320,10 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
         run_steps(env, actions, profiled_steps)
         prof.disable()
         groups, by_func = profile_groups(prof)
-        obs_bytes = int(np.prod(env.single_observation_space.shape)) * env.single_observation_space.dtype.itemsize
+        obs_bytes = sum(
+            int(np.prod(space.shape)) * space.dtype.itemsize
+            for space in flatten_spaces(env.single_observation_space)
+        )
         copy = bool(env.copy)
     finally:
         env.close()
@@ -411,7 +431,7 @@ def main(argv=None) -> int:
     rows = []
     for config in args.configs.split(","):
         env_name, n, k = config.split(":")
-        if env_name not in FACTORIES:
+        if env_name.removesuffix("+bytes") not in FACTORIES:
             raise SystemExit(f"unknown env {env_name!r} in {config!r}: {', '.join(FACTORIES)}")
         rows.append(measure(env_name, int(n), int(k), args.seconds, args.profiled_steps))
     print(f"step costs: {started}, {os.cpu_count()} CPUs; boltzlabs_gym: {library_commit()}")
