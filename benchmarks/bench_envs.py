@@ -3,8 +3,8 @@
 * ``CounterEnv``   - the JSON counter env of ``envs/counter`` as a ``gymnasium.Env``
   with a ``Box(1)`` observation: +1 per step, reward = action, ends at 100.
 * ``LargeObsEnv``  - a cheap step with an 84x84x4 uint8 observation (copy-bound).
-* ``DictObsEnv``   - LargeObsEnv's frames in a Dict beside a small state vector and a
-  Discrete (a pixels-plus-proprioception observation).
+* ``DictObsEnv``   - LargeObsEnv's frames in a Dict beside a small state vector (a
+  pixels-plus-proprioception observation).
 * ``HangEnv``      - a counter whose action 2 wedges the env forever (straggler test).
 """
 
@@ -61,7 +61,7 @@ class LargeObsEnv(gym.Env):
 
 
 class DictObsEnv(LargeObsEnv):
-    """LargeObsEnv's frames as ``{"pixels", "state", "phase"}``: the copy-bound case with a Dict space."""
+    """LargeObsEnv's frames as ``{"pixels", "state"}``: the copy-bound case with a Dict space."""
 
     def __init__(self, episode_len: int = 200):
         super().__init__(episode_len)
@@ -69,7 +69,6 @@ class DictObsEnv(LargeObsEnv):
             {
                 "pixels": gym.spaces.Box(0, 255, shape=OBS_SHAPE, dtype=np.uint8),
                 "state": gym.spaces.Box(-np.inf, np.inf, shape=(8,), dtype=np.float32),
-                "phase": gym.spaces.Discrete(8),
             }
         )
         self._state = np.zeros(8, dtype=np.float32)
@@ -84,7 +83,7 @@ class DictObsEnv(LargeObsEnv):
 
     def _dict(self, frame):
         self._state[0] = self.t
-        return {"pixels": frame, "state": self._state, "phase": self.t % 8}
+        return {"pixels": frame, "state": self._state}
 
 
 class HangEnv(CounterEnv):

@@ -43,10 +43,11 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
-from ..wire.codec import ND, SHM, ArrayLeaf
+from ..wire.codec import ND, SHM, ArrayLeaf, array_bytes, layout_spans, skeleton_fits
 from ..wire.protocol import OK, REGION_FDS_TAKEN, parse_json
 from .results import EnvResult
 
@@ -62,8 +63,6 @@ KEEPS_REGION = frozenset(("step", "reset", "obs_region", "describe", "call", "ge
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 #: The largest region mapped.
 MAX_REGION_BYTES = 1 << 30
-#: The most payloads a Dict/Tuple observation's slot may hold.
-MAX_LAYOUT_PAYLOADS = 1024
 _SHM_KEY = b'"__shm__"'
 
 
@@ -79,11 +78,11 @@ class _Region:
     """One env process's region, mapped read-only, and the one-env step line it rewrites.
 
     A slot holds one array (``dtype`` and ``shape``), or a Dict/Tuple observation's payloads
-    back to back (``spans``: each one's ``(start, size)``; ``dtype``, ``shape`` and ``leaf`` are
-    then ``None``).
+    back to back (``spans``: each one's ``(start, size)``; ``dtype`` and ``shape`` are then
+    ``None``, and so is ``leaf`` unless the observation is arrays only: ``skeleton``).
     """
 
-    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans")
+    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans", "skeleton")
 
     def __init__(
         self,
@@ -94,6 +93,7 @@ class _Region:
         dtype: np.dtype | None,
         shape: tuple | None,
         spans: tuple[tuple[int, int], ...] | None = None,
+        skeleton: Any = None,
     ):
         # (Python's mmap keeps a duplicate of ``fd`` until it is closed: one descriptor per mapping)
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -101,6 +101,11 @@ class _Region:
         self.slots, self.slot_bytes, self.dtype, self.shape, self.spans = slots, slot_bytes, dtype, shape, spans
         # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
         self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape)) if dtype is not None else None  # type: ignore[arg-type]
+        #: A Dict/Tuple of arrays only: the skeleton its observations encode to. Its plain step is
+        #: one line that refers to the whole slot as bytes (read with ``leaf``, over those bytes).
+        self.skeleton = skeleton
+        if skeleton is not None:
+            self.leaf = ArrayLeaf(_ShapeOnly(np.dtype(np.uint8), (slot_bytes,)))  # type: ignore[arg-type]
 
     def copy_rows(self, rows: int) -> bytes:
         """The first ``rows`` slots' bytes, copied out now."""
@@ -120,28 +125,13 @@ class _Region:
             log.debug("a shared observation region was still viewed when its env was replaced")
 
 
-def _array_bytes(dtype: np.dtype, shape: tuple) -> int | None:
-    """The bytes of one array of ``dtype`` and ``shape``, or ``None`` if a slot may not hold one."""
-    if dtype.kind not in "biuf" or not all(type(d) is int and 0 <= d < 1 << 31 for d in shape):
-        return None
-    return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-
-
-def _layout_spans(layout: object) -> tuple[tuple[int, int], ...] | None:
-    """``(start, size)`` of each payload a slot's ``layout`` (``[[dtype, shape], ...]``) holds,
-    back to back; ``None`` if it is not a list of arrays a slot may hold."""
-    if not isinstance(layout, list) or not 0 < len(layout) <= MAX_LAYOUT_PAYLOADS:
-        return None
-    spans, start = [], 0
-    for entry in layout:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], list)):
-            return None
-        size = _array_bytes(np.dtype(entry[0]), tuple(entry[1]))
-        if size is None:
-            return None
-        spans.append((start, size))
-        start += size
-    return tuple(spans)
+def _copy_json(node: Any) -> Any:
+    """A copy of a skeleton (dicts and lists; the rest is immutable)."""
+    if isinstance(node, dict):
+        return {k: _copy_json(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_copy_json(v) for v in node]
+    return node
 
 
 class _ShapeOnly:
@@ -226,17 +216,20 @@ class ObsRegions:
         dtype: np.dtype | None = None
         shape: tuple | None = None
         spans: tuple[tuple[int, int], ...] | None = None
+        skeleton: Any = None
         try:
             k = described["fd_index"]
             size, slots, slot_bytes = described["bytes"], described["slots"], described["slot_bytes"]
             ok = all(type(v) is int for v in (k, size, slots, slot_bytes)) and 0 <= k < len(fds)
             ok = ok and 1 <= slots <= self.envs_per_sandbox
             if "layout" in described:  # a Dict/Tuple observation's payloads: one env per process
-                spans = _layout_spans(described["layout"])
+                spans = layout_spans(described["layout"])
                 ok = ok and spans is not None and slots == 1 and slot_bytes == sum(n for _, n in spans)
+                skeleton = described.get("skeleton")
+                ok = ok and (skeleton is None or skeleton_fits(skeleton, described["layout"]))
             else:
                 dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
-                ok = ok and _array_bytes(dtype, shape) == slot_bytes
+                ok = ok and array_bytes(dtype, shape) == slot_bytes
             ok = ok and 0 < slots * slot_bytes <= size <= MAX_REGION_BYTES
         except (KeyError, TypeError, ValueError):
             ok = False
@@ -251,7 +244,7 @@ class ObsRegions:
         if seals & REQUIRED_SEALS != REQUIRED_SEALS or not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return f"its memfd is not sealed against shrinking at {size} bytes (seals {seals:#x}, {st.st_size} bytes)"
         try:
-            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape, spans)
+            self._regions[index] = _Region(fd, size, slots, slot_bytes, dtype, shape, spans, skeleton)
         except OSError as exc:  # out of descriptors or address space here: bytes it is
             return f"it could not be mapped: {exc}"
         return None
@@ -276,6 +269,8 @@ class ObsRegions:
         region = self._regions.get(index)
         if region is not None and region.leaf is not None and len(payloads) == 1 and not len(payloads[0]):
             step_line = region.leaf.shm_to_step_line(line)
+            if step_line is not None and region.skeleton is not None:
+                return self._arrays_step(region, step_line)
             if step_line is not None and region.slots == 1:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
         if _SHM_KEY not in line:
@@ -312,6 +307,32 @@ class ObsRegions:
         reply["obs"] = {ND: resolved}
         return None, reply, copied
 
+    def _arrays_step(self, region: _Region, step_line: bytes) -> tuple[None, dict, list]:
+        """The plain step of a Dict/Tuple of arrays (its line, rewritten as one array's): the reply
+        it stands for, with the skeleton all such observations have and the arrays' payloads
+        read from the slot."""
+        assert region.leaf is not None and region.spans is not None
+        parsed = region.leaf.parse_step_line(step_line)
+        if parsed is None:
+            raise RegionFault("its step line refers to its region but is not a plain step's")
+        reward, terminated, truncated = parsed
+        reply = {
+            "obs": _copy_json(region.skeleton),  # the reader may keep it: a copy of its own
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": {},
+        }
+        return None, reply, self._slot_payloads(region, region.spans)
+
+    def _slot_payloads(self, region: _Region, spans: tuple[tuple[int, int], ...]) -> list:
+        """The payloads a slot holds back to back: views inside :meth:`lending_views`, else copies."""
+        if self.views:
+            view = region.view
+            return [view[start : start + size] for start, size in spans]
+        data = region.map
+        return [data[start : start + size] for start, size in spans]
+
     def _payloads_from(self, region: _Region | None, reply: dict, payloads: list) -> list:
         """The payloads of a reply whose first ones (a Dict/Tuple observation's) are in the env's
         slot (``"__shm__": [0, count]``, their places empty): read from the slot, the rest as sent."""
@@ -325,11 +346,7 @@ class ObsRegions:
             raise RegionFault(f"its reply refers to {str(ref)[:60]}, not its region's [0, {len(spans)}]")
         if len(payloads) < len(spans) or any(len(p) for p in payloads[: len(spans)]):
             raise RegionFault("its reply refers to its region but sends the observation's bytes too")
-        if self.views:
-            view = region.view
-            return [view[start : start + size] for start, size in spans] + payloads[len(spans) :]
-        data = region.map
-        return [data[start : start + size] for start, size in spans] + payloads[len(spans) :]
+        return self._slot_payloads(region, spans) + payloads[len(spans) :]
 
     def resolve_result(self, result: EnvResult, start: int = 0) -> EnvResult:
         """:meth:`resolve` a raw result in place (``start``: the link's first index); an OK result only."""

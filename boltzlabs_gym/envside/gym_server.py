@@ -78,7 +78,18 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from gymnasium import spaces as gs
 
-from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, payload_layout, to_json_safe
+from ..wire.codec import (
+    SHM,
+    ArrayLeaf,
+    array_leaves,
+    array_skeleton,
+    decode,
+    decode_info,
+    encode,
+    encode_info,
+    payload_layout,
+    to_json_safe,
+)
 from ..wire.protocol import parse_discrete_step
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
@@ -135,6 +146,16 @@ class GymServer:
         layout = payload_layout(self.obs_space) if self._obs_leaf is None else None
         self._obs_layout = layout
         self._obs_spans: tuple[tuple[int, int], ...] = _spans(layout) if layout is not None else ()
+        #: A Dict/Tuple of arrays only: the skeleton all its observations encode to, and the step
+        #: line of its whole slot as one array of bytes (a plain step then goes as one fixed line,
+        #: with no encoder, as one array's does; the pool puts the skeleton back).
+        self._obs_skeleton = array_skeleton(self.obs_space) if layout is not None else None
+        self._slot_leaf: ArrayLeaf | None = None
+        if self._obs_skeleton is not None:
+            slot_bytes = sum(size for _, size in self._obs_spans)
+            self._slot_leaf = ArrayLeaf(gs.Box(0, 255, (slot_bytes,), np.uint8))
+        #: Those arrays' places in this env's slot, once it has one.
+        self._slot_arrays: list[np.ndarray] | None = None
         self._action_leaf = ArrayLeaf.of(self.action_space)
         self._discrete = None
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
@@ -241,7 +262,10 @@ class GymServer:
             }, []
         nbytes = leaf.nbytes if leaf is not None else sum(size for _, size in self._obs_spans)
         if msg.get("use") is not True:
-            return region_reply(obs_region.create(1, nbytes), leaf if leaf is not None else cast(tuple, layout)), []
+            made = obs_region.create(1, nbytes)
+            if leaf is not None:
+                return region_reply(made, leaf), []
+            return region_reply(made, cast(tuple, layout), self._obs_skeleton), []
         region = obs_region.current()
         if region is None or (region.slots, region.slot_bytes) != (1, nbytes):
             return {"error": "no shared observation region to use: ask for one first"}, []
@@ -249,13 +273,36 @@ class GymServer:
             self.shm_slot = np.ndarray(leaf.shape, leaf.dtype, buffer=region.view(0))
             obs_region.on_forget(self._unshare)
         elif leaf is None and self.shm_payloads is None:
-            self.shm_payloads = region.view(0)
+            self.shm_payloads = memory = region.view(0)
+            if self._obs_skeleton is not None:
+                self._slot_arrays = [
+                    np.ndarray(shape, dtype, buffer=memory, offset=start)
+                    for (dtype, shape), (start, _) in zip(cast(tuple, layout), self._obs_spans)
+                ]
             obs_region.on_forget(self._unshare)
         region.close_fd()  # the worker has its own now
         return {"obs_region": {"in_use": True}}, []
 
     def _unshare(self) -> None:
-        self.shm_slot = self.shm_payloads = None  # observations go as bytes again
+        self.shm_slot = self.shm_payloads = self._slot_arrays = None  # observations go as bytes again
+
+    def _arrays_step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool) -> bytes | None:
+        """A plain step of a Dict/Tuple of arrays with a slot: each array copied into its place and
+        one fixed line that refers to the whole slot as bytes (``{"__shm__": [0, "|u1",
+        [slot_bytes]]}``); ``None`` (the generic path) unless every array has its space's dtype
+        and shape and ``reward`` is finite."""
+        places, leaf = self._slot_arrays, self._slot_leaf
+        arrays: list = []
+        if places is None or leaf is None or not array_leaves(self.obs_space, obs, arrays):
+            return None
+        for value, place in zip(arrays, places):
+            if type(value) is not np.ndarray or value.dtype != place.dtype or value.shape != place.shape:
+                return None
+        if not isfinite(reward):
+            return None
+        for value, place in zip(arrays, places):
+            place[...] = value
+        return leaf.shm_line(reward, terminated, truncated)
 
     def _obs_payloads_to_slot(self, reply: dict, out: list) -> None:
         """Move a Dict/Tuple observation's payloads (the first of ``out``: its obs was encoded
@@ -321,6 +368,10 @@ class GymServer:
                 fast = leaf.shm_step_reply(obs, reward, terminated, truncated, slot)
             else:
                 fast = leaf.step_reply(obs, reward, terminated, truncated)
+            if fast is not None:
+                return fast
+        elif self._slot_arrays is not None and not resets_now and not info and type(info) is dict:
+            fast = self._arrays_step_reply(obs, reward, terminated, truncated)
             if fast is not None:
                 return fast
         # The reset below may overwrite the env's obs buffer: copy payloads then.
@@ -513,16 +564,20 @@ _OTHER_OPS = {
 }
 
 
-def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple) -> dict:
+def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton: Any = None) -> dict:
     """The answer to ``{"op": "obs_region"}``: the memfd's descriptor number in this process (for
     the worker's ``pidfd_getfd``), its size, its slots and what one slot holds: one array
     (``dtype``, ``shape``), or a Dict/Tuple observation's payloads back to back (``layout``, a
-    ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.codec.payload_layout`)."""
+    ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.codec.payload_layout`), with the
+    ``skeleton`` its observations all encode to when it is arrays only (then its plain steps go
+    as one line, :meth:`GymServer._arrays_step_reply`)."""
     described: dict = {"fd": region.fd, "bytes": region.size, "slots": region.slots, "slot_bytes": region.slot_bytes}
     if isinstance(leaf, ArrayLeaf):
         described.update(dtype=leaf.dtype.str, shape=list(leaf.shape))
     else:
         described["layout"] = [[dtype.str, list(shape)] for dtype, shape in leaf]
+        if skeleton is not None:
+            described["skeleton"] = skeleton
     return {"obs_region": described}
 
 

@@ -27,6 +27,7 @@ import os
 import stat
 from collections.abc import Callable
 
+from ..wire.codec import layout_spans, skeleton_fits
 from ..wire.protocol import OK, parse_json
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,14 @@ def _described(reply: bytes, count: int) -> dict:
     fd, size, slots, slot_bytes = (int(v) for v in values)  # type: ignore[arg-type]  # ints, checked
     if fd < 0 or slots != count or slot_bytes < 1 or not slots * slot_bytes <= size <= MAX_REGION_BYTES:
         raise RegionRefused(f"a region of {size} bytes for {slots} slots of {slot_bytes} (it hosts {count} envs)")
-    one_array = isinstance(region.get("dtype"), str) and isinstance(region.get("shape"), list)
-    if not one_array and not isinstance(region.get("layout"), list):
+    if "layout" in region:  # a Dict/Tuple observation's arrays, back to back
+        spans = layout_spans(region["layout"])
+        if spans is None or slot_bytes != sum(size for _, size in spans):
+            raise RegionRefused(f"its layout {str(region['layout'])[:120]} is not {slot_bytes} bytes of arrays")
+        skeleton = region.get("skeleton")
+        if skeleton is not None and not skeleton_fits(skeleton, region["layout"]):
+            raise RegionRefused(f"its skeleton {str(skeleton)[:120]} does not refer to its layout's arrays")
+    elif not isinstance(region.get("dtype"), str) or not isinstance(region.get("shape"), list):
         raise RegionRefused("what a slot holds is missing: dtype and shape, or a layout")
     return region
 
@@ -113,7 +120,8 @@ def take_region(pid: int | None, count: int, reply: bytes) -> tuple[bytes, int |
             os.close(fd)
         log.debug("no observation region for env process %s: %s", pid, exc)
         return json.dumps({"error": f"no shared observation region: {exc}"}).encode(), None
-    described = {k: region[k] for k in ("bytes", "slots", "slot_bytes", "dtype", "shape", "layout") if k in region}
+    kept = ("bytes", "slots", "slot_bytes", "dtype", "shape", "layout", "skeleton")
+    described = {k: region[k] for k in kept if k in region}
     return json.dumps({"obs_region": described}).encode(), fd
 
 

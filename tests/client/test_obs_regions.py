@@ -579,6 +579,10 @@ def test_dict_and_tuple_observations_go_through_regions(factory, direct, tmp_pat
                     _detach(venv)
         assert regions is not None and len(regions) == N, regions.refused
         assert all(region.spans is not None and len(region.spans) >= 2 for region in regions._regions.values())
+        # Arrays only (the Tuple): a plain step is one fixed line, the pool puts the skeleton back.
+        # With Discrete and Text leaves (the Dict): every reply is encoded, its payloads marked.
+        arrays_only = factory is make_tuple_frames
+        assert all((region.skeleton is not None) == arrays_only for region in regions._regions.values())
         assert mapped() == N and memfds() == N
     finally:
         pool.close()
@@ -663,3 +667,33 @@ def test_a_wrong_payload_reference_is_the_envs_fault(factory, tmp_path_factory):
         assert "broke the protocol" in reason and "region" in reason, reason
     finally:
         venv.close()
+
+
+def make_tuple_wrong_skeleton():
+    """Describes its region with a skeleton whose references are out of order."""
+    from boltzlabs_gym.envside import gym_server
+
+    honest = gym_server.region_reply
+
+    def lying(region, leaf, skeleton=None):
+        if skeleton is not None:
+            skeleton = [skeleton[1], {"count": skeleton[0]}]
+        return honest(region, leaf, skeleton)
+
+    gym_server.region_reply = lying
+    return TupleFrameEnv()
+
+
+def test_a_region_with_a_wrong_skeleton_is_refused(tmp_path_factory, mapped):
+    """The skeleton an arrays-only observation's region is described with must refer to its
+    layout's payloads in order: one that does not is refused, and observations come as bytes."""
+    pool = _pool(make_tuple_wrong_skeleton, 2, tmp_path_factory)
+    try:
+        venv = _vec(pool, autoreset_mode=AutoresetMode.NEXT_STEP)
+        _compare_any(venv, make_tuple_frames, AutoresetMode.NEXT_STEP, True, 2)
+        _detach(venv)
+        regions = pool._links[0].regions
+        assert regions is not None and len(regions) == 0 and len(regions.refused) == 2, regions.refused
+        assert mapped() == 0
+    finally:
+        pool.close()

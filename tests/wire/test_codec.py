@@ -11,6 +11,8 @@ from gymnasium import spaces as gs
 from gymnasium.utils.env_checker import data_equivalence
 
 from boltzlabs_gym.wire.codec import (
+    array_leaves,
+    array_skeleton,
     payload_layout,
     ArrayLeaf,
     CodecError,
@@ -522,3 +524,19 @@ def test_payload_layout_is_what_encode_writes(name):
 )
 def test_payload_layout_is_none_where_payloads_vary(space):
     assert payload_layout(space) is None
+
+
+def test_array_skeleton_is_what_encode_writes_for_arrays_only():
+    space = gs.Dict({"b": gs.Tuple((gs.Box(0, 1, (2,)), gs.MultiDiscrete([2, 3]))), "a": gs.MultiBinary(4)})
+    space.seed(1)
+    skeleton = array_skeleton(space)
+    for _ in range(10):
+        value = space.sample()
+        assert encode(space, value)[0] == skeleton
+        leaves: list = []
+        assert array_leaves(space, value, leaves)
+        assert [leaf.shape for leaf in leaves] == [(4,), (2,), (2,)]  # encode's order: the space's keys, sorted
+    assert not array_leaves(space, {"a": np.zeros(4, np.int8)}, [])  # a key missing
+    assert not array_leaves(space, {"a": np.zeros(4, np.int8), "b": (np.zeros(2),)}, [])  # a short Tuple
+    assert array_skeleton(_FIXED["dict"]) is None  # a Discrete leaf: its value is inline
+    assert array_skeleton(gs.Box(0, 1, (2,))) is None  # one array: ArrayLeaf's
