@@ -257,6 +257,7 @@ class BoltzLabsVecEnv(VectorEnv):
         self._zero_obs = _zero_observation(self.single_observation_space)
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
         self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
+        self._set_array_rows(obs_spaces)
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -376,11 +377,35 @@ class BoltzLabsVecEnv(VectorEnv):
             t = t._replace(reset_obs=deepcopy(self._zero_obs))
         return t
 
+    def _set_array_rows(self, obs_spaces: list) -> None:
+        """For a Dict/Tuple observation of arrays only, the same for every env: its skeleton on the
+        wire (:func:`~boltzlabs_gym.wire.codec.array_skeleton`), and the batch's arrays in the
+        order of its payloads, whose rows are written in place as replies are read."""
+        #: The skeleton a plain step's reply has (then its payloads are the arrays, in order).
+        self._arrays_skeleton = None
+        #: The batch's arrays, and each one's (dtype, row shape, row bytes), in payload order.
+        self._batch_leaves: list[np.ndarray] | None = None
+        self._leaf_rows: list[tuple[np.dtype, tuple, int]] = []
+        space = self.single_observation_space
+        skeleton = codec.array_skeleton(space) if self._gym_server else None
+        if skeleton is None or any(other is not obs_spaces[0] for other in obs_spaces):
+            return
+        leaves: list = []
+        codec.array_leaves(space, self._observations, leaves)
+        self._arrays_skeleton, self._batch_leaves = skeleton, leaves
+        self._leaf_rows = [(leaf.dtype, leaf.shape[1:], leaf[0].nbytes) for leaf in leaves]
+
     def _set_obs(self, i: int, obs: Any) -> None:
-        """Env ``i``'s observation: a row of the batch itself for an array space (written as it
-        is read, as whole sandboxes' blocks are), else kept for :func:`concatenate`."""
+        """Env ``i``'s observation: a row of the batch itself for an array space, or of each of
+        its arrays for a Dict/Tuple of arrays (written as it is read, as whole sandboxes' blocks
+        are), else kept for :func:`concatenate`."""
         if self._obs_leaf is not None:
             cast(np.ndarray, self._observations)[i] = obs
+        elif self._batch_leaves is not None:
+            values: list = []
+            codec.array_leaves(self.single_observation_space, obs, values)  # decoded: the space's structure
+            for batch, value in zip(self._batch_leaves, values):
+                batch[i] = value
         else:
             self._env_obs[i] = obs
 
@@ -388,6 +413,8 @@ class BoltzLabsVecEnv(VectorEnv):
         if self._obs_leaf is not None:
             out = self._observations  # every row was written in place (_set_obs)
             return out.copy() if self.copy else out
+        if self._batch_leaves is not None:
+            return deepcopy(self._observations) if self.copy else self._observations
         self._observations = concatenate(self.single_observation_space, self._env_obs, self._observations)
         return deepcopy(self._observations) if self.copy else self._observations
 
@@ -576,6 +603,8 @@ class BoltzLabsVecEnv(VectorEnv):
                     and self._take_plain_step(leaf, r, same_step)
                 ):
                     continue
+                if self._batch_leaves is not None and not reset_ops[i] and self._take_arrays_step(r, same_step):
+                    continue
                 infos = self._take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
             del groups, results
         done = np.logical_or(self._terminations, self._truncations)
@@ -675,6 +704,30 @@ class BoltzLabsVecEnv(VectorEnv):
             return False  # the env should have reset itself: the general path says what happened
         i = r.index
         cast(np.ndarray, self._observations)[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
+        return True
+
+    def _take_arrays_step(self, r: EnvResult, same_step: bool) -> bool:
+        """Store a plain step of a Dict/Tuple of arrays (its reply exactly the skeleton, an empty
+        info, a float reward, bool flags; its payloads the arrays' bytes) by copying each payload
+        into its batch row, without the general decoder; False, storing nothing, otherwise."""
+        reply, payloads, leaves = r.reply, r.payloads, self._batch_leaves
+        if r.status != OK or type(reply) is not dict or len(reply) != 5 or leaves is None:
+            return False
+        reward, terminated, truncated = reply.get("reward"), reply.get("terminated"), reply.get("truncated")
+        if type(reward) is not float or type(terminated) is not bool or type(truncated) is not bool:
+            return False
+        if reply.get("info") != {} or reply.get("obs") != self._arrays_skeleton or len(payloads) != len(leaves):
+            return False
+        if same_step and (terminated or truncated):
+            return False  # the env should have reset itself: the general path says what happened
+        rows = self._leaf_rows
+        for payload, (_, _, nbytes) in zip(payloads, rows):
+            if (payload.nbytes if isinstance(payload, memoryview) else len(payload)) != nbytes:
+                return False
+        i = r.index
+        for batch, payload, (dtype, shape, _) in zip(leaves, payloads, rows):
+            batch[i] = np.frombuffer(payload, dtype=dtype).reshape(shape)
         self._rewards[i], self._terminations[i], self._truncations[i] = reward, terminated, truncated
         return True
 
