@@ -252,7 +252,8 @@ class GymServer:
     def obs_region(self, msg: dict, payloads: Sequence) -> tuple[dict, list]:
         """Make this process's shared observation region (one slot: this env) and describe it
         (:func:`region_reply`); with ``"use": true`` (sent by the worker once it has sealed it),
-        write plain observations into it from now on. An env without an array observation space
+        write plain observations into it from now on. An env whose observation space is neither
+        one array nor a Dict/Tuple of fixed-size arrays (:func:`~boltzlabs_gym.wire.codec.payload_layout`)
         answers an error."""
         leaf, layout = self._obs_leaf, self._obs_layout
         if leaf is None and layout is None:
