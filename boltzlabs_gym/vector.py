@@ -723,7 +723,7 @@ class BoltzLabsVecEnv(VectorEnv):
             return False  # the env should have reset itself: the general path says what happened
         rows = self._leaf_rows
         for payload, (_, _, nbytes) in zip(payloads, rows):
-            if (payload.nbytes if isinstance(payload, memoryview) else len(payload)) != nbytes:
+            if codec.payload_len(payload) != nbytes:
                 return False
         i = r.index
         for batch, payload, (dtype, shape, _) in zip(leaves, payloads, rows):

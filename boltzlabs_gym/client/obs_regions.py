@@ -99,13 +99,15 @@ class _Region:
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         self.view = memoryview(self.map)  # read-only, as the mapping
         self.slots, self.slot_bytes, self.dtype, self.shape, self.spans = slots, slot_bytes, dtype, shape, spans
-        # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
-        self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape)) if dtype is not None else None  # type: ignore[arg-type]
         #: A Dict/Tuple of arrays only: the skeleton its observations encode to. Its plain step is
         #: one line that refers to the whole slot as bytes (read with ``leaf``, over those bytes).
         self.skeleton = skeleton
+        # a one-env process's plain step line, rewritten without a JSON parser (ArrayLeaf.shm_to_step_line)
+        self.leaf: ArrayLeaf | None = None
         if skeleton is not None:
             self.leaf = ArrayLeaf(_ShapeOnly(np.dtype(np.uint8), (slot_bytes,)))  # type: ignore[arg-type]
+        elif dtype is not None:
+            self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
 
     def copy_rows(self, rows: int) -> bytes:
         """The first ``rows`` slots' bytes, copied out now."""

@@ -88,6 +88,7 @@ from ..wire.codec import (
     encode,
     encode_info,
     payload_layout,
+    slot_spans,
     to_json_safe,
 )
 from ..wire.protocol import parse_discrete_step
@@ -95,7 +96,16 @@ from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
 from . import obs_region, process
 from .failures import MAX_TRACEBACK_CHARS, error_transition, failed_transition
-from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
+from .framing import (
+    FdReader,
+    FdWriter,
+    MessageWriter,
+    encode_reply,
+    payload_nbytes,
+    write_all,
+    write_message,
+    writev_all,
+)
 from .groups import GroupRequest, Progress, group_config, group_reply_parts
 from .process import freeze_heap, protect_channel_fds
 from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
@@ -144,16 +154,17 @@ class GymServer:
         #: Where each payload of a Dict/Tuple observation goes in a shared slot: ``(start, size)``
         #: (:func:`~boltzlabs_gym.wire.codec.payload_layout`); ``None`` for any other space.
         layout = payload_layout(self.obs_space) if self._obs_leaf is None else None
-        self._obs_layout = layout
-        self._obs_spans: tuple[tuple[int, int], ...] = _spans(layout) if layout is not None else ()
+        spans = slot_spans(layout) if layout is not None else None
+        self._obs_layout = layout if spans is not None else None  # (None too: a dtype no slot holds)
+        self._obs_spans: tuple[tuple[int, int], ...] = spans or ()
+        self._layout_bytes = sum(size for _, size in self._obs_spans)
         #: A Dict/Tuple of arrays only: the skeleton all its observations encode to, and the step
         #: line of its whole slot as one array of bytes (a plain step then goes as one fixed line,
         #: with no encoder, as one array's does; the pool puts the skeleton back).
-        self._obs_skeleton = array_skeleton(self.obs_space) if layout is not None else None
+        self._obs_skeleton = array_skeleton(self.obs_space) if self._obs_layout is not None else None
         self._slot_leaf: ArrayLeaf | None = None
         if self._obs_skeleton is not None:
-            slot_bytes = sum(size for _, size in self._obs_spans)
-            self._slot_leaf = ArrayLeaf(gs.Box(0, 255, (slot_bytes,), np.uint8))
+            self._slot_leaf = ArrayLeaf(gs.Box(0, 255, (self._layout_bytes,), np.uint8))
         #: Those arrays' places in this env's slot, once it has one.
         self._slot_arrays: list[np.ndarray] | None = None
         self._action_leaf = ArrayLeaf.of(self.action_space)
@@ -261,7 +272,7 @@ class GymServer:
                 "error": "no shared observation region: the observation space is neither one array "
                 "nor a Dict/Tuple of fixed-size arrays"
             }, []
-        nbytes = leaf.nbytes if leaf is not None else sum(size for _, size in self._obs_spans)
+        nbytes = leaf.nbytes if leaf is not None else self._layout_bytes
         if msg.get("use") is not True:
             made = obs_region.create(1, nbytes)
             if leaf is not None:
@@ -313,7 +324,7 @@ class GymServer:
         if slot is None or len(out) < len(spans):
             return
         for (_, size), payload in zip(spans, out):
-            if memoryview(payload).nbytes != size:
+            if payload_nbytes(payload) != size:
                 return
         for i, (start, size) in enumerate(spans):
             slot[start : start + size] = memoryview(out[i]).cast("B")
@@ -580,16 +591,6 @@ def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton
         if skeleton is not None:
             described["skeleton"] = skeleton
     return {"obs_region": described}
-
-
-def _spans(layout: tuple) -> tuple[tuple[int, int], ...]:
-    """``(start, size)`` of each payload of ``layout`` in a slot, back to back."""
-    spans, start = [], 0
-    for dtype, shape in layout:
-        size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        spans.append((start, size))
-        start += size
-    return tuple(spans)
 
 
 class GroupRows:

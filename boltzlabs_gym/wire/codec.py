@@ -65,6 +65,8 @@ __all__ = [
     "array_leaves",
     "array_bytes",
     "layout_spans",
+    "slot_spans",
+    "payload_len",
     "skeleton_fits",
     "ND",
 ]
@@ -297,7 +299,8 @@ def _repr(value: Any) -> str:
 # --------------------------------------------------------------------------- decode
 
 
-def _payload_len(p: Any) -> int:
+def payload_len(p: Any) -> int:
+    """The bytes of a payload (a ``memoryview``'s in bytes, whatever its item size)."""
     return p.nbytes if isinstance(p, memoryview) else len(p)
 
 
@@ -323,7 +326,7 @@ def _parse_nd(obj: Any, payloads: Payloads, path: str) -> tuple[int, np.dtype, t
     n = dtype.itemsize
     for d in shape:
         n *= d
-    got = _payload_len(payloads[k])
+    got = payload_len(payloads[k])
     if got != n:
         raise CodecError(f"{path}: payload {k} has {got} bytes, shape {shape} of {dtype_str} needs {n}")
     return k, dtype, tuple(shape)
@@ -559,24 +562,33 @@ def array_bytes(dtype: np.dtype, shape: tuple) -> int | None:
     return dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
-def layout_spans(layout: object) -> tuple[tuple[int, int], ...] | None:
-    """``(start, size)`` of each payload a shared slot's ``layout`` (``[[dtype, shape], ...]``, as
-    an env describes its region, untrusted) holds back to back; ``None`` if it is not a list of
-    arrays a slot may hold."""
-    if not isinstance(layout, list) or not 0 < len(layout) <= MAX_LAYOUT_PAYLOADS:
-        return None
+def slot_spans(layout: Sequence[tuple[np.dtype, tuple]]) -> tuple[tuple[int, int], ...] | None:
+    """``(start, size)`` of each array of ``layout`` (``(dtype, shape)`` pairs, as
+    :func:`payload_layout` gives them) in a shared slot, back to back; ``None`` if a slot may not
+    hold one of them (:func:`array_bytes`)."""
     spans, start = [], 0
-    for entry in layout:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
-            return None
-        if not _DTYPE_RE.match(entry[0]) or not isinstance(entry[1], list):
-            return None
-        size = array_bytes(np.dtype(entry[0]), tuple(entry[1]))
+    for dtype, shape in layout:
+        size = array_bytes(dtype, shape)
         if size is None:
             return None
         spans.append((start, size))
         start += size
     return tuple(spans)
+
+
+def layout_spans(layout: object) -> tuple[tuple[int, int], ...] | None:
+    """:func:`slot_spans` of a ``layout`` as an env describes its region (``[[dtype, shape], ...]``,
+    untrusted JSON); ``None`` if it is not a list of arrays a slot may hold."""
+    if not isinstance(layout, list) or not 0 < len(layout) <= MAX_LAYOUT_PAYLOADS:
+        return None
+    parsed = []
+    for entry in layout:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            return None
+        if not _DTYPE_RE.match(entry[0]) or not isinstance(entry[1], list):
+            return None
+        parsed.append((np.dtype(entry[0]), tuple(entry[1])))
+    return slot_spans(parsed)
 
 
 def skeleton_fits(skeleton: Any, layout: list) -> bool:
@@ -652,14 +664,14 @@ class ArrayLeaf:
 
     def decode(self, obj: Any, payloads: Payloads) -> np.ndarray:
         """A writable copy of the value; falls back to :func:`decode` for any other skeleton."""
-        if obj == self.skeleton and payloads and _payload_len(payloads[0]) == self.nbytes:
+        if obj == self.skeleton and payloads and payload_len(payloads[0]) == self.nbytes:
             return np.frombuffer(payloads[0], dtype=self.dtype).reshape(self.shape).copy()
         return decode(self.space, obj, payloads, copy=True)
 
     def decode_action(self, obj: Any, payloads: Payloads) -> np.ndarray:
         """An action as :func:`encode_action` sent it: a writable array of the space's shape in
         the sender's numeric dtype (the space's own, unless the caller's batch had another)."""
-        if obj == self.skeleton and payloads and _payload_len(payloads[0]) == self.nbytes:
+        if obj == self.skeleton and payloads and payload_len(payloads[0]) == self.nbytes:
             return np.frombuffer(payloads[0], dtype=self.dtype).reshape(self.shape).copy()
         if isinstance(obj, dict) and ND in obj:
             k, dtype, shape = _parse_nd(obj, payloads, "action")
