@@ -46,7 +46,7 @@ from .client.snapshot import Snapshot
 from .client.stats import PoolStats
 from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
 from .vector_async import SendRecv, check_batch_size
-from .wire import codec
+from .wire import codec, slot_layout
 from .wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 from .wire.spaces import JsonSpace, seed_space_from_json, space_from_json
 
@@ -379,7 +379,7 @@ class BoltzLabsVecEnv(VectorEnv):
 
     def _set_array_rows(self, obs_spaces: list) -> None:
         """For a Dict/Tuple observation of arrays only, the same for every env: its skeleton on the
-        wire (:func:`~boltzlabs_gym.wire.codec.array_skeleton`), and the batch's arrays in the
+        wire (:func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`), and the batch's arrays in the
         order of its payloads, whose rows are written in place as replies are read."""
         #: The skeleton a plain step's reply has (then its payloads are the arrays, in order).
         self._arrays_skeleton = None
@@ -387,11 +387,11 @@ class BoltzLabsVecEnv(VectorEnv):
         self._batch_leaves: list[np.ndarray] | None = None
         self._leaf_rows: list[tuple[np.dtype, tuple, int]] = []
         space = self.single_observation_space
-        skeleton = codec.array_skeleton(space) if self._gym_server else None
+        skeleton = slot_layout.array_skeleton(space) if self._gym_server else None
         if skeleton is None or any(other is not obs_spaces[0] for other in obs_spaces):
             return
         leaves: list = []
-        codec.array_leaves(space, self._observations, leaves)
+        slot_layout.array_leaves(space, self._observations, leaves)
         self._arrays_skeleton, self._batch_leaves = skeleton, leaves
         self._leaf_rows = [(leaf.dtype, leaf.shape[1:], leaf[0].nbytes) for leaf in leaves]
 
@@ -403,7 +403,7 @@ class BoltzLabsVecEnv(VectorEnv):
             cast(np.ndarray, self._observations)[i] = obs
         elif self._batch_leaves is not None:
             values: list = []
-            codec.array_leaves(self.single_observation_space, obs, values)  # decoded: the space's structure
+            slot_layout.array_leaves(self.single_observation_space, obs, values)  # decoded: the space's structure
             for batch, value in zip(self._batch_leaves, values):
                 batch[i] = value
         else:

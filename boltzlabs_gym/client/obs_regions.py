@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from ..wire.codec import ND, SHM, ArrayLeaf, array_bytes, layout_spans, skeleton_fits
+from ..wire.codec import ND, SHM, ArrayLeaf
 from ..wire.protocol import OK, REGION_FDS_TAKEN, parse_json
+from ..wire.slot_layout import array_bytes, layout_spans, skeleton_fits
 from .results import EnvResult
 
 log = logging.getLogger(__name__)

@@ -78,20 +78,9 @@ from typing import Any, TypeVar, cast
 import numpy as np
 from gymnasium import spaces as gs
 
-from ..wire.codec import (
-    SHM,
-    ArrayLeaf,
-    array_leaves,
-    array_skeleton,
-    decode,
-    decode_info,
-    encode,
-    encode_info,
-    payload_layout,
-    slot_spans,
-    to_json_safe,
-)
+from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.protocol import parse_discrete_step
+from ..wire.slot_layout import array_leaves, array_skeleton, payload_layout, slot_spans
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
 from . import obs_region, process
@@ -152,7 +141,7 @@ class GymServer:
         # infos): a step costs a few microseconds of serving around the env's own step.
         self._obs_leaf = ArrayLeaf.of(self.obs_space)
         #: Where each payload of a Dict/Tuple observation goes in a shared slot: ``(start, size)``
-        #: (:func:`~boltzlabs_gym.wire.codec.payload_layout`); ``None`` for any other space.
+        #: (:func:`~boltzlabs_gym.wire.slot_layout.payload_layout`); ``None`` for any other space.
         layout = payload_layout(self.obs_space) if self._obs_leaf is None else None
         spans = slot_spans(layout) if layout is not None else None
         self._obs_layout = layout if spans is not None else None  # (None too: a dtype no slot holds)
@@ -264,7 +253,7 @@ class GymServer:
         """Make this process's shared observation region (one slot: this env) and describe it
         (:func:`region_reply`); with ``"use": true`` (sent by the worker once it has sealed it),
         write plain observations into it from now on. An env whose observation space is neither
-        one array nor a Dict/Tuple of fixed-size arrays (:func:`~boltzlabs_gym.wire.codec.payload_layout`)
+        one array nor a Dict/Tuple of fixed-size arrays (:func:`~boltzlabs_gym.wire.slot_layout.payload_layout`)
         answers an error."""
         leaf, layout = self._obs_leaf, self._obs_layout
         if leaf is None and layout is None:
@@ -580,7 +569,7 @@ def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton
     """The answer to ``{"op": "obs_region"}``: the memfd's descriptor number in this process (for
     the worker's ``pidfd_getfd``), its size, its slots and what one slot holds: one array
     (``dtype``, ``shape``), or a Dict/Tuple observation's payloads back to back (``layout``, a
-    ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.codec.payload_layout`), with the
+    ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.slot_layout.payload_layout`), with the
     ``skeleton`` its observations all encode to when it is arrays only (then its plain steps go
     as one line, :meth:`GymServer._arrays_step_reply`)."""
     described: dict = {"fd": region.fd, "bytes": region.size, "slots": region.slots, "slot_bytes": region.slot_bytes}

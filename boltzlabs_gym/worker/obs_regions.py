@@ -27,8 +27,8 @@ import os
 import stat
 from collections.abc import Callable
 
-from ..wire.codec import layout_spans, skeleton_fits
 from ..wire.protocol import OK, parse_json
+from ..wire.slot_layout import layout_spans, skeleton_fits
 
 log = logging.getLogger(__name__)
 

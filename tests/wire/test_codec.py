@@ -11,9 +11,6 @@ from gymnasium import spaces as gs
 from gymnasium.utils.env_checker import data_equivalence
 
 from boltzlabs_gym.wire.codec import (
-    array_leaves,
-    array_skeleton,
-    payload_layout,
     ArrayLeaf,
     CodecError,
     decode,
@@ -24,6 +21,7 @@ from boltzlabs_gym.wire.codec import (
     to_json_safe,
 )
 from boltzlabs_gym.wire.protocol import STEP_REPLY_LAYOUT, STEP_REPLY_PATTERN
+from boltzlabs_gym.wire.slot_layout import array_leaves, array_skeleton, payload_layout
 from boltzlabs_gym.wire.spaces import JsonSpace
 
 
