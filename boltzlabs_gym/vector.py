@@ -258,6 +258,18 @@ class BoltzLabsVecEnv(VectorEnv):
         self._env_obs: list = [deepcopy(self._zero_obs) for _ in range(self.num_envs)]
         self._observations = create_empty_array(self.single_observation_space, self.num_envs, np.zeros)
         self._set_array_rows(obs_spaces)
+        #: One observation's skeleton in a group reply's rows (several envs per sandbox): an array
+        #: space's, or a Dict/Tuple of arrays only's; None when the space has no rows.
+        self._row_skeleton = (
+            self._obs_leaf.skeleton
+            if self._obs_leaf is not None
+            else slot_layout.array_skeleton(self.single_observation_space)
+            if self._gym_server
+            else None
+        )
+        #: Whether rows are written into the batch as they are read (else each env's observation
+        #: is decoded against its own space).
+        self._batch_rows = self._obs_leaf is not None or self._batch_leaves is not None
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -506,23 +518,31 @@ class BoltzLabsVecEnv(VectorEnv):
     def _take_group_reset(self, group: GroupResult, infos: dict, reset_timeout: float) -> dict:
         """Store a sandbox's resets: its plain positions' observations as one block, the rest one by one."""
         read = self._read_group(group)
-        if isinstance(read, list):
-            for r in read:
+        if isinstance(read, list) or (read.leaves is not None and not self._batch_rows):
+            for r in read if isinstance(read, list) else group.expand():
                 infos = self._take_reset(r, infos, reset_timeout)
             return infos
-        if read.obs is not None:
+        if read.leaves is not None:
             positions = np.flatnonzero(read.plain)
-            cast(np.ndarray, self._observations)[np.asarray(group.plan.indices)[positions]] = read.obs[positions]
+            self._set_rows(read.leaves, np.asarray(group.plan.indices)[positions], positions)
         for r in read.others.values():
             infos = self._take_reset(r, infos, reset_timeout)
         return infos
 
     def _read_group(self, group: GroupResult):
         """A sandbox's group reply, read against the observation space (see :meth:`GroupResult.read`)."""
-        leaf = self._obs_leaf
-        # Without an array space (a Dict, or an env dir's JSON values) rows are a wire violation:
-        # nothing would check them against the space.
-        return group.read(leaf.dtype, leaf.shape) if leaf is not None else group.read(arrays=False)
+        skeleton = self._row_skeleton
+        # Without arrays in the space (a Dict with a Discrete in it, an env dir's JSON values) rows
+        # are a wire violation: nothing would check them against the space.
+        return group.read(skeleton) if skeleton is not None else group.read(arrays=False)
+
+    def _set_rows(self, leaves: list[np.ndarray], rows: Any, positions: Any) -> None:
+        """Copy a group reply's ``positions`` (its arrays' rows, as read) into the batch's ``rows``."""
+        if self._obs_leaf is not None:
+            cast(np.ndarray, self._observations)[rows] = leaves[0][positions]
+            return
+        for batch, leaf in zip(cast(list, self._batch_leaves), leaves):
+            batch[rows] = leaf[positions]
 
     # ------------------------------------------------------------------ step
     def step(self, actions: Any):
@@ -660,11 +680,12 @@ class BoltzLabsVecEnv(VectorEnv):
         """Store a sandbox's results of a step batch: its plain positions as whole blocks of
         observations, rewards and flags (by slicing; no per-env work), the rest one by one."""
         read = self._read_group(group)
-        if isinstance(read, list):  # the sandbox failed, or broke the wire: per env
-            for r in read:
+        if isinstance(read, list) or (read.leaves is not None and not self._batch_rows):
+            # the sandbox failed, or broke the wire; or no batch rows to copy into: per env
+            for r in read if isinstance(read, list) else group.expand():
                 infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
             return infos
-        if read.obs is not None:
+        if read.leaves is not None:
             indices = group.plan.indices
             plain, flags = read.plain, read.flags
             assert flags is not None and read.reward is not None
@@ -683,7 +704,7 @@ class BoltzLabsVecEnv(VectorEnv):
                 for r in group.expand():
                     infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
                 return infos
-            cast(np.ndarray, self._observations)[rows] = read.obs[positions]
+            self._set_rows(read.leaves, rows, positions)
             self._rewards[rows] = np.where(resets, 0.0, read.reward[positions])
             self._terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
             self._truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..wire.codec import MAX_INFO_DEPTH, ND
 from ..wire.protocol import (
     ERROR,
     FLAG_TERMINATED,
@@ -57,6 +58,7 @@ from ..wire.protocol import (
     OK,
     group_op_name,
 )
+from ..wire.slot_layout import MAX_LAYOUT_PAYLOADS
 from .results import EnvResult, parse_result
 
 __all__ = [
@@ -269,24 +271,36 @@ def _group_request(
 class GroupReply:
     """One group reply, validated: plain positions as arrays, the others as env results."""
 
-    __slots__ = ("plain", "obs", "reward", "flags", "others")
+    __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others")
 
     def __init__(
         self,
         plain: np.ndarray,
-        obs: np.ndarray | None,
+        leaves: list[np.ndarray] | None,
+        skeleton: Any,
         reward: np.ndarray | None,
         flags: np.ndarray | None,
         others: dict,
     ):
         #: Positions answered plainly (bool per position).
         self.plain = plain
-        #: ``(P, *shape)`` observations (rows of other positions are meaningless), or None.
-        self.obs = obs
+        #: Each array of the observations as ``(P, *shape)`` rows (rows of other positions are
+        #: meaningless), in payload order: one for an array space, several for a Dict/Tuple; or None.
+        self.leaves = leaves
+        #: One observation's skeleton (``{"__nd__": [k, dtype, shape]}`` leaves; see
+        #: :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`), with the leaves.
+        self.skeleton = skeleton
         self.reward = reward
         self.flags = flags
         #: position -> that env's :class:`EnvResult` (parsed), for every position not plain.
         self.others = others
+
+    @property
+    def obs(self) -> np.ndarray | None:
+        """An array space's ``(P, *shape)`` observations (None for a Dict/Tuple's, or none)."""
+        if self.leaves is None or not (isinstance(self.skeleton, dict) and ND in self.skeleton):
+            return None
+        return self.leaves[0]
 
 
 class BadGroupReply(ValueError):
@@ -306,27 +320,26 @@ class GroupResult:
     restarted: dict[int, str] | None = None
     _read: GroupReply | list[EnvResult] | None = None
 
-    def read(
-        self, obs_dtype: np.dtype | None = None, obs_shape: tuple | None = None, arrays: bool = True
-    ) -> GroupReply | list[EnvResult]:
-        """The reply, validated (read once, then kept): array observations must have ``obs_dtype``
-        and ``obs_shape`` when given (else what the reply declares), and there must be none
-        unless ``arrays`` (a reader whose space has no array form); a list of per-env results
-        instead when the sandbox failed or its reply breaks the wire."""
+    def read(self, row_skeleton: Any = None, arrays: bool = True) -> GroupReply | list[EnvResult]:
+        """The reply, validated (read once, then kept): its observations' rows must make
+        ``row_skeleton`` when given (one observation's, as
+        :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton` or an
+        :class:`~boltzlabs_gym.wire.codec.ArrayLeaf`'s ``skeleton`` gives it; else what the reply
+        declares), and there must be none unless ``arrays`` (a reader whose space has no array
+        form); a list of per-env results instead when the sandbox failed or its reply breaks the
+        wire."""
         if self._read is None:
-            self._read = self._read_now(obs_dtype, obs_shape, arrays)
+            self._read = self._read_now(row_skeleton, arrays)
         return self._read
 
-    def _read_now(
-        self, obs_dtype: np.dtype | None, obs_shape: tuple | None, arrays: bool
-    ) -> GroupReply | list[EnvResult]:
+    def _read_now(self, row_skeleton: Any, arrays: bool) -> GroupReply | list[EnvResult]:
         r = parse_result(self.result)
         reply = r.reply if isinstance(r.reply, dict) else {}
         if r.status == OK:
             try:
                 if not arrays and reply.get(GROUP_OBS) is not None:
                     raise BadGroupReply("array observations for a space that has no array form")
-                return _read_group(reply, r.payloads, obs_dtype, obs_shape, self.plan.indices)
+                return _read_group(reply, r.payloads, row_skeleton, self.plan.indices)
             except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
                 return self._bad(str(exc)[:500])
         if reply.get("bad_reply"):
@@ -347,24 +360,21 @@ class GroupResult:
         if isinstance(read, list):
             return read
         out: list[EnvResult] = []
-        skeleton = None
-        if read.obs is not None:
-            skeleton = {"__nd__": [0, read.obs.dtype.str, list(read.obs.shape[1:])]}
         for p, index in enumerate(self.plan.indices):
             other = read.others.get(p)
             if other is not None:
                 out.append(other)
                 continue
-            assert read.reward is not None and read.flags is not None and read.obs is not None
+            assert read.reward is not None and read.flags is not None and read.leaves is not None
             flags = int(read.flags[p])
             reply = {
-                "obs": skeleton,
+                "obs": read.skeleton,
                 "reward": float(read.reward[p]),
                 "terminated": bool(flags & FLAG_TERMINATED),
                 "truncated": bool(flags & FLAG_TRUNCATED),
                 "info": {},
             }
-            out.append(EnvResult(index, OK, reply, [np.ascontiguousarray(read.obs[p]).tobytes()]))
+            out.append(EnvResult(index, OK, reply, [np.ascontiguousarray(rows[p]).tobytes() for rows in read.leaves]))
         return out
 
     def _failed(self, detail: dict) -> list[EnvResult]:
@@ -398,30 +408,58 @@ class GroupResult:
 
 
 def _nd(ref: int, dtype: str, shape: list) -> dict:
-    return {"__nd__": [ref, dtype, shape]}
+    return {ND: [ref, dtype, shape]}
 
 
-def _declared_obs(obs: Any, npos: int) -> tuple[np.dtype, tuple]:
-    """The dtype and row shape a group reply's ``obs`` skeleton declares, checked."""
+def _declared_rows(obs: Any, npos: int) -> tuple[list[tuple[np.dtype, tuple]], Any]:
+    """The arrays a group reply's ``obs`` declares (each one's dtype and row shape, in payload
+    order) and one observation's skeleton (each leaf's shape without its ``npos`` rows, its
+    dtype canonical), checked: leaves ``{"__nd__": [k, dtype, [npos, ...]]}`` of a numeric
+    dtype with ``k`` counting from 0, in objects and lists (a Dict's, a Tuple's) or alone."""
+    leaves: list[tuple[np.dtype, tuple]] = []
     try:
-        ref, dtype_str, shape = obs["__nd__"]
+        return leaves, _row_skeleton(obs, npos, leaves, 0)
+    except BadGroupReply as exc:
+        raise BadGroupReply(f"its observations {str(obs)[:120]} are not numeric arrays of {npos} rows: {exc}") from None
+
+
+def _row_skeleton(node: Any, npos: int, leaves: list, depth: int) -> Any:
+    if depth > MAX_INFO_DEPTH or len(leaves) >= MAX_LAYOUT_PAYLOADS:
+        raise BadGroupReply(f"they nest deeper than {MAX_INFO_DEPTH} or hold more than {MAX_LAYOUT_PAYLOADS} arrays")
+    if isinstance(node, dict) and ND in node:
+        dtype, shape = _declared_array(node, len(leaves), npos)
+        leaves.append((dtype, shape))
+        return {ND: [len(leaves) - 1, dtype.str, list(shape)]}
+    if isinstance(node, dict) and node:
+        return {key: _row_skeleton(value, npos, leaves, depth + 1) for key, value in node.items()}
+    if isinstance(node, list) and node:
+        return [_row_skeleton(value, npos, leaves, depth + 1) for value in node]
+    raise BadGroupReply(f"{str(node)[:80]} is not an array")
+
+
+def _declared_array(node: dict, ref: int, npos: int) -> tuple[np.dtype, tuple]:
+    """The dtype and row shape of one ``{"__nd__": [ref, dtype, [npos, ...]]}``, checked."""
+    try:
+        (key,) = node
+        declared_ref, dtype_str, shape = node[ND]
         dtype = np.dtype(dtype_str)
-        ok = ref == 0 and dtype.kind in "biuf" and isinstance(shape, list) and shape[:1] == [npos]
-        ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape) and len(shape) <= 33
+        ok = type(declared_ref) is int and declared_ref == ref and dtype.kind in "biuf"
+        ok = ok and isinstance(shape, list) and shape[:1] == [npos] and len(shape) <= 33
+        ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
     except (TypeError, ValueError, KeyError):
         ok = False
     if not ok:
-        raise BadGroupReply(f"its observations {str(obs)[:120]} are not a numeric array of {npos} rows")
+        raise BadGroupReply(f"{str(node)[:80]} is not the numeric array {ref} of {npos} rows")
     return dtype, tuple(shape[1:])
 
 
-def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list[int]) -> GroupReply:
+def _read_group(reply: dict, payloads: list, row_skeleton: Any, indices: list[int]) -> GroupReply:
     """Validate a parsed group reply for the envs ``indices`` (it comes from untrusted code)."""
     npos = len(indices)
     if "error" in reply and GROUP_N not in reply:
         # The sandbox refused the whole request: every env of it refused its op.
         refused = {p: EnvResult(i, OK, {"error": reply["error"]}, []) for p, i in enumerate(indices)}
-        return GroupReply(np.zeros(npos, dtype=bool), None, None, None, refused)
+        return GroupReply(np.zeros(npos, dtype=bool), None, None, None, None, refused)
     if reply.get(GROUP_N) != npos:
         raise BadGroupReply(
             f"it answers {reply.get(GROUP_N)!r} positions for {npos} ops (is env.py serving several envs? "
@@ -429,22 +467,27 @@ def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list
         )
     lengths = [len(p) for p in payloads]
     cursor = 0
-    obs = reward = flags = None
+    leaves = skeleton = reward = flags = None
     if reply.get(GROUP_OBS) is not None:
-        dtype, shape = _declared_obs(reply[GROUP_OBS], npos)
-        if obs_dtype is not None and (dtype != obs_dtype or shape != tuple(obs_shape)):
-            raise BadGroupReply(f"its observations are {dtype}{shape}, not {np.dtype(obs_dtype)}{tuple(obs_shape)}")
-        expected = (_nd(1, "<f8", [npos]), _nd(2, "|u1", [npos]))
+        declared, skeleton = _declared_rows(reply[GROUP_OBS], npos)
+        if row_skeleton is not None and skeleton != row_skeleton:
+            raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+        count = len(declared)
+        expected = (_nd(count, "<f8", [npos]), _nd(count + 1, "|u1", [npos]))
         got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
         if got != expected:
             raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
-        array_sizes = (npos * dtype.itemsize * math.prod(shape), 8 * npos, npos)  # Python ints: no wrap-around
-        if tuple(lengths[:3]) != array_sizes:
-            raise BadGroupReply(f"its array payloads have {lengths[:3]} bytes, not {list(array_sizes)}")
-        obs = np.frombuffer(payloads[0], dtype=dtype).reshape(npos, *shape)
-        reward = np.frombuffer(payloads[1], dtype="<f8")
-        flags = np.frombuffer(payloads[2], dtype=np.uint8)
-        cursor = 3
+        # Python ints: no wrap-around
+        array_sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
+        if lengths[: count + 2] != array_sizes:
+            raise BadGroupReply(f"its array payloads have {lengths[: count + 2]} bytes, not {array_sizes}")
+        leaves = [
+            np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
+            for payload, (dtype, shape) in zip(payloads, declared)
+        ]
+        reward = np.frombuffer(payloads[count], dtype="<f8")
+        flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
+        cursor = count + 2
     elif reply.get(GROUP_REWARD) is not None or reply.get(GROUP_FLAGS) is not None:
         raise BadGroupReply("reward or flags without observations")
     replies = reply.get(GROUP_REPLIES) or {}
@@ -464,9 +507,9 @@ def _read_group(reply: dict, payloads: list, obs_dtype, obs_shape, indices: list
         plain[p] = False
     if cursor != len(payloads):
         raise BadGroupReply(f"{len(payloads) - cursor} payloads follow that no position claims")
-    if obs is None and plain.any():
+    if leaves is None and plain.any():
         raise BadGroupReply("positions without a reply and no arrays to read them from")
-    return GroupReply(plain, obs, reward, flags, others)
+    return GroupReply(plain, leaves, skeleton, reward, flags, others)
 
 
 def _position_key(key: str, npos: int) -> int:

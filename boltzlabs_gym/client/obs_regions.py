@@ -26,7 +26,10 @@ its own observation, nobody else's. Nothing outside the block may keep such a vi
 An env of one process with a Dict/Tuple observation of fixed-size arrays has a slot that holds
 those arrays' payloads back to back (its ``layout``): its reply is encoded as always, with those
 payloads empty and ``"__shm__": [0, count]`` saying they are in the slot;
-:meth:`ObsRegions.resolve` fills them in from it.
+:meth:`ObsRegions.resolve` fills them in from it. A sandbox of several envs whose observations
+are a Dict/Tuple of arrays only keeps its group reply's rows in its region, each array's rows
+back to back (``m`` of them), one array after the other; its reply's ``obs`` is their skeleton
+with ``"__shm__"`` leaves (:func:`~boltzlabs_gym.wire.slot_layout.group_skeleton`).
 
 Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, other spaces) stay
 bytes. A process the pool learns was replaced (a failure, a hard reset, a restore) loses its
@@ -43,13 +46,13 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..wire.codec import ND, SHM, ArrayLeaf
 from ..wire.protocol import OK, REGION_FDS_TAKEN, parse_json
-from ..wire.slot_layout import array_bytes, layout_spans, skeleton_fits
+from ..wire.slot_layout import array_bytes, group_skeleton, layout_spans, skeleton_fits
 from .results import EnvResult
 
 log = logging.getLogger(__name__)
@@ -225,11 +228,13 @@ class ObsRegions:
             size, slots, slot_bytes = described["bytes"], described["slots"], described["slot_bytes"]
             ok = all(type(v) is int for v in (k, size, slots, slot_bytes)) and 0 <= k < len(fds)
             ok = ok and 1 <= slots <= self.envs_per_sandbox
-            if "layout" in described:  # a Dict/Tuple observation's payloads: one env per process
+            if "layout" in described:  # a Dict/Tuple observation's payloads
                 spans = layout_spans(described["layout"])
-                ok = ok and spans is not None and slots == 1 and slot_bytes == sum(n for _, n in spans)
+                ok = ok and spans is not None and slot_bytes == sum(n for _, n in spans)
                 skeleton = described.get("skeleton")
                 ok = ok and (skeleton is None or skeleton_fits(skeleton, described["layout"]))
+                # several envs: a group's rows, which only a Dict/Tuple of arrays only has
+                ok = ok and (slots == 1 or skeleton is not None)
             else:
                 dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
                 ok = ok and array_bytes(dtype, shape) == slot_bytes
@@ -285,6 +290,8 @@ class ObsRegions:
         if isinstance(reply, dict) and SHM in reply:  # a Dict/Tuple observation's payloads
             return None, reply, self._payloads_from(region, reply, payloads)
         ref = reply.get("obs") if isinstance(reply, dict) else None
+        if region is not None and region.skeleton is not None and "n" in reply and isinstance(ref, (dict, list)):
+            return None, reply, self._group_rows(region, reply, payloads)
         if not (isinstance(ref, dict) and SHM in ref):
             return line, None, payloads  # the key elsewhere (an info's): not a reference
         if region is None:
@@ -309,6 +316,25 @@ class ObsRegions:
             raise RegionFault(f"its reply refers to {str(ref)[:120]}, not its region's {expected}")
         reply["obs"] = {ND: resolved}
         return None, reply, copied
+
+    def _group_rows(self, region: _Region, reply: dict, payloads: list) -> list:
+        """The payloads of a group reply of a Dict/Tuple of arrays only whose rows are in the
+        region (each array's rows back to back, one array after the other): each array's first
+        ``P`` rows read from there, in place of their empty payloads; ``reply["obs"]`` then refers
+        to them as payloads. Rows sent as bytes are left as they are."""
+        rows = reply.get("n")
+        if type(rows) is not int or not 0 < rows <= region.slots:
+            raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
+        if reply["obs"] != group_skeleton(region.skeleton, rows, SHM):
+            if reply["obs"] == group_skeleton(region.skeleton, rows):
+                return payloads
+            raise RegionFault(f"its group reply's observations {str(reply['obs'])[:120]} are not its region's rows")
+        spans = cast(tuple, region.spans)
+        if len(payloads) < len(spans) or any(len(p) for p in payloads[: len(spans)]):
+            raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
+        m, data = region.slots, region.view if self.views else region.map
+        reply["obs"] = group_skeleton(region.skeleton, rows)
+        return [data[m * start : m * start + rows * size] for start, size in spans] + payloads[len(spans) :]
 
     def _arrays_step(self, region: _Region, step_line: bytes) -> tuple[None, dict, list]:
         """The plain step of a Dict/Tuple of arrays (its line, rewritten as one array's): the reply

@@ -208,7 +208,9 @@ class WorkerRoute:
             return regions.resolve_result(result, result.index - local)
         except RegionFault as exc:
             regions.forget(local)
-            message = f"env {result.index} broke the protocol: {exc.reason}"
+            # (with several envs per sandbox, the index is the sandbox's: its reader names its envs)
+            who = f"env {result.index}" if regions.envs_per_sandbox == 1 else "the sandbox"
+            message = f"{who} broke the protocol: {exc.reason}"
             return EnvResult(result.index, ERROR, {"message": message, "bad_reply": True}, [])
 
 

@@ -51,8 +51,9 @@ over-long line) is answered and the server exits (the worker respawns it). A fac
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
 ``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
 with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`): a plain
-step or reset of an env with array observations is a row of the reply's arrays
-(:class:`GroupRows`), every other position carries the one-env reply above.
+step or reset of an env whose observations are one array, or a Dict/Tuple of arrays only, is a
+row of the reply's arrays (:class:`~boltzlabs_gym.envside.group_rows.GroupRows`), every other
+position carries the one-env reply above.
 
 Factories: the worker starts Gymnasium envs from an env directory written by
 :func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
@@ -69,7 +70,6 @@ import select
 import sys
 import time
 import traceback
-from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from math import isfinite
@@ -80,7 +80,7 @@ from gymnasium import spaces as gs
 
 from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.protocol import parse_discrete_step
-from ..wire.slot_layout import array_leaves, array_skeleton, payload_layout, slot_spans
+from ..wire.slot_layout import LeafPaths, array_skeleton, payload_layout, slot_spans
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from ..wire.start_failure import describe_start_failure
 from . import obs_region, process
@@ -95,6 +95,7 @@ from .framing import (
     write_message,
     writev_all,
 )
+from .group_rows import GroupRows
 from .groups import GroupRequest, Progress, group_config, group_reply_parts
 from .process import freeze_heap, protect_channel_fds
 from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
@@ -152,8 +153,10 @@ class GymServer:
         #: with no encoder, as one array's does; the pool puts the skeleton back).
         self._obs_skeleton = array_skeleton(self.obs_space) if self._obs_layout is not None else None
         self._slot_leaf: ArrayLeaf | None = None
+        self._leaf_paths: LeafPaths | None = None
         if self._obs_skeleton is not None:
             self._slot_leaf = ArrayLeaf(gs.Box(0, 255, (self._layout_bytes,), np.uint8))
+            self._leaf_paths = LeafPaths(self.obs_space)
         #: Those arrays' places in this env's slot, once it has one.
         self._slot_arrays: list[np.ndarray] | None = None
         self._action_leaf = ArrayLeaf.of(self.action_space)
@@ -292,9 +295,9 @@ class GymServer:
         one fixed line that refers to the whole slot as bytes (``{"__shm__": [0, "|u1",
         [slot_bytes]]}``); ``None`` (the generic path) unless every array has its space's dtype
         and shape and ``reward`` is finite."""
-        places, leaf = self._slot_arrays, self._slot_leaf
+        places, leaf, paths = self._slot_arrays, self._slot_leaf, self._leaf_paths
         arrays: list = []
-        if places is None or leaf is None or not array_leaves(self.obs_space, obs, arrays):
+        if places is None or leaf is None or paths is None or not paths.take(obs, arrays):
             return None
         for value, place in zip(arrays, places):
             if type(value) is not np.ndarray or value.dtype != place.dtype or value.shape != place.shape:
@@ -582,114 +585,6 @@ def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton
     return {"obs_region": described}
 
 
-class GroupRows:
-    """The arrays of a group reply: each plain position's observation row, reward and flags.
-
-    Preallocated once for the process's ``m`` slots and reused by every request, so a plain
-    position costs one row copy and two stores; the reply's payloads are views of the first
-    ``P`` rows, and its line comes from prebuilt bytes with ``P`` filled in (no JSON encoder).
-    """
-
-    def __init__(self, leaf: ArrayLeaf, m: int):
-        self.dtype, self.shape = leaf.dtype, leaf.shape
-        self.obs = np.zeros((m, *leaf.shape), leaf.dtype)
-        # array/bytearray rather than numpy: a store into them is several times cheaper.
-        self.rewards = array("d", bytes(8 * m))
-        self.flags = bytearray(m)
-        self._row_bytes = leaf.nbytes
-        self._obs_bytes = memoryview(self.obs.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-        self._reward_bytes = memoryview(self.rewards).cast("B")
-        self._flags_bytes = memoryview(self.flags)
-        # The arrays members of a reply of P positions, with %d for P: rows, P, P.
-        dims = b"".join(b",%d" % d for d in leaf.shape)
-        self._arrays = (
-            b'"obs":{"__nd__":[0,"%s",[%%d%s]]},"reward":{"__nd__":[1,"%s",[%%d]]},"flags":{"__nd__":[2,"|u1",[%%d]]}'
-            % (leaf.dtype.str.encode(), dims, np.dtype(np.float64).str.encode())
-        )
-        self._plain_lines: dict[int, bytes] = {}
-        self._leaf = leaf
-        #: Whether the rows live in the process's shared observation region (:meth:`share`).
-        self.shared = False
-
-    def share(self, region: obs_region.ObsRegion) -> None:
-        """Keep the rows in ``region`` (one slot per row) from now on: a reply's observations are
-        then a reference to its first rows (``{"__shm__": [0, dtype, [P, ...]]}``, an empty first
-        payload) instead of their bytes."""
-        m = len(self.flags)
-        self._private = (self.obs, self._obs_bytes, self._arrays)
-        self.obs = np.ndarray((m, *self.shape), self.dtype, buffer=region.memory[: m * self._row_bytes])
-        self._obs_bytes = memoryview(b"")
-        dims = b"".join(b",%d" % d for d in self.shape)
-        self._arrays = self._arrays.replace(
-            b'"obs":{"__nd__":[0,"%s",[%%d%s]]}' % (self.dtype.str.encode(), dims),
-            b'"obs":{"__shm__":[0,"%s",[%%d%s]]}' % (self.dtype.str.encode(), dims),
-        )
-        self._plain_lines.clear()
-        self.shared = True
-        obs_region.on_forget(self._unshare)
-
-    def _unshare(self) -> None:
-        """Back to the rows of this process's own memory (the region is being dropped)."""
-        self.obs, self._obs_bytes, self._arrays = self._private
-        self._plain_lines.clear()
-        self.shared = False
-
-    @classmethod
-    def of(cls, servers: Sequence[GymServer]) -> GroupRows | None:
-        """The rows for these slots' servers, or ``None`` (every position then in ``replies``) unless
-        every slot's observations are one array of one dtype and shape."""
-        leaves = [server._obs_leaf for server in servers]
-        first = leaves[0]
-        if first is None or any(
-            leaf is None or (leaf.dtype, leaf.shape) != (first.dtype, first.shape) for leaf in leaves
-        ):
-            return None
-        return cls(first, len(servers))
-
-    def put(self, p: int, obs: Any, reward: float, terminated: bool, truncated: bool) -> bool:
-        """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not an array of the
-        space's dtype and shape or ``reward`` is not finite (the one-env reply says what is wrong
-        then, or carries the NaN: it is what the one-env encoders would write)."""
-        if type(obs) is not np.ndarray:
-            return False
-        dtype = obs.dtype  # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
-        if (dtype is not self.dtype and dtype != self.dtype) or obs.shape != self.shape or not isfinite(reward):
-            return False
-        self.obs[p] = obs  # a copy: the env may reuse its buffer
-        self.rewards[p] = reward
-        self.flags[p] = terminated | truncated << 1
-        return True
-
-    def clear(self, p: int) -> None:
-        """Zero position ``p`` (one in ``replies``), so that a reply's bytes depend on this request only."""
-        self.obs[p] = 0
-        self.rewards[p] = 0.0
-        self.flags[p] = 0
-
-    def arrays(self, n: int) -> bytes:
-        """The ``obs``/``reward``/``flags`` members of a reply of ``n`` positions."""
-        return self._arrays % (n, n, n)
-
-    def payloads(self, n: int) -> list:
-        """Views of the first ``n`` rows, rewards and flags: the first three payloads of the reply."""
-        if self.shared:
-            return [b"", self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
-        return [self._obs_bytes[: n * self._row_bytes], self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
-
-    def plain_line(self, n: int) -> bytes:
-        """The whole line of a reply whose ``n`` positions are all plain."""
-        line = self._plain_lines.get(n)
-        if line is None:
-            line = self._plain_lines[n] = b'{"n":%d,%s,"replies":{},"_bin":[%d,%d,%d]}\n' % (
-                n,
-                self.arrays(n),
-                0 if self.shared else n * self._row_bytes,
-                8 * n,
-                n,
-            )
-        return line
-
-
 def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
     try:
         write_message(stream, reply, payloads)
@@ -793,16 +688,18 @@ def _serve_group_request(
     replies: list[tuple[int, Any, list]] = []
     closing = False
     set_progress = progress.set
+    obs_rows = rows.obs if rows is not None else None  # one array's rows; None for a Dict/Tuple's
     if rows is not None:
-        obs_rows, rewards, flags, dtype, shape = rows.obs, rows.rewards, rows.flags, rows.dtype, rows.shape
+        rewards, flags, dtype, shape = rows.rewards, rows.flags, rows.dtype, rows.shape
     for p in range(n):
         slot = slots[p]
         op = ops[p]
         set_progress(slot)
         server = servers[slot]
         if type(op) is int and rows is not None and server._actions:
-            # The hot path: GymServer.group_step and GroupRows.put for a Discrete step, inlined (a
-            # few hundred nanoseconds of an ~8 us step); anything unusual takes the general path.
+            # The hot path: GymServer.group_step and (for one array) GroupRows.put for a Discrete
+            # step, inlined (a few microseconds of an ~8 us step); anything unusual takes the
+            # general path.
             i = op - server._discrete[0]  # type: ignore[index]  # _actions implies _discrete
             if 0 <= i < len(server._actions):
                 try:
@@ -811,7 +708,15 @@ def _serve_group_request(
                 except Exception:
                     replies.append((p, *server._autoreset(error_transition("step"), [], autoreset, False)))
                     continue
-                if (
+                if obs_rows is None:  # a Dict/Tuple of arrays
+                    if (
+                        not info
+                        and type(info) is dict
+                        and not (autoreset and (terminated or truncated))
+                        and rows.put(p, obs, reward, terminated, truncated)
+                    ):
+                        continue
+                elif (
                     type(obs) is np.ndarray
                     and not info
                     and type(info) is dict
@@ -859,12 +764,16 @@ def _serve_group_request(
 
 def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
     """A sandbox of several envs answers ``{"op": "obs_region"}`` for all of them: one region, a slot
-    per env, which its group replies' rows live in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
+    per env (for a Dict/Tuple, each array's rows back to back), which its group replies' rows live
+    in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
     if rows is None:
-        return {"error": "no shared observation region: the envs' observations are not one array space"}
-    sizes = (len(rows.flags), rows._row_bytes)
+        return {
+            "error": "no shared observation region: the envs' observations are neither one array space "
+            "nor a Dict/Tuple of arrays only, the same for all"
+        }
+    sizes = (rows.m, rows.row_bytes)
     if msg.get("use") is not True:
-        return region_reply(obs_region.create(*sizes), rows._leaf)
+        return region_reply(obs_region.create(*sizes), rows.describe(), rows.skeleton)
     region = obs_region.current()
     if region is None or (region.slots, region.slot_bytes) != sizes:
         return {"error": "no shared observation region to use: ask for one first"}

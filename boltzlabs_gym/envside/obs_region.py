@@ -3,7 +3,8 @@
 A local pool may ask an env process for an observation region (``{"op": "obs_region"}``, see
 ``docs/shared-memory.md``). The process then creates one memfd of ``slots`` x ``slot_bytes``
 (one slot per env it hosts; a slot holds one observation of the declared space: one array, or a
-Dict/Tuple observation's arrays back to back), maps it and answers with the memfd's descriptor
+Dict/Tuple observation's arrays back to back; a sandbox of several envs with a Dict/Tuple keeps
+each array's rows back to back instead, one array after the other), maps it and answers with the memfd's descriptor
 number and size. The worker takes the descriptor out of this process (``pidfd_getfd``), seals it
 against shrinking and growing, and passes it to the pool, which maps it read-only. From then on
 a plain reply writes its observation into the slot and carries a reference (``{"__shm__": [slot,

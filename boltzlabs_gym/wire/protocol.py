@@ -111,10 +111,14 @@ serves the ops in order and answers with one group reply line::
 is row ``p`` of ``obs``, its reward ``reward[p]``, ``flags[p]`` has bit 0 for terminated and
 bit 1 for truncated, its info is empty (a plain reset: the row and an empty info). Every
 other position (an info, an autoreset's reset observation, an error, any op but step and
-reset, an observation that is not one array) has its whole one-env reply in ``replies``
-under its position as a string, with its own ``"_bin"`` sizes. The payloads follow the line
-in this order: ``obs``, ``reward`` and ``flags`` when present (all three or none), then the
-payloads of each reply in position order; the top-level ``"_bin"`` lists them all. A request
+reset, an observation that is not of the rows' arrays) has its whole one-env reply in
+``replies`` under its position as a string, with its own ``"_bin"`` sizes. An env whose
+observations are a Dict or Tuple of arrays only has their skeleton as ``obs``
+(:func:`~boltzlabs_gym.wire.slot_layout.group_skeleton`): each array's ``P`` rows one payload
+(``{"__nd__": [k, dtype, [P, ...]]}``, ``k`` from 0 to ``L-1``), ``reward`` and ``flags``
+payloads ``L`` and ``L+1``. The payloads follow the line in this order: the ``obs`` arrays,
+``reward`` and ``flags`` when present (all or none), then the payloads of each reply in
+position order; the top-level ``"_bin"`` lists them all. A request
 that cannot be served (not a group, bad slots) is answered ``{"error": str}``.
 
 While it serves position ``p`` the process keeps ``slots[p]`` (int32, little-endian; -1

@@ -6,9 +6,10 @@ MultiDiscrete spaces, beside any Discrete or Text leaves, always encodes to the 
 (:func:`payload_layout`): a shared observation slot holds them back to back
 (:func:`slot_spans`). When its leaves are all arrays, every observation has one skeleton
 (:func:`array_skeleton`), and its arrays can be taken out of a value without encoding it
-(:func:`array_leaves`). An env describes its slot to the worker and the pool as JSON; they check
-that description with :func:`layout_spans` and :func:`skeleton_fits` (see
-``docs/shared-memory.md``).
+(:func:`array_leaves`), and a group reply's rows of several envs' observations have that
+skeleton with ``P`` rows in front of each shape (:func:`group_skeleton`). An env describes its
+slot to the worker and the pool as JSON; they check that description with :func:`layout_spans`
+and :func:`skeleton_fits` (see ``docs/shared-memory.md``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from .codec import _ARRAY_SPACES, _DTYPE_RE, MAX_INFO_DEPTH, ND
 __all__ = [
     "MAX_LAYOUT_PAYLOADS",
     "array_bytes",
+    "LeafPaths",
     "array_leaves",
     "array_skeleton",
+    "group_skeleton",
     "layout_spans",
     "payload_layout",
     "skeleton_fits",
@@ -93,21 +96,84 @@ def _array_skeleton(space: gs.Space, count: list) -> Any:
     return None
 
 
+def group_skeleton(skeleton: Any, rows: int, key: str = ND) -> Any:
+    """``skeleton`` (one observation's: ``{"__nd__": [k, dtype, shape]}`` leaves) with ``rows``
+    in front of each leaf's shape, and its leaves under ``key`` (``"__nd__"`` or ``"__shm__"``):
+    the ``obs`` of a group reply of ``rows`` positions.
+
+    >>> group_skeleton({"a": {"__nd__": [0, "|u1", [2]]}}, 3, "__shm__")
+    {'a': {'__shm__': [0, '|u1', [3, 2]]}}
+    """
+    if isinstance(skeleton, dict):
+        leaf = skeleton.get(ND)
+        if leaf is not None:
+            ref, dtype, shape = leaf
+            return {key: [ref, dtype, [rows, *shape]]}
+        return {k: group_skeleton(v, rows, key) for k, v in skeleton.items()}
+    return [group_skeleton(v, rows, key) for v in skeleton]
+
+
 def array_leaves(space: gs.Space, value: Any, out: list) -> bool:
     """Append the array leaves of ``value`` (a value of a space :func:`array_skeleton` covers) to
     ``out`` in :func:`encode`'s order, as they are (not converted); False if its structure is not
-    the space's (a missing key, a Tuple of another length)."""
-    if isinstance(space, gs.Dict):
+    the space's (a missing key, a Tuple of another length). :class:`LeafPaths` does the same for
+    many values of one space."""
+    return LeafPaths(space).take(value, out)
+
+
+class LeafPaths:
+    """Where the array leaves of a Dict/Tuple space's values are (their keys and indices, in
+    :func:`encode`'s order), found once: :meth:`take` reads them out of a value in a fraction of
+    a microsecond per leaf, on the hot path of a step.
+
+    >>> paths = LeafPaths(gs.Dict({"a": gs.Box(0, 1, (2,)), "b": gs.Tuple((gs.MultiBinary(3),))}))
+    >>> paths.paths, paths.tuples
+    ((('a',), ('b', 0)), ((('b',), 1),))
+    >>> out = []; paths.take({"a": 1, "b": [2]}, out), out
+    (True, [1, 2])
+    >>> paths.take({"a": 1, "b": [2, 3]}, [])  # a Tuple of another length
+    False
+    """
+
+    def __init__(self, space: gs.Space):
+        paths: list[tuple] = []
+        tuples: list[tuple[tuple, int]] = []
+        _find_leaves(space, (), paths, tuples)
+        #: Each leaf's keys and indices from the value's top.
+        self.paths = tuple(paths)
+        #: Each Tuple's keys and indices, and its length (a value's must be a tuple or list of it).
+        self.tuples = tuple(tuples)
+
+    def take(self, value: Any, out: list) -> bool:
+        """Append ``value``'s leaves to ``out`` as they are; False if its structure is not the
+        space's (``out`` may then hold some of them)."""
         try:
-            return all(array_leaves(sub, value[key], out) for key, sub in space.spaces.items())
-        except (KeyError, TypeError, IndexError):
+            for path, length in self.tuples:
+                node = value
+                for key in path:
+                    node = node[key]
+                if not isinstance(node, (tuple, list)) or len(node) != length:
+                    return False
+            for path in self.paths:
+                node = value
+                for key in path:
+                    node = node[key]
+                out.append(node)
+        except (KeyError, TypeError, IndexError, ValueError):  # a key missing, a value not a mapping
             return False
-    if isinstance(space, gs.Tuple):
-        if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
-            return False
-        return all(array_leaves(sub, v, out) for sub, v in zip(space.spaces, value))
-    out.append(value)
-    return True
+        return True
+
+
+def _find_leaves(space: gs.Space, path: tuple, paths: list, tuples: list) -> None:
+    if isinstance(space, gs.Dict):
+        for key, sub in space.spaces.items():
+            _find_leaves(sub, (*path, key), paths, tuples)
+    elif isinstance(space, gs.Tuple):
+        tuples.append((path, len(space.spaces)))
+        for i, sub in enumerate(space.spaces):
+            _find_leaves(sub, (*path, i), paths, tuples)
+    else:
+        paths.append(path)
 
 
 #: The most payloads a Dict/Tuple observation's shared slot may hold.

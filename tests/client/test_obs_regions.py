@@ -596,9 +596,106 @@ def test_dict_and_tuple_observations_go_through_regions(factory, direct, tmp_pat
     assert mapped() == 0 and memfds() == 0
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
+def test_arrays_only_observations_in_a_sandbox_of_several_envs_go_through_regions(
+    direct, tmp_path_factory, mapped, memfds
+):
+    """Several envs per sandbox with a Tuple of arrays only (5 envs, 2 per sandbox: the last one
+    hosts one): one region per sandbox holding each array's rows, read by whole sandboxes into
+    the batch. SyncVectorEnv's results in every autoreset mode, nothing returned views a region,
+    and nothing leaks."""
+    n = 5
+    pool = _pool(make_tuple_frames, n, tmp_path_factory, envs_per_sandbox=2, direct=direct)
+    regions = pool._links[0].regions
+    taken = []
+    try:
+        for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
+            for copy in (True, False):
+                venv = _vec(pool, autoreset_mode=mode, copy=copy)
+                set_rows = venv._set_rows
+                venv._set_rows = lambda leaves, rows, positions: taken.append(len(leaves)) or set_rows(
+                    leaves, rows, positions
+                )
+                try:
+                    _compare_any(venv, make_tuple_frames, mode, copy, n)
+                    step = venv.step(np.zeros(n, np.int64))
+                    shared = _region_arrays(pool)
+                    for array in _arrays_in(list(step)):
+                        assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
+                    del shared
+                finally:
+                    _detach(venv)
+        assert regions is not None and len(regions) == 3, regions.refused
+        described = sorted((r.slots, len(r.spans), r.skeleton is not None) for r in regions._regions.values())
+        assert described == [(1, 2, True), (2, 2, True), (2, 2, True)]
+        assert taken and set(taken) == {2}  # whole sandboxes' rows: both arrays of the Tuple
+        assert mapped() == 3 and memfds() == 3
+    finally:
+        pool.close()
+    assert mapped() == 0 and memfds() == 0
+
+
+def make_group_rows_and_bytes():
+    """Its group replies refer to the rows in its region and send the first array's bytes too."""
+    from boltzlabs_gym.envside import group_rows
+
+    honest_payloads, honest_parts = group_rows.GroupRows.payloads, group_rows.GroupRows._line_parts
+    row = int(np.prod(SHAPE))
+
+    def payloads(self, n):
+        out = honest_payloads(self, n)
+        if self.shared:
+            out[0] = bytes(row * n)
+        return out
+
+    def parts(self, n):
+        arrays, line = honest_parts(self, n)
+        return arrays, line.replace(b'"_bin":[0,', b'"_bin":[%d,' % (row * n)) if self.shared else line
+
+    group_rows.GroupRows.payloads = payloads
+    group_rows.GroupRows._line_parts = parts
+    return TupleFrameEnv()
+
+
+def make_group_wrong_rows():
+    """Its group replies refer to rows of another shape than its region's."""
+    from boltzlabs_gym.envside import group_rows
+
+    honest = group_rows.GroupRows._line_parts
+
+    def parts(self, n):
+        arrays, line = honest(self, n)
+        if not self.shared:
+            return arrays, line
+        return tuple(part.replace(b"[%d,6,5,3]" % n, b"[%d,5,6,3]" % n) for part in (arrays, line))
+
+    group_rows.GroupRows._line_parts = parts
+    return TupleFrameEnv()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
+@pytest.mark.parametrize("factory", [make_group_rows_and_bytes, make_group_wrong_rows])
+def test_a_wrong_reference_to_group_rows_is_the_sandboxs_fault(factory, direct, tmp_path_factory):
+    """A sandbox of several envs whose group reply refers to its region's rows wrongly (and
+    sends their bytes too, or another shape) broke the protocol: every env of it says so in its
+    info, truncated, and its reset says so again (it lies again)."""
+    pool = _pool(factory, 2, tmp_path_factory, envs_per_sandbox=2, direct=direct)
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=0)  # (before its region is in use: bytes, honest)
+        _, _, terminated, truncated, info = venv.step(np.array([1, 2]))
+        assert truncated.all() and not terminated.any()
+        for reason in info["boltzlabs_error"]["reason"]:
+            assert "broke the protocol" in reason and "region" in reason, reason
+        _, info = venv.reset(seed=0)
+        assert all("broke the protocol" in reason for reason in info["boltzlabs_error"]["reason"]), info
+    finally:
+        venv.close()
+
+
 def test_dict_observations_in_a_sandbox_of_several_envs_go_as_bytes(tmp_path_factory, mapped):
-    """Several envs per sandbox with a Dict observation: no region (each position's reply carries
-    its bytes), the same results."""
+    """Several envs per sandbox with a Dict observation that has Discrete and Text leaves: no
+    region (each position's reply carries its bytes), the same results."""
     pool = _pool(make_dict_frames, N, tmp_path_factory, envs_per_sandbox=2)
     try:
         venv = _vec(pool, autoreset_mode=AutoresetMode.SAME_STEP)
@@ -606,7 +703,7 @@ def test_dict_observations_in_a_sandbox_of_several_envs_go_as_bytes(tmp_path_fac
         _detach(venv)
         regions = pool._links[0].regions
         assert regions is not None and len(regions) == 0
-        assert all("not one array" in why for why in regions.refused.values()), regions.refused
+        assert all("Dict/Tuple of arrays only" in why for why in regions.refused.values()), regions.refused
         assert mapped() == 0
     finally:
         pool.close()
