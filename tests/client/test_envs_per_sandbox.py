@@ -14,7 +14,6 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import ENVS, ISOLATION
 from gymnasium.vector import AutoresetMode
 from vector_envs import DictTupleEnv
 from workers import WorkerProcess
@@ -22,6 +21,8 @@ from workers import WorkerProcess
 import boltzlabs_gym
 from boltzlabs_gym import BoltzLabsVecEnv, RLPool
 from boltzlabs_gym.errors import EnvStartError
+from boltzlabs_gym.wire.codec import MAX_INFO_DEPTH
+from conftest import ENVS, ISOLATION
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -459,6 +460,85 @@ def test_a_malformed_group_reply_is_a_bad_reply_for_every_env(reply, payloads):
     read = _group(reply, payloads, [0, 1]).read()
     assert isinstance(read, list) and [r.reply["bad_reply"] for r in read] == [True, True]
     assert all(r.status == "error" and r.index == i for i, r in enumerate(read))
+
+
+def _dict_rows(obs, reward_ref: int = 2) -> dict:
+    return {
+        "n": 2,
+        "obs": obs,
+        "reward": {"__nd__": [reward_ref, "<f8", [2]]},
+        "flags": {"__nd__": [reward_ref + 1, "|u1", [2]]},
+        "replies": {},
+    }
+
+
+_PIXELS = {"__nd__": [0, "|u1", [2, 3]]}
+_STATE = {"__nd__": [1, "<f4", [2, 2]]}
+_DICT_ROWS_PAYLOADS = [b"\1" * 6, b"\0" * 16, b"\0" * 16, b"\0\0"]
+
+
+def _nested(depth: int) -> dict:
+    node: dict = {"__nd__": [0, "|u1", [2, 3]]}
+    for _ in range(depth):
+        node = {"x": node}
+    return node
+
+
+@pytest.mark.parametrize(
+    "reply, payloads",
+    [
+        (_dict_rows({"a": {"__nd__": [1, "|u1", [2, 3]]}, "b": {"__nd__": [0, "<f4", [2, 2]]}}), _DICT_ROWS_PAYLOADS),
+        (_dict_rows({"a": _PIXELS, "b": _STATE}, reward_ref=1), _DICT_ROWS_PAYLOADS),  # rewards among the arrays
+        (_dict_rows({"a": dict(_PIXELS, x=1), "b": _STATE}), _DICT_ROWS_PAYLOADS),  # a leaf with more in it
+        (_dict_rows({"a": _PIXELS, "b": {"__nd__": [1, "<f4", [3, 2]]}}), _DICT_ROWS_PAYLOADS),  # 3 rows for 2
+        (_dict_rows({"a": _PIXELS, "b": {}}), _DICT_ROWS_PAYLOADS),  # an empty Dict
+        (_dict_rows([_PIXELS, "state"]), _DICT_ROWS_PAYLOADS),  # a Tuple with a string in it
+        (_dict_rows({"a": _PIXELS, "b": _STATE}), _DICT_ROWS_PAYLOADS[:3] + [b"\0"]),  # short flags
+        (_dict_rows(_nested(MAX_INFO_DEPTH + 1), reward_ref=1), [b"\1" * 6, b"\0" * 16, b"\0\0"]),  # nested too deep
+    ],
+    ids=[
+        "refs-out-of-order",
+        "reward-among-arrays",
+        "leaf-with-more",
+        "wrong-rows",
+        "empty-dict",
+        "string-leaf",
+        "short-flags",
+        "too-deep",
+    ],
+)
+def test_a_malformed_dict_group_reply_is_a_bad_reply_for_every_env(reply, payloads):
+    """Rows of a Dict/Tuple's arrays: references from 0 in order, then rewards and flags; each
+    leaf exactly one ``__nd__`` of the positions' rows; no other values in the skeleton."""
+    read = _group(reply, payloads, [0, 1]).read()
+    assert isinstance(read, list) and [r.reply["bad_reply"] for r in read] == [True, True], read
+
+
+def test_dict_group_rows_read_as_each_envs_reply():
+    """Valid rows of a Dict's arrays: each position expands to the reply a one-env sandbox sends
+    (the skeleton without the rows, its own rows' bytes), which decodes against the space; a
+    reader whose space has another skeleton refuses them."""
+    from gymnasium import spaces
+
+    from boltzlabs_gym.wire.codec import decode
+
+    space = spaces.Dict({"a": spaces.Box(0, 255, (3,), np.uint8), "b": spaces.Box(-1, 1, (2,), np.float32)})
+    pixels = np.arange(6, dtype=np.uint8)
+    state = np.array([0.5, -0.5, 0.25, -0.25], np.float32)
+    reply = _dict_rows({"a": _PIXELS, "b": _STATE})
+    payloads = [pixels.tobytes(), state.tobytes(), np.array([1.0, 2.0]).tobytes(), bytes([0, 1])]
+    group = _group(reply, payloads, [4, 5], first=4)
+    read = group.read({"a": {"__nd__": [0, "|u1", [3]]}, "b": {"__nd__": [1, "<f4", [2]]}})
+    assert not isinstance(read, list) and len(read.leaves) == 2 and read.obs is None
+    results = group.expand()
+    assert [r.index for r in results] == [4, 5]
+    for p, r in enumerate(results):
+        obs = decode(space, r.reply["obs"], r.payloads)
+        np.testing.assert_array_equal(obs["a"], pixels.reshape(2, 3)[p])
+        np.testing.assert_array_equal(obs["b"], state.reshape(2, 2)[p])
+        assert r.reply["reward"] == [1.0, 2.0][p] and r.reply["terminated"] == bool(p)
+    other = _group(reply, payloads, [4, 5], first=4).read({"a": {"__nd__": [0, "|u1", [3]]}})
+    assert isinstance(other, list) and all(r.reply["bad_reply"] for r in other)
 
 
 def test_rows_for_a_space_without_an_array_form_are_a_bad_reply():

@@ -26,9 +26,13 @@ PACKAGES = ("boltzlabs_gym", "boltzlabs")
 #: limits it applies to itself, nothing else: an env process may run under an interpreter with
 #: nothing else installed, and no worker or trainer code belongs in it.
 ENV_SIDE_ALLOWED = ("boltzlabs_gym.envside", "boltzlabs_gym.errors", "boltzlabs_gym.wire.limits")
-#: The two env-side modules that run Gymnasium envs also use what a Gymnasium env needs and the
-#: wire formats its values cross in.
-GYMNASIUM_ENV_SIDE = {"boltzlabs_gym.envside.gym_server", "boltzlabs_gym.envside.factories"}
+#: The env-side modules that run Gymnasium envs (and the rows of their group replies) also use
+#: what a Gymnasium env needs and the wire formats its values cross in.
+GYMNASIUM_ENV_SIDE = {
+    "boltzlabs_gym.envside.gym_server",
+    "boltzlabs_gym.envside.factories",
+    "boltzlabs_gym.envside.group_rows",
+}
 GYMNASIUM_ENV_SIDE_ALLOWED = ENV_SIDE_ALLOWED + ("boltzlabs_gym.wire",)
 #: Public faces of the env side: ``serve()`` and the hosted service's name for it.
 ENV_FACES = {"boltzlabs_gym.env", "boltzlabs.env"}
