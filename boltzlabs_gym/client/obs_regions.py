@@ -290,7 +290,7 @@ class ObsRegions:
         if isinstance(reply, dict) and SHM in reply:  # a Dict/Tuple observation's payloads
             return None, reply, self._payloads_from(region, reply, payloads)
         ref = reply.get("obs") if isinstance(reply, dict) else None
-        if region is not None and region.skeleton is not None and "n" in reply and isinstance(ref, (dict, list)):
+        if isinstance(ref, (dict, list)) and "n" in reply and region is not None and region.skeleton is not None:
             return None, reply, self._group_rows(region, reply, payloads)
         if not (isinstance(ref, dict) and SHM in ref):
             return line, None, payloads  # the key elsewhere (an info's): not a reference
