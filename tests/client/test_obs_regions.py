@@ -563,6 +563,25 @@ def _compare_any(ours: BoltzLabsVecEnv, factory, mode: AutoresetMode, copy: bool
         ref.close()
 
 
+def _compare_in_every_mode(pool: RLPool, factory, n: int, prepare=None) -> None:
+    """:func:`_compare_any` in every autoreset mode, with and without ``copy`` (``prepare`` sees
+    each vector env first); then nothing a step returns views a region of ``pool``."""
+    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
+        for copy in (True, False):
+            venv = _vec(pool, autoreset_mode=mode, copy=copy)
+            if prepare is not None:
+                prepare(venv)
+            try:
+                _compare_any(venv, factory, mode, copy, n)
+                step = venv.step(np.zeros(n, np.int64))
+                shared = _region_arrays(pool)
+                for array in _arrays_in(list(step)):
+                    assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
+                del shared  # (arrays over the mappings: they would keep them mapped)
+            finally:
+                _detach(venv)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
 @pytest.mark.parametrize("factory", [make_dict_frames, make_tuple_frames], ids=["dict", "tuple"])
 def test_dict_and_tuple_observations_go_through_regions(factory, direct, tmp_path_factory, mapped, memfds):
@@ -572,18 +591,7 @@ def test_dict_and_tuple_observations_go_through_regions(factory, direct, tmp_pat
     pool = _pool(factory, N, tmp_path_factory, direct=direct)
     regions = pool._links[0].regions
     try:
-        for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
-            for copy in (True, False):
-                venv = _vec(pool, autoreset_mode=mode, copy=copy)
-                try:
-                    _compare_any(venv, factory, mode, copy, N)
-                    step = venv.step(np.zeros(N, np.int64))
-                    shared = _region_arrays(pool)
-                    for array in _arrays_in(list(step)):
-                        assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
-                    del shared  # (arrays over the mappings: they would keep them mapped)
-                finally:
-                    _detach(venv)
+        _compare_in_every_mode(pool, factory, N)
         assert regions is not None and len(regions) == N, regions.refused
         assert all(region.spans is not None and len(region.spans) >= 2 for region in regions._regions.values())
         # Arrays only (the Tuple): a plain step is one fixed line, the pool puts the skeleton back.
@@ -608,23 +616,13 @@ def test_arrays_only_observations_in_a_sandbox_of_several_envs_go_through_region
     pool = _pool(make_tuple_frames, n, tmp_path_factory, envs_per_sandbox=2, direct=direct)
     regions = pool._links[0].regions
     taken = []
+
+    def count_rows(venv: BoltzLabsVecEnv) -> None:
+        set_rows = venv._set_rows
+        venv._set_rows = lambda leaves, rows, positions: taken.append(len(leaves)) or set_rows(leaves, rows, positions)
+
     try:
-        for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
-            for copy in (True, False):
-                venv = _vec(pool, autoreset_mode=mode, copy=copy)
-                set_rows = venv._set_rows
-                venv._set_rows = lambda leaves, rows, positions: taken.append(len(leaves)) or set_rows(
-                    leaves, rows, positions
-                )
-                try:
-                    _compare_any(venv, make_tuple_frames, mode, copy, n)
-                    step = venv.step(np.zeros(n, np.int64))
-                    shared = _region_arrays(pool)
-                    for array in _arrays_in(list(step)):
-                        assert not any(np.shares_memory(array, region) for region in shared), (mode, copy)
-                    del shared
-                finally:
-                    _detach(venv)
+        _compare_in_every_mode(pool, make_tuple_frames, n, count_rows)
         assert regions is not None and len(regions) == 3, regions.refused
         described = sorted((r.slots, len(r.spans), r.skeleton is not None) for r in regions._regions.values())
         assert described == [(1, 2, True), (2, 2, True), (2, 2, True)]
