@@ -275,11 +275,12 @@ class ObsRegions:
         payloads)`` with the parsed reply otherwise. The slot is copied out here. Raises
         :class:`RegionFault` for a reference this process may not make."""
         region = self._regions.get(index)
-        if region is not None and region.leaf is not None and len(payloads) == 1 and not len(payloads[0]):
-            step_line = region.leaf.shm_to_step_line(line)
+        # (a one-env step line only from a process of one env: a sandbox of several answers in groups)
+        if region is not None and region.slots == 1 and region.leaf is not None and len(payloads) == 1:
+            step_line = region.leaf.shm_to_step_line(line) if not len(payloads[0]) else None
             if step_line is not None and region.skeleton is not None:
                 return self._arrays_step(region, step_line)
-            if step_line is not None and region.slots == 1:
+            if step_line is not None:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
         if _SHM_KEY not in line:
             return line, None, payloads
