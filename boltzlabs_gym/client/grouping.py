@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from ..wire.codec import MAX_INFO_DEPTH, ND
+from ..wire.codec import ND
 from ..wire.protocol import (
     ERROR,
     FLAG_TERMINATED,
@@ -58,7 +58,7 @@ from ..wire.protocol import (
     OK,
     group_op_name,
 )
-from ..wire.slot_layout import MAX_LAYOUT_PAYLOADS
+from ..wire.slot_layout import array_refs, map_array_refs
 from .results import EnvResult, parse_result
 
 __all__ = [
@@ -414,42 +414,33 @@ def _nd(ref: int, dtype: str, shape: list) -> dict:
 def _declared_rows(obs: Any, npos: int) -> tuple[list[tuple[np.dtype, tuple]], Any]:
     """The arrays a group reply's ``obs`` declares (each one's dtype and row shape, in payload
     order) and one observation's skeleton (each leaf's shape without its ``npos`` rows, its
-    dtype canonical), checked: leaves ``{"__nd__": [k, dtype, [npos, ...]]}`` of a numeric
-    dtype with ``k`` counting from 0, in objects and lists (a Dict's, a Tuple's) or alone."""
-    leaves: list[tuple[np.dtype, tuple]] = []
+    dtype canonical), checked: a skeleton of arrays only
+    (:func:`~boltzlabs_gym.wire.slot_layout.array_refs`) whose leaves are
+    ``{"__nd__": [k, dtype, [npos, ...]]}`` of a numeric dtype, ``k`` counting from 0."""
+    refs = array_refs(obs)
+    if refs is None:
+        raise BadGroupReply(f"its observations {str(obs)[:120]} are not a skeleton of numeric arrays of {npos} rows")
+    leaves = [_declared_array(ref, k, npos) for k, ref in enumerate(refs)]
+
+    def row(ref: list) -> dict:
+        dtype, shape = leaves[ref[0]]
+        return {ND: [ref[0], dtype.str, list(shape)]}
+
+    return leaves, map_array_refs(obs, row)
+
+
+def _declared_array(ref: Any, k: int, npos: int) -> tuple[np.dtype, tuple]:
+    """The dtype and row shape of the ``k``-th leaf's reference, ``[k, dtype, [npos, ...]]``, checked."""
     try:
-        return leaves, _row_skeleton(obs, npos, leaves, 0)
-    except BadGroupReply as exc:
-        raise BadGroupReply(f"its observations {str(obs)[:120]} are not numeric arrays of {npos} rows: {exc}") from None
-
-
-def _row_skeleton(node: Any, npos: int, leaves: list, depth: int) -> Any:
-    if depth > MAX_INFO_DEPTH or len(leaves) >= MAX_LAYOUT_PAYLOADS:
-        raise BadGroupReply(f"they nest deeper than {MAX_INFO_DEPTH} or hold more than {MAX_LAYOUT_PAYLOADS} arrays")
-    if isinstance(node, dict) and ND in node:
-        dtype, shape = _declared_array(node, len(leaves), npos)
-        leaves.append((dtype, shape))
-        return {ND: [len(leaves) - 1, dtype.str, list(shape)]}
-    if isinstance(node, dict) and node:
-        return {key: _row_skeleton(value, npos, leaves, depth + 1) for key, value in node.items()}
-    if isinstance(node, list) and node:
-        return [_row_skeleton(value, npos, leaves, depth + 1) for value in node]
-    raise BadGroupReply(f"{str(node)[:80]} is not an array")
-
-
-def _declared_array(node: dict, ref: int, npos: int) -> tuple[np.dtype, tuple]:
-    """The dtype and row shape of one ``{"__nd__": [ref, dtype, [npos, ...]]}``, checked."""
-    try:
-        (key,) = node
-        declared_ref, dtype_str, shape = node[ND]
+        declared_k, dtype_str, shape = ref
         dtype = np.dtype(dtype_str)
-        ok = type(declared_ref) is int and declared_ref == ref and dtype.kind in "biuf"
+        ok = type(declared_k) is int and declared_k == k and dtype.kind in "biuf"
         ok = ok and isinstance(shape, list) and shape[:1] == [npos] and len(shape) <= 33
         ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
     except (TypeError, ValueError, KeyError):
         ok = False
     if not ok:
-        raise BadGroupReply(f"{str(node)[:80]} is not the numeric array {ref} of {npos} rows")
+        raise BadGroupReply(f"its observations' array {k}, {str(ref)[:80]}, is not a numeric array of {npos} rows")
     return dtype, tuple(shape[1:])
 
 

@@ -9,12 +9,13 @@ MultiDiscrete spaces, beside any Discrete or Text leaves, always encodes to the 
 (:func:`array_leaves`), and a group reply's rows of several envs' observations have that
 skeleton with ``P`` rows in front of each shape (:func:`group_skeleton`). An env describes its
 slot to the worker and the pool as JSON; they check that description with :func:`layout_spans`
-and :func:`skeleton_fits` (see ``docs/shared-memory.md``).
+and :func:`skeleton_fits`, and a group reply's skeleton with :func:`array_refs` (see
+``docs/shared-memory.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,11 @@ __all__ = [
     "array_bytes",
     "LeafPaths",
     "array_leaves",
+    "array_refs",
     "array_skeleton",
     "group_skeleton",
     "layout_spans",
+    "map_array_refs",
     "payload_layout",
     "skeleton_fits",
     "slot_spans",
@@ -104,13 +107,18 @@ def group_skeleton(skeleton: Any, rows: int, key: str = ND) -> Any:
     >>> group_skeleton({"a": {"__nd__": [0, "|u1", [2]]}}, 3, "__shm__")
     {'a': {'__shm__': [0, '|u1', [3, 2]]}}
     """
+    return map_array_refs(skeleton, lambda ref: {key: [ref[0], ref[1], [rows, *ref[2]]]})
+
+
+def map_array_refs(skeleton: Any, leaf: Callable[[list], Any]) -> Any:
+    """``skeleton`` (one :func:`array_refs` accepts) with each ``{"__nd__": ref}`` replaced by
+    ``leaf(ref)``, in order."""
     if isinstance(skeleton, dict):
-        leaf = skeleton.get(ND)
-        if leaf is not None:
-            ref, dtype, shape = leaf
-            return {key: [ref, dtype, [rows, *shape]]}
-        return {k: group_skeleton(v, rows, key) for k, v in skeleton.items()}
-    return [group_skeleton(v, rows, key) for v in skeleton]
+        ref = skeleton.get(ND)
+        if ref is not None:
+            return leaf(ref)
+        return {k: map_array_refs(v, leaf) for k, v in skeleton.items()}
+    return [map_array_refs(v, leaf) for v in skeleton]
 
 
 def array_leaves(space: gs.Space, value: Any, out: list) -> bool:
@@ -220,10 +228,25 @@ def layout_spans(layout: object) -> tuple[tuple[int, int], ...] | None:
 def skeleton_fits(skeleton: Any, layout: list) -> bool:
     """Whether ``skeleton`` (untrusted JSON) refers to exactly the payloads of ``layout``, in
     order, as :func:`array_skeleton` makes it for a Dict/Tuple of arrays."""
+    refs = array_refs(skeleton)
+    return refs is not None and refs == [[k, *entry] for k, entry in enumerate(layout)]
+
+
+def array_refs(skeleton: Any) -> list | None:
+    """The ``__nd__`` references (``[k, dtype, shape]``, unchecked) of a skeleton of arrays only
+    (untrusted JSON), in order: objects and lists, none empty, down to leaves that are exactly
+    ``{"__nd__": ref}``, at most :data:`~boltzlabs_gym.wire.codec.MAX_INFO_DEPTH` deep and
+    :data:`MAX_LAYOUT_PAYLOADS` many; ``None`` for anything else.
+
+    >>> array_refs([{"__nd__": [0, "|u1", [2]]}, {"b": {"__nd__": [1, "<f4", []]}}])
+    [[0, '|u1', [2]], [1, '<f4', []]]
+    >>> array_refs({"a": {"__nd__": [0, "|u1", [2]], "x": 1}}) is None
+    True
+    """
     refs: list = []
-    if not isinstance(skeleton, (dict, list)) or not _array_refs(skeleton, refs, 0):
-        return False
-    return refs == [[k, *entry] for k, entry in enumerate(layout)]
+    if not isinstance(skeleton, (dict, list)) or not _array_refs(skeleton, refs, 0) or len(refs) > MAX_LAYOUT_PAYLOADS:
+        return None
+    return refs
 
 
 def _array_refs(node: Any, refs: list, depth: int) -> bool:
