@@ -23,7 +23,7 @@ import json
 from array import array
 from collections.abc import Sequence
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,30 +37,26 @@ __all__ = ["GroupRows"]
 class GroupRows:
     """The rows of a group reply's arrays for a process's ``m`` slots (see the module's docstring).
 
-    The observation is one array (``leaf``), or a Dict/Tuple ``space`` of arrays only: its
-    ``skeleton`` and its arrays' ``(dtype, shape)`` in payload order (``layout``).
+    The observation ``space`` is one array, or a Dict/Tuple of arrays only (``skeleton`` is then
+    the one all its values encode to, :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`).
     """
 
-    def __init__(
-        self,
-        m: int,
-        leaf: ArrayLeaf | None = None,
-        layout: Sequence[tuple[np.dtype, tuple]] = (),
-        skeleton: Any = None,
-        space: Any = None,
-    ):
-        leaves = [(leaf.dtype, leaf.shape)] if leaf is not None else list(layout)
-        spans = slot_spans(leaves)
-        if spans is None or not spans or (leaf is None and (skeleton is None or space is None)):
-            raise ValueError(f"group rows need one array, or a Dict/Tuple's skeleton and arrays; got {leaves}")
+    def __init__(self, m: int, space: Any, skeleton: Any = None):
+        self._paths = LeafPaths(space)
+        #: Each array's ``(dtype, shape)``, in payload order.
+        self._leaves = cast(tuple, self._paths.leaves)
+        spans = slot_spans(self._leaves) if None not in self._leaves else None
+        if not spans:
+            raise ValueError(f"group rows need a space of arrays a slot may hold, got {space}")
         self.m = m
-        self.leaf = leaf
-        self._leaves = tuple((np.dtype(d), tuple(s)) for d, s in leaves)
+        self.skeleton = skeleton
+        #: One array's hot-path helper (what a slot holds, for the region's description); None for a Dict/Tuple.
+        self.leaf = ArrayLeaf(space) if skeleton is None else None
         self._spans = spans
         #: One observation's bytes (all its arrays): the region's slot size.
         self.row_bytes = sum(size for _, size in spans)
-        self.skeleton = skeleton
-        self._paths = LeafPaths(space) if space is not None else None
+        #: The first array's dtype and row shape (one array's, which the hot path of a Discrete step checks inline).
+        self.dtype, self.shape = self._leaves[0]
         self._private = bytearray(m * self.row_bytes)
         # array/bytearray rather than numpy: a store into them is several times cheaper.
         self.rewards = array("d", bytes(8 * m))
@@ -79,10 +75,8 @@ class GroupRows:
             np.ndarray((m, *shape), dtype, buffer=memory, offset=m * start)
             for (dtype, shape), (start, _) in zip(self._leaves, self._spans)
         ]
-        #: One array: its rows, dtype and row shape (the hot path of a Discrete step writes them
-        #: inline); ``None`` for a Dict/Tuple.
+        #: One array: its rows (the hot path of a Discrete step writes them inline); ``None`` for a Dict/Tuple.
         self.obs: np.ndarray | None = self.arrays_of[0] if self.skeleton is None else None
-        self.dtype, self.shape = self._leaves[0]
         self._lines: dict[int, tuple[bytes, bytes]] = {}
 
     @classmethod
@@ -95,11 +89,11 @@ class GroupRows:
         if first is not None:
             if any(leaf is None or (leaf.dtype, leaf.shape) != (first.dtype, first.shape) for leaf in leaves):
                 return None
-            return cls(len(servers), leaf=first)
-        skeleton, layout = servers[0]._obs_skeleton, servers[0]._obs_layout
+            return cls(len(servers), first.space)
+        skeleton = servers[0]._obs_skeleton
         if skeleton is None or any(server._obs_skeleton != skeleton for server in servers):
             return None
-        return cls(len(servers), layout=layout, skeleton=skeleton, space=servers[0].obs_space)
+        return cls(len(servers), servers[0].obs_space, skeleton)
 
     def describe(self) -> ArrayLeaf | tuple:
         """What a slot of the region holds, for :func:`~boltzlabs_gym.envside.gym_server.region_reply`."""
@@ -121,19 +115,8 @@ class GroupRows:
         """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not of the space's
         arrays (dtype and shape) or ``reward`` is not finite (the one-env reply says what is wrong
         then, or carries the NaN: it is what the one-env encoders would write)."""
-        if self.skeleton is None:
-            values = [obs]
-        else:
-            values = []
-            if not self._paths.take(obs, values):  # type: ignore[union-attr]  # a skeleton comes with a space
-                return False
-        for value, (dtype, shape) in zip(values, self._leaves):
-            # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
-            if type(value) is not np.ndarray or not (value.dtype is dtype or value.dtype == dtype):
-                return False
-            if value.shape != shape:
-                return False
-        if not isfinite(reward):
+        values = self._paths.arrays(obs)
+        if values is None or not isfinite(reward):
             return False
         for value, rows in zip(values, self.arrays_of):
             rows[p] = value  # a copy: the env may reuse its buffer

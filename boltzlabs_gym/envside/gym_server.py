@@ -296,13 +296,10 @@ class GymServer:
         [slot_bytes]]}``); ``None`` (the generic path) unless every array has its space's dtype
         and shape and ``reward`` is finite."""
         places, leaf, paths = self._slot_arrays, self._slot_leaf, self._leaf_paths
-        arrays: list = []
-        if places is None or leaf is None or paths is None or not paths.take(obs, arrays):
+        if places is None or leaf is None or paths is None or not isfinite(reward):
             return None
-        for value, place in zip(arrays, places):
-            if type(value) is not np.ndarray or value.dtype != place.dtype or value.shape != place.shape:
-                return None
-        if not isfinite(reward):
+        arrays = paths.arrays(obs)
+        if arrays is None:
             return None
         for value, place in zip(arrays, places):
             place[...] = value

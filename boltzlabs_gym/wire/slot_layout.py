@@ -141,16 +141,23 @@ class LeafPaths:
     (True, [1, 2])
     >>> paths.take({"a": 1, "b": [2, 3]}, [])  # a Tuple of another length
     False
+    >>> len(paths.arrays({"a": np.zeros(2, np.float32), "b": [np.zeros(3, np.int8)]}))
+    2
+    >>> paths.arrays({"a": np.zeros(2, np.float64), "b": [np.zeros(3, np.int8)]}) is None  # another dtype
+    True
     """
 
     def __init__(self, space: gs.Space):
         paths: list[tuple] = []
         tuples: list[tuple[tuple, int]] = []
-        _find_leaves(space, (), paths, tuples)
+        leaves: list[tuple[np.dtype, tuple] | None] = []
+        _find_leaves(space, (), paths, tuples, leaves)
         #: Each leaf's keys and indices from the value's top.
         self.paths = tuple(paths)
         #: Each Tuple's keys and indices, and its length (a value's must be a tuple or list of it).
         self.tuples = tuple(tuples)
+        #: Each leaf's ``(dtype, shape)``, for an array space's leaf (else ``None``).
+        self.leaves = tuple(leaves)
 
     def take(self, value: Any, out: list) -> bool:
         """Append ``value``'s leaves to ``out`` as they are; False if its structure is not the
@@ -171,17 +178,32 @@ class LeafPaths:
             return False
         return True
 
+    def arrays(self, value: Any) -> list | None:
+        """``value``'s leaves (of a space whose leaves are all arrays) when each is a numpy array
+        of its space's dtype and shape; else ``None``."""
+        out: list = []
+        if not self.take(value, out):
+            return None
+        for array, (dtype, shape) in zip(out, self.leaves):  # type: ignore[misc]  # arrays only
+            # (``is`` first: an env's arrays mostly carry numpy's one instance of their dtype)
+            if type(array) is not np.ndarray or not (array.dtype is dtype or array.dtype == dtype):
+                return None
+            if array.shape != shape:
+                return None
+        return out
 
-def _find_leaves(space: gs.Space, path: tuple, paths: list, tuples: list) -> None:
+
+def _find_leaves(space: gs.Space, path: tuple, paths: list, tuples: list, leaves: list) -> None:
     if isinstance(space, gs.Dict):
         for key, sub in space.spaces.items():
-            _find_leaves(sub, (*path, key), paths, tuples)
+            _find_leaves(sub, (*path, key), paths, tuples, leaves)
     elif isinstance(space, gs.Tuple):
         tuples.append((path, len(space.spaces)))
         for i, sub in enumerate(space.spaces):
-            _find_leaves(sub, (*path, i), paths, tuples)
+            _find_leaves(sub, (*path, i), paths, tuples, leaves)
     else:
         paths.append(path)
+        leaves.append((np.dtype(space.dtype), tuple(space.shape)) if isinstance(space, _ARRAY_SPACES) else None)
 
 
 #: The most payloads a Dict/Tuple observation's shared slot may hold.
