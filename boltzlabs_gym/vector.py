@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
-from .client.grouping import GroupResult
+from .client.grouping import GroupReply, GroupResult
 from .client.pool import OK, RLPool
 from .client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
 from .client.snapshot import Snapshot
@@ -518,8 +518,9 @@ class BoltzLabsVecEnv(VectorEnv):
     def _take_group_reset(self, group: GroupResult, infos: dict, reset_timeout: float) -> dict:
         """Store a sandbox's resets: its plain positions' observations as one block, the rest one by one."""
         read = self._read_group(group)
-        if isinstance(read, list) or (read.leaves is not None and not self._batch_rows):
-            for r in read if isinstance(read, list) else group.expand():
+        one_by_one = self._one_by_one(group, read)
+        if one_by_one is not None:
+            for r in one_by_one:
                 infos = self._take_reset(r, infos, reset_timeout)
             return infos
         if read.leaves is not None:
@@ -535,6 +536,16 @@ class BoltzLabsVecEnv(VectorEnv):
         # Without arrays in the space (a Dict with a Discrete in it, an env dir's JSON values) rows
         # are a wire violation: nothing would check them against the space.
         return group.read(skeleton) if skeleton is not None else group.read(arrays=False)
+
+    def _one_by_one(self, group: GroupResult, read: GroupReply | list[EnvResult]) -> list[EnvResult] | None:
+        """A sandbox's results env by env when its rows cannot go into the batch as blocks: it
+        failed or broke the wire (``read`` is a list), or its rows are of a space kept per env
+        (a Dict whose envs' spaces differ); ``None`` otherwise."""
+        if isinstance(read, list):
+            return read
+        if read.leaves is not None and not self._batch_rows:
+            return group.expand()
+        return None
 
     def _set_rows(self, leaves: list[np.ndarray], rows: Any, positions: Any) -> None:
         """Copy a group reply's ``positions`` (its arrays' rows, as read) into the batch's ``rows``."""
@@ -680,9 +691,9 @@ class BoltzLabsVecEnv(VectorEnv):
         """Store a sandbox's results of a step batch: its plain positions as whole blocks of
         observations, rewards and flags (by slicing; no per-env work), the rest one by one."""
         read = self._read_group(group)
-        if isinstance(read, list) or (read.leaves is not None and not self._batch_rows):
-            # the sandbox failed, or broke the wire; or no batch rows to copy into: per env
-            for r in read if isinstance(read, list) else group.expand():
+        one_by_one = self._one_by_one(group, read)
+        if one_by_one is not None:
+            for r in one_by_one:
                 infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
             return infos
         if read.leaves is not None:

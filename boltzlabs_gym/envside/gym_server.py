@@ -705,19 +705,14 @@ def _serve_group_request(
                 except Exception:
                     replies.append((p, *server._autoreset(error_transition("step"), [], autoreset, False)))
                     continue
-                if obs_rows is None:  # a Dict/Tuple of arrays
-                    if (
-                        not info
-                        and type(info) is dict
-                        and not (autoreset and (terminated or truncated))
-                        and rows.put(p, obs, reward, terminated, truncated)
-                    ):
+                plain = not info and type(info) is dict and not (autoreset and (terminated or truncated))
+                if plain and obs_rows is None:  # a Dict/Tuple of arrays
+                    if rows.put(p, obs, reward, terminated, truncated):
                         continue
                 elif (
-                    type(obs) is np.ndarray
-                    and not info
-                    and type(info) is dict
-                    and not (autoreset and (terminated or truncated))
+                    plain
+                    and obs_rows is not None
+                    and type(obs) is np.ndarray
                     and (obs.dtype is dtype or obs.dtype == dtype)
                     and obs.shape == shape
                     and isfinite(reward)
