@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -333,15 +333,20 @@ class GroupResult:
         return self._read
 
     def _read_now(self, row_skeleton: Any, arrays: bool) -> GroupReply | list[EnvResult]:
-        r = parse_result(self.result)
-        reply = r.reply if isinstance(r.reply, dict) else {}
-        if r.status == OK:
-            try:
+        r, npos = self.result, len(self.plan.indices)
+        line = r.raw if r.status == OK and r.reply is None else None
+        known = _KNOWN_LINES.get(line, npos) if arrays else None
+        try:
+            if known is not None:  # the same bytes as a line read before: no JSON to parse
+                return _read_known_line(known, r.payloads, row_skeleton, npos)
+            parse_result(r)
+            reply = r.reply if isinstance(r.reply, dict) else {}
+            if r.status == OK:
                 if not arrays and reply.get(GROUP_OBS) is not None:
                     raise BadGroupReply("array observations for a space that has no array form")
-                return _read_group(reply, r.payloads, row_skeleton, self.plan.indices)
-            except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
-                return self._bad(str(exc)[:500])
+                return _read_group(reply, r.payloads, row_skeleton, self.plan.indices, line)
+        except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
+            return self._bad(str(exc)[:500])
         if reply.get("bad_reply"):
             return self._bad(str(reply.get("message")))
         return self._failed(reply)
@@ -444,8 +449,44 @@ def _declared_array(ref: Any, k: int, npos: int) -> tuple[np.dtype, tuple]:
     return dtype, tuple(shape[1:])
 
 
-def _read_group(reply: dict, payloads: list, row_skeleton: Any, indices: list[int]) -> GroupReply:
-    """Validate a parsed group reply for the envs ``indices`` (it comes from untrusted code)."""
+class _Layout(NamedTuple):
+    """What a group reply's line says of its arrays, checked: each array's dtype and row shape
+    (in payload order), one observation's skeleton, and the byte sizes of the arrays' payloads
+    with the rewards' and flags' after them."""
+
+    declared: list[tuple[np.dtype, tuple]]
+    skeleton: Any
+    sizes: list[int]
+
+
+class _KnownLines:
+    """The layouts of plain group reply lines already read, by line and positions: a sandbox
+    answers every all-plain step with the same line (its numbers are all in its payloads), so
+    its JSON is parsed and checked once instead of once a step. Bounded: a sandbox that sends
+    ever new lines only makes it start over."""
+
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._layouts: dict[tuple[bytes, int], _Layout] = {}
+
+    def get(self, line: bytes | None, npos: int) -> _Layout | None:
+        return self._layouts.get((line, npos)) if line is not None else None
+
+    def remember(self, line: bytes, npos: int, layout: _Layout) -> None:
+        if len(self._layouts) >= self.LIMIT:
+            self._layouts.clear()
+        self._layouts[(line, npos)] = layout
+
+
+_KNOWN_LINES = _KnownLines()
+
+
+def _read_group(
+    reply: dict, payloads: list, row_skeleton: Any, indices: list[int], line: bytes | None = None
+) -> GroupReply:
+    """Validate a parsed group reply for the envs ``indices`` (it comes from untrusted code); an
+    all-plain one's layout is remembered under its ``line`` when given (:class:`_KnownLines`)."""
     npos = len(indices)
     if "error" in reply and GROUP_N not in reply:
         # The sandbox refused the whole request: every env of it refused its op.
@@ -458,27 +499,10 @@ def _read_group(reply: dict, payloads: list, row_skeleton: Any, indices: list[in
         )
     lengths = [len(p) for p in payloads]
     cursor = 0
-    leaves = skeleton = reward = flags = None
+    layout = None
     if reply.get(GROUP_OBS) is not None:
-        declared, skeleton = _declared_rows(reply[GROUP_OBS], npos)
-        if row_skeleton is not None and skeleton != row_skeleton:
-            raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
-        count = len(declared)
-        expected = (_nd(count, "<f8", [npos]), _nd(count + 1, "|u1", [npos]))
-        got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
-        if got != expected:
-            raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
-        # Python ints: no wrap-around
-        array_sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
-        if lengths[: count + 2] != array_sizes:
-            raise BadGroupReply(f"its array payloads have {lengths[: count + 2]} bytes, not {array_sizes}")
-        leaves = [
-            np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
-            for payload, (dtype, shape) in zip(payloads, declared)
-        ]
-        reward = np.frombuffer(payloads[count], dtype="<f8")
-        flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
-        cursor = count + 2
+        layout = _arrays_layout(reply, npos, row_skeleton)
+        cursor = len(layout.sizes)
     elif reply.get(GROUP_REWARD) is not None or reply.get(GROUP_FLAGS) is not None:
         raise BadGroupReply("reward or flags without observations")
     replies = reply.get(GROUP_REPLIES) or {}
@@ -498,9 +522,58 @@ def _read_group(reply: dict, payloads: list, row_skeleton: Any, indices: list[in
         plain[p] = False
     if cursor != len(payloads):
         raise BadGroupReply(f"{len(payloads) - cursor} payloads follow that no position claims")
-    if leaves is None and plain.any():
-        raise BadGroupReply("positions without a reply and no arrays to read them from")
-    return GroupReply(plain, leaves, skeleton, reward, flags, others)
+    if layout is None:
+        if plain.any():
+            raise BadGroupReply("positions without a reply and no arrays to read them from")
+        return GroupReply(plain, None, None, None, None, others)
+    read = _with_arrays(layout, payloads, npos, plain, others)
+    if line is not None and not replies:
+        _KNOWN_LINES.remember(line, npos, layout)
+    return read
+
+
+def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
+    """The layout of a group reply's arrays, checked: the observations' skeleton (as
+    :func:`_declared_rows` checks it; ``row_skeleton``'s when given), then the rewards and
+    flags after them."""
+    declared, skeleton = _declared_rows(reply[GROUP_OBS], npos)
+    if row_skeleton is not None and skeleton != row_skeleton:
+        raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+    count = len(declared)
+    expected = (_nd(count, "<f8", [npos]), _nd(count + 1, "|u1", [npos]))
+    got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
+    if got != expected:
+        raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
+    # Python ints: no wrap-around
+    sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
+    return _Layout(declared, skeleton, sizes)
+
+
+def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, others: dict) -> GroupReply:
+    """The group reply whose arrays are the first payloads, as ``layout`` declares them (checked
+    against their sizes); ``plain`` and ``others`` for the positions."""
+    sizes = layout.sizes
+    count = len(sizes) - 2
+    lengths = [len(p) for p in payloads[: count + 2]]
+    if lengths != sizes:
+        raise BadGroupReply(f"its array payloads have {lengths} bytes, not {sizes}")
+    leaves = [
+        np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
+        for payload, (dtype, shape) in zip(payloads, layout.declared)
+    ]
+    reward = np.frombuffer(payloads[count], dtype="<f8")
+    flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
+    return GroupReply(plain, leaves, layout.skeleton, reward, flags, others)
+
+
+def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> GroupReply:
+    """A group reply whose line was read before (:class:`_KnownLines`): all positions plain,
+    its arrays as ``layout`` says, its payloads those arrays' and nothing more."""
+    if row_skeleton is not None and layout.skeleton != row_skeleton:
+        raise BadGroupReply(f"its observations are {str(layout.skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+    if len(payloads) != len(layout.sizes):
+        raise BadGroupReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
+    return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
 
 
 def _position_key(key: str, npos: int) -> int:

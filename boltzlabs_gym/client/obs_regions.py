@@ -40,13 +40,14 @@ pools never ask: their wire is unchanged.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import mmap
 import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ class _Region:
     ``None``, and so is ``leaf`` unless the observation is arrays only: ``skeleton``).
     """
 
-    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans", "skeleton")
+    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans", "skeleton", "known_group")
 
     def __init__(
         self,
@@ -112,6 +113,10 @@ class _Region:
             self.leaf = ArrayLeaf(_ShapeOnly(np.dtype(np.uint8), (slot_bytes,)))  # type: ignore[arg-type]
         elif dtype is not None:
             self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
+        #: The last all-plain group reply line that referred to these rows, as ``(line, its rows,
+        #: the line rewritten to refer to them as payloads)``: a sandbox sends the same line on every
+        #: plain step, and it is checked once.
+        self.known_group: tuple[bytes, int, bytes] | None = None
 
     def copy_rows(self, rows: int) -> bytes:
         """The first ``rows`` slots' bytes, copied out now."""
@@ -271,9 +276,10 @@ class ObsRegions:
 
     def resolve(self, index: int, line: bytes, payloads: list) -> tuple[bytes | None, dict | None, list]:
         """A reply of process ``index`` as it would be without a region: ``(line, None, payloads)``
-        when it needs no change (or is a one-env plain step line, rewritten), ``(None, reply,
-        payloads)`` with the parsed reply otherwise. The slot is copied out here. Raises
-        :class:`RegionFault` for a reference this process may not make."""
+        when it needs no change (or is a one-env plain step line, or an all-plain group reply's
+        line read before, rewritten), ``(None, reply, payloads)`` with the parsed reply otherwise.
+        The slot is copied out here. Raises :class:`RegionFault` for a reference this process may
+        not make."""
         region = self._regions.get(index)
         # (a one-env step line only from a process of one env: a sandbox of several answers in groups)
         if region is not None and region.slots == 1 and region.leaf is not None and len(payloads) == 1:
@@ -284,6 +290,9 @@ class ObsRegions:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
         if _SHM_KEY not in line:
             return line, None, payloads
+        known = region.known_group if region is not None else None
+        if region is not None and known is not None and line == known[0]:
+            return known[2], None, self._rows_as_payloads(region, known[1], payloads)
         try:
             reply = parse_json(line)
         except ValueError:
@@ -292,7 +301,7 @@ class ObsRegions:
             return None, reply, self._payloads_from(region, reply, payloads)
         ref = reply.get("obs") if isinstance(reply, dict) else None
         if isinstance(ref, (dict, list)) and "n" in reply and region is not None and region.skeleton is not None:
-            return None, reply, self._group_rows(region, reply, payloads)
+            return None, reply, self._group_rows(region, line, reply, payloads)
         if not (isinstance(ref, dict) and SHM in ref):
             return line, None, payloads  # the key elsewhere (an info's): not a reference
         if region is None:
@@ -305,9 +314,7 @@ class ObsRegions:
             if type(rows) is not int or not 0 < rows <= region.slots:
                 raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
             expected = [0, dtype.str, [rows, *shape]]
-            if not payloads or len(payloads[0]) != 0:
-                raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
-            copied = [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
+            copied = self._rows_as_payloads(region, rows, payloads)
             resolved = expected
         else:  # one env's reply: its observation becomes a payload after the others
             rows, expected = 1, [0, dtype.str, list(shape)]
@@ -316,9 +323,11 @@ class ObsRegions:
         if region.slots != 1 and "n" not in reply or ref != {SHM: expected}:
             raise RegionFault(f"its reply refers to {str(ref)[:120]}, not its region's {expected}")
         reply["obs"] = {ND: resolved}
+        if "n" in reply:
+            self._remember_group(region, line, rows, reply)
         return None, reply, copied
 
-    def _group_rows(self, region: _Region, reply: dict, payloads: list) -> list:
+    def _group_rows(self, region: _Region, line: bytes, reply: dict, payloads: list) -> list:
         """The payloads of a group reply of a Dict/Tuple of arrays only whose rows are in the
         region (each array's rows back to back, one array after the other): each array's first
         ``P`` rows read from there, in place of their empty payloads; ``reply["obs"]`` then refers
@@ -330,12 +339,32 @@ class ObsRegions:
             if reply["obs"] == group_skeleton(region.skeleton, rows):
                 return payloads
             raise RegionFault(f"its group reply's observations {str(reply['obs'])[:120]} are not its region's rows")
-        spans = cast(tuple, region.spans)
-        if len(payloads) < len(spans) or any(len(p) for p in payloads[: len(spans)]):
-            raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
-        m, data = region.slots, region.view if self.views else region.map
+        copied = self._rows_as_payloads(region, rows, payloads)
         reply["obs"] = group_skeleton(region.skeleton, rows)
+        self._remember_group(region, line, rows, reply)
+        return copied
+
+    def _rows_as_payloads(self, region: _Region, rows: int, payloads: list) -> list:
+        """A group reply's payloads with its first ``rows`` rows of each array read from the region
+        in place of the empty payloads it sent for them (one array's, or a Dict/Tuple's each)."""
+        spans = region.spans
+        taken = len(spans) if spans is not None else 1
+        if len(payloads) < taken or any(len(p) for p in payloads[:taken]):
+            raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
+        if spans is None:
+            return [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
+        m, data = region.slots, region.view if self.views else region.map
         return [data[m * start : m * start + rows * size] for start, size in spans] + payloads[len(spans) :]
+
+    @staticmethod
+    def _remember_group(region: _Region, line: bytes, rows: int, resolved: dict) -> None:
+        """Keep an all-plain group reply's line read against the region, and the line that says
+        the same with its rows as payloads (``resolved``, the reply rewritten), for
+        :meth:`resolve` to answer the same line again without parsing it. Its payloads' sizes
+        are the line's (the pipe's reader holds a reply to the sizes its line announces)."""
+        if not resolved.get("replies"):
+            rewritten = (json.dumps(resolved, separators=(",", ":")) + "\n").encode()
+            region.known_group = (line, rows, rewritten)
 
     def _arrays_step(self, region: _Region, step_line: bytes) -> tuple[None, dict, list]:
         """The plain step of a Dict/Tuple of arrays (its line, rewritten as one array's): the reply

@@ -26,6 +26,8 @@ MAX_GROUP_PAYLOAD_BYTES = 1 << 30
 #: A reply whose payloads are at least this large and not in yet is read straight into one
 #: buffer of its exact size (no growing buffer, no copies out of it: its payloads are views).
 _DIRECT_READ_MIN = 1 << 16
+#: No reply line validated yet (see EnvPipe._announced).
+_NOTHING_KNOWN: tuple[bytes, tuple[int, ...]] = (b"", ())
 
 
 class EnvFault(Exception):
@@ -55,6 +57,7 @@ class EnvPipe:
         its reader hold stays bounded however many envs it hosts."""
         self.max_line = min(MAX_ENV_LINE_BYTES * envs, MAX_GROUP_LINE_BYTES)
         self.max_payload = min(MAX_ENV_PAYLOAD_BYTES * envs, MAX_GROUP_PAYLOAD_BYTES)
+        self._known = _NOTHING_KNOWN  # (read under other limits)
 
     def reset_buffers(self) -> None:
         """Forget anything half-read or half-written (the pipes are new)."""
@@ -65,6 +68,9 @@ class EnvPipe:
         self._body: np.ndarray | None = None  # a large reply's payloads, being read in place
         self._filled = 0
         self._wbuf: collections.deque[memoryview] = collections.deque()  # what the pipe has not taken yet
+        #: The last reply line validated, with the payload sizes it announces: a sandbox of several
+        #: envs answers a plain step with the same line every time (its numbers are in its payloads).
+        self._known = _NOTHING_KNOWN
 
     # ------------------------------------------------------------------ writing
     def write(self, data: bytes | memoryview) -> bool:
@@ -178,12 +184,22 @@ class EnvPipe:
         if nl < 0 or nl > self.max_line:
             return False
         line = chunk[: nl + 1]
-        need = _announced_payloads(line, self.max_payload)
+        need = self._announced(line)
         if nl + 1 + sum(need) != len(chunk):
             return False
         # Views, not copies: ``chunk`` is a fresh immutable read, and the batch reply joins them.
         out.append((line, _split(memoryview(chunk), nl + 1, need, copy=False)))
         return True
+
+    def _announced(self, line: bytes) -> list[int]:
+        """:func:`_announced_payloads` of ``line``, remembered for the next line like it."""
+        known_line, known_need = self._known
+        if line == known_line:
+            return list(known_need)
+        need = _announced_payloads(line, self.max_payload)
+        if len(need) > 1:  # a plain one-env step (one payload) is cheaper to match than to remember
+            self._known = (line, tuple(need))
+        return need
 
     def _parse(self, out: list) -> None:
         while self._body is None:
@@ -199,7 +215,7 @@ class EnvPipe:
                 line = bytes(self._rbuf[: nl + 1])
                 del self._rbuf[: nl + 1]
                 self._scan_from = 0
-                self._need = _announced_payloads(line, self.max_payload)
+                self._need = self._announced(line)
                 self._line = line
             total = sum(self._need)
             if len(self._rbuf) < total:

@@ -541,6 +541,68 @@ def test_dict_group_rows_read_as_each_envs_reply():
     assert isinstance(other, list) and all(r.reply["bad_reply"] for r in other)
 
 
+def _raw_group(line: bytes, payloads: list, indices: list[int]):
+    """A group result as the pipe's reader hands it over: the reply line unparsed."""
+    from boltzlabs_gym.client.grouping import GroupPlan, GroupResult
+    from boltzlabs_gym.client.results import EnvResult
+
+    plan = GroupPlan(0, list(range(len(indices))), indices)
+    return GroupResult(plan, EnvResult(indices[0], "ok", None, payloads, line), range(0, 4))
+
+
+def test_a_group_line_read_before_is_still_checked_against_its_reader_and_payloads():
+    """An all-plain group reply's line is parsed and checked once, then known by its bytes: the
+    same line again reads its own payloads' numbers, and what the line cannot vouch for (the
+    reader's space, the payloads that came with it) is checked every time."""
+    import json
+
+    from boltzlabs_gym.client.grouping import _KNOWN_LINES
+
+    reply = _dict_rows({"a": _PIXELS, "b": _STATE})
+    line = json.dumps(reply).encode() + b"\n"
+    row_skeleton = {"a": {"__nd__": [0, "|u1", [3]]}, "b": {"__nd__": [1, "<f4", [2]]}}
+
+    def payloads(fill: int) -> list:
+        return [bytes([fill]) * 6, np.full(4, fill, np.float32).tobytes(), np.full(2, fill, float).tobytes(), b"\1\0"]
+
+    first = _raw_group(line, payloads(1), [0, 1]).read(row_skeleton)
+    assert not isinstance(first, list) and _KNOWN_LINES.get(line, 2) is not None
+    again = _raw_group(line, payloads(7), [0, 1]).read(row_skeleton)
+    assert not isinstance(again, list) and again.plain.all() and not again.others
+    np.testing.assert_array_equal(again.leaves[0], np.full((2, 3), 7, np.uint8))
+    np.testing.assert_array_equal(again.reward, [7.0, 7.0])
+    assert list(again.flags) == [1, 0] and again.skeleton == row_skeleton
+    bad = {
+        "another space": _raw_group(line, payloads(7), [0, 1]).read({"a": {"__nd__": [0, "|u1", [3]]}}),
+        "no array form": _raw_group(line, payloads(7), [0, 1]).read(arrays=False),
+        "a payload more": _raw_group(line, [*payloads(7), b"x"], [0, 1]).read(row_skeleton),
+        "short flags": _raw_group(line, [*payloads(7)[:3], b"\0"], [0, 1]).read(row_skeleton),
+        "other positions": _raw_group(line, payloads(7), [0, 1, 2]).read(),
+    }
+    for what, read in bad.items():
+        assert isinstance(read, list) and all(r.reply["bad_reply"] for r in read), what
+
+
+def test_known_group_lines_stay_bounded():
+    """A sandbox that sends ever new valid lines only makes the reader start over."""
+    import json
+
+    from boltzlabs_gym.client.grouping import _KNOWN_LINES, _KnownLines
+
+    payloads = [b"\0" * 8, b"\0" * 8, b"\0"]
+    for k in range(_KnownLines.LIMIT + 10):
+        reply = {
+            "n": 1,
+            "obs": {"__nd__": [0, "<f8", [1, 1]]},
+            "reward": {"__nd__": [1, "<f8", [1]]},
+            "flags": {"__nd__": [2, "|u1", [1]]},
+            "replies": {},
+            "pad": "x" * k,
+        }
+        assert not isinstance(_raw_group(json.dumps(reply).encode() + b"\n", payloads, [0]).read(), list)
+        assert len(_KNOWN_LINES._layouts) <= _KnownLines.LIMIT
+
+
 def test_rows_for_a_space_without_an_array_form_are_a_bad_reply():
     reply = {
         "n": 1,

@@ -655,6 +655,57 @@ def make_group_rows_and_bytes():
     return TupleFrameEnv()
 
 
+class SteadyTupleFrameEnv(TupleFrameEnv):
+    """TupleFrameEnv without infos or ends: every step plain."""
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(int(action)), 0.5, False, False, {}
+
+
+class SteadyFrameEnv(FrameEnv):
+    """FrameEnv without infos or ends: every step plain."""
+
+    step = SteadyTupleFrameEnv.step
+
+
+def make_frame_rows_then_bytes():
+    return _lie_after_four_group_replies(SteadyFrameEnv())
+
+
+def make_tuple_rows_then_bytes():
+    return _lie_after_four_group_replies(SteadyTupleFrameEnv())
+
+
+def _lie_after_four_group_replies(env):
+    """Honest for four group replies through its region (a reset's and three steps'), then as
+    :func:`make_group_rows_and_bytes`: the same line it sent before is what its reader
+    remembers, and the lie is another line."""
+    from boltzlabs_gym.envside import group_rows
+
+    honest_payloads, honest_parts = group_rows.GroupRows.payloads, group_rows.GroupRows._line_parts
+    row = int(np.prod(SHAPE))
+    replies = [0]  # group replies sent through the region (each makes its line, then its payloads)
+
+    def payloads(self, n):
+        out = honest_payloads(self, n)
+        if self.shared:
+            if replies[0] >= 4:
+                out[0] = bytes(row * n)
+            replies[0] += 1
+        return out
+
+    def parts(self, n):
+        arrays, line = honest_parts(self, n)
+        if not self.shared or replies[0] < 4:
+            return arrays, line
+        return arrays, line.replace(b'"_bin":[0,', b'"_bin":[%d,' % (row * n))
+
+    group_rows.GroupRows.payloads = payloads
+    group_rows.GroupRows._line_parts = parts
+    return env
+
+
 def make_group_wrong_rows():
     """Its group replies refer to rows of another shape than its region's."""
     from boltzlabs_gym.envside import group_rows
@@ -687,6 +738,31 @@ def test_a_wrong_reference_to_group_rows_is_the_sandboxs_fault(factory, direct, 
             assert "broke the protocol" in reason and "region" in reason, reason
         _, info = venv.reset(seed=0)
         assert all("broke the protocol" in reason for reason in info["boltzlabs_error"]["reason"]), info
+    finally:
+        venv.close()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
+@pytest.mark.parametrize("factory", [make_frame_rows_then_bytes, make_tuple_rows_then_bytes])
+def test_a_sandbox_that_lies_after_honest_group_replies_is_caught(factory, direct, tmp_path_factory):
+    """The reader checks a group reply's line once and remembers it: a sandbox that answered
+    plainly through its region and then sends its rows' bytes too is caught on that step all the
+    same (its line is no longer the one remembered), and nothing it sent before is taken back."""
+    pool = _pool(factory, 2, tmp_path_factory, envs_per_sandbox=2, direct=direct)
+    venv = _vec(pool)
+    try:
+        venv.reset(seed=0)
+        for _ in range(3):
+            obs, _, terminated, truncated, info = venv.step(np.array([1, 2]))
+            assert not (terminated.any() or truncated.any()) and not info, info
+            frames = obs[0] if isinstance(obs, tuple) else obs
+            assert frames[1].any()  # frames, not a zeroed failure's
+        regions = pool._links[0].regions
+        assert regions is not None and all(region.known_group for region in regions._regions.values())
+        _, _, terminated, truncated, info = venv.step(np.array([1, 2]))
+        assert truncated.all() and not terminated.any()
+        for reason in info["boltzlabs_error"]["reason"]:
+            assert "broke the protocol" in reason and "region" in reason, reason
     finally:
         venv.close()
 

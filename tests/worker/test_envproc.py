@@ -115,6 +115,38 @@ def test_a_large_reply_is_read_whole_across_many_reads():
     assert not pipe.partial_output
 
 
+def test_the_same_reply_line_again_is_followed_by_its_own_payloads():
+    """A sandbox answers each plain step with the same line; the reader validates it once and
+    still reads each reply's own payloads, whole or in pieces, and still holds a line that is
+    not the same to the limits."""
+    import os
+
+    from boltzlabs_gym.wire.envpipe import EnvPipe
+
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    line = b'{"n":2,"_bin":[3,2]}\n'
+    pipe = EnvPipe(-1, r)
+    try:
+        got = []
+        for k in range(4):
+            os.write(w, line + bytes([k]) * 5)  # one whole reply per read
+            got += pipe.read_replies()
+        os.write(w, line + b"abcde" + line[:5])  # a reply, then part of the next one's line
+        got += pipe.read_replies()
+        os.write(w, line[5:] + b"xyzuv")
+        got += pipe.read_replies()
+        assert [bytes(b"".join(p)) for _, p in got] == [bytes([k]) * 5 for k in range(4)] + [b"abcde", b"xyzuv"]
+        assert all(got_line == line for got_line, _ in got) and not pipe.partial_output
+        pipe.max_payload = 4
+        os.write(w, b'{"n":2,"_bin":[3,2],"x":0}\n' + b"z" * 5)
+        with pytest.raises(EnvFault, match="over the limit"):
+            pipe.read_replies()
+    finally:
+        os.close(w)
+        os.close(r)
+
+
 def test_a_reply_cut_short_in_its_payload_is_a_fault():
     import os
 
