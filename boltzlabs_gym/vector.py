@@ -716,9 +716,14 @@ class BoltzLabsVecEnv(VectorEnv):
                     infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
                 return infos
             self._set_rows(read.leaves, rows, positions)
-            self._rewards[rows] = np.where(resets, 0.0, read.reward[positions])
-            self._terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
-            self._truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
+            if not resets.any():  # the usual case: every position stepped
+                self._rewards[rows] = read.reward[positions]
+                self._terminations[rows] = ended & FLAG_TERMINATED
+                self._truncations[rows] = ended & FLAG_TRUNCATED
+            else:
+                self._rewards[rows] = np.where(resets, 0.0, read.reward[positions])
+                self._terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
+                self._truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
         for r in read.others.values():
             infos = self._take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
         return infos
