@@ -541,6 +541,17 @@ def test_dict_group_rows_read_as_each_envs_reply():
     assert isinstance(other, list) and all(r.reply["bad_reply"] for r in other)
 
 
+#: A group reply of one position whose observation is one float64, with its payloads.
+_ONE_ROW = {
+    "n": 1,
+    "obs": {"__nd__": [0, "<f8", [1, 1]]},
+    "reward": {"__nd__": [1, "<f8", [1]]},
+    "flags": {"__nd__": [2, "|u1", [1]]},
+    "replies": {},
+}
+_ONE_ROW_PAYLOADS = [b"\0" * 8, b"\0" * 8, b"\0"]
+
+
 def _raw_group(line: bytes, payloads: list, indices: list[int]):
     """A group result as the pipe's reader hands it over: the reply line unparsed."""
     from boltzlabs_gym.client.grouping import GroupPlan, GroupResult
@@ -589,29 +600,14 @@ def test_known_group_lines_stay_bounded():
 
     from boltzlabs_gym.client.grouping import _KNOWN_LINES, _KnownLines
 
-    payloads = [b"\0" * 8, b"\0" * 8, b"\0"]
     for k in range(_KnownLines.LIMIT + 10):
-        reply = {
-            "n": 1,
-            "obs": {"__nd__": [0, "<f8", [1, 1]]},
-            "reward": {"__nd__": [1, "<f8", [1]]},
-            "flags": {"__nd__": [2, "|u1", [1]]},
-            "replies": {},
-            "pad": "x" * k,
-        }
-        assert not isinstance(_raw_group(json.dumps(reply).encode() + b"\n", payloads, [0]).read(), list)
+        line = json.dumps(dict(_ONE_ROW, pad="x" * k)).encode() + b"\n"
+        assert not isinstance(_raw_group(line, _ONE_ROW_PAYLOADS, [0]).read(), list)
         assert len(_KNOWN_LINES._layouts) <= _KnownLines.LIMIT
 
 
 def test_rows_for_a_space_without_an_array_form_are_a_bad_reply():
-    reply = {
-        "n": 1,
-        "obs": {"__nd__": [0, "<f8", [1, 1]]},
-        "reward": {"__nd__": [1, "<f8", [1]]},
-        "flags": {"__nd__": [2, "|u1", [1]]},
-        "replies": {},
-    }
-    read = _group(reply, [b"\0" * 8, b"\0" * 8, b"\0"], [0]).read(arrays=False)
+    read = _group(_ONE_ROW, _ONE_ROW_PAYLOADS, [0]).read(arrays=False)
     assert isinstance(read, list) and read[0].reply["bad_reply"]
 
 
