@@ -55,6 +55,7 @@ from ..wire.protocol import (
     GROUP_REWARD,
     GROUP_SLOTS,
     MAX_ENVS_PER_SANDBOX,
+    MAX_KNOWN_LINE_BYTES,
     OK,
     group_op_name,
 )
@@ -463,7 +464,8 @@ class _KnownLines:
     """The layouts of plain group reply lines already read, by line and positions: a sandbox
     answers every all-plain step with the same line (its numbers are all in its payloads), so
     its JSON is parsed and checked once instead of once a step. Bounded: a sandbox that sends
-    ever new lines only makes it start over."""
+    ever new lines only makes it start over, and a line longer than
+    :data:`~boltzlabs_gym.wire.protocol.MAX_KNOWN_LINE_BYTES` is never kept."""
 
     LIMIT = 256
 
@@ -527,8 +529,8 @@ def _read_group(
             raise BadGroupReply("positions without a reply and no arrays to read them from")
         return GroupReply(plain, None, None, None, None, others)
     read = _with_arrays(layout, payloads, npos, plain, others)
-    if line is not None and not replies:
-        _KNOWN_LINES.remember(line, npos, layout)
+    if line is not None and not replies and len(line) <= MAX_KNOWN_LINE_BYTES:
+        _KNOWN_LINES.remember(line, npos, layout._replace(skeleton=_copy_skeleton(layout.skeleton)))
     return read
 
 
@@ -573,7 +575,15 @@ def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: i
         raise BadGroupReply(f"its observations are {str(layout.skeleton)[:200]}, not {str(row_skeleton)[:200]}")
     if len(payloads) != len(layout.sizes):
         raise BadGroupReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
-    return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
+    return _with_arrays(
+        layout._replace(skeleton=_copy_skeleton(layout.skeleton)), payloads, npos, np.ones(npos, dtype=bool), {}
+    )
+
+
+def _copy_skeleton(skeleton: Any) -> Any:
+    """A skeleton of arrays of its own: readers may keep a reply's (:meth:`GroupResult.expand`
+    puts it in every position's reply), and what :class:`_KnownLines` holds stays its own."""
+    return map_array_refs(skeleton, lambda ref: {ND: [ref[0], ref[1], list(ref[2])]})
 
 
 def _position_key(key: str, npos: int) -> int:

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ..wire.codec import ND, SHM, ArrayLeaf
-from ..wire.protocol import OK, REGION_FDS_TAKEN, parse_json
+from ..wire.protocol import MAX_KNOWN_LINE_BYTES, OK, REGION_FDS_TAKEN, parse_json
 from ..wire.slot_layout import array_bytes, group_skeleton, layout_spans, skeleton_fits
 from .results import EnvResult
 
@@ -361,10 +361,16 @@ class ObsRegions:
         """Keep an all-plain group reply's line read against the region, and the line that says
         the same with its rows as payloads (``resolved``, the reply rewritten), for
         :meth:`resolve` to answer the same line again without parsing it. Its payloads' sizes
-        are the line's (the pipe's reader holds a reply to the sizes its line announces)."""
-        if not resolved.get("replies"):
+        are the line's (the pipe's reader holds a reply to the sizes its line announces). A long
+        line is not kept (:data:`~boltzlabs_gym.wire.protocol.MAX_KNOWN_LINE_BYTES`), nor one that
+        cannot be written back (nested to just below what the parser takes)."""
+        if resolved.get("replies") or len(line) > MAX_KNOWN_LINE_BYTES:
+            return
+        try:
             rewritten = (json.dumps(resolved, separators=(",", ":")) + "\n").encode()
-            region.known_group = (line, rows, rewritten)
+        except (RecursionError, ValueError, TypeError):
+            return
+        region.known_group = (line, rows, rewritten)
 
     def _arrays_step(self, region: _Region, step_line: bytes) -> tuple[None, dict, list]:
         """The plain step of a Dict/Tuple of arrays (its line, rewritten as one array's): the reply

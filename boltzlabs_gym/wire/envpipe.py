@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, STEP_REPLY_PATTERN, parse_json
+from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, MAX_KNOWN_LINE_BYTES, STEP_REPLY_PATTERN, parse_json
 
 __all__ = ["EnvFault", "EnvPipe"]
 
@@ -197,7 +197,8 @@ class EnvPipe:
         if line == known_line:
             return list(known_need)
         need = _announced_payloads(line, self.max_payload)
-        if len(need) > 1:  # a plain one-env step (one payload) is cheaper to match than to remember
+        # (a plain one-env step, one payload, is cheaper to match than to remember)
+        if len(need) > 1 and len(line) <= MAX_KNOWN_LINE_BYTES:
             self._known = (line, tuple(need))
         return need
 

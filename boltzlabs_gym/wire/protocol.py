@@ -176,6 +176,9 @@ MAX_HEADER_BYTES = 64 << 20
 MAX_ENV_LINE_BYTES = 16 << 20
 #: Largest total of binary payloads one env reply may announce.
 MAX_ENV_PAYLOAD_BYTES = 256 << 20
+#: Longest reply line a reader remembers as read (a sandbox repeats its all-plain group reply
+#: line, a few hundred bytes, every step): what a sandbox can make its readers keep stays small.
+MAX_KNOWN_LINE_BYTES = 16 << 10
 
 #: How long a local pool's worker busy-polls for the next request after answering one
 #: (``RLPool(busy_poll_us=...)``, worker ``--busy-poll-us``); see Worker._local_replied.

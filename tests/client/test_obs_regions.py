@@ -16,13 +16,13 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import ISOLATION
 from gymnasium import spaces
 from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from boltzlabs_gym import BoltzLabsVecEnv, RLPool
 from boltzlabs_gym.envside.gym_server import write_factory_env_dir
+from conftest import ISOLATION
 
 MEMFD = "memfd:boltzlabs-obs"
 SHAPE = (6, 5, 3)
@@ -765,6 +765,71 @@ def test_a_sandbox_that_lies_after_honest_group_replies_is_caught(factory, direc
             assert "broke the protocol" in reason and "region" in reason, reason
     finally:
         venv.close()
+
+
+def _frames_region(slots: int = 2):
+    """An ObsRegions with process 0's region of ``slots`` frames mapped, as a worker passes it: a
+    sealed memfd (the pool's side alone, read against lines a test writes as a sandbox would)."""
+    import fcntl
+
+    from boltzlabs_gym.client.obs_regions import ObsRegions
+    from boltzlabs_gym.client.results import EnvResult
+    from boltzlabs_gym.wire.protocol import REGION_FDS_TAKEN
+
+    row = int(np.prod(SHAPE))
+    fd = os.memfd_create("boltzlabs-obs", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    described = {"fd_index": 0, "bytes": 4096, "slots": slots, "slot_bytes": row, "dtype": "|u1", "shape": list(SHAPE)}
+    regions = ObsRegions(1, envs_per_sandbox=slots)
+    regions.adopt({REGION_FDS_TAKEN: [fd]}, [EnvResult(0, "ok", {"obs_region": described}, [])])
+    assert 0 in regions
+    return regions
+
+
+def _group_line(extra: bytes = b"") -> bytes:
+    return (
+        b'{"n":2,"obs":{"__shm__":[0,"|u1",[2,6,5,3]]},"reward":{"__nd__":[1,"<f8",[2]]},'
+        b'"flags":{"__nd__":[2,"|u1",[2]]},"replies":{}' + extra + b',"_bin":[0,16,2]}\n'
+    )
+
+
+def test_a_group_line_nested_to_the_parsers_limit_is_read_not_raised():
+    """A sandbox may nest a key of its group reply as deep as the parser takes; its reader then
+    writes back no line it remembers, and never raises out of a step (the line is read once, as
+    any other; nesting one level deeper each step finds no depth at which it would)."""
+    regions = _frames_region()
+    payloads = [b"", bytes(16), bytes(2)]
+    for depth in range(700, 1100):
+        line = _group_line(b',"deep":' + b"[" * depth + b"]" * depth)
+        raw, reply, out = regions.resolve(0, line, payloads)
+        assert raw == line or reply is not None  # a bad reply (too deep to parse), or read
+    regions.close()
+
+
+def test_a_long_group_line_is_read_but_not_remembered():
+    """What a sandbox can make its reader keep stays small: a padded all-plain group line is read
+    as always and forgotten, by the region's reader and the group reader; the same line without
+    padding is remembered."""
+    from boltzlabs_gym.client.grouping import _KNOWN_LINES, GroupPlan, GroupResult
+    from boltzlabs_gym.client.results import EnvResult
+    from boltzlabs_gym.wire.protocol import MAX_KNOWN_LINE_BYTES
+
+    regions = _frames_region()
+    row = int(np.prod(SHAPE))
+    payloads = [b"", bytes(16), bytes(2)]
+    long_line = _group_line(b',"pad":"' + b"x" * MAX_KNOWN_LINE_BYTES + b'"')
+    raw, reply, out = regions.resolve(0, long_line, payloads)
+    assert raw is None and reply["obs"] == {"__nd__": [0, "|u1", [2, *SHAPE]]} and len(out[0]) == 2 * row
+    assert regions._regions[0].known_group is None
+    regions.resolve(0, _group_line(), payloads)
+    assert regions._regions[0].known_group is not None
+    del out
+    regions.close()
+    nd_line = long_line.replace(b"__shm__", b"__nd__").replace(b'"_bin":[0,', b'"_bin":[%d,' % (2 * row))
+    result = EnvResult(0, "ok", None, [bytes(2 * row), *payloads[1:]], nd_line)
+    assert not isinstance(GroupResult(GroupPlan(0, [0, 1], [0, 1]), result, range(2)).read(), list)
+    assert _KNOWN_LINES.get(nd_line, 2) is None
 
 
 def test_dict_observations_in_a_sandbox_of_several_envs_go_as_bytes(tmp_path_factory, mapped):
