@@ -289,7 +289,8 @@ class GroupReply:
         #: meaningless), in payload order: one for an array space, several for a Dict/Tuple; or None.
         self.leaves = leaves
         #: One observation's skeleton (``{"__nd__": [k, dtype, shape]}`` leaves; see
-        #: :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`), with the leaves.
+        #: :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`), with the leaves. Read it, never
+        #: change it: a line read before shares it with every reply of that line (see expand()).
         self.skeleton = skeleton
         self.reward = reward
         self.flags = flags
@@ -365,6 +366,7 @@ class GroupResult:
         read = self.read()
         if isinstance(read, list):
             return read
+        skeleton = _copy_skeleton(read.skeleton) if read.skeleton is not None else None
         out: list[EnvResult] = []
         for p, index in enumerate(self.plan.indices):
             other = read.others.get(p)
@@ -373,8 +375,8 @@ class GroupResult:
                 continue
             assert read.reward is not None and read.flags is not None and read.leaves is not None
             flags = int(read.flags[p])
-            reply = {
-                "obs": read.skeleton,
+            reply: dict[str, Any] = {
+                "obs": skeleton,
                 "reward": float(read.reward[p]),
                 "terminated": bool(flags & FLAG_TERMINATED),
                 "truncated": bool(flags & FLAG_TRUNCATED),
@@ -575,14 +577,12 @@ def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: i
         raise BadGroupReply(f"its observations are {str(layout.skeleton)[:200]}, not {str(row_skeleton)[:200]}")
     if len(payloads) != len(layout.sizes):
         raise BadGroupReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
-    return _with_arrays(
-        layout._replace(skeleton=_copy_skeleton(layout.skeleton)), payloads, npos, np.ones(npos, dtype=bool), {}
-    )
+    return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
 
 
 def _copy_skeleton(skeleton: Any) -> Any:
-    """A skeleton of arrays of its own: readers may keep a reply's (:meth:`GroupResult.expand`
-    puts it in every position's reply), and what :class:`_KnownLines` holds stays its own."""
+    """A skeleton of arrays of its own: for the replies :meth:`GroupResult.expand` hands on (their
+    readers may keep them), and for :class:`_KnownLines` to hold."""
     return map_array_refs(skeleton, lambda ref: {ND: [ref[0], ref[1], list(ref[2])]})
 
 

@@ -583,8 +583,11 @@ def test_a_group_line_read_before_is_still_checked_against_its_reader_and_payloa
     np.testing.assert_array_equal(again.leaves[0], np.full((2, 3), 7, np.uint8))
     np.testing.assert_array_equal(again.reward, [7.0, 7.0])
     assert list(again.flags) == [1, 0] and again.skeleton == row_skeleton
-    for read in (first, again):  # each reply's skeleton is its own: a reader that changes it changes no other
-        read.skeleton["a"]["__nd__"][2].append(99)
+    # What leaves for other readers is their own: one that changes its reply's skeleton changes no other.
+    for _ in range(2):
+        expanded = _raw_group(line, payloads(7), [0, 1]).expand()
+        assert [r.reply["obs"] for r in expanded] == [row_skeleton] * 2
+        expanded[0].reply["obs"]["a"]["__nd__"][2].append(99)
     third = _raw_group(line, payloads(7), [0, 1]).read(row_skeleton)
     assert not isinstance(third, list) and third.skeleton == row_skeleton
     bad = {
