@@ -59,7 +59,7 @@ from ..wire.protocol import (
     OK,
     group_op_name,
 )
-from ..wire.slot_layout import array_refs, map_array_refs
+from ..wire.slot_layout import array_refs, copy_skeleton, map_array_refs
 from .results import EnvResult, parse_result
 
 __all__ = [
@@ -366,7 +366,7 @@ class GroupResult:
         read = self.read()
         if isinstance(read, list):
             return read
-        skeleton = _copy_skeleton(read.skeleton) if read.skeleton is not None else None
+        skeleton = copy_skeleton(read.skeleton) if read.skeleton is not None else None
         out: list[EnvResult] = []
         for p, index in enumerate(self.plan.indices):
             other = read.others.get(p)
@@ -532,7 +532,7 @@ def _read_group(
         return GroupReply(plain, None, None, None, None, others)
     read = _with_arrays(layout, payloads, npos, plain, others)
     if line is not None and not replies and len(line) <= MAX_KNOWN_LINE_BYTES:
-        _KNOWN_LINES.remember(line, npos, layout._replace(skeleton=_copy_skeleton(layout.skeleton)))
+        _KNOWN_LINES.remember(line, npos, layout._replace(skeleton=copy_skeleton(layout.skeleton)))
     return read
 
 
@@ -541,8 +541,7 @@ def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
     :func:`_declared_rows` checks it; ``row_skeleton``'s when given), then the rewards and
     flags after them."""
     declared, skeleton = _declared_rows(reply[GROUP_OBS], npos)
-    if row_skeleton is not None and skeleton != row_skeleton:
-        raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+    _check_rows_of(skeleton, row_skeleton)
     count = len(declared)
     expected = (_nd(count, "<f8", [npos]), _nd(count + 1, "|u1", [npos]))
     got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
@@ -551,6 +550,12 @@ def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
     # Python ints: no wrap-around
     sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
     return _Layout(declared, skeleton, sizes)
+
+
+def _check_rows_of(skeleton: Any, row_skeleton: Any) -> None:
+    """The reply's observations' skeleton must be the reader's (``row_skeleton``), when it gives one."""
+    if row_skeleton is not None and skeleton != row_skeleton:
+        raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
 
 
 def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, others: dict) -> GroupReply:
@@ -573,17 +578,10 @@ def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, 
 def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> GroupReply:
     """A group reply whose line was read before (:class:`_KnownLines`): all positions plain,
     its arrays as ``layout`` says, its payloads those arrays' and nothing more."""
-    if row_skeleton is not None and layout.skeleton != row_skeleton:
-        raise BadGroupReply(f"its observations are {str(layout.skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+    _check_rows_of(layout.skeleton, row_skeleton)
     if len(payloads) != len(layout.sizes):
         raise BadGroupReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
     return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
-
-
-def _copy_skeleton(skeleton: Any) -> Any:
-    """A skeleton of arrays of its own: for the replies :meth:`GroupResult.expand` hands on (their
-    readers may keep them), and for :class:`_KnownLines` to hold."""
-    return map_array_refs(skeleton, lambda ref: {ND: [ref[0], ref[1], list(ref[2])]})
 
 
 def _position_key(key: str, npos: int) -> int:

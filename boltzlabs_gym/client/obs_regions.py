@@ -53,7 +53,7 @@ import numpy as np
 
 from ..wire.codec import ND, SHM, ArrayLeaf
 from ..wire.protocol import MAX_KNOWN_LINE_BYTES, OK, REGION_FDS_TAKEN, parse_json
-from ..wire.slot_layout import array_bytes, group_skeleton, layout_spans, skeleton_fits
+from ..wire.slot_layout import array_bytes, copy_skeleton, group_skeleton, layout_spans, skeleton_fits
 from .results import EnvResult
 
 log = logging.getLogger(__name__)
@@ -134,15 +134,6 @@ class _Region:
             # A view lent out is still alive (an exception's traceback holds a step's locals): the
             # mapping goes when the last view does.
             log.debug("a shared observation region was still viewed when its env was replaced")
-
-
-def _copy_json(node: Any) -> Any:
-    """A copy of a skeleton (dicts and lists; the rest is immutable)."""
-    if isinstance(node, dict):
-        return {k: _copy_json(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_copy_json(v) for v in node]
-    return node
 
 
 class _ShapeOnly:
@@ -382,7 +373,7 @@ class ObsRegions:
             raise RegionFault("its step line refers to its region but is not a plain step's")
         reward, terminated, truncated = parsed
         reply = {
-            "obs": _copy_json(region.skeleton),  # the reader may keep it: a copy of its own
+            "obs": copy_skeleton(region.skeleton),  # the reader may keep it: a copy of its own
             "reward": reward,
             "terminated": terminated,
             "truncated": truncated,

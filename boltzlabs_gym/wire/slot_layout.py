@@ -30,6 +30,7 @@ __all__ = [
     "array_leaves",
     "array_refs",
     "array_skeleton",
+    "copy_skeleton",
     "group_skeleton",
     "layout_spans",
     "map_array_refs",
@@ -108,6 +109,17 @@ def group_skeleton(skeleton: Any, rows: int, key: str = ND) -> Any:
     {'a': {'__shm__': [0, '|u1', [3, 2]]}}
     """
     return map_array_refs(skeleton, lambda ref: {key: [ref[0], ref[1], [rows, *ref[2]]]})
+
+
+def copy_skeleton(skeleton: Any) -> Any:
+    """A copy of a skeleton of arrays, for a reader that may keep (or change) it.
+
+    >>> skeleton = {"a": {"__nd__": [0, "|u1", [2]]}}
+    >>> copy = copy_skeleton(skeleton)
+    >>> copy == skeleton and copy["a"]["__nd__"][2] is not skeleton["a"]["__nd__"][2]
+    True
+    """
+    return map_array_refs(skeleton, lambda ref: {ND: [ref[0], ref[1], list(ref[2])]})
 
 
 def map_array_refs(skeleton: Any, leaf: Callable[[list], Any]) -> Any:
