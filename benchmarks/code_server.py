@@ -21,8 +21,8 @@ a sandbox included); ``tle kill`` is their p99 measured from the run's start in 
 kill: the ``execution_time`` the server reports (for the subprocess pool, which has no queue, its
 wall time around ``subprocess.run``).
 
-Then a leak check: ``--leak-requests`` runs (20% timeouts of 0.5 s, 5% memory hogs, as the issue's
-10,000 / 2,000 / 500) through the server, and the server's process tree, zombies and RSS before and
+Then a leak check: ``--leak-requests`` runs (20% timeouts of 0.5 s, 5% memory hogs: 2,000 and 500
+of 10,000) through the server, and the server's process tree, zombies and RSS before and
 after (``--leak-only`` skips the table)::
 
     python benchmarks/code_server.py --lanes 4 --envs-per-lane 4 --requests 64 --leak-requests 500

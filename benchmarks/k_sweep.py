@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sweep over envs per sandbox (issue #21): throughput, the CPU split, memory, at each K.
+"""Sweep over envs per sandbox: throughput, the CPU split, memory, at each K.
 
     python benchmarks/k_sweep.py                                   # CartPole n=256 and 84x84x4 n=64, both modes
     python benchmarks/k_sweep.py --cases cartpole:256 --ks 1,8,32 --modes boltz --seconds 2 --rounds 3

@@ -30,8 +30,8 @@ lane), and ``+bytes`` for ``shared_obs=False`` (``default+bytes``: observations 
 pipes rather than in shared memory). ``envs_per_sandbox`` is passed only when K > 1, so K = 1 runs against versions of
 boltzlabs_gym that predate it (before/after comparisons). A final ``+metrics``
 (``default+metrics``, ``default+hop+metrics``) serves the worker's ``/metrics`` and scrapes it
-once a second while the pool steps, 15 times the usual Prometheus rate (issue #24: metrics must
-cost nothing measurable on the step path).
+once a second while the pool steps, 15 times the usual Prometheus rate (metrics must cost
+nothing measurable on the step path).
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def make_impl(name: str, factory, n: int, env_name: str = "cartpole", seed: int 
             _scrape_every_second(env.pool.metrics_url)
         return env
     except TypeError as exc:
-        if "envs_per_sandbox" in str(exc):  # a version from before issue #21
+        if "envs_per_sandbox" in str(exc):  # a version without envs_per_sandbox
             raise Skip(f"this boltzlabs_gym ({library_version()}) has no envs_per_sandbox: {exc}") from None
         raise
 

@@ -5,7 +5,7 @@ the snapshot test env (two envs): snapshot env 0, step, soft- and hard-reset it,
 straggler, restore the snapshot into it, crash that copy, then, after a random pause of 0-100
 ms (so the restore meets the crashed slot's respawn at every stage), restore into both slots and
 step. Both must replay the source's step exactly; a round that does not prints ``BAD`` with the
-restore's ``reset_infos``. It found a rare copy that could not mount its ``/proc`` (issue #22).
+restore's ``reset_infos``. It found a rare copy that could not mount its ``/proc``.
 
     python benchmarks/restore_soak.py [--mode default] [--seconds 600] [--seed 0]
 """

@@ -331,7 +331,7 @@ class Ours(Impl):
         except NotImplementedError as exc:  # mode="boltz" in versions without it
             raise Skip(f"mode={self.mode!r} not implemented in this boltzlabs_gym: {exc}") from None
         except TypeError as exc:
-            if "envs_per_sandbox" in str(exc):  # a version from before issue #21
+            if "envs_per_sandbox" in str(exc):  # a version without envs_per_sandbox
                 raise Skip(f"this boltzlabs_gym ({paired.library_version()}) has no envs_per_sandbox") from None
             raise
 

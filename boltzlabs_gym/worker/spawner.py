@@ -33,7 +33,7 @@ log = logging.getLogger("boltzlabs_gym.worker")
 #: respawn after a fault): proof that it is up and serving, without resetting it. The user's
 #: first ``reset(seed=...)`` must be the env's first reset, or stateful wrappers inside it
 #: (NormalizeObservation, NormalizeReward) see an extra, unseeded episode start and runs
-#: with the same seed stop being reproducible (issue #20). A hard reset's start sends its
+#: with the same seed stop being reproducible. A hard reset's start sends its
 #: seeded reset instead.
 READY_OP = {"op": "describe"}
 

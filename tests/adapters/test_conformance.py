@@ -4,7 +4,7 @@ Each test states one clause of the contract that Gymnasium's own ``tests/vector`
 (spaces, seeding, autoreset modes, infos, async calls and their exceptions, observation
 modes, ``make_vec``, wrappers) and holds ``BoltzLabsVecEnv`` to what ``SyncVectorEnv`` does
 with the same envs, so code written for Gymnasium's vectorizers switches by the class name
-alone (issue #20). Differences that must stay (the JSON boundary) are in the README's table.
+alone. Differences that must stay (the JSON boundary) are in the README's table.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ SPACES = {
             "grid": Box(np.array([[-1.0, 0.0], [0.0, -1.0]]), np.ones((2, 2)), dtype=np.float64),
         }
     ),
-    # JSON-expressible, so they cross as themselves (issue #20 item 9).
+    # JSON-expressible, so they cross as themselves.
     "sequence": gym.spaces.Sequence(Tuple((Discrete(3), Box(0, 1, (2,), np.float32)))),
     "sequence_stacked": gym.spaces.Sequence(Box(0, 1, (2,), np.float32), stack=True),
     "oneof": gym.spaces.OneOf([Discrete(2), Box(0, 1, (2,), np.float32)]),

@@ -35,7 +35,7 @@ NODES = 3
 
 @pytest.fixture(scope="module")
 def cluster(request):
-    """Three Ray nodes on this machine (one CPU each), shut down whatever the tests did."""
+    """Three Ray nodes on the local host (one CPU each), shut down whatever the tests did."""
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     request.addfinalizer(c.shutdown)
     for _ in range(NODES - 1):

@@ -185,7 +185,7 @@ def test_under_vec_wrappers(no_leaks):
         env.close()
 
 
-# --------------------------------------------------------------------------- by the class name (issue #36)
+# --------------------------------------------------------------------------- by the class name
 
 
 class EchoEnv(gym.Env):

@@ -271,7 +271,7 @@ def test_batched_spaces_and_contract_attributes():
         assert envs.action_space == batch_space(envs.single_action_space, 5)
         assert isinstance(envs.metadata["autoreset_mode"], AutoresetMode)
         envs.reset(seed=11)
-        # The tuple of the envs' seeds, as SyncVectorEnv's (issue #20 item 3).
+        # The tuple of the envs' seeds, as SyncVectorEnv's.
         assert envs.np_random_seed == (11, 12, 13, 14, 15) and isinstance(envs.np_random, np.random.Generator)
         envs.spec = gym.spec("CartPole-v1")  # make_vec assigns it
         assert envs.isolation.backend in ("namespaces", "bwrap", "process")

@@ -1,4 +1,4 @@
-"""One reading of env results: the same failure shape through every adapter (issue #19, item 1).
+"""One reading of env results: the same failure shape through every adapter.
 
 The first half reads hand-made results (no sandbox); the second drives one hanging and one
 crashing env through ``RLPool``, ``BoltzLabsVecEnv`` and the SB3 adapter and checks that each

@@ -1,4 +1,4 @@
-"""A factory's exception keeps its type across the sandbox (issue #36), as names, never as a pickle.
+"""A factory's exception keeps its type across the sandbox, as names, never as a pickle.
 
 ``except gymnasium.error.DeprecatedEnv`` and ``except EnvStartError`` both catch an env whose
 factory raised ``DeprecatedEnv``, as they do around ``DummyVecEnv`` (where the factory runs in

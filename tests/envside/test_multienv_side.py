@@ -1,4 +1,4 @@
-"""The env side of sandboxes of several envs (issue #21), run as real processes over real pipes.
+"""The env side of sandboxes of several envs, run as real processes over real pipes.
 
 Each test starts an env process the way the worker does (a factory env directory, or an
 ``env.py`` calling ``serve()``) with ``BOLTZLABS_ENVS_PER_SANDBOX``/``BOLTZLABS_ENV_COUNT`` in

@@ -63,11 +63,11 @@ ENV_EXPORTS = [
 #: calls users make. Adapter-only calls live on the parts the pool owns (``pool.batch_calls``,
 #: ``pool.snapshot_keeper``), not here.
 POOL_SURFACE = [
-    "async_steps",  # the part behind send/recv (issue #32), as batch_calls is behind step
+    "async_steps",  # the part behind send/recv, as batch_calls is behind step
     "batch_async",
     "batch_wait",
     "call_envs",
-    "cancels",  # cancelling tagged calls in flight on a connection of its own (issue #33)
+    "cancels",  # cancelling tagged calls in flight on a connection of its own
     "close",
     "closed",
     "envs_per_gb",

@@ -1,6 +1,6 @@
 """verl's compute_score and BaseTool, SkyRL's BaseTextEnv.
 
-verl does not import on this machine (its dependencies pin transformers, huggingface_hub and packaging
+verl does not import beside trl (its dependencies pin transformers, huggingface_hub and packaging
 below what trl installs), so CodeTool is tested against verl's own ``verl/tools/base_tool.py`` and
 ``schemas.py`` loaded from the verl 0.9.1 wheel that ``.ci/run`` downloads (no verl code is
 committed); only ``verl.utils.rollout_trace.rollout_trace_op``, a tracing decorator, is stood in by an

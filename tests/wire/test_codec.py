@@ -133,7 +133,7 @@ def test_encode_casts_to_space_dtype_and_checks_shape():
         encode(gs.Discrete(3), 1.5)
     with pytest.raises(CodecError, match="Discrete value must be an integer"):
         encode(gs.Discrete(3), True)
-    # A Python int stays a JSON int; a numpy integer keeps its type (issue #20 item 5: SAME_STEP's
+    # A Python int stays a JSON int; a numpy integer keeps its type (SAME_STEP's
     # final_obs holds the env's own value, as in SyncVectorEnv).
     assert encode(gs.Discrete(3), 2)[0] == 2 and type(decode(gs.Discrete(3), 2)) is int
     assert encode(gs.Discrete(3), np.int64(2))[0] == {"__np__": ["<i8", 2]}
@@ -396,7 +396,7 @@ def test_parse_step_line_leaves_every_other_shape_to_json(line):
     assert ArrayLeaf.of(gs.Box(-1, 1, (4,), np.float32)).parse_step_line(line) is None
 
 
-# --------------------------------------------------------------------------- Sequence, OneOf, Graph (issue #20 item 9)
+# --------------------------------------------------------------------------- Sequence, OneOf, Graph
 
 VARIABLE_SPACES = {
     "sequence": gs.Sequence(gs.Discrete(3)),
@@ -470,7 +470,7 @@ def test_graph_values_are_checked_against_the_space():
 
 
 def test_an_array_action_keeps_the_callers_numeric_dtype_across():
-    """encode_action / ArrayLeaf.decode_action: what SyncVectorEnv hands an env (issue #20 item 5)."""
+    """encode_action / ArrayLeaf.decode_action: what SyncVectorEnv hands an env."""
     box = gs.Box(-1, 1, (2,), np.float32)
     leaf = ArrayLeaf(box)
     got = leaf.decode_action(*_wire(*encode_action(box, np.array([0.5, -0.25], np.float64))))

@@ -294,7 +294,7 @@ def test_unseeded_generators_stay_unseeded_and_bad_states_are_ignored():
     ids=repr,
 )
 def test_sequence_oneof_graph_cross_as_json(space):
-    """Issue #20 item 9: JSON-expressible spaces cross as themselves, samplable, not as JsonSpace."""
+    """JSON-expressible spaces cross as themselves, samplable, not as JsonSpace."""
     back = space_from_json(_wire(space_to_json(space)))
     assert back == space and type(back) is type(space)
     back.seed(0)

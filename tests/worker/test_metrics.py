@@ -1,4 +1,4 @@
-"""Observability (issue #24): /metrics scraped over real HTTP while real pools fail on purpose,
+"""Observability: /metrics scraped over real HTTP while real pools fail on purpose,
 ``top --once`` against ``pool.stats()``, the port-in-use and missing-extra errors."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Collect Stable-Baselines3's own vec-env tests from its source distribution, adapted to build
-``BoltzLabsSB3VecEnv`` (issue #36; README.md here says how and why).
+``BoltzLabsSB3VecEnv`` (README.md here says how and why).
 
 No SB3 code is kept in this repository: at collection time the sdist of the installed SB3
 version, downloaded from PyPI into ``$BOLTZLABS_SB3_SDIST_DIR`` (default ``.cache/sb3-sdist/``

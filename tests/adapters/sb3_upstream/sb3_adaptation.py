@@ -1,5 +1,5 @@
 """Adapt one of SB3's vec-env test files by construction only: where it builds ``DummyVecEnv``
-or ``SubprocVecEnv``, it builds ``BoltzLabsSB3VecEnv`` (issue #36).
+or ``SubprocVecEnv``, it builds ``BoltzLabsSB3VecEnv``.
 
 The rewrite works on the syntax tree and edits only the spans of the constructions, so every
 other character of upstream's text stays as it is. The places it rewrites:
