@@ -143,7 +143,7 @@ def main() -> None:
         f"- machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, Ray {ray.__version__}, "
         f"isolation {isolation}; 1-min load average before {load_before[0]:.2f}, while stepping "
         f"{min(loads):.2f}-{max(loads):.2f} (192 idle env processes per pool add to it), after {load_after[0]:.2f}",
-        f"- {NODES} Ray nodes on this machine (ray.cluster_utils.Cluster, 1 CPU each) vs {NODES} "
+        f"- {NODES} Ray nodes on one machine (ray.cluster_utils.Cluster, 1 CPU each) vs {NODES} "
         "`python -m boltzlabs_gym.worker` started by hand; both CURVE, same node IP; both pools alive, "
         f"stepped in alternating blocks of {args.steps} batched steps, {args.rounds} rounds",
         "",

@@ -187,7 +187,7 @@ def render(rows: list[dict], meta: dict) -> str:
         )
     lines += [
         "",
-        "Targets (issue #22): snapshot <= 5 ms, restore into one slot <= 10 ms, fork into 8 slots <= 40 ms",
+        "Targets: snapshot <= 5 ms, restore into one slot <= 10 ms, fork into 8 slots <= 40 ms",
         "(each copy in its own sandbox), a held in-memory snapshot <= 2 MiB PSS. A memory copy is always a new",
         "process in new namespaces, a new cgroup and a workspace copy; a portable restore loads the state into",
         "the slot's existing process (fresh=True: into a new one, after a hard reset).",
