@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import os
 import subprocess
@@ -157,7 +158,11 @@ def _names_a_pool(node: ast.expr) -> bool:
     )
 
 
-ADAPTERS = ["boltzlabs_gym/vector.py", "boltzlabs_gym/sb3.py", "boltzlabs_gym/client/snapshot.py"]
+ADAPTERS = [
+    *sorted(glob.glob("boltzlabs_gym/vector/*.py", root_dir=ROOT)),
+    "boltzlabs_gym/sb3.py",
+    "boltzlabs_gym/client/snapshot.py",
+]
 
 
 @pytest.mark.parametrize("path", ADAPTERS)

@@ -29,9 +29,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-from .client.async_steps import Finished
-from .errors import AsyncStateError
-from .wire import codec
+from ..client.async_steps import Finished
+from ..errors import AsyncStateError
+from ..wire import codec
 
 __all__ = ["SendRecv", "check_batch_size"]
 

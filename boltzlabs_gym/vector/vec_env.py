@@ -39,16 +39,16 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import batch_differing_spaces, batch_space, concatenate, create_empty_array, iterate
 
-from .client.grouping import GroupReply, GroupResult
-from .client.pool import OK, RLPool
-from .client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
-from .client.snapshot import Snapshot
-from .client.stats import PoolStats
-from .errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
-from .vector_async import SendRecv, check_batch_size
-from .wire import codec, slot_layout
-from .wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
-from .wire.spaces import JsonSpace, seed_space_from_json, space_from_json
+from ..client.grouping import GroupReply, GroupResult
+from ..client.pool import OK, RLPool
+from ..client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step, read_value
+from ..client.snapshot import Snapshot
+from ..client.stats import PoolStats
+from ..errors import AsyncStateError, BoltzLabsError, EnvStartError, PoolClosedError, WorkerTimeout
+from ..wire import codec, slot_layout
+from ..wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
+from ..wire.spaces import JsonSpace, seed_space_from_json, space_from_json
+from .send_recv import SendRecv, check_batch_size
 
 __all__ = [
     "BoltzLabsVecEnv",
@@ -132,7 +132,7 @@ class BoltzLabsVecEnv(VectorEnv):
             ``batch_differing_spaces``) or a tuple ``(observation_space, single_observation_space)``.
         batch_size: how many envs :meth:`recv` hands back, the first to finish (EnvPool's async
             mode, with :meth:`async_reset`, :meth:`send` and :meth:`recv`; see
-            :mod:`boltzlabs_gym.vector_async`); default ``num_envs``. ``step`` and ``reset`` are
+            :mod:`boltzlabs_gym.vector.send_recv`); default ``num_envs``. ``step`` and ``reset`` are
             unchanged.
         pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
             ``step_timeout``, ``workers``, ``limits``, ``envs_per_sandbox``, ...). With
@@ -832,7 +832,7 @@ class BoltzLabsVecEnv(VectorEnv):
 
     def async_reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None) -> None:
         """Start a reset of every env and return at once; :meth:`recv` collects the first
-        ``batch_size`` (EnvPool's ``async_reset``; see :mod:`boltzlabs_gym.vector_async`).
+        ``batch_size`` (EnvPool's ``async_reset``; see :mod:`boltzlabs_gym.vector.send_recv`).
 
         >>> envs = boltzlabs_gym.make_vec("CartPole-v1", num_envs=8, batch_size=4)   # doctest: +SKIP
         >>> envs.async_reset(seed=0)                                                # doctest: +SKIP
@@ -1067,7 +1067,7 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
 
 def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
     """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
-    from .envside.gym_server import write_factory_env_dir
+    from ..envside.gym_server import write_factory_env_dir
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
     try:
