@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import glob
+import importlib
 import json
 import os
 import subprocess
@@ -60,6 +61,91 @@ ENV_EXPORTS = [
 ]
 
 
+#: The ``__all__`` of each public module. The vector env is a package (``boltzlabs_gym.vector``):
+#: ``vec_env``, ``gym_errors``, ``send_recv`` (once ``vector_async``) and ``make`` (once
+#: ``boltzlabs_gym.make``) are its public modules; the package itself adds ``make_vec``.
+MODULE_EXPORTS = {
+    "boltzlabs_gym.vector": [
+        "ActionBatchError",
+        "AlreadyPendingCallError",
+        "AsyncState",
+        "BoltzLabsVecEnv",
+        "ClosedEnvironmentError",
+        "NoAsyncCallError",
+        "SubEnvSpaceError",
+        "VectorTimeoutError",
+        "make_vec",
+    ],
+    "boltzlabs_gym.vector.vec_env": ["BoltzLabsVecEnv"],
+    "boltzlabs_gym.vector.gym_errors": [
+        "ActionBatchError",
+        "AlreadyPendingCallError",
+        "ClosedEnvironmentError",
+        "NoAsyncCallError",
+        "SubEnvSpaceError",
+        "VectorTimeoutError",
+    ],
+    "boltzlabs_gym.vector.make": ["make_vec", "register_envs", "vector_entry_point"],
+    "boltzlabs_gym.vector.send_recv": ["SendRecv", "check_batch_size"],
+    "boltzlabs_gym.errors": [
+        "ArchiveError",
+        "AsyncStateError",
+        "BoltzLabsError",
+        "CapacityError",
+        "CodecError",
+        "EnvAttributeError",
+        "EnvCallError",
+        "EnvStartError",
+        "KeyFileError",
+        "MetricsPortError",
+        "MissingExtraError",
+        "NetnsUnavailable",
+        "PlacementTimeout",
+        "PoolClosedError",
+        "ProtocolError",
+        "SandboxUnavailable",
+        "SnapshotError",
+        "WorkerError",
+        "WorkerLost",
+        "WorkerTimeout",
+    ],
+    "boltzlabs_gym.sb3": ["BoltzLabsSB3VecEnv", "make_sb3_vec_env"],
+    "boltzlabs_gym.aio": ["AsyncEnv", "AsyncPool"],
+    "boltzlabs_gym.client.pool": ["ERROR", "EnvResult", "MODES", "OK", "RLPool", "STRAGGLER", "parse_result"],
+    "boltzlabs_gym.client.snapshot": ["SNAPSHOT_FILE_MAGIC", "Snapshot"],
+    "boltzlabs_gym.client.stats": ["PoolRecorder", "PoolStats", "PssReport", "measure_pss"],
+    "boltzlabs_gym.testing": [
+        "CODE_ENV_BROKEN",
+        "CODE_ENV_GOOD",
+        "CODE_ENV_WRONG",
+        "NetnsHost",
+        "NetnsUnavailable",
+        "WorkerProcess",
+        "alive",
+        "pids_gone",
+        "wait_until",
+    ],
+    "boltzlabs_gym.ray": ["RayWorker", "RayWorkers", "StartupTimes", "WorkerHost", "worker_environment"],
+    "boltzlabs_gym.code": [
+        "AsyncCodeRunner",
+        "CodeRunner",
+        "CommandResult",
+        "Grade",
+        "LANGUAGES",
+        "QueueFullError",
+        "RUNNER_ENV_DIR",
+        "RunRequest",
+        "RunResult",
+        "RunnerStats",
+        "assert_requests",
+        "judge_asserts",
+        "judge_stdio",
+        "run_status",
+        "stdio_requests",
+    ],
+}
+
+
 #: What :class:`~boltzlabs_gym.RLPool` offers besides the attributes its constructor sets: the
 #: calls users make. Adapter-only calls live on the parts the pool owns (``pool.batch_calls``,
 #: ``pool.snapshot_keeper``), not here.
@@ -113,6 +199,24 @@ def test_every_exception_in_errors_is_exported_except_the_test_helpers():
     from boltzlabs_gym import errors
 
     assert set(errors.__all__) - set(boltzlabs_gym.__all__) == {"NetnsUnavailable"}
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_EXPORTS))
+def test_public_module_exports_are_pinned(module):
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == MODULE_EXPORTS[module]
+    assert len(set(mod.__all__)) == len(mod.__all__)
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name}"
+
+
+def test_the_vector_package_and_the_package_export_the_same_objects():
+    import boltzlabs_gym.vector as vector
+
+    assert vector.BoltzLabsVecEnv is boltzlabs_gym.BoltzLabsVecEnv
+    assert vector.make_vec is boltzlabs_gym.make_vec
+    for name in MODULE_EXPORTS["boltzlabs_gym.vector.gym_errors"]:
+        assert getattr(vector, name) is getattr(importlib.import_module("boltzlabs_gym.vector.gym_errors"), name)
 
 
 def test_env_exports_are_pinned():
