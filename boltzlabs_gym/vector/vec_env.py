@@ -17,6 +17,11 @@ observation and ``infos["boltzlabs_straggler"]`` / ``infos["boltzlabs_error"]`` 
 arrays ``kind``, ``reason``, ``stderr``, ``deadline_s`` with ``_`` masks, the shape of
 :mod:`boltzlabs_gym.client.results`); it is respawned and reset on the next step without an
 extra round trip.
+
+The class is the Gymnasium API and its state machine (``step_async``/``step_wait``); the buffers
+and the reading of every reply into them are its step batch's (:mod:`~boltzlabs_gym.vector.step_batch`),
+the spaces are chosen in :mod:`~boltzlabs_gym.vector.env_spaces`, and EnvPool's send/recv is
+:mod:`~boltzlabs_gym.vector.send_recv`.
 """
 
 from __future__ import annotations

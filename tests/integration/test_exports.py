@@ -61,9 +61,8 @@ ENV_EXPORTS = [
 ]
 
 
-#: The ``__all__`` of each public module. The vector env is a package (``boltzlabs_gym.vector``):
-#: ``vec_env``, ``gym_errors``, ``send_recv`` (once ``vector_async``) and ``make`` (once
-#: ``boltzlabs_gym.make``) are its public modules; the package itself adds ``make_vec``.
+#: The ``__all__`` of each public module. The vector env is a package (``boltzlabs_gym.vector``)
+#: whose public modules are ``vec_env``, ``gym_errors``, ``send_recv`` and ``make``.
 MODULE_EXPORTS = {
     "boltzlabs_gym.vector": [
         "ActionBatchError",
