@@ -92,13 +92,13 @@ def _rule(group: str, where: str, *names: str) -> None:
 
 _rule(
     "encode",
-    "boltzlabs_gym/vector.py",
-    "_send_step",
-    "_discrete_actions",
-    "_step_item",
-    "_encode_action",
-    "_encode_env_action",
-    "_split_actions",
+    "boltzlabs_gym/vector/step_batch.py",
+    "send_step",
+    "discrete_actions",
+    "step_item",
+    "encode_action",
+    "encode_env_action",
+    "split_actions",
 )
 _rule("encode", "boltzlabs_gym/client/routes.py", "send")
 _rule("encode", "boltzlabs_gym/client/grouped_route.py", "send", "send_steps", "step_items", "_answer_restarted")
@@ -138,15 +138,18 @@ _rule(
     "expand",
     "failures",
 )
-_rule("read/parse", "boltzlabs_gym/vector.py", "_read_group", "_read_step", "_read_reset", "_take_step")
+_rule("read/parse", "boltzlabs_gym/vector/step_batch.py", "read_step", "read_reset", "take_step")
+_rule("read/parse", "boltzlabs_gym/vector/fast_paths.py", "read")
 _rule("read/parse", "boltzlabs_gym/wire/codec.py", "parse_step_line")
 _rule("read/parse", "boltzlabs_gym/client/results.py", "parse_result", "read_step", "read_reset", "__init__")
 _rule("read/parse", "~", "<built-in method posix.read>", "<built-in method posix.readv>")
-_rule("copy obs", "boltzlabs_gym/vector.py", "_take_plain_step", "_take_group_step", "_set_obs")
+_rule("copy obs", "boltzlabs_gym/vector/fast_paths.py", "take", "take_step")
+_rule("copy obs", "boltzlabs_gym/vector/step_batch.py", "set_obs")
 _rule("copy obs", "~", "<built-in method numpy.frombuffer>")
-_rule("return", "boltzlabs_gym/vector.py", "_batched_obs", "_collect_step")
+_rule("return", "boltzlabs_gym/vector/step_batch.py", "batched_obs", "collect_step")
 _rule("return", "~", "<method 'copy' of 'numpy.ndarray' objects>")
-_rule("other", "boltzlabs_gym/vector.py", "step", "step_async", "step_wait", "_check_open", "_check_idle", "_wait")
+_rule("other", "boltzlabs_gym/vector/vec_env.py", "step", "step_async", "step_wait", "_check_open", "_check_idle")
+_rule("other", "boltzlabs_gym/vector/step_batch.py", "wait")
 _rule("other", "boltzlabs_gym/client/batch_calls.py", "_collect", "_record", "wait_groups", "wait", "_check_idle")
 _rule("other", "boltzlabs_gym/client/timing.py", "after_batch")
 _rule("other", "boltzlabs_gym/client/stats.py", "batch")

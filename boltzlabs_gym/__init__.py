@@ -26,7 +26,7 @@ _LAZY = {
     "RLPool": "boltzlabs_gym.client.pool",
     "Timing": "boltzlabs_gym.client.timing",
     "BoltzLabsVecEnv": "boltzlabs_gym.vector",
-    "make_vec": "boltzlabs_gym.make",
+    "make_vec": "boltzlabs_gym.vector",
     "Limits": "boltzlabs_gym.wire.limits",
     "IsolationReport": "boltzlabs_gym.wire.limits",
     # The exception tree (boltzlabs_gym.errors); NetnsUnavailable stays in boltzlabs_gym.testing.
@@ -80,7 +80,7 @@ def _register_gymnasium_envs() -> None:
     if "BOLTZLABS_ENV_INDEX" in os.environ:
         return
     try:
-        from .make import register_envs
+        from .vector.make import register_envs
     except ImportError:  # gymnasium missing: nothing to register with
         return
     register_envs()

@@ -11,8 +11,14 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── WorkerError (RuntimeError)           a worker died, refused or is unreachable: worker address
      │    ├── WorkerLost (RuntimeError)       silent past the heartbeat timeout, or unreachable for a send
      │    └── WorkerTimeout (TimeoutError)    no reply within the deadline
+     │         └── VectorTimeoutError * (multiprocessing.TimeoutError)  step_wait/reset_wait/recv ran out of time
      ├── PoolClosedError (RuntimeError)       the pool/vector env was used after close()
+     │    └── ClosedEnvironmentError *        the vector env was used after close()
      ├── AsyncStateError (RuntimeError)       step_wait without step_async, and the like
+     │    ├── NoAsyncCallError *              step_wait/reset_wait without a pending step_async/reset_async
+     │    └── AlreadyPendingCallError *       a call while a step_async/reset_async waits for its *_wait
+     ├── ActionBatchError * (ValueError, TypeError)  the batch of actions does not hold one action per env
+     ├── SubEnvSpaceError * (RuntimeError)    the vector env's envs have spaces that do not fit together
      ├── CapacityError (RuntimeError)         workers have fewer free env slots than asked
      ├── SnapshotError (RuntimeError)         a snapshot, restore or fork was refused or failed: index
      ├── SandboxUnavailable (RuntimeError)    the requested isolation cannot be had here
@@ -24,6 +30,11 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── KeyFileError (ValueError)            a CURVE key file is missing, empty or malformed
      ├── MetricsPortError (OSError)           the /metrics port cannot be bound (in use, refused): port
      └── MissingExtraError (ImportError)      an optional dependency is not installed: the extra to install
+
+The classes marked ``*`` are the vector env's, defined in :mod:`boltzlabs_gym.vector` (and
+importable from there): each also subclasses what Gymnasium's vectorizers raise in its place
+(Gymnasium's exception of the same name, or what is in brackets), so code written for Gymnasium's
+vectorizers catches them; that is why they are not in this standard-library-only module.
 
 The classes are also importable where they are used (``boltzlabs_gym.wire.codec.CodecError``,
 ``boltzlabs_gym.wire.keys.KeyFileError``, ``boltzlabs_gym.wire.protocol.ProtocolError``,

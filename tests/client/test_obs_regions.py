@@ -618,8 +618,9 @@ def test_arrays_only_observations_in_a_sandbox_of_several_envs_go_through_region
     taken = []
 
     def count_rows(venv: BoltzLabsVecEnv) -> None:
-        set_rows = venv._set_rows
-        venv._set_rows = lambda leaves, rows, positions: taken.append(len(leaves)) or set_rows(leaves, rows, positions)
+        group_rows = venv._batch.group_rows  # where a sandbox's rows go into the batch
+        set_rows = group_rows.set_rows
+        group_rows.set_rows = lambda leaves, at, positions: taken.append(len(leaves)) or set_rows(leaves, at, positions)
 
     try:
         _compare_in_every_mode(pool, make_tuple_frames, n, count_rows)

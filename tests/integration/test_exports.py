@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import glob
+import importlib
 import json
 import os
 import subprocess
@@ -57,6 +59,90 @@ ENV_EXPORTS = [
     "serve",
     "write_message",
 ]
+
+
+#: The ``__all__`` of each public module. The vector env is a package (``boltzlabs_gym.vector``)
+#: whose public modules are ``vec_env``, ``gym_errors``, ``send_recv`` and ``make``.
+MODULE_EXPORTS = {
+    "boltzlabs_gym.vector": [
+        "ActionBatchError",
+        "AlreadyPendingCallError",
+        "AsyncState",
+        "BoltzLabsVecEnv",
+        "ClosedEnvironmentError",
+        "NoAsyncCallError",
+        "SubEnvSpaceError",
+        "VectorTimeoutError",
+        "make_vec",
+    ],
+    "boltzlabs_gym.vector.vec_env": ["BoltzLabsVecEnv"],
+    "boltzlabs_gym.vector.gym_errors": [
+        "ActionBatchError",
+        "AlreadyPendingCallError",
+        "ClosedEnvironmentError",
+        "NoAsyncCallError",
+        "SubEnvSpaceError",
+        "VectorTimeoutError",
+    ],
+    "boltzlabs_gym.vector.make": ["make_vec", "register_envs", "vector_entry_point"],
+    "boltzlabs_gym.vector.send_recv": ["SendRecv", "check_batch_size"],
+    "boltzlabs_gym.errors": [
+        "ArchiveError",
+        "AsyncStateError",
+        "BoltzLabsError",
+        "CapacityError",
+        "CodecError",
+        "EnvAttributeError",
+        "EnvCallError",
+        "EnvStartError",
+        "KeyFileError",
+        "MetricsPortError",
+        "MissingExtraError",
+        "NetnsUnavailable",
+        "PlacementTimeout",
+        "PoolClosedError",
+        "ProtocolError",
+        "SandboxUnavailable",
+        "SnapshotError",
+        "WorkerError",
+        "WorkerLost",
+        "WorkerTimeout",
+    ],
+    "boltzlabs_gym.sb3": ["BoltzLabsSB3VecEnv", "make_sb3_vec_env"],
+    "boltzlabs_gym.aio": ["AsyncEnv", "AsyncPool"],
+    "boltzlabs_gym.client.pool": ["ERROR", "EnvResult", "MODES", "OK", "RLPool", "STRAGGLER", "parse_result"],
+    "boltzlabs_gym.client.snapshot": ["SNAPSHOT_FILE_MAGIC", "Snapshot"],
+    "boltzlabs_gym.client.stats": ["PoolRecorder", "PoolStats", "PssReport", "measure_pss"],
+    "boltzlabs_gym.testing": [
+        "CODE_ENV_BROKEN",
+        "CODE_ENV_GOOD",
+        "CODE_ENV_WRONG",
+        "NetnsHost",
+        "NetnsUnavailable",
+        "WorkerProcess",
+        "alive",
+        "pids_gone",
+        "wait_until",
+    ],
+    "boltzlabs_gym.ray": ["RayWorker", "RayWorkers", "StartupTimes", "WorkerHost", "worker_environment"],
+    "boltzlabs_gym.code": [
+        "AsyncCodeRunner",
+        "CodeRunner",
+        "CommandResult",
+        "Grade",
+        "LANGUAGES",
+        "QueueFullError",
+        "RUNNER_ENV_DIR",
+        "RunRequest",
+        "RunResult",
+        "RunnerStats",
+        "assert_requests",
+        "judge_asserts",
+        "judge_stdio",
+        "run_status",
+        "stdio_requests",
+    ],
+}
 
 
 #: What :class:`~boltzlabs_gym.RLPool` offers besides the attributes its constructor sets: the
@@ -114,6 +200,24 @@ def test_every_exception_in_errors_is_exported_except_the_test_helpers():
     assert set(errors.__all__) - set(boltzlabs_gym.__all__) == {"NetnsUnavailable"}
 
 
+@pytest.mark.parametrize("module", sorted(MODULE_EXPORTS))
+def test_public_module_exports_are_pinned(module):
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == MODULE_EXPORTS[module]
+    assert len(set(mod.__all__)) == len(mod.__all__)
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name}"
+
+
+def test_the_vector_package_and_the_package_export_the_same_objects():
+    import boltzlabs_gym.vector as vector
+
+    assert vector.BoltzLabsVecEnv is boltzlabs_gym.BoltzLabsVecEnv
+    assert vector.make_vec is boltzlabs_gym.make_vec
+    for name in MODULE_EXPORTS["boltzlabs_gym.vector.gym_errors"]:
+        assert getattr(vector, name) is getattr(importlib.import_module("boltzlabs_gym.vector.gym_errors"), name)
+
+
 def test_env_exports_are_pinned():
     assert sorted(boltzlabs_gym.env.__all__) == ENV_EXPORTS
     for name in ENV_EXPORTS:
@@ -157,7 +261,11 @@ def _names_a_pool(node: ast.expr) -> bool:
     )
 
 
-ADAPTERS = ["boltzlabs_gym/vector.py", "boltzlabs_gym/sb3.py", "boltzlabs_gym/client/snapshot.py"]
+ADAPTERS = [
+    *sorted(glob.glob("boltzlabs_gym/vector/*.py", root_dir=ROOT)),
+    "boltzlabs_gym/sb3.py",
+    "boltzlabs_gym/client/snapshot.py",
+]
 
 
 @pytest.mark.parametrize("path", ADAPTERS)

@@ -60,7 +60,6 @@ FORBIDDEN = {
         "boltzlabs_gym.cli",
         "boltzlabs_gym.vector",
         "boltzlabs_gym.sb3",
-        "boltzlabs_gym.make",
         "boltzlabs_gym.ray",
     ),
     "boltzlabs_gym.worker": (
@@ -69,13 +68,22 @@ FORBIDDEN = {
         "boltzlabs_gym.cli",
         "boltzlabs_gym.vector",
         "boltzlabs_gym.sb3",
-        "boltzlabs_gym.make",
         "boltzlabs_gym.ray",
     ),
 }
 #: The framework integrations sit on top of the client (and the code runner): never the worker or the env side.
 FORBIDDEN["boltzlabs_gym.integrations"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.cli")
 FORBIDDEN["boltzlabs_gym.envside"] = ("boltzlabs_gym.integrations",)
+#: The Gymnasium adapter sits on top of the client: it never reaches into the worker, and no other
+#: face (the SB3 adapter, the asyncio pool, Ray, the integrations, the CLI) is below it.
+FORBIDDEN["boltzlabs_gym.vector"] = (
+    "boltzlabs_gym.worker",
+    "boltzlabs_gym.cli",
+    "boltzlabs_gym.integrations",
+    "boltzlabs_gym.sb3",
+    "boltzlabs_gym.aio",
+    "boltzlabs_gym.ray",
+)
 #: The code runner and asyncio faces sit on the client, the HTTP server on the code runner: none of
 #: them reaches into the worker, and none but the runner's sandbox side (runner_env) into the env side.
 FORBIDDEN["boltzlabs_gym.aio"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")

@@ -26,12 +26,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
-from .client.async_steps import Finished
-from .errors import AsyncStateError
-from .wire import codec
+from ..client.async_steps import AsyncSteps, Finished
+from ..errors import AsyncStateError
+from ..wire import codec
+from .step_batch import InfoBatch, StepBatch
 
 __all__ = ["SendRecv", "check_batch_size"]
 
@@ -46,22 +47,29 @@ def check_batch_size(batch_size: Any, num_envs: int) -> int:
 
 
 class SendRecv:
-    """A vector env's send/recv state: which envs are due a reset, what the last recv returned."""
+    """A vector env's send/recv state: what the last recv returned, whether a send went out as a
+    lockstep step. Which envs are due a reset, and their seeds, are the vector env's step
+    ``batch``'s, shared with ``step`` and ``reset``; the autoreset mode (``mode``) and ``copy`` are
+    the vector env's, passed with each call."""
 
-    def __init__(self, envs: Any, batch_size: int):  # a BoltzLabsVecEnv (vector.py imports this module)
-        self.envs = envs
+    def __init__(self, batch: StepBatch, batch_size: int):
+        self.batch = batch
         self.batch_size = batch_size
         #: The env ids of the last :meth:`recv` (the default of :meth:`send`'s ``env_id``).
         self.last_ids = np.arange(batch_size, dtype=np.int32)
-        self._steps = envs.pool.async_steps
         #: Whether every env's step went out as one lockstep batch (see :meth:`_as_lockstep`).
         self._lockstep = False
+
+    @property
+    def _steps(self) -> AsyncSteps:
+        """The pool's part behind send/recv (made on first use)."""
+        return self.batch.pool.async_steps
 
     # ------------------------------------------------------------------ sending
     def async_reset(self, seed: int | Sequence[int | None] | None = None, options: dict | None = None) -> None:
         """Start a reset of every env (refused while any is in flight); collect with :meth:`recv`."""
-        envs = self.envs
-        n = envs.num_envs
+        batch = self.batch
+        n = batch.num_envs
         self._check_no_lockstep(0)
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
             seeds: list = [int(seed) + i for i in range(n)]
@@ -81,14 +89,14 @@ class SendRecv:
         self._steps.send(items)
         for i, s in enumerate(seeds):
             if s is not None:
-                envs._env_seeds[i] = s
-        envs._autoreset_envs[:] = False
+                batch.env_seeds[i] = s
+        batch.autoreset_envs[:] = False
 
-    def send(self, actions: Any, env_id: Any = None) -> None:
+    def send(self, actions: Any, env_id: Any, mode: AutoresetMode) -> None:
         """Start one step per env of ``env_id`` (default: the envs of the last :meth:`recv`) with
         its row of ``actions``; an env due an autoreset (``NEXT_STEP``/``SAME_STEP`` after a failed
         step) is reset instead, its action ignored."""
-        envs = self.envs
+        batch = self.batch
         ids = self.last_ids if env_id is None else np.asarray(env_id).reshape(-1)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"env_id must hold ints, got dtype {ids.dtype}")
@@ -96,16 +104,15 @@ class SendRecv:
         if self._as_lockstep(actions, ids):
             in_env_order = np.empty_like(actions)
             in_env_order[ids] = actions
-            envs._send_step(in_env_order)
+            batch.send_step(in_env_order, mode)
             self._lockstep = True
             return
         rows = self._action_rows(actions, len(ids))
-        mode = envs.autoreset_mode
         items: list[tuple[int, dict, Sequence]] = []
         for k, i in enumerate(ids.tolist()):
-            if not 0 <= i < envs.num_envs:
-                raise IndexError(f"env_id {i} out of range for {envs.num_envs} envs (0..{envs.num_envs - 1})")
-            if envs._autoreset_envs[i]:
+            if not 0 <= i < batch.num_envs:
+                raise IndexError(f"env_id {i} out of range for {batch.num_envs} envs (0..{batch.num_envs - 1})")
+            if batch.autoreset_envs[i]:
                 if mode == AutoresetMode.DISABLED:
                     raise ValueError(
                         f"env {i} finished its episode and autoreset is DISABLED: reset it first "
@@ -113,8 +120,8 @@ class SendRecv:
                     )
                 items.append((i, {"op": "reset", "seed": None}, ()))
                 continue
-            obj, payloads = envs._encode_env_action(i, rows[k])
-            items.append(envs._step_item(i, obj, payloads, mode))
+            obj, payloads = batch.encode_env_action(i, rows[k])
+            items.append(batch.step_item(i, obj, payloads, mode))
         self._steps.send(items)
 
     def _as_lockstep(self, actions: Any, ids: np.ndarray) -> bool:
@@ -123,7 +130,7 @@ class SendRecv:
         any order) and ``actions`` is one array. The next :meth:`recv` takes every env anyway, so
         the lockstep path (one batch, plain transitions stored without parsing) gives the same
         envs the same results at no extra cost; they come back in env-id order."""
-        n = self.envs.num_envs
+        n = self.batch.num_envs
         if not (
             self.batch_size == n
             and len(ids) == n
@@ -149,9 +156,9 @@ class SendRecv:
 
     def _action_rows(self, actions: Any, m: int) -> list:
         """``actions`` as ``m`` per-env actions: a batch of the single action space's elements."""
-        space = self.envs.single_action_space
+        space = self.batch.single_action_space
         try:
-            rows = list(iterate(self.envs.action_space, actions)) if not isinstance(actions, list) else list(actions)
+            rows = list(iterate(self.batch.action_space, actions)) if not isinstance(actions, list) else list(actions)
         except Exception as exc:  # noqa: BLE001 - say which shape was expected
             raise ValueError(f"actions must be a batch of {m} actions of {space}: {exc}") from None
         if len(rows) != m:
@@ -159,14 +166,14 @@ class SendRecv:
         return rows
 
     # ------------------------------------------------------------------ receiving
-    def recv(self, timeout: float | None = None) -> tuple:
+    def recv(self, timeout: float | None, mode: AutoresetMode, copy: bool) -> tuple:
         """``(obs, rewards, terminations, truncations, infos)`` of the first ``batch_size`` envs to
         finish, ``infos["env_id"]`` naming them (see the module doc)."""
         if self._lockstep:
-            return self._recv_lockstep(timeout)
+            return self._recv_lockstep(timeout, mode, copy)
         finished = self._steps.recv(self.batch_size, timeout)
         m = len(finished)
-        batch = _InfoBatch(m)
+        info_batch = InfoBatch(m)
         infos: dict = {}
         obs_rows: list = []
         rewards = np.zeros(m, dtype=np.float64)
@@ -175,55 +182,48 @@ class SendRecv:
         ids = np.empty(m, dtype=np.int32)
         for k, f in enumerate(finished):
             ids[k] = f.result.index
-            obs, info = self._take(f, k, rewards, terms, truncs)
+            obs, info = self._take(f, k, rewards, terms, truncs, mode)
             obs_rows.append(obs)
-            infos = batch._add_info(infos, info, k)
+            infos = info_batch._add_info(infos, info, k)
         infos["env_id"] = ids
         self.last_ids = ids
-        space = self.envs.single_observation_space
+        space = self.batch.single_observation_space
         out = concatenate(space, obs_rows, create_empty_array(space, m, np.zeros))  # type: ignore[arg-type]
         return out, rewards, terms, truncs, infos
 
-    def _recv_lockstep(self, timeout: float | None) -> tuple:
+    def _recv_lockstep(self, timeout: float | None, mode: AutoresetMode, copy: bool) -> tuple:
         """Every env's result of a send that went out as one lockstep step; should the wait run
         out of ``timeout``, that step is over (as a lockstep ``step_wait``'s) and every env is
         reset on its next send."""
-        envs = self.envs
+        batch = self.batch
         self._lockstep = False
         try:
-            obs, rewards, terms, truncs, infos = envs._collect_step(timeout)
+            obs, rewards, terms, truncs, infos = batch.collect_step(timeout, mode, copy)
         except TimeoutError:
-            envs._autoreset_envs[:] = True
+            batch.autoreset_envs[:] = True
             raise
-        ids = self.last_ids = np.arange(envs.num_envs, dtype=np.int32)
+        ids = self.last_ids = np.arange(batch.num_envs, dtype=np.int32)
         infos["env_id"] = ids
         return obs, rewards, terms, truncs, infos
 
-    def _take(self, f: Finished, k: int, rewards, terms, truncs) -> tuple[Any, dict]:
+    def _take(self, f: Finished, k: int, rewards, terms, truncs, mode: AutoresetMode) -> tuple[Any, dict]:
         """One env's result: its observation and info, its reward and flags into row ``k``."""
-        envs, r = self.envs, f.result
+        batch, r = self.batch, f.result
         i = r.index
-        pool = envs.pool
+        pool = batch.pool
         if f.op != "step":
-            obs, info, failure = envs._read_reset(r, pool.reset_timeout)
+            obs, info, failure = batch.read_reset(r, pool.reset_timeout)
             truncs[k] = failure is not None
-            envs._autoreset_envs[i] = failure is not None
+            batch.autoreset_envs[i] = failure is not None
             return obs, info
-        obs, reward, term, trunc, info, failure, reset_obs, reset_info = envs._read_step(r, pool.step_timeout)
+        obs, reward, term, trunc, info, failure, reset_obs, reset_info = batch.read_step(r, pool.step_timeout)
         rewards[k], terms[k], truncs[k] = reward, term, trunc
         done = term or trunc
-        if envs.autoreset_mode == AutoresetMode.SAME_STEP and done:
+        if mode == AutoresetMode.SAME_STEP and done:
             info = dict(info, final_obs=obs, final_info=dict(info))
             if reset_info is not None:
                 obs, info = reset_obs, dict(reset_info, final_obs=info["final_obs"], final_info=info["final_info"])
-            envs._autoreset_envs[i] = reset_info is None  # a failed step did not reset itself
+            batch.autoreset_envs[i] = reset_info is None  # a failed step did not reset itself
         else:
-            envs._autoreset_envs[i] = done
+            batch.autoreset_envs[i] = done
         return obs, info
-
-
-class _InfoBatch(VectorEnv):
-    """Gymnasium's info batching (``VectorEnv._add_info``) for a batch of ``m`` envs."""
-
-    def __init__(self, m: int):
-        self.num_envs = m

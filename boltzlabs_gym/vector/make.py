@@ -23,8 +23,8 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from .envside.factories import make_env
-from .vector import BoltzLabsVecEnv
+from ..envside.factories import make_env
+from .vec_env import BoltzLabsVecEnv
 
 __all__ = ["make_vec", "register_envs", "vector_entry_point"]
 
@@ -79,7 +79,7 @@ def make_vec(
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED``.
         batch_size: how many envs ``recv()`` returns, the first to finish (EnvPool's async mode:
             ``async_reset()``, ``send(actions, env_id)``, ``recv()``; see
-            :mod:`boltzlabs_gym.vector_async`); default ``num_envs``.
+            :mod:`boltzlabs_gym.vector.send_recv`); default ``num_envs``.
         **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
             ``limits``, ``envs_per_sandbox``, ...) and, for ids and factories, the env's own
             kwargs. ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster

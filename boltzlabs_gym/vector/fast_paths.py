@@ -1,0 +1,230 @@
+"""The step batch's fast paths: replies read straight into the batch's buffers, without the
+general decoder, where their shape is known. Each takes only the replies it can prove plain and
+leaves every other to the general path (:meth:`StepBatch.take_step
+<boltzlabs_gym.vector.step_batch.StepBatch.take_step>`), which says what happened.
+
+* :class:`PlainSteps`: an array observation; a plain step's reply line is parsed without JSON
+  and its one payload copied into the env's row.
+* :class:`ArraysSteps`: a Dict/Tuple of arrays only; each payload copied into its array's row.
+* :class:`GroupRows`: several envs per sandbox; a sandbox's rows go into the batch as whole
+  blocks of observations, rewards and flags, by slicing.
+
+Each holds the batch's own buffers (which are written in place and never replaced), so that a
+reply costs no lookup through the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ..client.grouping import GroupReply, GroupResult
+from ..client.pool import OK
+from ..client.results import EnvResult
+from ..wire import codec, slot_layout
+from ..wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
+
+__all__ = ["ArraysSteps", "GroupRows", "PlainSteps"]
+
+
+class PlainSteps:
+    """Plain steps of an array observation space, each reply line parsed without JSON."""
+
+    def __init__(self, leaf: codec.ArrayLeaf, observations: np.ndarray, rewards, terminations, truncations):
+        self.leaf = leaf
+        self.observations = observations
+        self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+
+    def take(self, r: EnvResult, same_step: bool) -> bool:
+        """Store a plain step's transition (array obs, empty info, no autoreset) without
+        parsing JSON; False, storing nothing, for any other reply."""
+        if r.raw is None:
+            return False  # read already (an observation from a shared region, copied out): the general path
+        leaf = self.leaf
+        parsed = leaf.parse_step_line(r.raw)
+        if parsed is None or len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
+            return False
+        reward, terminated, truncated = parsed
+        if same_step and (terminated or truncated):
+            return False  # the env should have reset itself: the general path says what happened
+        i = r.index
+        self.observations[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        self.rewards[i], self.terminations[i], self.truncations[i] = reward, terminated, truncated
+        return True
+
+
+class ArraysSteps:
+    """Plain steps of a Dict/Tuple of arrays only, the same for every env: its skeleton on the
+    wire (:func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`), and the batch's arrays in the
+    order of its payloads, whose rows are written in place as replies are read."""
+
+    def __init__(self, skeleton: Any, leaves: list[np.ndarray], rewards, terminations, truncations):
+        #: The skeleton a plain step's reply has (then its payloads are the arrays, in order).
+        self.skeleton = skeleton
+        #: The batch's arrays, and each one's (dtype, row shape, row bytes), in payload order.
+        self.leaves = leaves
+        self.rows = [(leaf.dtype, leaf.shape[1:], leaf[0].nbytes) for leaf in leaves]
+        self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+
+    @classmethod
+    def of(
+        cls, space: gym.Space, observations: Any, obs_spaces: list, gym_server: bool, rewards, terminations, truncations
+    ) -> ArraysSteps | None:
+        """The fast path for a batch of ``observations`` of ``space``, when it is a Dict/Tuple of
+        arrays only and every env has the same space; else None."""
+        skeleton = slot_layout.array_skeleton(space) if gym_server else None
+        if skeleton is None or any(other is not obs_spaces[0] for other in obs_spaces):
+            return None
+        leaves: list = []
+        slot_layout.array_leaves(space, observations, leaves)
+        return cls(skeleton, leaves, rewards, terminations, truncations)
+
+    def take(self, r: EnvResult, same_step: bool) -> bool:
+        """Store a plain step of a Dict/Tuple of arrays (its reply exactly the skeleton, an empty
+        info, a float reward, bool flags; its payloads the arrays' bytes) by copying each payload
+        into its batch row, without the general decoder; False, storing nothing, otherwise."""
+        reply, payloads, leaves = r.reply, r.payloads, self.leaves
+        if r.status != OK or type(reply) is not dict or len(reply) != 5:
+            return False
+        reward, terminated, truncated = reply.get("reward"), reply.get("terminated"), reply.get("truncated")
+        if type(reward) is not float or type(terminated) is not bool or type(truncated) is not bool:
+            return False
+        if reply.get("info") != {} or reply.get("obs") != self.skeleton or len(payloads) != len(leaves):
+            return False
+        if same_step and (terminated or truncated):
+            return False  # the env should have reset itself: the general path says what happened
+        rows = self.rows
+        for payload, (_, _, nbytes) in zip(payloads, rows):
+            if codec.payload_len(payload) != nbytes:
+                return False
+        i = r.index
+        for batch, payload, (dtype, shape, _) in zip(leaves, payloads, rows):
+            batch[i] = np.frombuffer(payload, dtype=dtype).reshape(shape)
+        self.rewards[i], self.terminations[i], self.truncations[i] = reward, terminated, truncated
+        return True
+
+
+#: The general path for one env's result of a step batch: ``(r, reset_op, same_step, failed, infos, limits)``.
+TakeStep = Callable[[EnvResult, bool, bool, np.ndarray, dict, tuple], dict]
+#: The general path for one env's reset result: ``(r, infos, reset_timeout)``.
+TakeReset = Callable[[EnvResult, dict, float], dict]
+
+
+class GroupRows:
+    """A sandbox of several envs' replies, read by whole blocks of rows into the batch.
+
+    ``observations`` is the batch's array for an array space, else None; ``leaves`` the batch's
+    arrays for a Dict/Tuple of arrays only, else None. ``row_skeleton`` is one observation's
+    skeleton in a group reply's rows (None when the space has no rows)."""
+
+    def __init__(
+        self,
+        row_skeleton: Any,
+        observations: np.ndarray | None,
+        leaves: list | None,
+        rewards,
+        terminations,
+        truncations,
+    ):
+        self.row_skeleton = row_skeleton
+        self.observations = observations
+        self.leaves = leaves
+        #: Whether rows are written into the batch as they are read (else each env's observation
+        #: is decoded against its own space).
+        self.batch_rows = observations is not None or leaves is not None
+        self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+
+    def read(self, group: GroupResult):
+        """A sandbox's group reply, read against the observation space (see :meth:`GroupResult.read`)."""
+        skeleton = self.row_skeleton
+        # Without arrays in the space (a Dict with a Discrete in it, an env dir's JSON values) rows
+        # are a wire violation: nothing would check them against the space.
+        return group.read(skeleton) if skeleton is not None else group.read(arrays=False)
+
+    def one_by_one(self, group: GroupResult, read: GroupReply | list[EnvResult]) -> list[EnvResult] | None:
+        """A sandbox's results env by env when its rows cannot go into the batch as blocks: it
+        failed or broke the wire (``read`` is a list), or its rows are of a space kept per env
+        (a Dict whose envs' spaces differ); ``None`` otherwise."""
+        if isinstance(read, list):
+            return read
+        if read.leaves is not None and not self.batch_rows:
+            return group.expand()
+        return None
+
+    def set_rows(self, leaves: list[np.ndarray], rows: Any, positions: Any) -> None:
+        """Copy a group reply's ``positions`` (its arrays' rows, as read) into the batch's ``rows``."""
+        if self.observations is not None:
+            self.observations[rows] = leaves[0][positions]
+            return
+        for batch, leaf in zip(self.leaves or (), leaves):
+            batch[rows] = leaf[positions]
+
+    def take_reset(self, group: GroupResult, infos: dict, reset_timeout: float, take_reset: TakeReset) -> dict:
+        """Store a sandbox's resets: its plain positions' observations as one block, the rest one by
+        one (``take_reset``)."""
+        read = self.read(group)
+        one_by_one = self.one_by_one(group, read)
+        if one_by_one is not None:
+            for r in one_by_one:
+                infos = take_reset(r, infos, reset_timeout)
+            return infos
+        if read.leaves is not None:
+            positions = np.flatnonzero(read.plain)
+            self.set_rows(read.leaves, np.asarray(group.plan.indices)[positions], positions)
+        for r in read.others.values():
+            infos = take_reset(r, infos, reset_timeout)
+        return infos
+
+    def take_step(
+        self,
+        group: GroupResult,
+        reset_ops: np.ndarray,
+        same_step: bool,
+        failed: np.ndarray,
+        infos: dict,
+        limits: tuple,
+        take_step: TakeStep,
+    ) -> dict:
+        """Store a sandbox's results of a step batch: its plain positions as whole blocks of
+        observations, rewards and flags (by slicing; no per-env work), the rest one by one
+        (``take_step``)."""
+        read = self.read(group)
+        one_by_one = self.one_by_one(group, read)
+        if one_by_one is not None:
+            for r in one_by_one:
+                infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+            return infos
+        if read.leaves is not None:
+            indices = group.plan.indices
+            plain, flags = read.plain, read.flags
+            assert flags is not None and read.reward is not None
+            first, count = indices[0], len(indices)
+            if group.plan.whole and plain.all():
+                rows: Any = slice(first, first + count)  # the usual case: the whole sandbox, plain
+                positions: Any = slice(None)
+            else:
+                positions = np.flatnonzero(plain)
+                rows = np.asarray(indices)[positions]
+            resets = reset_ops[rows]
+            ended = flags[positions]
+            if same_step and (ended[~resets] != 0).any():
+                # An episode ended without the env resetting itself (it should have): the general
+                # path, env by env, says what happened.
+                for r in group.expand():
+                    infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+                return infos
+            self.set_rows(read.leaves, rows, positions)
+            if not resets.any():  # the usual case: every position stepped
+                self.rewards[rows] = read.reward[positions]
+                self.terminations[rows] = ended & FLAG_TERMINATED
+                self.truncations[rows] = ended & FLAG_TRUNCATED
+            else:
+                self.rewards[rows] = np.where(resets, 0.0, read.reward[positions])
+                self.terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
+                self.truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
+        for r in read.others.values():
+            infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
+        return infos
