@@ -18,7 +18,7 @@ from types import CodeType, ModuleType
 #: old module -> where it lives now.
 MOVED = {
     "boltzlabs_gym.envstate": "boltzlabs_gym.envside.state",
-    "boltzlabs_gym.gym_server": "boltzlabs_gym.envside.gym_server",
+    "boltzlabs_gym.gym_server": "boltzlabs_gym.envside.gym_start",
     "boltzlabs_gym.factories": "boltzlabs_gym.envside.factories",
     "boltzlabs_gym.worker.forkserver": "boltzlabs_gym.envside.forkserver",
     "boltzlabs_gym.worker.cowfork": "boltzlabs_gym.envside.memory_snapshot",

@@ -1067,7 +1067,7 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
 
 def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
     """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
-    from .envside.gym_server import write_factory_env_dir
+    from .factory_env_dir import write_factory_env_dir
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
     try:
