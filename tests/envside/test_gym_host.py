@@ -1,4 +1,4 @@
-"""The Gymnasium env server, run as a real subprocess from a factory env directory."""
+"""The Gymnasium env host, run as a real subprocess from a factory env directory."""
 
 from __future__ import annotations
 
@@ -488,7 +488,7 @@ class _LoopHarness:
     def __init__(self, env):
         import threading
 
-        from boltzlabs_gym.env import FdReader
+        from boltzlabs_gym.envside.framing import FdReader
         from boltzlabs_gym.envside.gym_host import GymHost
         from boltzlabs_gym.envside.gym_loops import serve_one
 
@@ -589,7 +589,7 @@ def test_serve_loop_hot_path_steps_aside_for_anything_it_does_not_recognise():
 
 
 def test_fd_reader_lines_and_payloads_across_reads():
-    from boltzlabs_gym.env import FdReader, FdWriter
+    from boltzlabs_gym.envside.framing import FdReader, FdWriter
 
     r, w = os.pipe()
     try:
