@@ -22,7 +22,7 @@ from .envside.gym_start import FACTORIES_FILE
 __all__ = ["write_factory_env_dir", "torch_free_reduce", "FACTORIES_FILE", "ENV_PY", "PICKLE_PROTOCOL"]
 
 #: The ``env.py`` of a factory env directory.
-ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factories()\n"
+ENV_PY = "from boltzlabs_gym.envside.gym_start import serve_factories\n\nserve_factories()\n"
 #: Pickle protocol for ``factories.pkl`` (fixed, so the same factories give the same bytes).
 PICKLE_PROTOCOL = 5
 

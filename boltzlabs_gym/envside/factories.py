@@ -92,13 +92,3 @@ def _sb3_file(path: str, module_name: str) -> Any:
     except Exception:  # noqa: BLE001 - any surprise: the plain import, torch and all
         sys.modules.pop(private_name, None)
         return importlib.import_module(module_name)
-
-
-# Pickled under the module path they had before the package was laid out by process, so that the
-# env directory make_vec writes (factories and all) packs to the same bytes, and so the same hash,
-# as before: snapshots saved from such envs still restore into them. Inside the sandbox the old
-# path resolves to this module (boltzlabs_gym._moved).
-_PICKLED_AS = "boltzlabs_gym.factories"
-sys.modules.setdefault(_PICKLED_AS, sys.modules[__name__])
-for _obj in (make_env, SB3EnvFactory):
-    _obj.__module__ = _PICKLED_AS
