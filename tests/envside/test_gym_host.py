@@ -121,7 +121,7 @@ make_cartpole = functools.partial(gym.make, "CartPole-v1")
 
 
 class Server:
-    """A gym server subprocess started from a factory env dir, as the worker starts it."""
+    """A Gymnasium env host subprocess started from a factory env dir, as the worker starts it."""
 
     def __init__(self, tmp_path, factories, index):
         self.dir = write_factory_env_dir(tmp_path / "envdir", factories)
