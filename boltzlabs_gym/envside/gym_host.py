@@ -1,7 +1,8 @@
 """The Gymnasium env host: one ``gymnasium.Env`` answering the env line protocol inside its sandbox.
 
-This is :func:`boltzlabs_gym.env.serve`'s protocol (one JSON request line in, one
-JSON reply line out, raw binary payloads announced by ``"_bin"``) for a real
+This is the env line protocol that :func:`boltzlabs_gym.env.serve` speaks
+(:mod:`~boltzlabs_gym.envside.json_host`: one JSON request line in, one JSON reply line out,
+raw binary payloads announced by ``"_bin"``) for a real
 Gymnasium env: spaces are described as JSON (:mod:`boltzlabs_gym.wire.spaces`) and
 values cross as skeletons plus raw payloads (:mod:`boltzlabs_gym.wire.codec`), so
 arrays never go through JSON lists.
