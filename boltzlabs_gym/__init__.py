@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import _moved
-
 __version__ = "0.1.0"
-
-_moved.install()  # old module paths (boltzlabs_gym.pool, boltzlabs_gym.codec, ...) keep working
 
 _LAZY = {
     "RLPool": "boltzlabs_gym.client.pool",

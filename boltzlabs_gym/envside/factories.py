@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["make_env", "SB3EnvFactory", "sb3_monitor_class", "sb3_patch_env", "torch_free_reduce"]
+__all__ = ["make_env", "SB3EnvFactory", "sb3_monitor_class", "sb3_patch_env"]
 
 
 def make_env(env_id: str | Callable, env_kwargs: dict, wrappers: Sequence[Callable] | None = None):
@@ -92,43 +92,3 @@ def _sb3_file(path: str, module_name: str) -> Any:
     except Exception:  # noqa: BLE001 - any surprise: the plain import, torch and all
         sys.modules.pop(private_name, None)
         return importlib.import_module(module_name)
-
-
-#: SB3 objects that env factories often hold (SB3's ``Monitor``; ``make_vec_env``'s env recipe
-#: holds it and ``_patch_env``), by ``(module, qualname)``, and the torch-free loader an env
-#: process gets each from instead of importing their module (see :func:`torch_free_reduce`).
-_TORCH_FREE = {
-    ("stable_baselines3.common.monitor", "Monitor"): sb3_monitor_class,
-    ("stable_baselines3.common.vec_env.patch_gym", "_patch_env"): sb3_patch_env,
-}
-
-
-def torch_free_reduce(obj: Any) -> tuple[Callable, tuple] | None:
-    """How to pickle ``obj`` so that unpickling it does not import Stable-Baselines3 (and torch).
-
-    Importing any SB3 module runs ``stable_baselines3/__init__.py``, which imports torch: about
-    3 s of CPU and 160 MiB in every env process that unpickles a factory holding SB3's
-    ``Monitor`` (``lambda: Monitor(gym.make(...))``, every ``make_vec_env`` env). Those objects
-    are pickled as a call to the loader that gets them without it; ``None`` for anything else.
-
-    >>> torch_free_reduce(len) is None
-    True
-    """
-    if not isinstance(obj, type) and not callable(obj):
-        return None
-    try:
-        key = (obj.__module__, obj.__qualname__)
-    except AttributeError:
-        return None
-    loader = _TORCH_FREE.get(key) if isinstance(key[0], str) and key[0].startswith("stable_baselines3.") else None
-    return None if loader is None else (loader, ())
-
-
-# Pickled under the module path they had before the package was laid out by process, so that the
-# env directory make_vec writes (factories and all) packs to the same bytes, and so the same hash,
-# as before: snapshots saved from such envs still restore into them. Inside the sandbox the old
-# path resolves to this module (boltzlabs_gym._moved).
-_PICKLED_AS = "boltzlabs_gym.factories"
-sys.modules.setdefault(_PICKLED_AS, sys.modules[__name__])
-for _obj in (make_env, SB3EnvFactory):
-    _obj.__module__ = _PICKLED_AS

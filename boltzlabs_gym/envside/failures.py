@@ -1,7 +1,7 @@
 """What a reply is when user code raised: a terminal transition whose info carries the traceback.
 
 An exception in an env's ``reset`` or ``step`` (or in decoding its action, or encoding its
-result) must not kill the env process: both env servers answer it with
+result) must not kill the env process: both env hosts answer it with
 :func:`error_transition` (``obs`` null, reward 0, ``terminated`` true,
 ``info["boltzlabs_exception"] = {"where": ..., "traceback": ...}``) and serve on. Standard
 library only: it is loaded inside every sandbox.

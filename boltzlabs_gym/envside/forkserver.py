@@ -53,7 +53,7 @@ TEMPLATE_BOOTSTRAP = (
     "sys.argv=[os.path.join(d,'env.py')]\n"
     "runpy.run_path(sys.argv[0],run_name='__main__')\n"
     "sys.stderr.write('boltzlabs boltz template: env.py returned without calling "
-    'boltzlabs_gym.env.serve() or gym_server.serve_factories(); mode="boltz" needs one of them '
+    'boltzlabs_gym.env.serve() or gym_start.serve_factories(); mode="boltz" needs one of them '
     '(use mode="default" for an env that speaks the line protocol itself)\\n\')\n'
     "sys.exit(3)\n"
 )

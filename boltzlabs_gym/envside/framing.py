@@ -1,10 +1,10 @@
 """The env channel's framing: a message is one JSON object line, then the raw payloads it announces.
 
-Both env servers (:func:`boltzlabs_gym.env.serve` and :mod:`boltzlabs_gym.envside.gym_server`)
+Both env hosts (:mod:`~boltzlabs_gym.envside.json_host` and :mod:`~boltzlabs_gym.envside.gym_host`)
 read their requests and write their replies with these; the wire format itself is specified in
 :mod:`boltzlabs_gym.wire.protocol` (``"_bin": [n0, n1, ...]`` lists the byte lengths of the
 payloads that follow the line, back to back). :class:`FdReader`/:class:`FdWriter` do it over
-raw fds, without buffered streams, for the servers whose hot path reads requests itself.
+raw fds, without buffered streams, for the hosts whose hot path reads requests itself.
 Standard library only: it is loaded inside every sandbox.
 """
 
@@ -36,7 +36,7 @@ __all__ = [
     "writev_all",
 ]
 
-#: Largest request line an env server accepts, in bytes (requests come from the trusted
+#: Largest request line an env host accepts, in bytes (requests come from the trusted
 #: worker; the bound only stops a corrupted stream from eating memory).
 MAX_LINE_BYTES = 256 << 20
 
@@ -96,7 +96,7 @@ def read_message(stream: MessageReader, max_bytes: int = MAX_LINE_BYTES) -> tupl
 
 
 #: How :func:`read_message`'s errors begin when the whole line was read: the stream is still in
-#: sync, so a server may answer the error and read the next request.
+#: sync, so a host may answer the error and read the next request.
 STILL_IN_SYNC = ("line is not JSON", "expected a JSON object")
 
 

@@ -80,23 +80,23 @@ class GroupRows:
         self._lines: dict[int, tuple[bytes, bytes]] = {}
 
     @classmethod
-    def of(cls, servers: Sequence[Any]) -> GroupRows | None:
-        """The rows for these slots' :class:`~boltzlabs_gym.envside.gym_server.GymServer`\\ s, or
+    def of(cls, hosts: Sequence[Any]) -> GroupRows | None:
+        """The rows for these slots' :class:`~boltzlabs_gym.envside.gym_host.GymHost`\\ s, or
         ``None`` (every position then in ``replies``) unless every slot's observations are one
         array of one dtype and shape, or a Dict/Tuple of arrays only of one skeleton."""
-        leaves: list[ArrayLeaf | None] = [server._obs_leaf for server in servers]
+        leaves: list[ArrayLeaf | None] = [host._obs_leaf for host in hosts]
         first = leaves[0]
         if first is not None:
             if any(leaf is None or (leaf.dtype, leaf.shape) != (first.dtype, first.shape) for leaf in leaves):
                 return None
-            return cls(len(servers), first.space)
-        skeleton = servers[0]._obs_skeleton
-        if skeleton is None or any(server._obs_skeleton != skeleton for server in servers):
+            return cls(len(hosts), first.space)
+        skeleton = hosts[0]._obs_skeleton
+        if skeleton is None or any(host._obs_skeleton != skeleton for host in hosts):
             return None
-        return cls(len(servers), servers[0].obs_space, skeleton)
+        return cls(len(hosts), hosts[0].obs_space, skeleton)
 
     def describe(self) -> ArrayLeaf | tuple:
-        """What a slot of the region holds, for :func:`~boltzlabs_gym.envside.gym_server.region_reply`."""
+        """What a slot of the region holds, for :func:`~boltzlabs_gym.envside.gym_host.region_reply`."""
         return self.leaf if self.leaf is not None else self._leaves
 
     def share(self, region: obs_region.ObsRegion) -> None:

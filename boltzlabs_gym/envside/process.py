@@ -1,6 +1,6 @@
 """This env process: where it runs, its protocol channel, and the hooks a boltz template installs.
 
-Every env server (:func:`boltzlabs_gym.env.serve`, :mod:`boltzlabs_gym.envside.gym_server`) starts
+Every env host (:mod:`~boltzlabs_gym.envside.json_host`, :mod:`~boltzlabs_gym.envside.gym_start`) starts
 the same way: it takes the protocol's fds away from user code (:func:`protect_channel_fds`),
 reads where its env directory and workspace are, and, once the env is built, moves the heap out
 of the cyclic GC's reach (:func:`freeze_heap`). Standard library only: it is loaded inside every

@@ -1,16 +1,16 @@
 """The env side's request loop: read a request, answer it, until ``close`` or end of input.
 
-Every env server runs this one loop: :func:`boltzlabs_gym.env.serve` (the plain env protocol)
-and :mod:`boltzlabs_gym.envside.gym_server` (Gymnasium envs), each for one env or for the envs
-of a sandbox of several (group requests). What differs between them is passed in: how a request
-is answered (dispatched to the env, and its reply framed and written), whether a line that was
-read whole but is no request is answered and served past, and a server's quick answer to the
-bytes of one ``os.read``. What does not differ lives here: a torn stream is answered and ends
+Both env hosts run this one loop: :mod:`~boltzlabs_gym.envside.json_host` (behind
+:func:`boltzlabs_gym.env.serve`) and :mod:`~boltzlabs_gym.envside.gym_loops` (Gymnasium envs),
+each for one env or for the envs of a sandbox of several (group requests). What differs between
+them is passed in: how a request is answered (dispatched to the env, and its reply framed and
+written), whether a line that was read whole but is no request is answered and served past, and a
+host's quick answer to the bytes of one ``os.read``. What does not differ lives here: a torn stream is answered and ends
 the loop (it cannot be resynchronised: the worker respawns the env), end of input ends it
 quietly, and a group request is checked before it is served.
 
 This is every env step's path through its process, where tens of microseconds a step count: the
-loop is the few lines of :func:`serve_requests`, and a request costs it one call into the server.
+loop is the few lines of :func:`serve_requests`, and a request costs it one call into the host.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def serve_requests(
     ``writer``; then the loop ends (:attr:`Ending.TORN`), unless ``serve_past_bad_lines`` and the
     whole line was read (it is no JSON object: :data:`~.framing.STILL_IN_SYNC`), when it reads the
     next request. ``quick`` (``reader`` must then be an :class:`FdReader`) is offered every
-    ``os.read`` made while nothing is buffered, before any parsing: a server's hot path for a
+    ``os.read`` made while nothing is buffered, before any parsing: a host's hot path for a
     request that arrives alone and that it knows by its bytes.
     """
     raw: FdReader | None = None  # the reader ``quick`` reads around, when there is one

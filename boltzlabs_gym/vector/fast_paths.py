@@ -71,11 +71,11 @@ class ArraysSteps:
 
     @classmethod
     def of(
-        cls, space: gym.Space, observations: Any, obs_spaces: list, gym_server: bool, rewards, terminations, truncations
+        cls, space: gym.Space, observations: Any, obs_spaces: list, gym_host: bool, rewards, terminations, truncations
     ) -> ArraysSteps | None:
         """The fast path for a batch of ``observations`` of ``space``, when it is a Dict/Tuple of
         arrays only and every env has the same space; else None."""
-        skeleton = slot_layout.array_skeleton(space) if gym_server else None
+        skeleton = slot_layout.array_skeleton(space) if gym_host else None
         if skeleton is None or any(other is not obs_spaces[0] for other in obs_spaces):
             return None
         leaves: list = []

@@ -42,20 +42,20 @@ class StepBatch:
     """A vector env's buffers, and the reading of every reply of a batch into them.
 
     ``spaces`` are the vector env's (:func:`~boltzlabs_gym.vector.env_spaces.env_spaces`);
-    ``gym_server`` says whether the envs are Gymnasium envs (array observations come as payloads)
+    ``gym_host`` says whether the envs are Gymnasium envs (array observations come as payloads)
     rather than an env directory's ``serve()`` (JSON values). The arrays :meth:`collect_step` and
     :meth:`batched_obs` return are copies, or the buffers themselves with ``copy=False``.
     """
 
-    def __init__(self, pool: RLPool, spaces: EnvSpaces, gym_server: bool):
+    def __init__(self, pool: RLPool, spaces: EnvSpaces, gym_host: bool):
         n = self.num_envs = pool.n
         self.pool = pool
-        self.gym_server = gym_server
+        self.gym_host = gym_host
         space = self.single_observation_space = spaces.single_observation_space
         self.single_action_space, self.action_space = spaces.single_action_space, spaces.action_space
         obs_spaces = self.obs_spaces = spaces.obs_spaces
-        # Gym servers send array observations as one payload: the fast, equally strict decoder.
-        self.obs_leaf = codec.ArrayLeaf.of(space) if gym_server else None
+        # Gymnasium env hosts send array observations as one payload: the fast, equally strict decoder.
+        self.obs_leaf = codec.ArrayLeaf.of(space) if gym_host else None
         # Each env's observations are decoded against its own space (they differ in bounds with
         # observation_mode="different"); one decoder for all when every env has the same space.
         self.obs_decoders = [
@@ -63,7 +63,7 @@ class StepBatch:
         ]
         #: The seed each env was last reset with (None if it never was).
         self.env_seeds: list[int | None] = [None] * n
-        self.discrete_action = gym_server and isinstance(self.single_action_space, gym.spaces.Discrete)
+        self.discrete_action = gym_host and isinstance(self.single_action_space, gym.spaces.Discrete)
         self.zero_obs = zero_observation(space)
         self.env_obs: list = [deepcopy(self.zero_obs) for _ in range(n)]
         #: The batch of observations: an array, or a dict/tuple of them (Dict/Tuple spaces).
@@ -77,12 +77,12 @@ class StepBatch:
         flags = (self.rewards, self.terminations, self.truncations)
         leaf = self.obs_leaf
         self.plain_steps = PlainSteps(leaf, array_obs, *flags) if leaf is not None and array_obs is not None else None
-        self.arrays_steps = ArraysSteps.of(space, self.observations, obs_spaces, gym_server, *flags)
+        self.arrays_steps = ArraysSteps.of(space, self.observations, obs_spaces, gym_host, *flags)
         #: A Dict/Tuple of arrays only's batch arrays, whose rows are written as replies are read.
         self.batch_leaves = self.arrays_steps.leaves if self.arrays_steps is not None else None
         #: One observation's skeleton in a group reply's rows (several envs per sandbox): an array
         #: space's, or a Dict/Tuple of arrays only's; None when the space has no rows.
-        row_skeleton = leaf.skeleton if leaf is not None else slot_layout.array_skeleton(space) if gym_server else None
+        row_skeleton = leaf.skeleton if leaf is not None else slot_layout.array_skeleton(space) if gym_host else None
         self.group_rows = GroupRows(row_skeleton, array_obs, self.batch_leaves, *flags)
         #: Several envs per sandbox: Discrete step batches go out packed per sandbox (see
         #: :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.send_steps`).
@@ -95,11 +95,11 @@ class StepBatch:
     def decode_obs(self, obj: Any, payloads: list) -> Any:
         if self.obs_leaf is not None:
             return self.obs_leaf.decode(obj, payloads)  # validated like codec.decode, faster
-        return codec.decode(self.obs_spaces[0], obj, payloads, copy=True, lenient=not self.gym_server)
+        return codec.decode(self.obs_spaces[0], obj, payloads, copy=True, lenient=not self.gym_host)
 
     def decode_obs_of(self, space: gym.Space, obj: Any, payloads: list) -> Any:
         """An observation of an env whose space differs from env 0's (``observation_mode="different"``)."""
-        return codec.decode(space, obj, payloads, copy=True, lenient=not self.gym_server)
+        return codec.decode(space, obj, payloads, copy=True, lenient=not self.gym_host)
 
     def decode_info(self, obj: Any, payloads: list) -> dict:
         if obj is None or (type(obj) is dict and not obj):
@@ -110,7 +110,7 @@ class StepBatch:
     def encode_action(self, i: int, action: Any) -> tuple[Any, list]:
         if self.discrete_action and isinstance(action, (int, np.integer)) and not isinstance(action, bool):
             return int(action), []  # the env casts it to its space's dtype, as on the int fast path
-        if self.gym_server:
+        if self.gym_host:
             return codec.encode_action(self.single_action_space, action)
         return codec.to_json_safe(action), []
 

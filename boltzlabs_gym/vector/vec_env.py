@@ -129,7 +129,7 @@ class BoltzLabsVecEnv(VectorEnv):
             self.render_mode = d.get("render_mode")
             self._max_episode_steps = d.get("max_episode_steps")
             #: The buffers, and how every reply is read into them.
-            self._batch = StepBatch(pool, spaces, gym_server=d.get("server") == "gym")
+            self._batch = StepBatch(pool, spaces, gym_host=d.get("server") == "gym")
             #: How many envs :meth:`recv` returns (EnvPool's ``batch_size``).
             self.batch_size = check_batch_size(batch_size, self.num_envs)
             self._send_recv = SendRecv(self._batch, self.batch_size)
@@ -176,7 +176,7 @@ class BoltzLabsVecEnv(VectorEnv):
         Env directories served by ``serve()`` have no Gymnasium ``np_random_seed``: for them,
         the seed each env was last reset with (``None`` if it never was).
         """
-        if self._batch.gym_server:
+        if self._batch.gym_host:
             return self.get_attr("np_random_seed")
         self._check_open()
         return tuple(self._batch.env_seeds)
@@ -376,7 +376,7 @@ class BoltzLabsVecEnv(VectorEnv):
         """Call ``name(*args, **kwargs)`` on every env (or read it, if not callable); numpy
         arrays among the arguments cross as arrays (raw bytes, never pickled)."""
         self._check_open()
-        _require_gym_server(self._batch.gym_server, "call")
+        _require_gym_host(self._batch.gym_host, "call")
         args_obj, payloads = codec.encode_info(list(args))
         kwargs_obj, payloads = codec.encode_info(dict(kwargs), payloads)
         op = {"op": "call", "name": name, "args": args_obj, "kwargs": kwargs_obj}
@@ -390,7 +390,7 @@ class BoltzLabsVecEnv(VectorEnv):
     def set_attr(self, name: str, values: Any) -> None:
         """Set ``name`` on every env: one value for all, or a list/tuple with one per env."""
         self._check_open()
-        _require_gym_server(self._batch.gym_server, "set_attr")
+        _require_gym_host(self._batch.gym_host, "set_attr")
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
@@ -407,7 +407,7 @@ class BoltzLabsVecEnv(VectorEnv):
     def render(self) -> tuple | None:
         """One frame per env (``render_mode="rgb_array"``), as a tuple."""
         self._check_open()
-        _require_gym_server(self._batch.gym_server, "render")
+        _require_gym_host(self._batch.gym_host, "render")
         if self.render_mode is None:
             return None
         self._check_idle("render")
@@ -437,8 +437,8 @@ class BoltzLabsVecEnv(VectorEnv):
         return f"BoltzLabsVecEnv(num_envs={getattr(self, 'num_envs', '?')}, autoreset_mode={self.autoreset_mode.value})"
 
 
-def _require_gym_server(gym_server: bool, what: str) -> None:
-    if not gym_server:
+def _require_gym_host(gym_host: bool, what: str) -> None:
+    if not gym_host:
         raise NotImplementedError(f"{what} needs a Gymnasium env; env directories served by serve() do not support it")
 
 
@@ -468,7 +468,7 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
 
 def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
     """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
-    from ..envside.gym_server import write_factory_env_dir
+    from .factory_env_dir import write_factory_env_dir
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
     try:

@@ -533,7 +533,7 @@ class ArrayLeaf:
         return decode(self.space, obj, payloads, copy=True, lenient=True)
 
     # A step with an empty info and no autoreset is the hot path of every rollout. Its reply
-    # line has one fixed shape (protocol.STEP_REPLY_LAYOUT), written by the env's gym server and
+    # line has one fixed shape (protocol.STEP_REPLY_LAYOUT), written by the Gymnasium env host and
     # read back by the vector env without a JSON parser; both ends use these methods.
     def step_line(self, reward: float, terminated: bool, truncated: bool) -> bytes:
         """The reply line of a plain step (a finite ``reward``); the payload follows it.

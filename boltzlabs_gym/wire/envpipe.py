@@ -250,7 +250,7 @@ def _split(buf: bytes | bytearray | memoryview, pos: int, sizes: list[int], copy
     return out
 
 
-# The plain step reply of a gym server (protocol.STEP_REPLY_LAYOUT): the pattern admits only
+# The plain step reply of a Gymnasium env host (protocol.STEP_REPLY_LAYOUT): the pattern admits only
 # valid JSON objects, so a line it matches needs no JSON parser; every other line is parsed.
 _PLAIN_STEP = STEP_REPLY_PATTERN
 

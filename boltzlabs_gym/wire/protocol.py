@@ -323,7 +323,7 @@ def error_reply(seq: Any, kind: str, message: str, **extra: Any) -> dict:
 
 #: How a plain Discrete step request line starts; the action's digits and then
 #: :data:`DISCRETE_STEP_TAIL` (or :data:`DISCRETE_AUTORESET_TAIL`, SAME_STEP autoreset)
-#: end it. Written by :func:`env_request_line`, recognised by the gym server with
+#: end it. Written by :func:`env_request_line`, recognised by the Gymnasium env host with
 #: :func:`parse_discrete_step`.
 DISCRETE_STEP_HEAD = b'{"op":"step","action":'
 DISCRETE_STEP_TAIL = b"}\n"
@@ -333,7 +333,7 @@ DISCRETE_AUTORESET_TAIL = b',"autoreset":true}\n'
 #: an empty info and no reset in the reply. ``<obs>`` is the observation's array skeleton
 #: (``{"__nd__":[0,dtype,shape]}``, :class:`boltzlabs_gym.wire.codec.ArrayLeaf`), ``<reward>`` is
 #: ``repr(float)``, the flags are JSON booleans and ``<nbytes>`` is the length of the one payload
-#: (the observation's bytes) that follows the line. The gym server writes it
+#: (the observation's bytes) that follows the line. The Gymnasium env host writes it
 #: (``ArrayLeaf.step_reply``); the worker and the lane recognise it without a JSON parser
 #: (:data:`STEP_REPLY_PATTERN`, in :mod:`boltzlabs_gym.wire.envpipe`); the vector env reads it back
 #: (``ArrayLeaf.parse_step_line``). An env with a shared observation region writes the same line with

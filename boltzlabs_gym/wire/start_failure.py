@@ -1,6 +1,6 @@
 """An env factory's exception, as data: what a sandbox says when building its env raised.
 
-The gym server answers its first request with one line instead of serving,
+The Gymnasium env host answers its first request with one line instead of serving,
 ``{"start_error": {"types": [...], "message": "..."}}``: the exception's class and its bases
 as qualified names, most derived first, and its message. Strings only: nothing from a
 sandbox is ever unpickled, so the trainer can only *name* the exception, and

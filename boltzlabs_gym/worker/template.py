@@ -12,7 +12,7 @@ The template is a fresh interpreter (``exec``, scrubbed environment: no worker m
 descriptors are inherited) started with ``BOLTZLABS_TEMPLATE=<kind>`` and a control socket on
 fd 3. Its bootstrap (:data:`~boltzlabs_gym.envside.forkserver.TEMPLATE_BOOTSTRAP`) installs the fork
 loop as the env side's hook and runs the env directory's ``env.py`` as usual; when that calls
-:func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.envside.gym_server.serve_factories`, which first
+:func:`boltzlabs_gym.env.serve` (or :func:`~boltzlabs_gym.envside.gym_start.serve_factories`, which first
 unpickles the factories so Gymnasium and the env classes are imported in the template), serve
 does not serve: it enters :func:`~boltzlabs_gym.envside.forkserver.template_main`, the fork loop
 (module ``forkserver``: the template's side; this module is the worker's). The template checks it is

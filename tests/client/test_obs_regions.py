@@ -21,7 +21,7 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.vector import AutoresetMode
 
 from boltzlabs_gym import BoltzLabsVecEnv, RLPool
-from boltzlabs_gym.envside.gym_server import write_factory_env_dir
+from boltzlabs_gym.vector.factory_env_dir import write_factory_env_dir
 from conftest import ISOLATION
 
 MEMFD = "memfd:boltzlabs-obs"
@@ -87,7 +87,7 @@ def make_wrong_shape():
 
 def make_reference_without_region():
     """Refuses a region, then refers to one anyway (and writes its observation nowhere)."""
-    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.envside import gym_host
     from boltzlabs_gym.wire import codec
 
     def no_region(self, msg, payloads):
@@ -98,17 +98,17 @@ def make_reference_without_region():
             self.shm_prefix + repr(float(reward)).encode() + b',"terminated":false,"truncated":false' + self.shm_suffix
         )
 
-    gym_server.GymServer.obs_region = no_region
-    gym_server._OTHER_OPS["obs_region"] = no_region
+    gym_host.GymHost.obs_region = no_region
+    gym_host._OTHER_OPS["obs_region"] = no_region
     codec.ArrayLeaf.step_reply = reference
     return FrameEnv()
 
 
 def _patch_region_reply(change):
-    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.envside import gym_host
 
-    honest = gym_server.region_reply
-    gym_server.region_reply = lambda region, leaf: {"obs_region": change(dict(honest(region, leaf)["obs_region"]))}
+    honest = gym_host.region_reply
+    gym_host.region_reply = lambda region, leaf: {"obs_region": change(dict(honest(region, leaf)["obs_region"]))}
 
 
 def make_lies_about_fd():
@@ -852,16 +852,16 @@ def test_dict_observations_in_a_sandbox_of_several_envs_go_as_bytes(tmp_path_fac
 def _patch_payload_marker(change):
     """In this env process: every reply that says its observation payloads are in the region is
     rewritten by ``change(reply, payloads)`` first."""
-    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.envside import gym_host
 
-    honest = gym_server.GymServer._obs_payloads_to_slot
+    honest = gym_host.GymHost._obs_payloads_to_slot
 
     def lying(self, reply, out):
         honest(self, reply, out)
         if "__shm__" in reply:
             change(reply, out)
 
-    gym_server.GymServer._obs_payloads_to_slot = lying
+    gym_host.GymHost._obs_payloads_to_slot = lying
 
 
 def make_dict_wrong_count():
@@ -879,7 +879,7 @@ def make_dict_marker_and_bytes():
 
 def make_dict_marker_without_region():
     """Refuses a region, then says its payloads are in one anyway."""
-    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.envside import gym_host
 
     def no_region(self, msg, payloads):
         return {"error": "no region here"}, []
@@ -888,25 +888,25 @@ def make_dict_marker_without_region():
         reply["__shm__"] = [0, 3]
         out[:3] = [b"", b"", b""]
 
-    gym_server.GymServer.obs_region = no_region
-    gym_server._OTHER_OPS["obs_region"] = no_region
-    gym_server.GymServer.shm_payloads = property(lambda self: memoryview(b""), lambda self, v: None)
-    gym_server.GymServer._obs_payloads_to_slot = marker
+    gym_host.GymHost.obs_region = no_region
+    gym_host._OTHER_OPS["obs_region"] = no_region
+    gym_host.GymHost.shm_payloads = property(lambda self: memoryview(b""), lambda self, v: None)
+    gym_host.GymHost._obs_payloads_to_slot = marker
     return DictFrameEnv()
 
 
 def make_tuple_wrong_skeleton():
     """Describes its region with a skeleton whose references are out of order."""
-    from boltzlabs_gym.envside import gym_server
+    from boltzlabs_gym.envside import gym_host
 
-    honest = gym_server.region_reply
+    honest = gym_host.region_reply
 
     def lying(region, leaf, skeleton=None):
         if skeleton is not None:
             skeleton = [skeleton[1], {"count": skeleton[0]}]
         return honest(region, leaf, skeleton)
 
-    gym_server.region_reply = lying
+    gym_host.region_reply = lying
     return TupleFrameEnv()
 
 

@@ -143,7 +143,7 @@ def _assert_reported(failed: dict, truncated: dict, terminated: dict, rewards):
 
 @pytest.fixture
 def flaky_env_dir():
-    from boltzlabs_gym.envside.gym_server import write_factory_env_dir
+    from boltzlabs_gym.vector.factory_env_dir import write_factory_env_dir
 
     path = tempfile.mkdtemp(prefix="flaky-envdir-")
     write_factory_env_dir(path, _factories())

@@ -539,10 +539,11 @@ def test_a_fresh_restore_puts_each_copy_in_a_new_process(mode):
         snap.release()
 
 
-def test_a_snapshot_file_saved_before_the_layout_move_still_restores_exactly():
-    """tests/data holds a CartPole snapshot saved by the code before the package was laid out by
-    process (boltzlabs_gym.gym_server, .envstate, ...): it loads, restores into a make_vec env of
-    today, and the restored env steps as the source did after it was saved."""
+def test_a_snapshot_file_saved_by_another_process_restores_exactly():
+    """tests/data holds a CartPole snapshot saved to a file by another process
+    (tests/data/make_cartpole_snapshot.py, rerun when the env directory make_vec writes changes):
+    it loads, restores into a make_vec env of this process, and the restored env steps as the
+    source did after it was saved."""
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
     with open(os.path.join(data, "cartpole-v1-0.1.0.expected.json")) as f:
         expected = json.load(f)

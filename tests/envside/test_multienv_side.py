@@ -27,7 +27,7 @@ from gymnasium import spaces as gs
 from boltzlabs_gym.envside import groups
 from boltzlabs_gym.wire import protocol
 from boltzlabs_gym.wire.codec import decode, decode_info
-from boltzlabs_gym.envside.gym_server import write_factory_env_dir
+from boltzlabs_gym.vector.factory_env_dir import write_factory_env_dir
 from boltzlabs_gym.wire.protocol import env_request
 from boltzlabs_gym.wire.spaces import space_from_json
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 # The test envs below live in this (non-importable) test module: pickle them by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-SERVE_FACTORIES = [sys.executable, "-c", "from boltzlabs_gym.envside.gym_server import serve_factories; serve_factories()"]
+SERVE_FACTORIES = [sys.executable, "-c", "from boltzlabs_gym.envside.gym_start import serve_factories; serve_factories()"]
 READ_TIMEOUT_S = 20.0
 
 
@@ -548,7 +548,7 @@ BOLTZ_STAND_IN = (
     "def fork():\n"
     "    os.environ.update(BOLTZLABS_ENVS_PER_SANDBOX='3', BOLTZLABS_ENV_COUNT='2', BOLTZLABS_ENV_INDEX='1')\n"
     "process.install_template_hook(fork)\n"
-    "from boltzlabs_gym.envside.gym_server import serve_factories\n"
+    "from boltzlabs_gym.envside.gym_start import serve_factories\n"
     "serve_factories()\n"
 )
 

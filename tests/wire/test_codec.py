@@ -337,7 +337,7 @@ def test_info_depth_limit():
 @pytest.mark.parametrize("reward", [1.0, -0.0, 1e-05, 1e300, -3.25])
 @pytest.mark.parametrize("flags", [(False, False), (True, False), (False, True), (True, True)])
 def test_step_line_is_the_json_it_claims(space, reward, flags):
-    """The line the gym server writes without a JSON encoder is the JSON object a generic
+    """The line the Gymnasium env host writes without a JSON encoder is the JSON object a generic
     encoder would write, and parsing it back without a JSON parser gives the same values."""
     leaf = ArrayLeaf.of(space)
     line = leaf.step_line(reward, *flags)

@@ -282,6 +282,6 @@ def test_serve_forks_only_through_the_hook_the_template_bootstrap_installs(tmp_p
     proc = subprocess.run(run, env=env, input=b"", capture_output=True, timeout=60)
     assert proc.returncode == 1
     assert b"no fork loop installed" in proc.stderr
-    imports = "import sys, boltzlabs_gym.env, boltzlabs_gym.envside.gym_server; print(sorted(sys.modules))"
+    imports = "import sys, boltzlabs_gym.env, boltzlabs_gym.envside.gym_start; print(sorted(sys.modules))"
     loaded = subprocess.run([sys.executable, "-c", imports], env=env, capture_output=True, timeout=60, check=True)
     assert b"boltzlabs_gym.worker" not in loaded.stdout

@@ -432,10 +432,10 @@ def test_the_gate_lets_through_only_processes_born_since_it_was_armed():
 # Run in its own process: it becomes a child subreaper, as a holder is its namespace's PID 1.
 _VANISHING_FORKER = r"""
 import ctypes, os, sys, time
-from boltzlabs_gym.worker.sandbox import notify
+from boltzlabs_gym.worker.memory_snapshots import gate
 
 ctypes.CDLL("libc.so.6").prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us
-sup = notify.Gate()
+sup = gate.Gate()
 sup.arm(os.getpid())
 go_r, go_w = os.pipe()
 pid_r, pid_w = os.pipe()
@@ -449,7 +449,7 @@ if forker == 0:  # the copy's forker: forks the copy, then exits when told
     os.read(go_r, 1)
     os._exit(0)
 copy = int(os.read(pid_r, 32))
-real = notify._parent_and_start
+real = gate._parent_and_start
 looks = []
 
 def first_look_then_forker_reaped(pid):
@@ -462,9 +462,9 @@ def first_look_then_forker_reaped(pid):
             time.sleep(0.001)
     return got
 
-notify._parent_and_start = first_look_then_forker_reaped
+gate._parent_and_start = first_look_then_forker_reaped
 passed = sup._may_pass(copy)
-notify._parent_and_start = real
+gate._parent_and_start = real
 os.kill(copy, 9)
 os.waitpid(copy, 0)
 print(looks == [forker], passed)

@@ -1,7 +1,8 @@
-"""Serve a ``gymnasium.Env`` inside its sandbox, over the env line protocol.
+"""The Gymnasium env host: one ``gymnasium.Env`` answering the env line protocol inside its sandbox.
 
-This is :func:`boltzlabs_gym.env.serve`'s protocol (one JSON request line in, one
-JSON reply line out, raw binary payloads announced by ``"_bin"``) for a real
+This is the env line protocol that :func:`boltzlabs_gym.env.serve` speaks
+(:mod:`~boltzlabs_gym.envside.json_host`: one JSON request line in, one JSON reply line out,
+raw binary payloads announced by ``"_bin"``) for a real
 Gymnasium env: spaces are described as JSON (:mod:`boltzlabs_gym.wire.spaces`) and
 values cross as skeletons plus raw payloads (:mod:`boltzlabs_gym.wire.codec`), so
 arrays never go through JSON lists.
@@ -38,82 +39,52 @@ Observations/actions of a space with no JSON form (a custom space) are described
 ``{"type": "Json"}`` and sent as plain JSON (arrays as lists).
 
 Failures: an exception in ``reset``/``step`` (or in decoding the action, or
-encoding the result) does not kill the server: the reply is a terminal transition
+encoding the result) does not end the process: the reply is a terminal transition
 (``obs`` null, reward 0, ``terminated`` true) with ``info["boltzlabs_exception"] =
 {"where": "reset"|"step"|"action"|"encode", "traceback": ...}``. An exception in
 ``call``/``get_attr``/``set_attr``/``render`` answers ``{"error": traceback}``.
 A request line that is not a JSON object is answered with ``{"error": ...}`` and
-the server keeps serving; a torn stream (bad ``_bin``, truncated payload,
-over-long line) is answered and the server exits (the worker respawns it). A factory
-(or the server's set-up) that raises is answered once, ``{"start_error": {"types": [...],
+the process serves on; a torn stream (bad ``_bin``, truncated payload,
+over-long line) is answered and the process exits (the worker respawns it). A factory
+(or the host's set-up) that raises is answered once, ``{"start_error": {"types": [...],
 "message": ...}}`` (:mod:`boltzlabs_gym.wire.start_failure`), and the process exits.
 
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
-``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymServer` per slot, and answers group requests
+``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymHost` per slot, and answers group requests
 with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`): a plain
 step or reset of an env whose observations are one array, or a Dict/Tuple of arrays only, is a
 row of the reply's arrays (:class:`~boltzlabs_gym.envside.group_rows.GroupRows`), every other
 position carries the one-env reply above.
 
-Factories: the worker starts Gymnasium envs from an env directory written by
-:func:`write_factory_env_dir` (``factories.pkl``, a cloudpickled list of zero-arg
-env factories, and an ``env.py`` calling :func:`serve_factories`). The pickle comes
-from the trusted trainer and is only ever unpickled here, inside the sandbox.
+This module is the host, :class:`GymHost` (a request in, ``(reply, payloads)`` out); the loops that
+read requests and write its replies are :mod:`~boltzlabs_gym.envside.gym_loops`, and the start-up
+(building envs from factories, ``python -m``) is :mod:`~boltzlabs_gym.envside.gym_start`.
 """
 
 from __future__ import annotations
 
-import io
-import os
-import pickle
-import select
 import sys
-import time
 import traceback
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from math import isfinite
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 from gymnasium import spaces as gs
 
 from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
-from ..wire.protocol import parse_discrete_step
 from ..wire.slot_layout import LeafPaths, array_skeleton, payload_layout, slot_spans
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
-from ..wire.start_failure import describe_start_failure
 from . import obs_region, process
-from .failures import MAX_TRACEBACK_CHARS, error_transition, failed_transition
-from .framing import (
-    FdReader,
-    FdWriter,
-    MessageWriter,
-    encode_reply,
-    payload_nbytes,
-    write_all,
-    write_message,
-    writev_all,
-)
+from .failures import MAX_TRACEBACK_CHARS, error_transition
+from .framing import payload_nbytes
 from .group_rows import GroupRows
-from .groups import GroupRequest, Progress, group_config, group_reply_parts
-from .process import freeze_heap, protect_channel_fds
-from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
 from .state import SnapshotRefused, restore_request, snapshot_reply
 
-__all__ = ["serve_env", "serve_factories", "write_factory_env_dir", "GymServer", "FACTORIES_FILE", "ENV_PY"]
+__all__ = ["GymHost", "region_reply", "MAX_PREMADE_ACTIONS"]
 
-#: The pickle of env factories in a factory env directory.
-FACTORIES_FILE = "factories.pkl"
-#: The ``env.py`` of a factory env directory.
-ENV_PY = "from boltzlabs_gym.gym_server import serve_factories\n\nserve_factories()\n"
-#: Pickle protocol for ``factories.pkl`` (fixed, so the same factories give the same bytes).
-PICKLE_PROTOCOL = 5
-#: Discrete spaces up to this size get their actions made once (GymServer._actions).
+#: Discrete spaces up to this size get their actions made once (GymHost._actions).
 MAX_PREMADE_ACTIONS = 1024
-#: How long a sandbox whose env could not be built waits to be killed after saying why.
-START_FAILURE_LINGER_S = 30.0
-_T = TypeVar("_T")
 
 
 def _space_or_json(space: gs.Space) -> tuple[gs.Space, dict]:
@@ -131,7 +102,7 @@ def _traceback() -> str:
     return tb
 
 
-class GymServer:
+class GymHost:
     """The request handlers for one env; :meth:`handle` maps a request to ``(reply, payloads)``."""
 
     def __init__(self, env: Any):
@@ -554,14 +525,14 @@ class GymServer:
 
 
 _OTHER_OPS = {
-    "describe": GymServer.describe,
-    "call": GymServer.call,
-    "get_attr": GymServer.get_attr,
-    "set_attr": GymServer.set_attr,
-    "render": GymServer.render,
-    "snapshot": GymServer.snapshot,
-    "restore": GymServer.restore,
-    "obs_region": GymServer.obs_region,
+    "describe": GymHost.describe,
+    "call": GymHost.call,
+    "get_attr": GymHost.get_attr,
+    "set_attr": GymHost.set_attr,
+    "render": GymHost.render,
+    "snapshot": GymHost.snapshot,
+    "restore": GymHost.restore,
+    "obs_region": GymHost.obs_region,
 }
 
 
@@ -571,7 +542,7 @@ def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton
     (``dtype``, ``shape``), or a Dict/Tuple observation's payloads back to back (``layout``, a
     ``[dtype, shape]`` per payload; :func:`~boltzlabs_gym.wire.slot_layout.payload_layout`), with the
     ``skeleton`` its observations all encode to when it is arrays only (then its plain steps go
-    as one line, :meth:`GymServer._arrays_step_reply`)."""
+    as one line, :meth:`GymHost._arrays_step_reply`)."""
     described: dict = {"fd": region.fd, "bytes": region.size, "slots": region.slots, "slot_bytes": region.slot_bytes}
     if isinstance(leaf, ArrayLeaf):
         described.update(dtype=leaf.dtype.str, shape=list(leaf.shape))
@@ -580,436 +551,3 @@ def region_reply(region: obs_region.ObsRegion, leaf: ArrayLeaf | tuple, skeleton
         if skeleton is not None:
             described["skeleton"] = skeleton
     return {"obs_region": described}
-
-
-def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
-    try:
-        write_message(stream, reply, payloads)
-    except (TypeError, ValueError) as exc:  # nothing was written: the line is built first
-        tb = f"reply is not JSON-serialisable: {exc}"
-        sys.stderr.write(tb + "\n")
-        if "obs" in reply:
-            fallback = failed_transition("encode", tb)
-        else:
-            fallback = {"error": tb}
-        write_message(stream, fallback)
-
-
-def _serve_one(server: GymServer, fd_in: int, fd_out: int) -> None:
-    """Answer one env's requests from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
-
-    A plain Discrete step arrives as one short line, alone in one ``os.read``; it is
-    recognised by its exact bytes (:func:`~boltzlabs_gym.wire.protocol.parse_discrete_step`) and
-    answered without a JSON parser or buffered streams. Every env step is a context
-    switch into this process, with cold caches: the less code a step runs here, the
-    cheaper it is (about 20 us of CPU less per CartPole step with 64 envs on 2 cores).
-    Anything else, or anything more in the buffer, takes the generic path. A line that is
-    not a JSON object is answered ``{"error": ...}`` and the server serves on; a torn stream
-    is answered and ends it. At end of input the env is closed.
-    """
-    writer = FdWriter(fd_out)
-    quick = _discrete_step_answer(server, writer) if server._discrete is not None else None
-    ending = serve_requests(FdReader(fd_in), writer, _answer(server, writer), serve_past_bad_lines=True, quick=quick)
-    if ending is Ending.END_OF_INPUT:
-        _close_all([server])
-
-
-# The two answers below write a result the same way, inline rather than through a shared
-# function: they run once per env step, where every call counts.
-
-
-def _answer(server: GymServer, writer: FdWriter) -> Answer:
-    """Answer a request with :meth:`GymServer.handle` and write what it returns (``{}`` for a ``close``)."""
-    handle, fd = server.handle, writer.fd
-
-    def answer(msg: dict, payloads: list[bytes]) -> bool:
-        result = handle(msg, payloads)
-        if type(result) is bytes:  # a step's reply, already encoded
-            write_all(fd, result)
-        elif result is None:  # a close: the env is closed
-            write_message(writer, {})
-            return False
-        else:
-            _write(writer, *result)
-        return True
-
-    return answer
-
-
-def _discrete_step_answer(server: GymServer, writer: FdWriter) -> QuickAnswer:
-    """Answer the bytes of one plain Discrete step line (:meth:`GymServer.step_discrete`), written."""
-    step_discrete, fd = server.step_discrete, writer.fd
-
-    def quick(data: bytes) -> bool:
-        request = parse_discrete_step(data)
-        result = step_discrete(*request) if request is not None else None
-        if result is None:
-            return False
-        if type(result) is bytes:  # a step's reply, already encoded
-            write_all(fd, result)
-        else:
-            _write(writer, *result)
-        return True
-
-    return quick
-
-
-def _serve_group(servers: list[GymServer], fd_in: int, fd_out: int, progress: Progress) -> None:
-    """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
-
-    A line that is not a group request this process can serve is answered ``{"error": ...}``
-    and the process serves on (the whole line was read); a torn stream as in :func:`_serve_one`.
-    At end of input every env is closed.
-    """
-    rows = GroupRows.of(servers)
-    answer_group = partial(_serve_group_request, servers, rows, progress, fd_out)
-    ending = serve_group_requests(
-        FdReader(fd_in),
-        FdWriter(fd_out),
-        len(servers),
-        answer_group,
-        serve_past_bad_lines=True,
-        sandbox_ops={"obs_region": partial(_group_obs_region, rows)},
-    )
-    if ending is Ending.END_OF_INPUT:
-        _close_all(servers)
-
-
-def _serve_group_request(
-    servers: list[GymServer], rows: GroupRows | None, progress: Progress, fd_out: int, request: GroupRequest
-) -> bool:
-    """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
-    (every env closed, the reply written: the process ends)."""
-    slots, ops, op_payloads, autoreset = request
-    n = len(ops)
-    replies: list[tuple[int, Any, list]] = []
-    closing = False
-    set_progress = progress.set
-    obs_rows = rows.obs if rows is not None else None  # one array's rows; None for a Dict/Tuple's
-    if rows is not None:
-        rewards, flags, dtype, shape = rows.rewards, rows.flags, rows.dtype, rows.shape
-    for p in range(n):
-        slot = slots[p]
-        op = ops[p]
-        set_progress(slot)
-        server = servers[slot]
-        if type(op) is int and rows is not None and server._actions:
-            # The hot path: GymServer.group_step and (for one array) GroupRows.put for a Discrete
-            # step, inlined (a few microseconds of an ~8 us step); anything unusual takes the
-            # general path.
-            i = op - server._discrete[0]  # type: ignore[index]  # _actions implies _discrete
-            if 0 <= i < len(server._actions):
-                try:
-                    obs, reward, terminated, truncated, info = server.env.step(server._actions[i])
-                    reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
-                except Exception:
-                    replies.append((p, *server._autoreset(error_transition("step"), [], autoreset, False)))
-                    continue
-                plain = not info and type(info) is dict and not (autoreset and (terminated or truncated))
-                if plain and obs_rows is None:  # a Dict/Tuple of arrays
-                    if rows.put(p, obs, reward, terminated, truncated):
-                        continue
-                elif (
-                    plain
-                    and obs_rows is not None
-                    and type(obs) is np.ndarray
-                    and (obs.dtype is dtype or obs.dtype == dtype)
-                    and obs.shape == shape
-                    and isfinite(reward)
-                ):
-                    obs_rows[p] = obs  # a copy: the env may reuse its buffer
-                    rewards[p] = reward
-                    flags[p] = terminated | truncated << 1
-                    continue
-                transition = server._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
-                replies.append((p, *transition))
-                continue
-        if type(op) is int:  # the shorthand of a step
-            result = server.group_step(op, (), autoreset, rows, p)
-        else:
-            own = op_payloads[p] if op_payloads is not None else ()
-            name = op.get("op")
-            if name == "step":
-                result = server.group_step(op.get("action"), own, bool(op.get("autoreset")), rows, p)
-            elif name == "reset":
-                result = server.group_reset(op, rows, p)
-            elif name == "close":
-                closing, result = True, ({}, [])
-            else:  # describe, call, get_attr, set_attr, render; an unknown op's error
-                result = server.handle(op, own)  # type: ignore[assignment]  # (reply, payloads) for these ops
-        if result is not None:
-            replies.append((p, *result))
-    progress.idle()
-    if closing:
-        _close_all(servers)
-    if rows is None or len(replies) == n:  # no plain position (or none can be): no arrays
-        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies])
-    elif not replies:
-        parts = [rows.plain_line(n), *rows.payloads(n)]
-    else:
-        for p, _reply, _payloads in replies:
-            rows.clear(p)
-        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
-    writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
-    return not closing
-
-
-def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
-    """A sandbox of several envs answers ``{"op": "obs_region"}`` for all of them: one region, a slot
-    per env (for a Dict/Tuple, each array's rows back to back), which its group replies' rows live
-    in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
-    if rows is None:
-        return {
-            "error": "no shared observation region: the envs' observations are neither one array space "
-            "nor a Dict/Tuple of arrays only, the same for all"
-        }
-    sizes = (rows.m, rows.row_bytes)
-    if msg.get("use") is not True:
-        return region_reply(obs_region.create(*sizes), rows.describe(), rows.skeleton)
-    region = obs_region.current()
-    if region is None or (region.slots, region.slot_bytes) != sizes:
-        return {"error": "no shared observation region to use: ask for one first"}
-    if not rows.shared:
-        rows.share(region)
-    region.close_fd()  # the worker has its own now
-    return {"obs_region": {"in_use": True}}
-
-
-def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
-    """A position's reply for :func:`~boltzlabs_gym.envside.groups.group_reply`; one that is not JSON becomes
-    what the one-env server writes instead (:func:`_write`)."""
-    try:
-        return p, encode_reply(reply, payloads), payloads
-    except (TypeError, ValueError) as exc:
-        tb = f"reply is not JSON-serialisable: {exc}"
-        sys.stderr.write(tb + "\n")
-        fallback = failed_transition("encode", tb) if "obs" in reply else {"error": tb}
-        return p, encode_reply(fallback), []
-
-
-def _close_all(servers: list[GymServer]) -> None:
-    for server in servers:
-        try:
-            server.env.close()
-        except Exception:
-            _traceback()
-
-
-def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
-    """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
-    several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
-    config = group_config()
-    base = max(index, 0)  # -1: run by hand
-    if config.envs_per_sandbox == 1:
-        server = _started(lambda: GymServer(factories[base % len(factories)]()), fd_in, fd_out)
-        freeze_heap()
-        _serve_one(server, fd_in, fd_out)
-        return
-    servers = _started(
-        lambda: [GymServer(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
-    )
-    progress = Progress(process.workspace_now())
-    freeze_heap()
-    _serve_group(servers, fd_in, fd_out, progress)
-
-
-def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
-    """``build()``; if it raises, say what it raised as data and end this process.
-
-    The exception's class names and message go out as this env's answer to its first
-    request (:mod:`boltzlabs_gym.wire.start_failure`), so the trainer can raise a matching
-    type; its traceback goes to stderr, the tail the trainer's error shows. The worker kills
-    the process when it reads the line; an end of input or :data:`START_FAILURE_LINGER_S`
-    ends it otherwise, with status 1.
-    """
-    try:
-        return build()
-    except Exception as exc:
-        traceback.print_exc()
-        sys.stderr.flush()
-        write_all(fd_out, describe_start_failure(exc))
-        if not os.isatty(fd_in):  # run by hand at a terminal, nobody is coming to kill it
-            _await_end_of_input(fd_in, START_FAILURE_LINGER_S)
-        raise SystemExit(1) from None
-
-
-def _await_end_of_input(fd: int, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready and not os.read(fd, 1 << 16):
-            return
-
-
-def serve_env(env_factory: Callable[[], Any]) -> None:
-    """Build ``env_factory()`` and serve it on stdin/stdout until ``close`` or end of input.
-
-    The protocol channel is protected first (``print()`` and fd 1 go to stderr), so
-    output from building the env never corrupts replies. An exception while building
-    the env is reported to the trainer by its class names and message (its traceback goes
-    to stderr) and the process exits with status 1. In a
-    sandbox of several envs (``BOLTZLABS_ENVS_PER_SANDBOX`` > 1) it builds one per slot.
-    """
-    proto_in, proto_out = protect_channel_fds()
-    _serve_built([env_factory], 0, proto_in, proto_out)
-
-
-def serve_factories(env_dir: str | None = None, index: int | None = None) -> None:
-    """Serve the env built by the factory for this env's index, from ``factories.pkl``.
-
-    ``env_dir`` defaults to ``$BOLTZLABS_ENV_DIR`` (else :data:`boltzlabs_gym.env.ENV_DIR`),
-    ``index`` to ``$BOLTZLABS_ENV_INDEX`` (``-1`` when run by hand, meaning 0); the
-    factory used is ``factories[index % len(factories)]``. In a sandbox of several envs
-    (``BOLTZLABS_ENVS_PER_SANDBOX`` K > 1, ``BOLTZLABS_ENV_COUNT`` m) the process hosts m
-    envs, slot ``s`` built by ``factories[(index + s) % len(factories)]`` (``index`` is then
-    the pool index of slot 0), and answers group requests. Unpickling happens here,
-    inside the sandbox, after the channel is protected.
-    """
-    preloaded = None
-    if process.in_template():
-        # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
-        with open(
-            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR), FACTORIES_FILE), "rb"
-        ) as f:
-            preloaded = pickle.load(f)
-        _warm_up(preloaded)
-        process.template_fork()  # returns in each forked env
-    proto_in, proto_out = protect_channel_fds()
-    if env_dir is None:
-        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR)
-    if index is None:
-        index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
-    if preloaded is not None:
-        factories = preloaded
-    else:
-        with open(os.path.join(env_dir, FACTORIES_FILE), "rb") as f:
-            factories = pickle.load(f)
-    if callable(factories):
-        factories = [factories]
-    if not isinstance(factories, (list, tuple)) or not factories:
-        raise TypeError(f"{FACTORIES_FILE} must hold a non-empty list of env factories")
-    _serve_built(factories, index, proto_in, proto_out)
-
-
-def _warm_up(factories: Any) -> None:
-    """boltz template: build (and close) one env per distinct factory, as AsyncVectorEnv does in its
-    parent, so lazily imported modules (Gymnasium entry points, env checkers, codecs) are loaded once
-    here and shared by every fork instead of imported again, privately, in each env. The envs the
-    pool serves are still built in the forks. A factory that fails here is left to fail there."""
-    seen: list[Any] = []
-    for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
-        if not callable(factory) or any(factory is f for f in seen):
-            continue
-        seen.append(factory)
-        try:
-            env = factory()
-            try:
-                server = GymServer(env)
-                server.describe({}, [])
-                server.reset({"op": "reset", "seed": 0}, [])
-            finally:
-                env.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def write_factory_env_dir(path: str | os.PathLike, factories: Callable[[], Any] | Sequence[Callable[[], Any]]) -> str:
-    """Write an env directory that serves Gymnasium envs built by ``factories``.
-
-    ``factories`` is one zero-arg callable or a list of them (env ``i`` of a pool uses
-    ``factories[i % len(factories)]``). Writes ``factories.pkl`` (cloudpickle, fixed
-    protocol) and an ``env.py`` that calls :func:`serve_factories`; creates ``path``
-    if needed and returns it. Same factories, same bytes, as far as cloudpickle is
-    deterministic (it is for module-level functions and ``functools.partial`` of
-    them; lambdas and closures can vary between interpreter runs).
-    """
-    import cloudpickle
-
-    if callable(factories):
-        factories = [factories]
-    factories = list(factories)
-    if not factories or not all(callable(f) for f in factories):
-        raise TypeError("factories must be a callable or a non-empty list of callables")
-    if all(f is factories[0] for f in factories):
-        # One factory for every env (make_vec's [factory] * n): the same directory, and so the same
-        # content hash, whatever n is; a snapshot of one such pool restores into another.
-        factories = factories[:1]
-    path = os.fspath(path)
-    os.makedirs(path, exist_ok=True)
-    data = _dumps_with_user_modules_by_value(cloudpickle, factories)
-    for name, content in ((FACTORIES_FILE, data), ("env.py", ENV_PY.encode())):
-        target = os.path.join(path, name)
-        tmp = target + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    return path
-
-
-def _installed_roots() -> tuple[str, ...]:
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    return tuple(r + os.sep for r in roots)
-
-
-def _user_modules() -> list:
-    """Modules of the user's own code: not stdlib, not installed packages, not ours.
-
-    The sandbox has the trainer's interpreter and site-packages, but not the user's
-    scripts, test modules or source trees, so code from those must travel by value.
-    """
-    roots = _installed_roots()
-    found = []
-    for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if not file or name == "__main__" or name.split(".")[0] in ("boltzlabs_gym", "boltzlabs"):
-            continue
-        if os.path.realpath(file).startswith(roots):
-            continue
-        found.append(module)
-    return found
-
-
-def _dumps_with_user_modules_by_value(cloudpickle, factories: list) -> bytes:
-    registered = []
-    for module in _user_modules():
-        try:
-            cloudpickle.register_pickle_by_value(module)
-            registered.append(module)
-        except (ValueError, TypeError):
-            pass
-    try:
-        return _dumps_torch_free(cloudpickle, factories)
-    finally:
-        for module in registered:
-            try:
-                cloudpickle.unregister_pickle_by_value(module)
-            except (ValueError, TypeError):
-                pass
-
-
-def _dumps_torch_free(cloudpickle, obj: Any) -> bytes:
-    """``cloudpickle.dumps(obj)``, with SB3's ``Monitor`` and ``_patch_env`` pickled so that the env
-    process gets them without importing Stable-Baselines3 and torch (:func:`~.factories.torch_free_reduce`).
-    Nothing changes for factories that hold neither: same objects, same bytes."""
-    from .factories import torch_free_reduce
-
-    class Pickler(cloudpickle.CloudPickler):
-        def reducer_override(self, value: Any) -> Any:
-            return torch_free_reduce(value) or super().reducer_override(value)
-
-    buffer = io.BytesIO()
-    Pickler(buffer, protocol=PICKLE_PROTOCOL).dump(obj)
-    return buffer.getvalue()
-
-
-def main() -> None:
-    """Entry point for ``python -m boltzlabs_gym.envside.gym_server``: :func:`serve_factories`."""
-    serve_factories()
-
-
-if __name__ == "__main__":
-    main()

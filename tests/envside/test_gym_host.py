@@ -1,4 +1,4 @@
-"""The Gymnasium env server, run as a real subprocess from a factory env directory."""
+"""The Gymnasium env host, run as a real subprocess from a factory env directory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gymnasium import spaces as gs
 
 from boltzlabs_gym.wire.codec import decode, decode_info, encode, encode_info, to_json_safe
 from boltzlabs_gym.env import read_message, write_message
-from boltzlabs_gym.envside.gym_server import ENV_PY, FACTORIES_FILE, write_factory_env_dir
+from boltzlabs_gym.vector.factory_env_dir import ENV_PY, FACTORIES_FILE, write_factory_env_dir
 from boltzlabs_gym.wire.spaces import space_from_json
 
 pytestmark = pytest.mark.timeout(60)
@@ -121,7 +121,7 @@ make_cartpole = functools.partial(gym.make, "CartPole-v1")
 
 
 class Server:
-    """A gym server subprocess started from a factory env dir, as the worker starts it."""
+    """A Gymnasium env host subprocess started from a factory env dir, as the worker starts it."""
 
     def __init__(self, tmp_path, factories, index):
         self.dir = write_factory_env_dir(tmp_path / "envdir", factories)
@@ -439,14 +439,14 @@ def _generic_step_bytes(server, msg, payloads):
 
 @pytest.mark.parametrize("case", ["plain", "info", "nan", "other_dtype", "json_action"])
 def test_step_fast_path_writes_exactly_what_the_generic_encoders_write(case):
-    from boltzlabs_gym.envside.gym_server import GymServer
+    from boltzlabs_gym.envside.gym_host import GymHost
 
     fast_env, slow_env = _BoxEnv(), _BoxEnv()
     for env in (fast_env, slow_env):
         env.info = {"k": 1} if case == "info" else {}
         env.reward = float("nan") if case == "nan" else 0.5
         env.obs_dtype = np.float64 if case == "other_dtype" else np.float32
-    fast, slow = GymServer(fast_env), GymServer(slow_env)
+    fast, slow = GymHost(fast_env), GymHost(slow_env)
     action = np.array([0.25, 0.5], np.float32)
     if case == "json_action":
         msg, payloads = {"op": "step", "action": [0.25, 0.5]}, []
@@ -471,9 +471,9 @@ def test_step_fast_path_writes_exactly_what_the_generic_encoders_write(case):
 
 
 def test_discrete_fast_decode_refuses_what_the_codec_refuses():
-    from boltzlabs_gym.envside.gym_server import GymServer
+    from boltzlabs_gym.envside.gym_host import GymHost
 
-    server = GymServer(gym.make("CartPole-v1"))
+    server = GymHost(gym.make("CartPole-v1"))
     server.reset({"seed": 0}, [])
     for bad in (2, -1, True, 1.0, "1"):
         reply, _ = server.step({"op": "step", "action": bad}, [])
@@ -483,20 +483,21 @@ def test_discrete_fast_decode_refuses_what_the_codec_refuses():
 
 
 class _LoopHarness:
-    """``_serve_one`` on a thread, over two real pipes, as a sandboxed env runs it."""
+    """``serve_one`` on a thread, over two real pipes, as a sandboxed env runs it."""
 
     def __init__(self, env):
         import threading
 
-        from boltzlabs_gym.env import FdReader
-        from boltzlabs_gym.envside.gym_server import GymServer, _serve_one
+        from boltzlabs_gym.envside.framing import FdReader
+        from boltzlabs_gym.envside.gym_host import GymHost
+        from boltzlabs_gym.envside.gym_loops import serve_one
 
-        self.server = GymServer(env)
+        self.server = GymHost(env)
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
         self.replies = FdReader(self.rep_r)
         self.fds = (req_r, rep_w)
-        self.thread = threading.Thread(target=_serve_one, args=(self.server, req_r, rep_w), daemon=True)
+        self.thread = threading.Thread(target=serve_one, args=(self.server, req_r, rep_w), daemon=True)
         self.thread.start()
 
     def send(self, data: bytes):
@@ -515,9 +516,9 @@ class _LoopHarness:
 
 def _generic_reply(env_seed: int, actions: list, autoreset: bool = False):
     """Replies of the same env driven through the generic (JSON) path only."""
-    from boltzlabs_gym.envside.gym_server import GymServer
+    from boltzlabs_gym.envside.gym_host import GymHost
 
-    server = GymServer(gym.make("CartPole-v1"))
+    server = GymHost(gym.make("CartPole-v1"))
     server._discrete = None  # the Discrete hot path off: every action through the codec
     server._obs_leaf = None
     server.reset({"seed": env_seed}, [])
@@ -588,7 +589,7 @@ def test_serve_loop_hot_path_steps_aside_for_anything_it_does_not_recognise():
 
 
 def test_fd_reader_lines_and_payloads_across_reads():
-    from boltzlabs_gym.env import FdReader, FdWriter
+    from boltzlabs_gym.envside.framing import FdReader, FdWriter
 
     r, w = os.pipe()
     try:
@@ -659,7 +660,7 @@ class GcProbeEnv(gym.Env):
         return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "collected": _Cycle.collected}
 
 
-def test_gym_server_freezes_the_heap_it_was_built_with_and_still_collects_new_garbage(tmp_path):
+def test_gym_host_freezes_the_heap_it_was_built_with_and_still_collects_new_garbage(tmp_path):
     server = Server(tmp_path, [GcProbeEnv], -1)
     try:
         state = server.rpc({"op": "call", "name": "gc_state"})[0]["value"]
