@@ -12,11 +12,12 @@
 ...         return await asyncio.gather(*(rollout(pool, s) for s in range(1000)))
 >>> asyncio.run(main())                                                 # doctest: +SKIP
 
-How it works: an await puts its call in a queue and returns to the event loop; the calls queued
-in one loop tick go out together, one message per worker, through the pool's send/recv
-(:mod:`boltzlabs_gym.client.async_steps`). There is no thread: the event loop itself sends them
-(a send never waits on an env: a message to a worker, a few bytes to each lent env's pipe) and
-watches the pool's descriptors (:meth:`AsyncSteps.watched_fds
+How it works: an await puts its call in a queue (a :class:`~boltzlabs_gym.client.call_queue.CallQueue`,
+the engine :class:`~boltzlabs_gym.client.env_calls.EnvCalls` runs on a thread) and returns to the
+event loop; the calls queued in one loop tick go out together, one message per worker, through the
+pool's send/recv (:mod:`boltzlabs_gym.client.async_steps`). There is no thread: the event loop
+itself sends them (a send never waits on an env: a message to a worker, a few bytes to each lent
+env's pipe) and watches the pool's descriptors (:meth:`AsyncSteps.watched_fds
 <boltzlabs_gym.client.async_steps.AsyncSteps.watched_fds>`) with ``add_reader``, plus a timer for
 the soonest deadline or heartbeat. When one is readable it takes in what finished, without
 waiting, and hands each result to its coroutine's future, so a slow env holds up only the
@@ -90,14 +91,16 @@ class AsyncEnv:
         if self.needs_reset:
             raise AsyncStateError(f"env {self.env_id}: reset() it before step() (its episode is over or unstarted)")
         pool = self._pool
-        if pool._vec is not None:
-            obj, frames = pool._vec._encode_action(self.env_id, action)
-            op: dict = {"op": "step", "action": obj}
-        else:
-            op, frames = {"op": "step", "action": action}, ()
         calls = pool._calls
         future = pool._loop.create_future()  # type: ignore[union-attr]
-        calls.queue(future, self.env_id, op, frames)
+        # The op is not kept in a local: held while the step is out, 1000 of them would fill the
+        # collector's youngest generation and run it several times as often.
+        if pool._vec is None:
+            calls.queue(future, self.env_id, {"op": "step", "action": action})
+        else:
+            obj, frames = pool._vec._encode_action(self.env_id, action)
+            calls.queue(future, self.env_id, {"op": "step", "action": obj}, frames)
+            del obj, frames
         try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
             finished = await future
         except asyncio.CancelledError:
@@ -187,19 +190,22 @@ class AsyncPool:
     async def aclose(self) -> None:
         """Let released envs finish their resets, stop watching the pool, collect what is still in
         flight (so that a pool passed in is left idle); close the pool if this face started it.
-        Envs still held warn."""
+        Envs still held warn. After the pool's I/O broke (a worker lost) nothing more is
+        collected: the pool's own close reports what it drops."""
         if self._closed:
             return
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=self.pool.step_timeout + self.pool.reset_timeout)
         self._closed = True
+        broken = self._calls.refusal is not None
         self._calls.refusal = PoolClosedError("this AsyncPool is closed")
         if self._loop is not None:
             self._unwatch()
             if self._hold_timer is not None:
                 self._hold_timer.cancel()
-            # Nothing on the loop touches the pool now: a thread may wait for the rest.
-            await asyncio.to_thread(self._drop_unreceived)
+            if not broken:
+                # Nothing on the loop touches the pool now: a thread may wait for the rest.
+                await asyncio.to_thread(self._drop_unreceived)
         self._calls.fail_all(PoolClosedError("the AsyncPool closed while this step was in flight"))
         if self._held:
             warnings.warn(
