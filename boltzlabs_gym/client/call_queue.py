@@ -111,9 +111,9 @@ class CallQueue(Generic[F]):
         if self._heads.get(env_id) is not future:  # over, or waiting behind another call of its env
             line = self._lines.get(env_id)
             if line:
-                for call in line:
-                    if call[1] is future:
-                        line.remove(call)
+                for pos, (_, waiting) in enumerate(line):
+                    if waiting is future:
+                        del line[pos]  # (by place: an equality test would compare payloads)
                         break
                 if not line:
                     del self._lines[env_id]
