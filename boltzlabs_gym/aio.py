@@ -12,11 +12,12 @@
 ...         return await asyncio.gather(*(rollout(pool, s) for s in range(1000)))
 >>> asyncio.run(main())                                                 # doctest: +SKIP
 
-How it works: an await puts its call in a queue and returns to the event loop; the calls queued
-in one loop tick go out together, one message per worker, through the pool's send/recv
-(:mod:`boltzlabs_gym.client.async_steps`). There is no thread: the event loop itself sends them
-(a send never waits on an env: a message to a worker, a few bytes to each lent env's pipe) and
-watches the pool's descriptors (:meth:`AsyncSteps.watched_fds
+How it works: an await puts its call in a queue (a :class:`~boltzlabs_gym.client.call_queue.CallQueue`,
+the engine :class:`~boltzlabs_gym.client.env_calls.EnvCalls` runs on a thread) and returns to the
+event loop; the calls queued in one loop tick go out together, one message per worker, through the
+pool's send/recv (:mod:`boltzlabs_gym.client.async_steps`). There is no thread: the event loop
+itself sends them (a send never waits on an env: a message to a worker, a few bytes to each lent
+env's pipe) and watches the pool's descriptors (:meth:`AsyncSteps.watched_fds
 <boltzlabs_gym.client.async_steps.AsyncSteps.watched_fds>`) with ``add_reader``, plus a timer for
 the soonest deadline or heartbeat. When one is readable it takes in what finished, without
 waiting, and hands each result to its coroutine's future, so a slow env holds up only the
@@ -46,15 +47,17 @@ the vector env stays owned by its caller.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 import time
 import warnings
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from .client.async_steps import Finished
+from .client.call_queue import CallQueue
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
@@ -88,11 +91,20 @@ class AsyncEnv:
         if self.needs_reset:
             raise AsyncStateError(f"env {self.env_id}: reset() it before step() (its episode is over or unstarted)")
         pool = self._pool
-        future = pool._queue(self.env_id, {"op": "step", "action": action}, payload_of=action)
+        calls = pool._calls
+        future = pool._loop.create_future()  # type: ignore[union-attr]
+        # The op is not kept in a local: held while the step is out, 1000 of them would fill the
+        # collector's youngest generation and run it several times as often.
+        if pool._vec is None:
+            calls.queue(future, self.env_id, {"op": "step", "action": action})
+        else:
+            obj, frames = pool._vec._encode_action(self.env_id, action)
+            calls.queue(future, self.env_id, {"op": "step", "action": obj}, frames)
+            del obj, frames
         try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
             finished = await future
         except asyncio.CancelledError:
-            pool._cancelled(self.env_id, future)
+            calls.cancelled(self.env_id, future)
             raise
         obs, reward, terminated, truncated, info = self._pool._read_step(finished)
         self.needs_reset = terminated or truncated
@@ -134,10 +146,12 @@ class AsyncPool:
         self.acquire_timeout = acquire_timeout
         self.hold_warning = hold_warning
         self._steps = pool.async_steps
+        # The calls, their lines and sandbox turns: woken by the loop (see _start and _watch).
+        self._calls: CallQueue[asyncio.Future] = CallQueue(
+            pool.async_steps, pool.envs_per_sandbox, wake=_not_started, new_future=_not_started
+        )
         self._free: asyncio.Queue[int] | None = None
         self._held: dict[int, AsyncEnv] = {}
-        self._queued: list[tuple[int, dict, Sequence[bytes]]] = []
-        self._futures: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         # The loop waits on the pool's descriptors itself (see _watch).
         self._watched: set[int] = set()  # descriptors with a reader on the loop
@@ -146,14 +160,8 @@ class AsyncPool:
         self._take_due = False  # a _take_results is scheduled with call_soon and has not run
         self._hold_timer: asyncio.TimerHandle | None = None
         self._closed = False
-        self._io_error: BaseException | None = None  # what broke the pool's I/O: every later call raises it
         self._releasing: set[asyncio.Future] = set()  # envs being reset before they go back
         self._waiting = 0  # coroutines waiting in env() for a free env
-        # Several envs per sandbox: a sandbox takes one call at a time, so a call to an env whose
-        # sandbox has one in flight waits here for its turn (see _hold_for_busy_sandboxes).
-        self._k = pool.envs_per_sandbox
-        self._sandbox_calls: dict[int, int] = {}  # sandbox -> its envs in flight (sent, not delivered)
-        self._turns: dict[int, list[tuple[int, dict, Sequence[bytes]]]] = {}  # sandbox -> calls waiting
 
     # ------------------------------------------------------------------ life
     async def __aenter__(self) -> AsyncPool:
@@ -171,7 +179,9 @@ class AsyncPool:
                     "make one AsyncPool per loop, e.g. inside the coroutine that asyncio.run() runs"
                 )
             return
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        self._calls.wake = functools.partial(loop.call_soon, self._flush)  # what is queued in a tick goes out together
+        self._calls.new_future = loop.create_future
         self._free = asyncio.Queue()
         for i in range(self.pool.n):
             self._free.put_nowait(i)
@@ -180,21 +190,23 @@ class AsyncPool:
     async def aclose(self) -> None:
         """Let released envs finish their resets, stop watching the pool, collect what is still in
         flight (so that a pool passed in is left idle); close the pool if this face started it.
-        Envs still held warn."""
+        Envs still held warn. After the pool's I/O broke (a worker lost) nothing more is
+        collected: the pool's own close reports what it drops."""
         if self._closed:
             return
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=self.pool.step_timeout + self.pool.reset_timeout)
         self._closed = True
+        broken = self._calls.refusal is not None
+        self._calls.refusal = PoolClosedError("this AsyncPool is closed")
         if self._loop is not None:
             self._unwatch()
             if self._hold_timer is not None:
                 self._hold_timer.cancel()
-            # Nothing on the loop touches the pool now: a thread may wait for the rest.
-            await asyncio.to_thread(self._drop_unreceived)
-        for future in self._futures.values():
-            if not future.done():
-                future.set_exception(PoolClosedError("the AsyncPool closed while this step was in flight"))
+            if not broken:
+                # Nothing on the loop touches the pool now: a thread may wait for the rest.
+                await asyncio.to_thread(self._drop_unreceived)
+        self._calls.fail_all(PoolClosedError("the AsyncPool closed while this step was in flight"))
         if self._held:
             warnings.warn(
                 f"AsyncPool closed with envs {sorted(self._held)[:8]} still held by coroutines",
@@ -264,7 +276,7 @@ class AsyncPool:
         cost a round trip.)"""
         assert self._free is not None
         env_id = env.env_id
-        pending = self._futures.get(env_id)
+        pending = self._calls.pending(env_id)
         if pending is None:
             self._free.put_nowait(env_id)
             return
@@ -283,118 +295,30 @@ class AsyncPool:
         task.add_done_callback(self._releasing.discard)
 
     # ------------------------------------------------------------------ calls
-    async def _call(self, env_id: int, op: dict, payload_of: Any = None) -> Finished:
-        future = self._queue(env_id, op, payload_of)
+    async def _call(self, env_id: int, op: dict) -> Finished:
+        calls = self._calls
+        future = self._loop.create_future()  # type: ignore[union-attr]
+        calls.queue(future, env_id, op)
         try:
-            return await future  # _deliver/_fail take it out of _futures before they set it
+            return await future
         except asyncio.CancelledError:
-            self._cancelled(env_id, future)
+            calls.cancelled(env_id, future)
             raise
 
-    def _queue(self, env_id: int, op: dict, payload_of: Any = None) -> asyncio.Future:
-        """Queue ``op`` for ``env_id`` (it goes out with this tick's flush); the future its
-        result will be set on."""
-        if self._closed:
-            raise PoolClosedError("this AsyncPool is closed")
-        if self._io_error is not None:
-            raise self._io_error
-        loop = self._loop
-        assert loop is not None
-        if self._vec is not None and op["op"] == "step":
-            obj, payloads = self._vec._encode_action(env_id, payload_of)
-            op, frames = {"op": "step", "action": obj}, payloads
-        else:
-            frames = ()
-        future = loop.create_future()
-        if not self._queued:
-            loop.call_soon(self._flush)  # everything queued in this tick goes out together
-        self._queued.append((env_id, op, frames))
-        self._futures[env_id] = future
-        return future
-
-    def _cancelled(self, env_id: int, future: asyncio.Future) -> None:
-        """The coroutine awaiting ``future`` (``env_id``'s call) was cancelled."""
-        if self._futures.get(env_id) is not future:
-            return  # _deliver/_fail took it out of _futures: the call is over
-        if self._k > 1 and self._drop_waiting_call(env_id):
-            del self._futures[env_id]  # it never went out: the env is as it was
-        else:
-            # The step goes on in its env: its result goes to a future that _release waits on
-            # (no asyncio.shield per call, which costs a second future and a loop tick).
-            self._futures[env_id] = self._loop.create_future()  # type: ignore[union-attr]
-
     def _flush(self) -> None:
-        """Send this tick's calls (a send returns once they went out, waiting on no env), then
-        watch for their results."""
-        queued, self._queued = self._queued, []
-        if self._k > 1:
-            queued = self._hold_for_busy_sandboxes(queued)
-        if not queued:
-            return
-        failure = self._io_error
-        if failure is None and self._closed:
-            failure = PoolClosedError("the AsyncPool closed before this call went out")
-        if failure is None:
-            try:
-                self._steps.send(queued)
-            except Exception as exc:  # noqa: BLE001 - each of those coroutines gets the error
-                failure = exc
-        if failure is not None:
-            self._fail([env_id for env_id, _, _ in queued], failure)
-        if self._io_error is None and not self._closed:
-            self._after_io()  # (after a refused send too: one to several workers may have gone out in part)
-
-    def _hold_for_busy_sandboxes(self, queued: list) -> list:
-        """The calls that may go out now; the others (an env whose sandbox has a call in flight:
-        :meth:`AsyncSteps.send <boltzlabs_gym.client.async_steps.AsyncSteps.send>` refuses
-        those) wait for that call to finish, then go out together (:meth:`_sandboxes_done`).
-        Calls to one idle sandbox in one tick go out together, as one call."""
-        k, busy, going = self._k, self._sandbox_calls, []
-        for item in queued:
-            sandbox = item[0] // k
-            if sandbox in busy:
-                self._turns.setdefault(sandbox, []).append(item)
-            else:
-                going.append(item)
-        for item in going:
-            sandbox = item[0] // k
-            busy[sandbox] = busy.get(sandbox, 0) + 1
-        return going
-
-    def _sandboxes_done(self, env_ids: Sequence[int]) -> None:
-        """``env_ids``' calls are over (delivered or failed): a sandbox with none left in flight
-        takes the calls that waited for it, in the next flush (with that tick's other calls)."""
-        k, busy = self._k, self._sandbox_calls
-        for env_id in env_ids:
-            sandbox = env_id // k
-            left = busy.get(sandbox, 0) - 1
-            if left > 0:
-                busy[sandbox] = left
-                continue
-            busy.pop(sandbox, None)
-            waiting = self._turns.pop(sandbox, None)
-            if waiting:
-                if not self._queued:
-                    self._loop.call_soon(self._flush)  # type: ignore[union-attr]
-                self._queued.extend(waiting)
-
-    def _drop_waiting_call(self, env_id: int) -> bool:
-        """Take ``env_id``'s call out of its sandbox's line (its coroutine was cancelled before
-        the call went out); whether it was there."""
-        waiting = self._turns.get(env_id // self._k)
-        if waiting:
-            for pos, item in enumerate(waiting):
-                if item[0] == env_id:
-                    del waiting[pos]
-                    return True
-        return False
+        """Send what was queued (a send returns once it went out, waiting on no env), then watch
+        for the results (after a refused send too: one to several workers may have gone out in
+        part)."""
+        calls = self._calls
+        if calls.flush() and calls.refusal is None:
+            self._after_io()
 
     # ------------------------------------------------------------------ results, on the loop
     def _take_results(self) -> None:
         """Take in what finished, never waiting (a watched descriptor is readable, a deadline or
         heartbeat is due, or a reply waits unsignalled), and hand it to the coroutines."""
         self._take_due = False
-        if self._closed or self._io_error is not None:
+        if self._calls.refusal is not None:  # closed, or broken
             return
         try:
             self._steps.take_ready(time.monotonic())
@@ -402,7 +326,7 @@ class AsyncPool:
             self._break(exc)
             return
         if self._steps.finished:
-            self._deliver()
+            self._calls.deliver()
         self._after_io()
 
     def _on_wakeup(self) -> None:
@@ -459,34 +383,9 @@ class AsyncPool:
     def _break(self, exc: BaseException) -> None:
         """The pool's I/O failed (a worker lost, say): every waiting coroutine gets ``exc``, and
         every later call raises it."""
-        self._io_error = exc
+        self._calls.refusal = exc
         self._unwatch()
-        self._fail(None, exc)
-
-    def _deliver(self) -> None:
-        """Hand every finished call to its coroutine's future."""
-        finished = list(self._steps.finished)
-        self._steps.finished.clear()
-        for f in finished:
-            future = self._futures.pop(f.result.index, None)
-            if future is not None and not future.done():
-                future.set_result(f)
-        if self._k > 1:
-            # After the results: the coroutines they wake make their next calls before the
-            # flush that sends the waiting ones, and go out with them.
-            self._sandboxes_done([f.result.index for f in finished])
-
-    def _fail(self, env_ids: list[int] | None, exc: BaseException) -> None:
-        """Raise ``exc`` in the coroutines waiting on ``env_ids`` (``None``: every one)."""
-        if env_ids is None:
-            self._turns.clear()  # the pool's I/O is broken: nothing more goes out
-            self._sandbox_calls.clear()
-        for env_id in list(self._futures) if env_ids is None else env_ids:
-            future = self._futures.pop(env_id, None)
-            if future is not None and not future.done():
-                future.set_exception(exc)
-        if env_ids is not None and self._k > 1:
-            self._sandboxes_done(env_ids)
+        self._calls.fail_all(exc)
 
     def _hold_period(self) -> float:
         return min(1.0, self.hold_warning / 4)
@@ -521,3 +420,7 @@ class AsyncPool:
         else:
             t = read_step(f.result, self.pool.step_timeout)
         return t.obs, t.reward, t.terminated, t.truncated, t.info
+
+
+def _not_started() -> Any:
+    raise RuntimeError("this AsyncPool is not started: use it inside `async with` or pool.env()")

@@ -22,7 +22,8 @@ later, until it is replaced; the other workers' envs go on. With
 ``envs_per_sandbox`` K > 1 a sandbox is one process serving its envs one after another: the
 envs of a sandbox sent together are one call and finish together, and a sandbox takes one call
 at a time (sending to an env whose sandbox neighbour is in flight is refused, naming both;
-:mod:`boltzlabs_gym.aio` queues such a call until the sandbox is free).
+the per-env call faces' :mod:`~boltzlabs_gym.client.call_queue` queues such a call until the
+sandbox is free).
 
 >>> with RLPool("./envs/counter", n=8) as pool:                      # doctest: +SKIP
 ...     pool.reset(seed=0)

@@ -8,17 +8,24 @@ on every env in flight at once and resolves each future as its env finishes. A s
 its own callers only; a coroutine awaits a call with ``asyncio.wrap_future``.
 
 Calls on one env run one after another, in the order they were submitted (a call on an env that
-is busy waits for it, not for the others); calls on different envs overlap. A future's callbacks
-run on the calls' thread, and may submit again (the env of a resolved call is free then).
+is busy waits for it, not for the others); calls on different envs overlap. With
+``envs_per_sandbox`` K > 1 a sandbox takes one call at a time: a call to an env whose sandbox
+neighbour has one in flight waits for it (never an error), then goes out together with the
+sandbox's other waiting calls. A future's callbacks run on the calls' thread, and may submit
+again (the env of a resolved call is free then).
 
 While an :class:`EnvCalls` runs, the pool's envs are its: the pool's lockstep calls (``step``,
 ``reset``, ``batch_async``) are refused while any of its calls is in flight. Close it before the
 pool.
+
+The lines of calls, the sandbox turns and the resolving are the
+:class:`~boltzlabs_gym.client.call_queue.CallQueue`'s, which :mod:`boltzlabs_gym.aio` runs on an
+event loop; here the thread runs it: submitted calls reach it through an inbox and a wake-up
+pipe, and it waits with :meth:`AsyncSteps.pump <boltzlabs_gym.client.async_steps.AsyncSteps.pump>`.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import os
 import select
@@ -29,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import PoolClosedError
 from ..wire.protocol import encode_header
-from .async_steps import Finished
+from .call_queue import CallQueue
 
 if TYPE_CHECKING:
     from .pool import RLPool
@@ -37,7 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["EnvCalls", "drain"]
 
 Item = tuple[int, dict, Sequence[bytes]]
-_Call = tuple[Item, concurrent.futures.Future]
+_Call = tuple[concurrent.futures.Future, Item]
 
 
 class EnvCalls:
@@ -47,9 +54,12 @@ class EnvCalls:
     def __init__(self, pool: RLPool, *, name: str = "boltzlabs-env-calls"):
         self.pool = pool
         self._steps = pool.async_steps
+        # Driven by the thread alone; its flush comes each turn of the thread's loop.
+        self._calls: CallQueue[concurrent.futures.Future] = CallQueue(
+            self._steps, pool.envs_per_sandbox, wake=_nothing, new_future=concurrent.futures.Future
+        )
         self._lock = threading.Lock()
-        self._outbox: list[_Call] = []  # calls to send: each the first of its env's line
-        self._lines: dict[int, collections.deque[_Call]] = {}  # env -> its calls not finished, in order
+        self._inbox: list[_Call] = []  # calls submitted, not yet taken by the thread
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
         self._error: BaseException | None = None
@@ -66,7 +76,7 @@ class EnvCalls:
         """:meth:`submit` for several ``(index, op, payloads)`` items, queued together (one message
         per worker where their envs are free). An env id out of range (``IndexError``) or an op that
         cannot be encoded is refused here, nothing queued."""
-        calls = []
+        calls: list[_Call] = []
         for index, op, payloads in items:
             if type(index) is not int or not 0 <= index < self.pool.n:
                 raise IndexError(f"env id {index!r} out of range for a pool of {self.pool.n} envs")
@@ -74,22 +84,18 @@ class EnvCalls:
             encode_header({"items": [[index, op, len(payloads)]]})
             future: concurrent.futures.Future = concurrent.futures.Future()
             future.set_running_or_notify_cancel()
-            calls.append(((index, op, payloads), future))
+            calls.append((future, (index, op, payloads)))
         with self._lock:
             self._check_usable()
-            for call in calls:
-                line = self._lines.setdefault(call[0][0], collections.deque())
-                line.append(call)
-                if len(line) == 1:  # the env is free: its call goes out now; else after the one before
-                    self._outbox.append(call)
+            self._inbox.extend(calls)
         self._wake()
-        return [future for _, future in calls]
+        return [future for future, _ in calls]
 
     @property
     def in_flight(self) -> int:
         """Calls submitted and not finished (sent, or waiting for their env)."""
         with self._lock:
-            return sum(len(line) for line in self._lines.values())
+            return len(self._inbox) + len(self._calls)
 
     def _check_usable(self) -> None:
         if self._error is not None:
@@ -108,62 +114,37 @@ class EnvCalls:
 
     # ------------------------------------------------------------------ the thread
     def _serve(self) -> None:
-        """Send what was queued, wait for results (or a wake-up), resolve each call as it finishes."""
-        steps = self._steps
+        """Take what was submitted, send what may go, wait for results (or a wake-up), resolve
+        each call as it finishes."""
+        steps, calls = self._steps, self._calls
         try:
             while True:
-                with self._lock:
+                with self._lock:  # (in_flight counts a call in the inbox or the queue, never both)
                     if self._closed:
-                        return
-                    outbox, self._outbox = self._outbox, []
-                if outbox:
-                    self._send(outbox)
+                        break
+                    inbox, self._inbox = self._inbox, []
+                    for future, (index, op, payloads) in inbox:
+                        calls.queue(future, index, op, payloads)
+                calls.flush()
                 if steps.in_flight:
                     steps.pump(time.monotonic() + 1.0, wake=self._wake_r)
                 else:
                     select.select([self._wake_r], [], [], 1.0)
                 drain(self._wake_r)
-                while steps.finished:
-                    self._resolve(steps.finished.popleft())
+                calls.deliver()
         except BaseException as exc:  # noqa: BLE001 - the pool failed: every waiting call gets it
             with self._lock:
                 self._error = exc
             self._fail_all(exc)
-
-    def _send(self, calls: list[_Call]) -> None:
-        try:
-            self._steps.send([item for item, _ in calls])
-        except Exception as exc:  # noqa: BLE001 - the pool refused (closed, lost): these calls fail
-            for (index, _, _), _future in calls:
-                self._finish(index, exc)
-
-    def _resolve(self, finished: Finished) -> None:
-        self._finish(finished.result.index, finished)
-
-    def _finish(self, index: int, outcome: Finished | BaseException) -> None:
-        """Resolve env ``index``'s call in flight; its next call (if one waits) goes out next."""
-        with self._lock:
-            line = self._lines.get(index)
-            if not line:
-                return  # not ours (nothing waits on it)
-            _, future = line.popleft()
-            if line:
-                self._outbox.append(line[0])
-            else:
-                del self._lines[index]
-        if line:
-            self._wake()
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+            return
+        self._fail_all(_closed_error())
 
     def _fail_all(self, exc: BaseException) -> None:
+        """Every call not finished fails with ``exc`` (on the thread, or once it stopped)."""
         with self._lock:
-            calls = [call for line in self._lines.values() for call in line]
-            self._lines.clear()
-            self._outbox = []
-        for _, future in calls:
+            inbox, self._inbox = self._inbox, []
+        self._calls.fail_all(exc)
+        for future, _ in inbox:
             if not future.done():
                 future.set_exception(exc)
 
@@ -178,7 +159,8 @@ class EnvCalls:
         self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        self._fail_all(PoolClosedError("the pool's calls were closed before this call finished"))
+        if self._thread is threading.current_thread() or not self._thread.is_alive():
+            self._fail_all(_closed_error())  # (the thread does it too as it stops; a call fails once)
         if not self._thread.is_alive():
             with self._lock:
                 os.close(self._wake_r)
@@ -190,6 +172,14 @@ class EnvCalls:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _closed_error() -> PoolClosedError:
+    return PoolClosedError("the pool's calls were closed before this call finished")
+
+
+def _nothing() -> None:
+    """The queue's wake-up: nothing to do, the thread flushes on each turn of its loop."""
 
 
 def drain(fd: int) -> None:

@@ -259,7 +259,7 @@ def test_asyncio_neighbours_of_a_sandbox_wait_their_turn_and_stay_exact(grouped_
         async with AsyncPool(grouped_envs, acquire_timeout=60) as face:
             steps = await asyncio.gather(*(_rollout_against_reference(face, s, p) for s, p in rollouts))
             assert all(n >= 1 for n in steps)
-            assert not face._turns or not any(face._turns.values())
+            assert not face._calls._turns or not any(face._calls._turns.values())
 
     asyncio.run(main())
     assert not grouped_envs.pool.async_steps.in_flight
@@ -285,11 +285,11 @@ def test_asyncio_a_call_behind_a_slow_neighbour_goes_out_when_the_sandbox_is_fre
                     await asyncio.sleep(0.05)
                     waiting = asyncio.ensure_future(b.step(7))
                     await asyncio.sleep(0.05)
-                    assert face._turns[0]  # b's step waits for a's reset
+                    assert face._calls._turns[0]  # b's step waits for a's reset
                     waiting.cancel()
                     with pytest.raises(asyncio.CancelledError):
                         await waiting
-                    assert not face._turns[0] and b.env_id not in face._futures
+                    assert not face._calls._turns[0] and face._calls.pending(b.env_id) is None
                     await slow
                     obs, *_ = await b.step(1)
                     assert obs["t"] == 2  # from 1: the cancelled step never ran
