@@ -54,13 +54,16 @@ import time
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client.async_steps import Finished
 from .client.call_queue import CallQueue
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
+
+if TYPE_CHECKING:
+    from .vector.step_batch import StepBatch
 
 __all__ = ["AsyncEnv", "AsyncPool"]
 
@@ -98,7 +101,7 @@ class AsyncEnv:
         if pool._vec is None:
             calls.queue(future, self.env_id, {"op": "step", "action": action})
         else:
-            obj, frames = pool._vec._encode_action(self.env_id, action)
+            obj, frames = pool._vec.encode_action(self.env_id, action)
             calls.queue(future, self.env_id, {"op": "step", "action": obj}, frames)
             del obj, frames
         try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
@@ -132,12 +135,14 @@ class AsyncPool:
         hold_warning: float = 600.0,
         **pool_kwargs: Any,
     ):
-        self._vec: Any = None  # a BoltzLabsVecEnv, whose spaces decode observations
+        from .vector import BoltzLabsVecEnv
+
+        self._vec: StepBatch | None = None  # a BoltzLabsVecEnv's: it encodes actions and reads results in its spaces
         self._owns = False
         if isinstance(source, RLPool):
             pool = source
-        elif hasattr(source, "pool") and hasattr(source, "single_observation_space"):
-            self._vec, pool = source, source.pool
+        elif isinstance(source, BoltzLabsVecEnv):
+            self._vec, pool = source._batch, source.pool
         else:
             if n is None:
                 raise ValueError("AsyncPool(env_dir, n=...) needs n, the number of envs")
@@ -411,12 +416,12 @@ class AsyncPool:
     # ------------------------------------------------------------------ reading
     def _read_reset(self, f: Finished):
         if self._vec is not None:
-            return self._vec._read_reset(f.result, self.pool.reset_timeout)
+            return self._vec.read_reset(f.result, self.pool.reset_timeout)
         return read_reset(f.result, self.pool.reset_timeout)
 
     def _read_step(self, f: Finished):
         if self._vec is not None:
-            t = self._vec._read_step(f.result, self.pool.step_timeout)
+            t = self._vec.read_step(f.result, self.pool.step_timeout)
         else:
             t = read_step(f.result, self.pool.step_timeout)
         return t.obs, t.reward, t.terminated, t.truncated, t.info

@@ -39,7 +39,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
 from ..client.pool import RLPool
-from ..client.results import EnvResult, ResetOutcome, Transition, read_value
+from ..client.results import read_value
 from ..client.snapshot import Snapshot
 from ..client.stats import PoolStats
 from ..errors import WorkerTimeout
@@ -262,15 +262,6 @@ class BoltzLabsVecEnv(VectorEnv):
         return self._batch.collect_step(timeout, self.autoreset_mode, self.copy)
 
     # What AsyncPool (boltzlabs_gym.aio) encodes and reads an env's calls with, over a vector env.
-    def _encode_action(self, i: int, action: Any) -> tuple[Any, list]:
-        return self._batch.encode_action(i, action)
-
-    def _read_reset(self, r: EnvResult, reset_timeout: float) -> ResetOutcome:
-        return self._batch.read_reset(r, reset_timeout)
-
-    def _read_step(self, r: EnvResult, step_timeout: float) -> Transition:
-        return self._batch.read_step(r, step_timeout)
-
     def _check_idle(self, call: str) -> None:
         """Refuse ``call`` while a ``step_async``/``reset_async`` waits for its ``*_wait``."""
         if self._state is not AsyncState.DEFAULT:
