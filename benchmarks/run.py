@@ -61,7 +61,7 @@ HANG_DIR = os.path.join(HERE, "env_dirs", "hang_counter")
 
 # --------------------------------------------------------------------------- suites
 SUITES = {
-    # tests/integration/test_benchmarks.py: every implementation once, tiny.
+    # tests/project/test_benchmarks.py: every implementation once, tiny.
     "smoke": dict(
         sizes=[4],
         steps={4: 40},
@@ -79,7 +79,7 @@ SUITES = {
         step_timeout_s=0.5,
     ),
     # A look in under 3 minutes on 2 cores: every implementation and workload at n = 8, and at 32
-    # all but one (leave_out) (tests/integration/test_benchmarks.py). Its time is mostly start-ups (one interpreter per
+    # all but one (leave_out) (tests/project/test_benchmarks.py). Its time is mostly start-ups (one interpreter per
     # env in mode="default" and in SubprocVecEnv), so the timed blocks are short and repeated
     # twice; the full suite measures n = 64 and up with longer blocks.
     "quick": dict(

@@ -18,7 +18,7 @@ memory limit, fork past their process limit, raise, return an unencodable obs, p
   and after ``close()`` no process, temp dir, socket or cgroup of the run is left.
 
 Prints the counts (``mismatches`` and ``leaks`` must be 0) and exits non-zero otherwise.
-``tests/integration/test_soak.py`` runs this at the size set by ``BOLTZLABS_SOAK_STEPS``.
+``tests/project/test_soak.py`` runs this at the size set by ``BOLTZLABS_SOAK_STEPS``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 
 from .envside.framing import ProtocolError, read_message, write_message
 from .envside.json_host import serve_json
-from .envside.process import ENV_DIR, ENV_INDEX, WORKSPACE
+from .envside.process_setup import ENV_DIR, ENV_INDEX, WORKSPACE
 
 __all__ = ["serve", "measurement", "ENV_DIR", "WORKSPACE", "ENV_INDEX"]
 __all__ += ["read_message", "write_message", "ProtocolError"]  # the framing, for an env that speaks the protocol itself

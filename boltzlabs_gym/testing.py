@@ -1,7 +1,7 @@
 """Helpers for testing and benchmarking with real workers: worker processes and test hosts.
 
 A worker on ``tcp://127.0.0.1:<free port>`` serving a pool (skipped as a doctest: it
-starts a worker process and sandboxed envs; ``tests/integration/test_remote.py`` runs it for real):
+starts a worker process and sandboxed envs; ``tests/project/test_remote.py`` runs it for real):
 
 >>> from boltzlabs_gym import RLPool                                   # doctest: +SKIP
 >>> from boltzlabs_gym.testing import WorkerProcess                    # doctest: +SKIP

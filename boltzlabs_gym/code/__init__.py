@@ -2,16 +2,16 @@
 
 * :class:`CodeRunner` (threads) and :class:`AsyncCodeRunner` (asyncio): ``run``, ``run_many``,
   ``grade_stdio``, ``grade_asserts``; every program in a freshly forked sandbox.
-* :mod:`~boltzlabs_gym.code.results`: :class:`RunRequest`, :class:`RunResult`,
+* :mod:`~boltzlabs_gym.code.runs`: :class:`RunRequest`, :class:`RunResult`,
   :class:`CommandResult` and SandboxFusion's status rules.
-* :mod:`~boltzlabs_gym.code.grading`: verl's two test styles.
+* :mod:`~boltzlabs_gym.code.judges`: verl's two test styles.
 
 The HTTP server that speaks SandboxFusion's API over this runner is :mod:`boltzlabs_gym.server`.
 """
 
-from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
-from .results import LANGUAGES, CommandResult, RunRequest, RunResult, run_status
+from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .runner import RUNNER_ENV_DIR, AsyncCodeRunner, CodeRunner, QueueFullError, RunnerStats
+from .runs import LANGUAGES, CommandResult, RunRequest, RunResult, run_status
 
 __all__ = [
     "LANGUAGES",

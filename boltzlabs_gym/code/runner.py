@@ -58,8 +58,8 @@ from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
 from ..wire.limits import Limits
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
-from .grading import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
-from .results import LANGUAGES, RunRequest, RunResult
+from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
+from .runs import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("boltzlabs_gym.code")
 

@@ -3,7 +3,7 @@
 This module runs inside the template process (a fresh interpreter started by
 :class:`~boltzlabs_gym.worker.template.TemplateLauncher`), never in the worker. It is the
 template's entry point: :data:`TEMPLATE_BOOTSTRAP` installs :func:`template_main` as the env
-side's fork hook (:func:`boltzlabs_gym.envside.process.install_template_hook`) and then runs the env's
+side's fork hook (:func:`boltzlabs_gym.envside.process_setup.install_template_hook`) and then runs the env's
 ``env.py``, whose :func:`boltzlabs_gym.env.serve` enters the hook once the env is imported. The
 env side never imports this module: dependencies point from here to it. It imports nothing
 of the worker's launcher, so the template and every env forked from it carry only what
@@ -20,7 +20,7 @@ import socket
 import sys
 
 from ..wire.limits import Limits
-from . import process
+from . import process_setup
 from .confine import (
     CONTROL_FD,
     SANDBOX_ENV_DIR,
@@ -60,8 +60,11 @@ TEMPLATE_BOOTSTRAP = (
 
 
 def install() -> None:
-    """Make :func:`template_main` the fork loop that ``serve()`` enters (see :mod:`boltzlabs_gym.envside.process`)."""
-    process.install_template_hook(template_main)
+    """Make :func:`template_main` the fork loop that ``serve()`` enters.
+
+    See :mod:`~boltzlabs_gym.envside.process_setup`.
+    """
+    process_setup.install_template_hook(template_main)
 
 
 def _threads() -> int:
@@ -375,14 +378,14 @@ def _per_env_bindings() -> list[tuple[dict, str, int]]:
     Scanning here rather than in each fork matters: touching every module global in a fork
     would copy the pages of all those objects (reference counts) into every env.
     """
-    which = {id(process.ENV_INDEX): 0, id(process.ENV_DIR): 1, id(process.WORKSPACE): 2}
+    which = {id(process_setup.ENV_INDEX): 0, id(process_setup.ENV_DIR): 1, id(process_setup.WORKSPACE): 2}
     found = []
     for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(d, dict):
             continue
         for key, value in list(d.items()):
-            if isinstance(value, (process.PerEnvInt, process.PerEnvStr)) and id(value) in which:
+            if isinstance(value, (process_setup.PerEnvInt, process_setup.PerEnvStr)) and id(value) in which:
                 found.append((d, key, which[id(value)]))
     return found
 
@@ -390,7 +393,7 @@ def _per_env_bindings() -> list[tuple[dict, str, int]]:
 def _rebind(bindings: list[tuple[dict, str, int]], index: int, env_dir: str, workspace: str) -> None:
     """Point ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (every module global bound to them at import) at this env's values.
 
-    The env side itself (:mod:`boltzlabs_gym.envside.process`) is one of those modules; it leaves template mode
+    The env side itself (:mod:`boltzlabs_gym.envside.process_setup`) is one of those modules; it leaves template mode
     when the fork loop returns into ``serve()``.
     """
     values = (index, env_dir, workspace)

@@ -75,7 +75,7 @@ from gymnasium import spaces as gs
 from ..wire.codec import SHM, ArrayLeaf, decode, decode_info, encode, encode_info, to_json_safe
 from ..wire.slot_layout import LeafPaths, array_skeleton, payload_layout, slot_spans
 from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
-from . import obs_region, process
+from . import obs_region, process_setup
 from .failures import MAX_TRACEBACK_CHARS, error_transition
 from .framing import payload_nbytes
 from .group_rows import GroupRows
@@ -475,10 +475,10 @@ class GymHost:
             self.env,
             self.last_obs,
             self.started,
-            process.workspace_now(),
+            process_setup.workspace_now(),
             msg.get("kind"),
             msg.get("swap"),
-            process.memory_snapshots(),
+            process_setup.memory_snapshots(),
         )
         return b"" if reply is None else reply  # None: a memory snapshot's copy, which answers its restore
 
@@ -486,7 +486,7 @@ class GymHost:
         """Become the env of the blob in the request's payload (reseeded when asked); answered as a reset."""
         try:
             env, restored = restore_request(
-                self.env, msg, payloads, process.workspace_now(), self.last_obs, process.memory_snapshots()
+                self.env, msg, payloads, process_setup.workspace_now(), self.last_obs, process_setup.memory_snapshots()
             )
         except SnapshotRefused as exc:
             return {"error": str(exc)}, []

@@ -23,12 +23,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..wire.start_failure import describe_start_failure
-from . import process
+from . import process_setup
 from .framing import write_all
 from .groups import Progress, group_config
 from .gym_host import GymHost
 from .gym_loops import serve_group, serve_one
-from .process import freeze_heap, protect_channel_fds
+from .process_setup import freeze_heap, protect_channel_fds
 
 __all__ = ["serve_env", "serve_factories", "FACTORIES_FILE"]
 
@@ -52,7 +52,7 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
     hosts = _started(
         lambda: [GymHost(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
     )
-    progress = Progress(process.workspace_now())
+    progress = Progress(process_setup.workspace_now())
     freeze_heap()
     serve_group(hosts, fd_in, fd_out, progress)
 
@@ -110,17 +110,17 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     inside the sandbox, after the channel is protected.
     """
     preloaded = None
-    if process.in_template():
+    if process_setup.in_template():
         # boltz template: unpickle once (imports Gymnasium and the env classes), then fork envs
         with open(
-            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR), FACTORIES_FILE), "rb"
+            os.path.join(env_dir or os.environ.get("BOLTZLABS_ENV_DIR", process_setup.ENV_DIR), FACTORIES_FILE), "rb"
         ) as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
-        process.template_fork()  # returns in each forked env
+        process_setup.template_fork()  # returns in each forked env
     proto_in, proto_out = protect_channel_fds()
     if env_dir is None:
-        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", process.ENV_DIR)
+        env_dir = os.environ.get("BOLTZLABS_ENV_DIR", process_setup.ENV_DIR)
     if index is None:
         index = int(os.environ.get("BOLTZLABS_ENV_INDEX", "-1"))
     if preloaded is not None:

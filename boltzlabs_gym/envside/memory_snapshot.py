@@ -62,7 +62,7 @@ import time
 from typing import Any
 
 from ..wire.limits import Limits
-from . import obs_region, process
+from . import obs_region, process_setup
 from .confine import CONTROL_FD, SANDBOX_WORKSPACE, python_paths
 
 HOLDER_COMM = "boltz-holder"
@@ -80,7 +80,10 @@ class MemorySnapshotRefused(Exception):
 
 
 class CowForks:
-    """The env side's memory-snapshot maker (what :func:`boltzlabs_gym.envside.process.memory_snapshots` returns)."""
+    """The env side's memory-snapshot maker.
+
+    What :func:`~boltzlabs_gym.envside.process_setup.memory_snapshots` returns.
+    """
 
     def __init__(self, uid: int) -> None:
         self.uid = uid
@@ -144,7 +147,7 @@ class CowForks:
     def _classify_fds(self, ignore: int | None = None) -> tuple[dict[int, int] | None, list[str]]:
         """``(roles, unexpected)``: the fds on the env's channel pipes (fd -> 0 requests, 1 replies,
         2 stderr), and the open fds that are neither those, ``/dev/null`` nor the control socket."""
-        channel = process.channel_fds()
+        channel = process_setup.channel_fds()
         if channel is None:
             return None, []
         ids = {}
@@ -531,7 +534,7 @@ def install(uid: int) -> None:
     # env has them from its template) rather than on the first snapshot's path.
     from . import syscalls as _linux  # noqa: F401
 
-    process.install_memory_snapshots(CowForks(uid))
+    process_setup.install_memory_snapshots(CowForks(uid))
 
 
 __all__ = ["CONTROL_FD", "CowForks", "MemorySnapshotRefused", "install"]

@@ -120,7 +120,7 @@ def snapshot_reply(
     copy forked later from the holder, this returns ``None``: nothing to answer, the copy waits
     for its restore request. ``"auto"`` falls back to the portable blob where the env cannot fork.
     ``nonce``: the request's ``swap`` key, which names the worker's message with the new socket;
-    ``maker``: this process's memory-snapshot maker (:func:`boltzlabs_gym.envside.process.memory_snapshots`).
+    ``maker``: this process's memory-snapshot maker (:func:`boltzlabs_gym.envside.process_setup.memory_snapshots`).
     """
     if not started:
         return {"error": NOT_STARTED}, []

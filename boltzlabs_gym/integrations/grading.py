@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..code import AsyncCodeRunner, CodeRunner, RunRequest, RunResult
-from ..code.grading import assert_requests, judge_asserts, judge_stdio, stdio_requests
+from ..code.judges import assert_requests, judge_asserts, judge_stdio, stdio_requests
 
 log = logging.getLogger("boltzlabs_gym.integrations")
 

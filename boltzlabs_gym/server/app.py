@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..code.results import LANGUAGES, RunRequest, RunResult
 from ..code.runner import CodeRunner, QueueFullError
+from ..code.runs import LANGUAGES, RunRequest, RunResult
 from .models import RunCodeRequest, RunCodeResponse, RunStatus
 
 __all__ = ["create_app"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..code.results import RunRequest, RunResult
+from ..code.runs import RunRequest, RunResult
 
 __all__ = ["ServerMetrics"]
 

@@ -5,7 +5,7 @@ file (and the modules programs commonly use) once, every env is forked from it, 
 hard-resets an env after every program, so each program starts in a sandbox no earlier program
 touched. Standard library only (it runs inside the sandbox).
 
-A step's action is a JSON object (built by :func:`boltzlabs_gym.code.results.RunRequest.to_action`)::
+A step's action is a JSON object (built by :func:`boltzlabs_gym.code.runs.RunRequest.to_action`)::
 
     {"language": "python", "code": "...", "stdin": "...", "files": {"a.txt": "<base64>"},
      "fetch_files": ["out.txt"], "run_timeout": 10, "compile_timeout": 10,
@@ -52,7 +52,7 @@ from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
 from boltzlabs_gym.envside import seccomp
-from boltzlabs_gym.envside.process import workspace_now
+from boltzlabs_gym.envside.process_setup import workspace_now
 
 #: Programs' environment: nothing of the env process's own (its variables name the worker's paths).
 PROGRAM_ENV = {

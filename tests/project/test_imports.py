@@ -89,8 +89,8 @@ FORBIDDEN["boltzlabs_gym.vector"] = (
 #: them reaches into the worker, and none but the runner's sandbox side (runner_env) into the env side.
 FORBIDDEN["boltzlabs_gym.aio"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
 FORBIDDEN["boltzlabs_gym.code.runner"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.server")
-FORBIDDEN["boltzlabs_gym.code.results"] = FORBIDDEN["boltzlabs_gym.code.runner"]
-FORBIDDEN["boltzlabs_gym.code.grading"] = FORBIDDEN["boltzlabs_gym.code.runner"]
+FORBIDDEN["boltzlabs_gym.code.runs"] = FORBIDDEN["boltzlabs_gym.code.runner"]
+FORBIDDEN["boltzlabs_gym.code.judges"] = FORBIDDEN["boltzlabs_gym.code.runner"]
 FORBIDDEN["boltzlabs_gym.server"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
 #: What runs inside the runner's sandbox imports the env side only, like any env directory.
 FORBIDDEN["boltzlabs_gym.code.runner_env"] = (
@@ -284,7 +284,7 @@ def test_the_env_side_reaches_no_worker_or_client_code():
         assert not wrong, f"{module} reaches {sorted(wrong)}"
 
 
-if __name__ == "__main__":  # python tests/integration/test_imports.py: print the circles
+if __name__ == "__main__":  # python tests/project/test_imports.py: print the circles
     for cycle in find_cycles(_package_edges(import_graph())):
         print(" <-> ".join(cycle))
 

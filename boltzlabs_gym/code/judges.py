@@ -9,7 +9,7 @@
 The request builders and judges are pure functions;
 :meth:`~boltzlabs_gym.code.CodeRunner.grade_stdio` and ``grade_asserts`` run them.
 
->>> from boltzlabs_gym.code.results import CommandResult, RunResult
+>>> from boltzlabs_gym.code.runs import CommandResult, RunResult
 >>> ok = RunResult("Success", run_result=CommandResult("Finished", 0.01, 0, "3\\n", ""))
 >>> judge_stdio([ok, ok], ["3", "4\\n"]).passed
 [True, False]
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .results import SUCCESS, RunRequest, RunResult
+from .runs import SUCCESS, RunRequest, RunResult
 
 __all__ = ["Grade", "assert_requests", "judge_asserts", "judge_stdio", "stdio_requests"]
 
