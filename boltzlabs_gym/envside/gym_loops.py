@@ -26,8 +26,8 @@ from . import obs_region
 from .failures import error_transition, failed_transition
 from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
 from .group_rows import GroupRows
-from .groups import GroupRequest, Progress, group_reply_parts
 from .gym_host import GymHost, _traceback, region_reply
+from .sandbox_slots import GroupRequest, Progress, group_reply_parts
 from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
 
 __all__ = ["serve_one", "serve_group", "close_all"]
@@ -227,7 +227,7 @@ def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
-    """A position's reply for :func:`~boltzlabs_gym.envside.groups.group_reply`; one that is not JSON becomes
+    """A position's reply for :func:`~boltzlabs_gym.envside.sandbox_slots.group_reply`; one that is not JSON becomes
     what the one-env host writes instead (:func:`_write`)."""
     try:
         return p, encode_reply(reply, payloads), payloads

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 from ..wire.start_failure import describe_start_failure
 from . import process_setup
 from .framing import write_all
-from .groups import Progress, group_config
 from .gym_host import GymHost
 from .gym_loops import serve_group, serve_one
 from .process_setup import freeze_heap, protect_channel_fds
+from .sandbox_slots import Progress, group_config
 
 __all__ = ["serve_env", "serve_factories", "FACTORIES_FILE"]
 

@@ -33,7 +33,7 @@ possibly by an interpreter that has nothing else installed. What it shares with 
 host (:mod:`~boltzlabs_gym.envside.gym_host`) is the request loop
 (:mod:`~boltzlabs_gym.envside.serve_loop`), the channel's framing
 (:mod:`~boltzlabs_gym.envside.framing`), failure transitions
-(:mod:`~boltzlabs_gym.envside.failures`), groups (:mod:`~boltzlabs_gym.envside.groups`) and the
+(:mod:`~boltzlabs_gym.envside.failures`), sandboxes of several envs (:mod:`~boltzlabs_gym.envside.sandbox_slots`) and the
 process's set-up and boltz template hook (:mod:`~boltzlabs_gym.envside.process_setup`).
 """
 
@@ -49,8 +49,8 @@ from typing import Any, BinaryIO
 
 from .failures import error_transition, failed_transition
 from .framing import encode_json, write_message
-from .groups import GroupRequest, Progress, group_config, spelled_out, write_group_reply
 from .process_setup import freeze_heap, memory_snapshots, protect_channel, template_fork, workspace_now
+from .sandbox_slots import GroupRequest, Progress, group_config, spelled_out, write_group_reply
 from .serve_loop import Answer, serve_group_requests, serve_requests
 from .state import AUTO, MEMORY, SnapshotRefused, restore_request, snapshot_reply
 

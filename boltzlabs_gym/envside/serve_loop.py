@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from ..errors import ProtocolError
 from .framing import STILL_IN_SYNC, FdReader, MessageReader, MessageWriter, read_message, write_message
-from .groups import GroupRequest, check_group
+from .sandbox_slots import GroupRequest, check_group
 
 __all__ = ["Ending", "Answer", "QuickAnswer", "serve_requests", "serve_group_requests"]
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from boltzlabs_gym.envside.framing import FdReader, FdWriter, read_message, write_message
-from boltzlabs_gym.envside.groups import GroupRequest
+from boltzlabs_gym.envside.sandbox_slots import GroupRequest
 from boltzlabs_gym.envside.serve_loop import Ending, serve_group_requests, serve_requests
 
 pytestmark = pytest.mark.timeout(60)
