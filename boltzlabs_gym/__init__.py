@@ -24,6 +24,7 @@ _moved.install()  # old module paths (boltzlabs_gym.pool, boltzlabs_gym.codec, .
 
 _LAZY = {
     "RLPool": "boltzlabs_gym.client.pool",
+    "PoolOptions": "boltzlabs_gym.client.options",
     "Timing": "boltzlabs_gym.client.timing",
     "BoltzLabsVecEnv": "boltzlabs_gym.vector",
     "make_vec": "boltzlabs_gym.make",

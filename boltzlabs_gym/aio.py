@@ -54,9 +54,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+from typing_extensions import Unpack
+
 from .client.async_steps import Finished
+from .client.options import PoolOptions, PoolSettings
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
+from .client.sources import WorkerSource
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
 
 __all__ = ["AsyncEnv", "AsyncPool"]
@@ -101,7 +105,8 @@ class AsyncEnv:
 
 class AsyncPool:
     """An asyncio face over a pool: ``AsyncPool(env_dir, n=...)`` starts an :class:`RLPool`
-    (``pool_kwargs`` as its), ``AsyncPool(pool)`` or ``AsyncPool(vec_env)`` uses one that exists.
+    (``workers``, ``options`` and the keyword settings as its), ``AsyncPool(pool)`` or
+    ``AsyncPool(vec_env)`` uses one that exists (and takes no settings).
 
     ``acquire_timeout``: how long :meth:`env` waits for a free env (``TimeoutError`` after);
     ``hold_warning``: seconds after which an env still held warns.
@@ -118,10 +123,19 @@ class AsyncPool:
         *,
         acquire_timeout: float | None = 600.0,
         hold_warning: float = 600.0,
-        **pool_kwargs: Any,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
         self._vec: Any = None  # a BoltzLabsVecEnv, whose spaces decode observations
         self._owns = False
+        exists = isinstance(source, RLPool) or (hasattr(source, "pool") and hasattr(source, "single_observation_space"))
+        given = [name for name, value in (("n", n), ("workers", workers), ("options", options)) if value is not None]
+        if exists and (given or settings):
+            raise TypeError(
+                f"AsyncPool(pool) drives a pool as it was built: pass {given + sorted(settings)} with an env "
+                "directory instead"
+            )
         if isinstance(source, RLPool):
             pool = source
         elif hasattr(source, "pool") and hasattr(source, "single_observation_space"):
@@ -129,7 +143,8 @@ class AsyncPool:
         else:
             if n is None:
                 raise ValueError("AsyncPool(env_dir, n=...) needs n, the number of envs")
-            pool, self._owns = RLPool(source, n, **pool_kwargs), True
+            pool_options = PoolOptions.fold(options, settings)
+            pool, self._owns = RLPool(source, n, workers=workers, options=pool_options), True
         self.pool = pool
         self.acquire_timeout = acquire_timeout
         self.hold_warning = hold_warning

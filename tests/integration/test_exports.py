@@ -32,6 +32,7 @@ PACKAGE_EXPORTS = [
     "MissingExtraError",
     "PlacementTimeout",
     "PoolClosedError",
+    "PoolOptions",
     "PoolStats",
     "ProtocolError",
     "RLPool",
