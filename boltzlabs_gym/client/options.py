@@ -29,7 +29,6 @@ import inspect
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, NamedTuple, TypedDict
 
 from ..wire.keys import ClientKeys
@@ -43,6 +42,22 @@ __all__ = ["MODES", "PoolOptions", "PoolSettings", "WorkerConfig", "field_docs"]
 MODES = ("default", "boltz")
 #: The values of :attr:`PoolOptions.worker_loss` (``None``: the default for the pool's workers).
 WORKER_LOSS = ("raise", "report")
+
+
+class _ReadOnlyDict(dict):
+    """A dict that refuses changes (a frozen :class:`PoolOptions`' ``env_vars``), and that pickles
+    and hashes, as the options it is part of do."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("PoolOptions.env_vars is read-only: dataclasses.replace(options, env_vars=...) makes a copy")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple:
+        return _ReadOnlyDict, (dict(self),)
 
 
 class WorkerConfig(NamedTuple):
@@ -195,7 +210,7 @@ class PoolOptions:
             isinstance(k, str) and isinstance(v, str) and k.isidentifier() for k, v in env_vars.items()
         ):
             raise ValueError(f"env_vars must map identifier names to strings, got {self.env_vars!r}")
-        keep("env_vars", MappingProxyType(dict(env_vars)))
+        keep("env_vars", _ReadOnlyDict(env_vars))
         if self.keys is not None and not isinstance(self.keys, (str, os.PathLike, ClientKeys)):
             raise TypeError(f"keys must be a key directory or ClientKeys, got {type(self.keys).__name__}")
         if self.split is not None:
