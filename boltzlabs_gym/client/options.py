@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import operator
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -214,8 +215,11 @@ class PoolOptions:
         if self.keys is not None and not isinstance(self.keys, (str, os.PathLike, ClientKeys)):
             raise TypeError(f"keys must be a key directory or ClientKeys, got {type(self.keys).__name__}")
         if self.split is not None:
-            split = tuple(self.split) if isinstance(self.split, Sequence) else None
-            if split is None or not all(type(c) is int and c >= 0 for c in split):
+            try:
+                split: tuple[int, ...] | None = tuple(operator.index(c) for c in self.split)
+            except TypeError:  # not a sequence of ints (numpy's count as ints)
+                split = None
+            if split is None or min(split, default=0) < 0:
                 raise ValueError(f"split must give one count (an int >= 0) per worker, got {self.split!r}")
             if any(c % self.envs_per_sandbox for c in split[:-1]):
                 raise ValueError(
