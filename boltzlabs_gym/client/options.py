@@ -185,6 +185,8 @@ class PoolOptions:
         def keep(name: str, value: object) -> None:  # a frozen field, normalised once here
             object.__setattr__(self, name, value)
 
+        if not isinstance(self.isolation, str):  # which names a worker has, it says itself
+            raise ValueError(f"isolation must be 'auto', 'strict' or a backend's name, got {self.isolation!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("step_timeout", "reset_timeout", "start_timeout", "heartbeat_interval", "lease"):
