@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "RLPool": "boltzlabs_gym.client.pool",
+    "PoolOptions": "boltzlabs_gym.client.options",
     "Timing": "boltzlabs_gym.client.timing",
     "BoltzLabsVecEnv": "boltzlabs_gym.vector",
     "make_vec": "boltzlabs_gym.vector",

@@ -52,14 +52,18 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from typing_extensions import Unpack
+
 from .client.async_steps import Finished
 from .client.call_queue import CallQueue
+from .client.options import PoolOptions, PoolSettings
 from .client.pool import RLPool
 from .client.results import read_reset, read_step
+from .client.sources import WorkerSource
 from .errors import AsyncStateError, PoolClosedError, WorkerTimeout
 
 if TYPE_CHECKING:
@@ -116,7 +120,8 @@ class AsyncEnv:
 
 class AsyncPool:
     """An asyncio face over a pool: ``AsyncPool(env_dir, n=...)`` starts an :class:`RLPool`
-    (``pool_kwargs`` as its), ``AsyncPool(pool)`` or ``AsyncPool(vec_env)`` uses one that exists.
+    (``workers``, ``options`` and the keyword settings as its), ``AsyncPool(pool)`` or
+    ``AsyncPool(vec_env)`` uses one that exists (and takes no settings).
 
     ``acquire_timeout``: how long :meth:`env` waits for a free env (``TimeoutError`` after);
     ``hold_warning``: seconds after which an env still held warns.
@@ -133,12 +138,21 @@ class AsyncPool:
         *,
         acquire_timeout: float | None = 600.0,
         hold_warning: float = 600.0,
-        **pool_kwargs: Any,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
         from .vector import BoltzLabsVecEnv
 
         self._vec: StepBatch | None = None  # a BoltzLabsVecEnv's: it encodes actions and reads results in its spaces
         self._owns = False
+        exists = isinstance(source, (RLPool, BoltzLabsVecEnv))
+        given = [name for name, value in (("n", n), ("workers", workers), ("options", options)) if value is not None]
+        if exists and (given or settings):
+            raise TypeError(
+                f"AsyncPool(pool) drives a pool as it was built: pass {given + sorted(settings)} with an env "
+                "directory instead"
+            )
         if isinstance(source, RLPool):
             pool = source
         elif isinstance(source, BoltzLabsVecEnv):
@@ -146,7 +160,8 @@ class AsyncPool:
         else:
             if n is None:
                 raise ValueError("AsyncPool(env_dir, n=...) needs n, the number of envs")
-            pool, self._owns = RLPool(source, n, **pool_kwargs), True
+            pool_options = PoolOptions.fold(options, settings)
+            pool, self._owns = RLPool(source, n, workers=workers, options=pool_options), True
         self.pool = pool
         self.acquire_timeout = acquire_timeout
         self.hold_warning = hold_warning

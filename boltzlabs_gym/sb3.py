@@ -10,8 +10,8 @@ SB3 code runs unchanged apart from the class name, as with ``SubprocVecEnv``::
     >>> model = PPO("MlpPolicy", env, seed=0).learn(50_000)                 # doctest: +SKIP
     >>> env.straggler_count, env.error_count, env.pool.timing               # doctest: +SKIP
 
-``BoltzLabsSB3VecEnv(env_fns, start_method=None, **options)`` takes what ``SubprocVecEnv``
-takes (the options are :class:`~boltzlabs_gym.RLPool`'s); :func:`make_sb3_vec_env` is the
+``BoltzLabsSB3VecEnv(env_fns, start_method=None, **settings)`` takes what ``SubprocVecEnv``
+takes (the settings are :class:`~boltzlabs_gym.RLPool`'s); :func:`make_sb3_vec_env` is the
 same with SB3's ``Monitor`` applied inside each sandbox. An existing vector env, built with
 ``SAME_STEP`` autoreset (so that one SB3 step is one round trip), is wrapped as it is::
 
@@ -67,8 +67,11 @@ except ImportError as _exc:  # pragma: no cover - exercised only without SB3
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
+from typing_extensions import Unpack
 
+from .client.options import PoolOptions, PoolSettings
 from .client.results import read_value
+from .client.sources import WorkerSource
 from .envside.factories import SB3EnvFactory
 from .vector import ActionBatchError, BoltzLabsVecEnv
 from .wire import codec
@@ -96,8 +99,10 @@ class BoltzLabsSB3VecEnv(VecEnv):
         start_method: accepted for ``SubprocVecEnv``'s signature and checked as it checks it
             (an unknown name raises ``ValueError``); the worker starts every env in its
             sandbox, so no multiprocessing start method is used.
-        **options: :class:`~boltzlabs_gym.RLPool` options (``isolation``, ``step_timeout``,
-            ``workers``, ``mode``, ``envs_per_sandbox``, ...), with ``env_fns`` only.
+        workers, options, **settings: where the pool runs and its settings, as for
+            :class:`~boltzlabs_gym.RLPool` (``isolation``, ``step_timeout``, ``mode``,
+            ``envs_per_sandbox``, ...: :class:`~boltzlabs_gym.client.options.PoolOptions`), with
+            ``env_fns`` only.
 
     Attributes:
         straggler_count: env-steps that missed the pool's ``step_timeout`` so far.
@@ -109,9 +114,12 @@ class BoltzLabsSB3VecEnv(VecEnv):
         self,
         env_fns: Sequence[Callable[[], gym.Env]] | BoltzLabsVecEnv,
         start_method: str | None = None,
-        **options: Any,
+        *,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
-        venv = _vector_env(env_fns, start_method, options)
+        venv = _vector_env(env_fns, start_method, workers, options, settings)
         if getattr(venv, "autoreset_mode", None) != AutoresetMode.SAME_STEP:
             raise ValueError(
                 "BoltzLabsSB3VecEnv needs a BoltzLabsVecEnv built with autoreset_mode=AutoresetMode.SAME_STEP "
@@ -362,7 +370,9 @@ def make_sb3_vec_env(
     env_kwargs: dict | None = None,
     wrapper_class: Callable | None = None,
     monitor: bool = True,
-    **pool_kwargs: Any,
+    workers: Sequence[str] | WorkerSource | None = None,
+    options: PoolOptions | None = None,
+    **settings: Unpack[PoolSettings],
 ) -> BoltzLabsSB3VecEnv:
     """Build ``n_envs`` sandboxed envs as an SB3 ``VecEnv`` (like SB3's ``make_vec_env``).
 
@@ -375,13 +385,13 @@ def make_sb3_vec_env(
         wrapper_class: a Gymnasium wrapper applied inside each sandbox.
         monitor: wrap each env in SB3's ``Monitor`` inside its sandbox (as
             ``make_vec_env`` does), so ``info["episode"]`` and ``ep_info_buffer`` work.
-        **pool_kwargs: :class:`~boltzlabs_gym.RLPool` options (``isolation``,
-            ``step_timeout``, ``workers``, ``limits``, ...).
+        workers, options, **settings: where the pool runs and its settings, as for
+            :class:`~boltzlabs_gym.RLPool` (``isolation``, ``step_timeout``, ``limits``, ...).
     """
     if type(n_envs) is not int or n_envs < 1:
         raise ValueError(f"n_envs must be a positive int, got {n_envs!r}")
     fns = [SB3EnvFactory(env_id_or_factory, dict(env_kwargs or {}), wrapper_class, monitor) for _ in range(n_envs)]
-    env = BoltzLabsSB3VecEnv(fns, **pool_kwargs)
+    env = BoltzLabsSB3VecEnv(fns, workers=workers, options=PoolOptions.fold(options, settings))
     if seed is not None:
         env.seed(seed)
     return env
@@ -392,26 +402,35 @@ def make_sb3_vec_env(
 _ARRAY_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
 
 
-def _vector_env(env_fns: Any, start_method: str | None, options: dict) -> BoltzLabsVecEnv:
-    """The vector env to drive: the one given, or one built from ``env_fns`` (SAME_STEP autoreset)."""
+def _vector_env(
+    env_fns: Any,
+    start_method: str | None,
+    workers: Sequence[str] | WorkerSource | None,
+    options: PoolOptions | None,
+    settings: PoolSettings,
+) -> BoltzLabsVecEnv:
+    """The vector env to drive: the one given, or one built from ``env_fns`` (SAME_STEP autoreset)
+    on a pool with ``settings`` over ``options``."""
     if isinstance(env_fns, BoltzLabsVecEnv):
-        if start_method is not None or options:
+        given = sorted(settings) + ["workers"] * (workers is not None) + ["options"] * (options is not None)
+        if start_method is not None or given:
             raise TypeError(
                 "BoltzLabsSB3VecEnv(venv) drives a vector env as it was built: pass start_method and "
-                f"pool options ({sorted(options)}) with env_fns instead"
+                f"pool settings ({given}) with env_fns instead"
             )
         return env_fns
     if start_method is not None:
         import multiprocessing
 
         multiprocessing.get_context(start_method)  # SubprocVecEnv's check: ValueError for an unknown name
-    if "autoreset_mode" in options:
+    if "autoreset_mode" in settings:
         raise TypeError("BoltzLabsSB3VecEnv sets autoreset_mode itself (SAME_STEP: SB3's autoreset)")
     if callable(env_fns) or not isinstance(env_fns, Sequence):
         raise TypeError(
             f"BoltzLabsSB3VecEnv takes a list of env factories or a BoltzLabsVecEnv, got {type(env_fns).__name__}"
         )
-    return BoltzLabsVecEnv(list(env_fns), autoreset_mode=AutoresetMode.SAME_STEP, **options)
+    pool_options = PoolOptions.fold(options, settings)
+    return BoltzLabsVecEnv(list(env_fns), autoreset_mode=AutoresetMode.SAME_STEP, workers=workers, options=pool_options)
 
 
 def _stack_actions(actions: Any, n: int) -> np.ndarray:

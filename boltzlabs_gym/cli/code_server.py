@@ -5,8 +5,25 @@ from __future__ import annotations
 import argparse
 
 from ..errors import MissingExtraError
+from .pool_flags import add_pool_flags, pool_settings_from
 
-__all__ = ["add_code_server_flags", "run_code_server"]
+__all__ = ["POOL_SETTINGS", "add_code_server_flags", "run_code_server"]
+
+#: The pool settings the code server takes as flags (``--reset-timeout``, ``--no-direct``...: see
+#: :mod:`boltzlabs_gym.cli.pool_flags`), for every lane's pool. The runner sets ``mode`` and
+#: ``step_timeout`` itself (``--max-run-timeout``); ``limits`` come from ``--memory-mb``.
+POOL_SETTINGS = (
+    "isolation",
+    "keys",
+    "start_timeout",
+    "reset_timeout",
+    "heartbeat_interval",
+    "heartbeat_timeout",
+    "lease",
+    "busy_poll_us",
+    "env_aslr",
+    "direct",
+)
 
 
 def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -15,11 +32,9 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--lanes", type=int, default=4, help="pools, each with one batch in flight (default 4)")
     p.add_argument("--envs-per-lane", type=int, default=4, help="sandboxes per pool (default 4)")
     p.add_argument("--max-queue", type=int, default=1024, help="waiting runs past which 503 is answered")
-    p.add_argument("--isolation", default="auto", help="auto, strict, namespaces, bwrap or process")
     p.add_argument(
         "--workers", nargs="*", default=None, help="remote worker addresses (tcp://host:port); default: a local worker"
     )
-    p.add_argument("--keys", default=None, help="CURVE key directory for authenticated remote workers")
     p.add_argument("--memory-mb", type=int, default=2048, help="each sandbox's memory limit (MiB)")
     p.add_argument("--max-run-timeout", type=float, default=60.0, help="largest run_timeout accepted (s)")
     p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="stdout/stderr kept per command")
@@ -27,6 +42,7 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument(
         "--no-wipe", action="store_true", help="hard-reset every sandbox after each run (no in-sandbox wipe)"
     )
+    add_pool_flags(p, POOL_SETTINGS)
     return p
 
 
@@ -42,17 +58,17 @@ def run_code_server(args: argparse.Namespace) -> int:
     from ..code import CodeRunner
     from ..wire.limits import Limits
 
+    settings = pool_settings_from(args, POOL_SETTINGS)
+    settings["limits"] = Limits(memory_bytes=args.memory_mb << 20)
     runner = CodeRunner(
         envs_per_lane=args.envs_per_lane,
         lanes=args.lanes,
         workers=args.workers or None,
-        keys=args.keys,
-        isolation=args.isolation,
-        limits=Limits(memory_bytes=args.memory_mb << 20),
         max_run_timeout=args.max_run_timeout,
         max_output_bytes=args.max_output_bytes,
         max_queue=args.max_queue,
         wipe=not args.no_wipe,
+        **settings,
     )
     print(f"code server: {runner!r}; {runner.isolation}", flush=True)
     app = create_app(runner, metrics=not args.no_metrics, owns_runner=True)

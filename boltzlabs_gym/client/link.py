@@ -381,15 +381,15 @@ def close_lent(header: dict) -> None:
 # ---------------------------------------------------------------------- the local worker
 def start_local_worker(
     n: int,
-    busy_poll_us: float,
+    worker_args: Sequence[str] = (),
     *,
     heartbeat_interval: float,
     heartbeat_timeout: float,
     seq: Iterator[int] | None = None,
-    worker_args: Sequence[str] = (),
 ) -> WorkerLink:
     """Start the pool's own worker as a child process and return its link (hosting all ``n`` envs);
-    ``worker_args``: more of its command-line options (``--metrics-port``).
+    ``worker_args``: the flags the pool's settings give it (``--busy-poll-us``, ``--metrics-port``:
+    :meth:`PoolOptions.worker_config <boltzlabs_gym.client.options.PoolOptions.worker_config>`).
 
     The worker binds an ``ipc://`` socket in a fresh directory (removed when the link
     closes) but is reached over a socketpair: no ZeroMQ I/O-thread hand-offs.
@@ -398,7 +398,7 @@ def start_local_worker(
     endpoint = f"ipc://{tmpdir}/worker.sock"
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     argv = [sys.executable, "-m", "boltzlabs_gym.worker", "--bind", endpoint, "--parent-pid", str(os.getpid())]
-    argv += ["--remove-on-exit", tmpdir, "--local-fd", str(theirs.fileno()), "--busy-poll-us", repr(busy_poll_us)]
+    argv += ["--remove-on-exit", tmpdir, "--local-fd", str(theirs.fileno())]
     argv += list(worker_args)
     try:
         process = subprocess.Popen(

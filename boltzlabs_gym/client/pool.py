@@ -19,8 +19,9 @@ several, or the direct lane; :mod:`~boltzlabs_gym.client.grouped_route` for seve
 :mod:`~boltzlabs_gym.client.batch_calls` (the call in flight, its timing and books),
 :mod:`~boltzlabs_gym.client.snapshot_keeper` (snapshot, restore, fork),
 :mod:`~boltzlabs_gym.client.sources` (a lost worker's envs re-created on its replacement),
-:mod:`~boltzlabs_gym.client.startup` (capacity split, archive upload, sessions) and
-:mod:`~boltzlabs_gym.client.arguments` (what the pool is given, checked).
+:mod:`~boltzlabs_gym.client.startup` (its worker or the capacity split, archive upload, sessions),
+:mod:`~boltzlabs_gym.client.options` (its settings, checked) and
+:mod:`~boltzlabs_gym.client.arguments` (each call's actions, masks and seeds, checked).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import functools
 import itertools
 import logging
 import os
-import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -37,26 +37,26 @@ from typing import Any
 
 import numpy as np
 import zmq
+from typing_extensions import Unpack
 
 from ..errors import AsyncStateError
 from ..wire.archive import pack_dir
-from ..wire.keys import ClientKeys
-from ..wire.limits import IsolationReport, Limits
-from ..wire.protocol import DEFAULT_BUSY_POLL_US, ERROR, OK, STRAGGLER, jsonable
-from .arguments import MODES, check_actions, check_mask, check_pool_options, check_seeds, check_worker_options
+from ..wire.limits import IsolationReport
+from ..wire.protocol import ERROR, OK, STRAGGLER, jsonable
+from .arguments import check_actions, check_mask, check_seeds
 from .async_steps import AsyncSteps, Received, plain_items, read_received
 from .batch_calls import BatchCalls
 from .cancels import CallCanceller
 from .grouped_route import GroupedRoute
 from .grouping import SandboxLayout
-from .link import WorkerLink, start_local_worker
-from .obs_regions import ObsRegions
+from .link import WorkerLink
+from .options import MODES, PoolOptions, PoolSettings
 from .results import EnvResult, parse_result, read_reset, read_step
-from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible, route_losses
+from .routes import Route, SplitRoute, route_losses
 from .snapshot import Snapshot
 from .snapshot_keeper import SnapshotKeeper
 from .sources import SourceTracker, WorkerSource, client_keys_from, worker_addresses
-from .startup import connect_workers, open_sessions
+from .startup import close_sessions, open_route, open_sessions
 from .stats import PoolStats, measure_pss
 from .timing import Timing
 
@@ -75,68 +75,10 @@ class RLPool:
             Envs are split across workers by their free capacity, or by ``split``. Or a
             :class:`~boltzlabs_gym.client.sources.WorkerSource` (``boltzlabs_gym.ray.RayWorkers``):
             workers placed for you, with their addresses and keys.
-        keys: CURVE key directory (``boltzlabs-gym keygen``) for authenticated workers, or
-            :class:`~boltzlabs_gym.wire.keys.ClientKeys` held in memory (a source brings its own).
-        split: explicit number of envs per worker (same order as ``workers``).
-        heartbeat_timeout: seconds of silence after which a worker counts as dead or
-            unreachable (the pool pings it every ``heartbeat_interval`` while waiting).
-        lease: seconds a remote worker keeps this pool's envs without hearing from it.
-        isolation: ``"auto"`` (best available, warns on fallback), ``"strict"`` (refuse to
-            run without a real sandbox), or a backend name (``"namespaces"``, ``"bwrap"``,
-            ``"process"``).
-        mode: ``"default"``: one fresh interpreter per env; ``"boltz"``: every env is
-            forked from a warm template process that imported the env once (denser
-            pools, faster hard resets). No fallback between the two.
-        step_timeout: per-step deadline in seconds; an env that misses it is killed and
-            reported as a straggler (``info["boltzlabs_straggler"]``).
-        reset_timeout: deadline for resets and other calls.
-        start_timeout: deadline for an env's interpreter start plus its first request (a
-            ``describe``; a hard reset's seeded reset).
-        limits: per-env :class:`~boltzlabs_gym.Limits` (memory, processes, files, ...).
-        serialize_measurement: run one env step at a time per worker host (for rewards
-            that are timings); resets stay concurrent.
-        env_vars: extra environment variables for every env process.
-        busy_poll_us: microseconds a local pool's worker keeps polling, awake, for the next
-            request after answering one, when the previous one came at least that fast (it
-            saves a wake-up per batch: 30-60 us in a VM); 0 always sleeps. Remote workers
-            always sleep.
-        env_aslr: give every env interpreter a randomized address-space layout. Off by
-            default: envs then share one layout, as forked envs (boltz mode,
-            AsyncVectorEnv, SubprocVecEnv) always do, and the CPU's branch predictors
-            and caches carry over from env to env (about 30% less CPU per CartPole step
-            with 64 fresh interpreters on a 2-vCPU VM). Inside a sandbox that runs
-            untrusted code anyway the randomization guards nothing outside it; the
-            worker and the trainer keep theirs. In boltz mode it applies to the template,
-            whose layout every forked env shares.
-        direct: let a local pool step idle envs on their own pipes (lent by its worker,
-            see :mod:`boltzlabs_gym.client.direct_lane`) instead of through the worker: one process hop
-            less per step, same limits, deadlines and failure reports. ``False`` sends
-            everything through the worker, as remote pools always do.
-        shared_obs: a local pool asks each env process for a shared observation region (a
-            sealed memfd, mapped read-only here) and its envs' array observations come through it
-            rather than through their pipes; see :mod:`boltzlabs_gym.client.obs_regions` and
-            ``docs/shared-memory.md``. Remote pools never do: ``False`` keeps bytes everywhere.
-        envs_per_sandbox: how many envs share one sandboxed process (default 1: every env
-            in its own). With K > 1 env ``i`` is slot ``i % K`` of sandbox ``i // K``: one
-            request and one reply per sandbox per batch, array observations in one block
-            (much faster for cheap envs), but the K envs of a sandbox share its memory, files
-            and fate: a crash or a missed deadline restarts all of them, and ``step_timeout``
-            covers the sandbox's K steps, served one after another. Limits (memory,
-            processes) apply per sandbox. Keep K = 1 for untrusted code; see
-            :mod:`boltzlabs_gym.client.grouping` and the README's failure table. Env directories must
-            serve independent instances (``serve(factory=...)``) for K > 1.
-        metrics_port: serve the local worker's Prometheus ``/metrics`` on this port of
-            127.0.0.1 (0: a free one; :attr:`metrics_url` says where). Needs the ``metrics``
-            extra. Remote workers serve their own (``boltzlabs-gym worker --metrics-port``).
-        snapshot_budget: bytes of env snapshots the local worker holds (default 1 GiB; see
-            :meth:`snapshot`). Remote workers have their own (``boltzlabs-gym worker --snapshot-budget``).
-        worker_loss: what a remote worker lost past ``heartbeat_timeout`` does to a call:
-            ``"raise"`` a :class:`~boltzlabs_gym.WorkerError`, or ``"report"`` its envs'
-            results as errors in their slots (truncated episodes, ``info["boltzlabs_error"]``)
-            until a hard reset re-creates them on the worker that took its place in a
-            :class:`~boltzlabs_gym.client.sources.WorkerSource` (:attr:`lost_workers` lists the lost).
-            Default: ``"report"`` for a source, ``"raise"`` otherwise. ``"report"`` needs
-            ``envs_per_sandbox=1``.
+        options: the pool's settings, a :class:`~boltzlabs_gym.client.options.PoolOptions`.
+        **settings: any field of :class:`~boltzlabs_gym.client.options.PoolOptions` as a keyword
+            (``step_timeout=5``, ``mode="boltz"``, ...), over the field of ``options``; an unknown
+            name raises ``TypeError``. :attr:`options` holds what the pool runs with.
     """
 
     def __init__(
@@ -145,71 +87,23 @@ class RLPool:
         n: int,
         *,
         workers: Sequence[str] | WorkerSource | None = None,
-        isolation: str = "auto",
-        mode: str = "default",
-        step_timeout: float = 30.0,
-        reset_timeout: float = 60.0,
-        start_timeout: float = 120.0,
-        limits: Limits | None = None,
-        serialize_measurement: bool = False,
-        env_vars: dict[str, str] | None = None,
-        keys: str | os.PathLike | ClientKeys | None = None,
-        split: Sequence[int] | None = None,
-        heartbeat_interval: float = 1.0,
-        heartbeat_timeout: float = 10.0,
-        lease: float = 600.0,
-        busy_poll_us: float = DEFAULT_BUSY_POLL_US,
-        env_aslr: bool = False,
-        direct: bool = True,
-        shared_obs: bool = True,
-        envs_per_sandbox: int = 1,
-        metrics_port: int | None = None,
-        snapshot_budget: int | None = None,
-        worker_loss: str | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
-        busy_poll_us, self.envs_per_sandbox = check_pool_options(
-            n,
-            mode,
-            {"step_timeout": step_timeout, "reset_timeout": reset_timeout, "start_timeout": start_timeout},
-            busy_poll_us,
-            env_aslr,
-            direct,
-            envs_per_sandbox,
-        )
-        self.direct = direct
-        if not isinstance(shared_obs, bool):
-            raise TypeError(f"shared_obs must be True or False, got {shared_obs!r}")
-        self.shared_obs = shared_obs
-        source, addresses = worker_addresses(workers, keys)
-        if isolation == "auto" and getattr(source, "sandboxed_only", False):
-            # Workers in a Ray cluster: an env without a sandbox would run as the Ray user, with the
-            # network (Ray's unauthenticated GCS and dashboard) and Ray's files in reach.
-            isolation = "strict"
-        self.worker_loss = check_worker_options(
-            n,
-            addresses,
-            from_source=source is not None,
-            envs_per_sandbox=self.envs_per_sandbox,
-            worker_loss=worker_loss,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_timeout=heartbeat_timeout,
-            split=split,
-            metrics_port=metrics_port,
-            snapshot_budget=snapshot_budget,
-        )
+        options = PoolOptions.fold(options, settings)
+        source, addresses = worker_addresses(workers, options.keys)
+        #: Every setting this pool runs with (a :class:`~boltzlabs_gym.client.options.PoolOptions`,
+        #: checked against its workers, ``worker_loss`` and ``isolation`` resolved for them).
+        self.options = options = options.placed(n, addresses, source=source)
+        self.n = n
+        self.env_dir = os.fspath(env_dir)
+        # The settings the pool's parts and adapters read most, as attributes of their own.
+        self.envs_per_sandbox, self.start_timeout = options.envs_per_sandbox, options.start_timeout
+        self.step_timeout, self.reset_timeout = options.step_timeout, options.reset_timeout
+        self.busy_poll_us, self.env_aslr = options.busy_poll_us, options.env_aslr
+        self.worker_loss = str(options.worker_loss)
         #: Which sandbox and slot each env has (one env per sandbox unless ``envs_per_sandbox`` > 1).
         self.layout = SandboxLayout(n, self.envs_per_sandbox)
-        self.n = n
-        self.heartbeat_interval = float(heartbeat_interval)
-        self.busy_poll_us = float(busy_poll_us)
-        self.heartbeat_timeout = float(heartbeat_timeout)
-        self.env_dir = os.fspath(env_dir)
-        self.mode = mode
-        self.env_aslr = env_aslr
-        self.step_timeout = float(step_timeout)
-        self.reset_timeout = float(reset_timeout)
-        self.start_timeout = float(start_timeout)
-        self.limits = limits or Limits()
         self.isolation: IsolationReport | None = None
         self.reset_infos: list[dict] = [{} for _ in range(n)]
         #: PSS in bytes of the boltz-mode templates, as of the last :meth:`memory` call.
@@ -231,16 +125,26 @@ class RLPool:
         self._ctx = zmq.Context()
         self._finalizer = weakref.finalize(self, RLPool._finalize, self._ctx, self._links)
         self._sources: SourceTracker | None = None
+        # What every link to a worker is opened with, but its address, envs and keys.
+        link_options = {"seq": self._seq, "heartbeat_interval": options.heartbeat_interval}
+        link_options["heartbeat_timeout"] = options.heartbeat_timeout
         try:
             if source is not None:
                 # Workers given whole (``workers=RayWorkers(...)``): a lost one's envs go to its replacement.
-                options = dict(self._link_options(), send_timeout=self.heartbeat_timeout)
-                self._sources = SourceTracker(source, addresses or (), self._ctx, **options)
+                tracked = dict(link_options, send_timeout=options.heartbeat_timeout)
+                self._sources = SourceTracker(source, addresses or (), self._ctx, **tracked)
             archive, digest = pack_dir(self.env_dir)
             #: The env directory's content hash: snapshots restore only into envs of the same one.
             self.archive_hash = digest
-            worker_keys = client_keys_from(keys) if source is None else [source.client_keys(a) for a in addresses or ()]
-            self._start_links(addresses, split, worker_keys, metrics_port, snapshot_budget)
+            keys = client_keys_from(options.keys, source, addresses or ())
+            config = options.worker_config(remote=bool(addresses))
+            self._route = route = open_route(
+                self._ctx, self._links, addresses, keys, config.flags, self.layout, options, link_options
+            )
+            # Several envs per sandbox: per-env items go out as one group item per sandbox (the
+            # deadline of a mixed group: see protocol.GROUP_DEADLINE).
+            k, mixed_deadline = self.envs_per_sandbox, self.step_timeout + self.reset_timeout
+            self.batch_calls.route = route if k == 1 else GroupedRoute(route, self.layout, mixed_deadline)
             #: The pool's snapshots (:meth:`snapshot`, :meth:`restore` and :meth:`fork` are its work;
             #: adapters that decode observations themselves use it: see :mod:`~boltzlabs_gym.client.snapshot_keeper`).
             self.snapshot_keeper = SnapshotKeeper(
@@ -251,76 +155,17 @@ class RLPool:
                 archive_hash=digest,
                 lost=functools.partial(route_losses, self._route),
             )
-            config = {
-                "isolation": isolation,
-                "mode": mode,
-                "limits": self.limits.to_json(),
-                "step_timeout": self.step_timeout,
-                "reset_timeout": self.reset_timeout,
-                "start_timeout": self.start_timeout,
-                "serialize_measurement": bool(serialize_measurement),
-                "env_vars": dict(env_vars or {}),
-                "env_aslr": env_aslr,
-                "envs_per_sandbox": self.envs_per_sandbox,
-                # A local worker dies with this process; only remote ones need a lease.
-                "lease_s": float(lease) if addresses else 86400.0,
-            }
             # Kept to re-create a lost worker's envs on its replacement (see SourceTracker); it
             # holds no reference to the pool, whose finalizer must not wait for a cycle collection.
-            start_timeout, k = self.start_timeout, self.envs_per_sandbox
-            self._open_sessions = lambda links: open_sessions(links, archive, digest, config, n, start_timeout, k)
+            session, start_timeout = config.session, options.start_timeout
+            self._open_sessions = lambda links: open_sessions(links, archive, digest, session, n, start_timeout, k)
             self.isolation = self._open_sessions(self._links)
             self.start_progress = (n, n)
-            if metrics_port is not None:
+            if options.metrics_port is not None:
                 self.metrics_url = self._links[0].call({"op": "status"}, timeout=30.0).get("metrics")
         except BaseException:
             self.close()
             raise
-
-    # ------------------------------------------------------------------ start-up
-    def _link_options(self) -> dict:
-        """What every link to a worker is opened with, but its address, envs and keys."""
-        return {
-            "seq": self._seq,
-            "heartbeat_interval": self.heartbeat_interval,
-            "heartbeat_timeout": self.heartbeat_timeout,
-        }
-
-    def _start_links(
-        self,
-        workers: Sequence[str] | None,
-        split: Sequence[int] | None,
-        keys: ClientKeys | list | None,
-        metrics_port: int | None,
-        snapshot_budget: int | None,
-    ) -> None:
-        """Connect to the workers (or start our own) and choose the route batches take."""
-        options = self._link_options()
-        # Links, routes and workers count sandboxes (processes); with one env each, envs.
-        k, sandboxes = self.envs_per_sandbox, self.layout.sandboxes
-        route: Route
-        if workers:
-            per_worker = None if split is None else [-(-c // k) for c in split]
-            connect_workers(self._ctx, workers, sandboxes, per_worker, self._links, keys=keys, **options)
-            routes = [WorkerRoute(link, sandboxes) for link in self._links]
-            report = self.worker_loss == "report"
-            route = routes[0] if len(routes) == 1 and not report else SplitRoute(routes, sandboxes, report)
-        else:
-            worker_args = [] if metrics_port is None else ["--metrics-port", str(metrics_port)]
-            if snapshot_budget is not None:
-                worker_args += ["--snapshot-budget", str(snapshot_budget)]
-            link = start_local_worker(sandboxes, self.busy_poll_us, worker_args=worker_args, **options)
-            self._links.append(link)  # closed by the finalizer whatever happens next
-            if self.shared_obs:
-                link.regions = ObsRegions(sandboxes, k)
-            if self.direct and lane_possible(sandboxes):
-                route = LaneRoute(link, sandboxes, self.step_timeout, self.reset_timeout, k)
-            else:
-                route = WorkerRoute(link, sandboxes)
-        self._route = route
-        # Several envs per sandbox: per-env items go out as one group item per sandbox.
-        mixed_deadline = self.step_timeout + self.reset_timeout  # see protocol.GROUP_DEADLINE
-        self.batch_calls.route = route if k == 1 else GroupedRoute(route, self.layout, mixed_deadline)
 
     # ------------------------------------------------------------------ batched calls
     def batch_async(self, items: Sequence[tuple[int, dict, Sequence[bytes]]]) -> None:
@@ -685,22 +530,7 @@ class RLPool:
                 )
         if "cancels" in self.__dict__:
             self.cancels.close()
-        lost = self.lost_workers
-        # Every close sent first, then the answers awaited within one shared 5 s: a pool whose
-        # workers are gone closes in 5 s, not 5 s per worker.
-        sent = []
-        for link in self._links:
-            if link.session is not None and link.process is None and link.address not in lost:
-                try:
-                    sent.append((link, link.send({"op": "close"})))
-                except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
-                    pass
-        deadline = time.monotonic() + 5.0
-        for link, seq in sent:
-            try:
-                link.recv(seq, max(0.1, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
-                pass
+        close_sessions(self._links, self.lost_workers)
         self._finalizer()
 
     @staticmethod

@@ -65,8 +65,13 @@ def worker_addresses(
     return None, list(workers)
 
 
-def client_keys_from(keys: str | os.PathLike | ClientKeys | None) -> ClientKeys | None:
-    """``keys=`` as the pool takes it: a key directory (``boltzlabs-gym keygen``) or keys in memory."""
+def client_keys_from(
+    keys: str | os.PathLike | ClientKeys | None, source: WorkerSource | None = None, addresses: Sequence[str] = ()
+) -> ClientKeys | list[ClientKeys | None] | None:
+    """``keys=`` as the pool takes it: a key directory (``boltzlabs-gym keygen``) or keys in memory;
+    for the workers of a ``source``, the keys it brings for each of the ``addresses``."""
+    if source is not None:
+        return [source.client_keys(a) for a in addresses]
     if keys is None or isinstance(keys, ClientKeys):
         return keys
     from ..wire.keys import load_client_keys

@@ -1,27 +1,62 @@
 """Bringing a pool up on its workers: how many envs each hosts, the env archive, the sessions.
 
-Used once, by :class:`~boltzlabs_gym.client.pool.RLPool`'s constructor: :func:`connect_workers`
-asks remote workers for their free capacity and splits the envs between them;
-:func:`open_sessions` uploads the env archive where it is missing and creates a session
-of envs on every worker, with a progress bar on a terminal.
+Used by :class:`~boltzlabs_gym.client.pool.RLPool`'s constructor: :func:`open_route` starts the
+pool's own worker or connects to remote ones (:func:`connect_workers` asks them for their free
+capacity and splits the envs between them) and chooses the route batches take;
+:func:`open_sessions` uploads the env archive where it is missing and creates a session of envs on
+every worker, with a progress bar on a terminal. :func:`close_sessions` is the pool's close.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Container, Iterator, Sequence
 
 import zmq
 
 from ..errors import CapacityError
 from ..wire.limits import IsolationReport
 from ..wire.protocol import LEND
-from .link import WorkerLink
+from .grouping import SandboxLayout
+from .link import WorkerLink, start_local_worker
+from .obs_regions import ObsRegions
+from .options import PoolOptions
+from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
 
-__all__ = ["connect_workers", "open_sessions"]
+__all__ = ["close_sessions", "connect_workers", "open_route", "open_sessions"]
+
+
+def open_route(
+    ctx: zmq.Context,
+    links: list,
+    workers: Sequence[str] | None,
+    keys: object,
+    flags: Sequence[str],
+    layout: SandboxLayout,
+    options: PoolOptions,
+    link_options: dict,
+) -> Route:
+    """Connect to ``workers`` (or start the pool's own, with ``flags``), putting their links into
+    ``links``, and choose the route batches take to them. Links, routes and workers count
+    sandboxes (processes); with one env each, envs."""
+    k, sandboxes, split = layout.k, layout.sandboxes, options.split
+    if workers:
+        per_worker = None if split is None else [-(-c // k) for c in split]
+        connect_workers(ctx, workers, sandboxes, per_worker, links, keys=keys, **link_options)
+        routes = [WorkerRoute(link, sandboxes) for link in links]
+        report = options.worker_loss == "report"
+        return routes[0] if len(routes) == 1 and not report else SplitRoute(routes, sandboxes, report)
+    link = start_local_worker(sandboxes, flags, **link_options)
+    links.append(link)  # closed by the pool's finalizer whatever happens next
+    if options.shared_obs:
+        link.regions = ObsRegions(sandboxes, k)
+    if options.direct and lane_possible(sandboxes):
+        return LaneRoute(link, sandboxes, options.step_timeout, options.reset_timeout, k)
+    return WorkerRoute(link, sandboxes)
 
 
 def connect_workers(
@@ -138,6 +173,25 @@ def open_sessions(
         raise failure
     log.info("pool of %d envs ready: %s", n, isolation)
     return isolation
+
+
+def close_sessions(links: Sequence[WorkerLink], lost: Container[str]) -> None:
+    """Close the pool's sessions on its remote workers but the ``lost``, best effort: every close
+    sent first, then the answers awaited within one shared 5 s (a pool whose workers are gone
+    closes in 5 s, not 5 s per worker). A local worker's sessions end with the worker."""
+    sent = []
+    for link in links:
+        if link.session is not None and link.process is None and link.address not in lost:
+            try:
+                sent.append((link, link.send({"op": "close"})))
+            except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
+                pass
+    deadline = time.monotonic() + 5.0
+    for link, seq in sent:
+        try:
+            link.recv(seq, max(0.1, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - closing is best effort towards remote workers
+            pass
 
 
 class _ProgressBar:

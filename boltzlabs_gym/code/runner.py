@@ -15,8 +15,8 @@ from the warm template; only then does it take the next request.
 
 Pools are local by default; ``workers=`` (addresses or a
 :class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
-every other :class:`~boltzlabs_gym.RLPool` option pass through, so the same runner runs on remote
-or Ray workers.
+every pool setting (:class:`~boltzlabs_gym.client.options.PoolOptions`, as ``options=`` or
+keywords) pass through, so the same runner runs on remote or Ray workers.
 
 Limits: ``run_timeout`` is enforced inside the sandbox (the program's process group is killed
 on it; the wipe or hard reset after it kills anything that left the group). ``memory_limit_mb``:
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import itertools
 import logging
@@ -49,21 +50,24 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Unpack
+
 from ..client.env_calls import EnvCalls
+from ..client.options import PoolOptions, PoolSettings
 from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
-from ..wire.limits import Limits
+from ..client.sources import WorkerSource
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .runs import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("boltzlabs_gym.code")
 
-__all__ = ["RUNNER_ENV_DIR", "AsyncCodeRunner", "CodeRunner", "QueueFullError", "RunnerStats"]
+__all__ = ["RUNNER_ENV_DIR", "AsyncCodeRunner", "CodeRunner", "QueueFullError", "RunnerSettings", "RunnerStats"]
 
 #: The runner's env directory (served in ``mode="boltz"``).
 RUNNER_ENV_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner_env")
@@ -104,8 +108,11 @@ class CodeRunner:
     Args:
         envs_per_lane: sandboxes per pool; a lane runs up to that many programs at a time.
         lanes: pools (each with a thread that sends and receives its programs).
-        workers, isolation, limits, env_vars, pool_options: passed to every
-            :class:`~boltzlabs_gym.RLPool` (``mode`` is always ``"boltz"``).
+        workers: where every lane's :class:`~boltzlabs_gym.RLPool` runs (default: a local worker each).
+        options, **settings: every lane's pool settings, as for :class:`~boltzlabs_gym.RLPool`
+            (:class:`~boltzlabs_gym.client.options.PoolOptions`); the runner sets ``mode="boltz"``
+            and ``step_timeout`` itself (keywords for them raise ``TypeError``), and takes
+            ``envs_per_sandbox=1`` only. :attr:`pool_options` holds what its pools run with.
         max_run_timeout, max_compile_timeout: the largest ``run_timeout``/``compile_timeout`` a
             request may ask for (the pools' step deadline is sized from them).
         max_output_bytes: stdout and stderr kept per command; the rest is dropped and counted.
@@ -121,25 +128,33 @@ class CodeRunner:
         envs_per_lane: int = 4,
         lanes: int = 2,
         *,
-        workers: Any = None,
-        isolation: str = "auto",
-        limits: Limits | None = None,
-        env_vars: Mapping[str, str] | None = None,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
         max_run_timeout: float = 60.0,
         max_compile_timeout: float = 60.0,
         max_output_bytes: int = 1 << 20,
         max_queue: int = 1024,
         on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
         wipe: bool = True,
-        **pool_options: Any,
+        **settings: Unpack[PoolSettings],
     ):
         if envs_per_lane < 1 or lanes < 1:
             raise ValueError(f"envs_per_lane and lanes must be >= 1, got {envs_per_lane} and {lanes}")
-        if pool_options.get("envs_per_sandbox", 1) != 1:
+        own = sorted(set(settings) & {"mode", "step_timeout"})
+        if own:
+            raise TypeError(
+                f"CodeRunner sets {' and '.join(own)} itself (mode='boltz'; step_timeout from "
+                "max_run_timeout and max_compile_timeout)"
+            )
+        pool_options = PoolOptions.fold(options, settings)
+        if pool_options.envs_per_sandbox != 1:
             raise ValueError("CodeRunner runs each program in a sandbox of its own: envs_per_sandbox must be 1")
         self.envs_per_lane = envs_per_lane
         self.max_run_timeout = float(max_run_timeout)
         self.max_compile_timeout = float(max_compile_timeout)
+        step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
+        #: The settings every lane's pool runs with.
+        self.pool_options = dataclasses.replace(pool_options, mode="boltz", step_timeout=step_timeout)
         self.max_output_bytes = int(max_output_bytes)
         self.max_queue = int(max_queue)
         self.on_result = on_result
@@ -156,22 +171,9 @@ class CodeRunner:
         self._cancel_lock = threading.Lock()
         self._closed = False
         self._pools: list[RLPool] = []
-        step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
         try:
             for _ in range(lanes):
-                self._pools.append(
-                    RLPool(
-                        RUNNER_ENV_DIR,
-                        envs_per_lane,
-                        workers=workers,
-                        isolation=isolation,
-                        mode="boltz",
-                        limits=limits,
-                        env_vars=dict(env_vars or {}),
-                        step_timeout=step_timeout,
-                        **pool_options,
-                    )
-                )
+                self._pools.append(RLPool(RUNNER_ENV_DIR, envs_per_lane, workers=workers, options=self.pool_options))
         except BaseException:
             self.close()
             raise
@@ -475,17 +477,38 @@ class CodeRunner:
         return f"CodeRunner(lanes={lanes}, envs_per_lane={k}, isolation={self._isolation_text!r})"
 
 
+class RunnerSettings(PoolSettings, total=False):
+    """:class:`CodeRunner`'s arguments as keywords, its own and the pool settings it passes on
+    (``**settings: Unpack[RunnerSettings]``): what a face that starts a runner of its own
+    (:class:`AsyncCodeRunner`, :class:`~boltzlabs_gym.integrations.grading.Grader`) takes and
+    forwards. Same names and types as :class:`CodeRunner`'s parameters (a test holds them together)."""
+
+    envs_per_lane: int
+    lanes: int
+    workers: Sequence[str] | WorkerSource | None
+    options: PoolOptions | None
+    max_run_timeout: float
+    max_compile_timeout: float
+    max_output_bytes: int
+    max_queue: int
+    on_result: Callable[[RunRequest, RunResult, float, float], None] | None
+    wipe: bool
+
+
 class AsyncCodeRunner:
-    """The asyncio face of a :class:`CodeRunner` (made with the same arguments, or given one)::
+    """The asyncio face of a :class:`CodeRunner` (made with the same arguments, as keywords, or
+    given one)::
 
     async with AsyncCodeRunner(envs_per_lane=4) as runner:
         result = await runner.run("print(1)")
         results = await runner.run_many(["print(2)", {"code": "echo 3", "language": "bash"}])
     """
 
-    def __init__(self, *args: Any, runner: CodeRunner | None = None, **kwargs: Any):
+    def __init__(self, *, runner: CodeRunner | None = None, **settings: Unpack[RunnerSettings]):
+        if runner is not None and settings:
+            raise TypeError(f"AsyncCodeRunner(runner=...) takes no settings of a new runner, got {sorted(settings)}")
         #: The synchronous runner doing the work.
-        self.runner = runner if runner is not None else CodeRunner(*args, **kwargs)
+        self.runner = runner if runner is not None else CodeRunner(**settings)
 
     async def submit(self, request: RunRequest | Mapping[str, Any] | str) -> RunResult:
         """Run one request; cancelling the awaiting task cancels it (:meth:`CodeRunner.cancel`)."""

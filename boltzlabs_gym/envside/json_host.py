@@ -33,8 +33,9 @@ possibly by an interpreter that has nothing else installed. What it shares with 
 host (:mod:`~boltzlabs_gym.envside.gym_host`) is the request loop
 (:mod:`~boltzlabs_gym.envside.serve_loop`), the channel's framing
 (:mod:`~boltzlabs_gym.envside.framing`), failure transitions
-(:mod:`~boltzlabs_gym.envside.failures`), sandboxes of several envs (:mod:`~boltzlabs_gym.envside.sandbox_slots`) and the
-process's set-up and boltz template hook (:mod:`~boltzlabs_gym.envside.process_setup`).
+(:mod:`~boltzlabs_gym.envside.failures`), sandboxes of several envs
+(:mod:`~boltzlabs_gym.envside.sandbox_slots`) and the process's set-up and boltz template hook
+(:mod:`~boltzlabs_gym.envside.process_setup`).
 """
 
 from __future__ import annotations

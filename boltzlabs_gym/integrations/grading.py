@@ -39,8 +39,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Unpack
+
 from ..code import AsyncCodeRunner, CodeRunner, RunRequest, RunResult
 from ..code.judges import assert_requests, judge_asserts, judge_stdio, stdio_requests
+from ..code.runner import RunnerSettings
 
 log = logging.getLogger("boltzlabs_gym.integrations")
 
@@ -137,7 +140,8 @@ class Grader:
 
     Args:
         runner: the runner to use (shared; the grader does not close it), or ``None`` to start one
-            of its own with ``runner_options`` (closed by :meth:`close`).
+            of its own with ``runner_settings``, :class:`~boltzlabs_gym.code.CodeRunner`'s
+            arguments as keywords (closed by :meth:`close`).
         run_timeout: seconds one test case may run; the program and everything it started is
             killed then, and the case fails.
         memory_limit_mb: the program's address-space limit (``<= 0``: only the sandbox's own).
@@ -153,10 +157,12 @@ class Grader:
         memory_limit_mb: int = -1,
         language: str = "python",
         failure_score: float = 0.0,
-        **runner_options: Any,
+        **runner_settings: Unpack[RunnerSettings],
     ):
+        if runner is not None and runner_settings:
+            raise TypeError(f"Grader(runner) takes no settings of a new runner, got {sorted(runner_settings)}")
         self._own = runner is None
-        self.runner = CodeRunner(**runner_options) if runner is None else runner
+        self.runner = CodeRunner(**runner_settings) if runner is None else runner
         self._async = AsyncCodeRunner(runner=self.runner)
         self.run_timeout = float(run_timeout)
         self.memory_limit_mb = int(memory_limit_mb)

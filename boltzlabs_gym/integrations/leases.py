@@ -20,11 +20,16 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
+from typing_extensions import Unpack
+
 from ..client.env_calls import EnvCalls
+from ..client.options import PoolOptions, PoolSettings
 from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
+from ..client.sources import WorkerSource
 from ..code import RunRequest, RunResult
 from ..code.runner import RUNNER_ENV_DIR
 
@@ -40,15 +45,27 @@ class NoFreeEnv(RuntimeError):
 class EnvLeases:
     """A pool of ``n`` code-runner envs, leased one per rollout. Thread-safe; a context manager.
 
-    ``max_output_bytes``: stdout/stderr kept per program. ``pool_options`` go to
-    :class:`~boltzlabs_gym.RLPool` (``workers=``, ``isolation=``, ``limits=``; ``mode`` is ``"boltz"``).
+    ``max_output_bytes``: stdout/stderr kept per program. ``workers``, ``options`` and the keyword
+    settings go to the :class:`~boltzlabs_gym.RLPool` (``isolation=``, ``limits=``, ...): its
+    ``mode`` is ``"boltz"`` (a ``mode`` keyword raises ``TypeError``) and its ``step_timeout``
+    ``max_run_timeout`` + 15 s unless the keyword says otherwise.
     """
 
     def __init__(
-        self, n: int = 8, *, max_output_bytes: int = 1 << 16, max_run_timeout: float = 60.0, **pool_options: Any
+        self,
+        n: int = 8,
+        *,
+        max_output_bytes: int = 1 << 16,
+        max_run_timeout: float = 60.0,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
-        pool_options.setdefault("step_timeout", max_run_timeout + 15.0)
-        self.pool = RLPool(RUNNER_ENV_DIR, n, mode="boltz", **pool_options)
+        if "mode" in settings:
+            raise TypeError("EnvLeases sets mode itself: its envs are forked from the runner's template (mode='boltz')")
+        settings.setdefault("step_timeout", max_run_timeout + 15.0)
+        pool_options = PoolOptions.fold(options, dict(settings, mode="boltz"))
+        self.pool = RLPool(RUNNER_ENV_DIR, n, workers=workers, options=pool_options)
         try:
             self.pool.reset()
             self._calls = EnvCalls(self.pool, name="boltzlabs-env-leases")

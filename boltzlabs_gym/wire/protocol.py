@@ -234,6 +234,16 @@ SNAPSHOT_KINDS = (AUTO, MEMORY, PORTABLE)
 #: The worker's default snapshot budget: bytes of blobs it holds for all sessions together.
 DEFAULT_SNAPSHOT_BUDGET = 1 << 30
 
+#: The pool settings a local pool hands its own worker on its command line, setting -> flag: the
+#: one place both the pool (:meth:`PoolOptions.worker_config
+#: <boltzlabs_gym.client.options.PoolOptions.worker_config>`) and the worker's flag parser
+#: (:mod:`boltzlabs_gym.worker.flags`, whose ``boltzlabs-gym worker`` takes the same) read them.
+WORKER_FLAGS = {
+    "busy_poll_us": "--busy-poll-us",
+    "metrics_port": "--metrics-port",
+    "snapshot_budget": "--snapshot-budget",
+}
+
 
 def group_op_name(ops: Sequence[Any]) -> str:
     """The name of a group request with these per-env ops (ints are steps): ``"step"`` if any op

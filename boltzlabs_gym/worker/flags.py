@@ -2,7 +2,8 @@
 
 ``boltzlabs-gym worker`` (:mod:`boltzlabs_gym.cli`) and ``python -m boltzlabs_gym.worker`` (how a
 local pool, :mod:`boltzlabs_gym.ray` and :mod:`boltzlabs_gym.testing` start theirs) take the same
-flags, added by :func:`add_worker_flags`. Standard library and :mod:`boltzlabs_gym.wire.protocol`
+flags, added by :func:`add_worker_flags`; those a local pool sets from its own settings are named
+in :data:`~boltzlabs_gym.wire.protocol.WORKER_FLAGS`. Standard library and :mod:`boltzlabs_gym.wire.protocol`
 only: the ``boltzlabs-gym`` command builds its parser with these before it knows which command runs.
 
 >>> parser = worker_parser()
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..wire.protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, poll_us_argument
+from ..wire.protocol import DEFAULT_BUSY_POLL_US, DEFAULT_SNAPSHOT_BUDGET, WORKER_FLAGS, poll_us_argument
 
 #: Most sandboxes (env processes) a worker hosts at once, unless ``--capacity`` says otherwise.
 DEFAULT_CAPACITY = 4096
@@ -45,7 +46,7 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     )
     parser.add_argument("--insecure", action="store_true", help="bind a non-loopback address without authentication")
     parser.add_argument(
-        "--metrics-port",
+        WORKER_FLAGS["metrics_port"],
         type=int,
         default=None,
         help="serve Prometheus /metrics on this port (0: a free one; needs the metrics extra)",
@@ -54,13 +55,13 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--metrics-host", default="127.0.0.1", help="address /metrics listens on (0.0.0.0: every interface)"
     )
     parser.add_argument(
-        "--snapshot-budget",
+        WORKER_FLAGS["snapshot_budget"],
         type=int,
         default=DEFAULT_SNAPSHOT_BUDGET,
         help="bytes of env snapshots this worker holds for all its clients together",
     )
     parser.add_argument(
-        "--busy-poll-us",
+        WORKER_FLAGS["busy_poll_us"],
         type=poll_us_argument,
         default=DEFAULT_BUSY_POLL_US,
         help="busy-poll this long for the local pool's next request (0: always sleep)",

@@ -34,6 +34,7 @@ PACKAGE_EXPORTS = [
     "MissingExtraError",
     "PlacementTimeout",
     "PoolClosedError",
+    "PoolOptions",
     "PoolStats",
     "ProtocolError",
     "RLPool",
