@@ -23,29 +23,15 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from ..client.options import SETTINGS
 from ..envside.factories import make_env
 from .vec_env import BoltzLabsVecEnv
 
 __all__ = ["make_vec", "register_envs", "vector_entry_point"]
 
-#: Options that belong to the pool rather than to the envs.
-POOL_OPTIONS = (
-    "workers",
-    "keys",
-    "worker_loss",
-    "isolation",
-    "mode",
-    "step_timeout",
-    "reset_timeout",
-    "start_timeout",
-    "limits",
-    "serialize_measurement",
-    "env_vars",
-    "busy_poll_us",
-    "env_aslr",
-    "direct",
-    "envs_per_sandbox",
-)
+#: Keywords that belong to the pool rather than to the envs: every pool setting (the fields of
+#: :class:`~boltzlabs_gym.client.options.PoolOptions`), ``workers`` and ``options``.
+POOL_OPTIONS = (*SETTINGS, "workers", "options")
 
 
 #: Arguments of the vectorizer itself (as SyncVectorEnv's), not of the envs.
@@ -80,9 +66,11 @@ def make_vec(
         batch_size: how many envs ``recv()`` returns, the first to finish (EnvPool's async mode:
             ``async_reset()``, ``send(actions, env_id)``, ``recv()``; see
             :mod:`boltzlabs_gym.vector.send_recv`); default ``num_envs``.
-        **kwargs: pool options (``workers``, ``mode``, ``isolation``, ``step_timeout``,
-            ``limits``, ``envs_per_sandbox``, ...) and, for ids and factories, the env's own
-            kwargs. ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster
+        **kwargs: the pool's settings (``workers``, ``options`` and the fields of
+            :class:`~boltzlabs_gym.client.options.PoolOptions`: ``mode``, ``isolation``,
+            ``step_timeout``, ``limits``, ``envs_per_sandbox``, ...), checked by ``PoolOptions``, and,
+            for ids and factories, the env's own kwargs (as ``gymnasium.make_vec`` takes them).
+            ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster
             for cheap, trusted envs; keep the default 1 for untrusted code (see
             :class:`~boltzlabs_gym.RLPool`).
     """

@@ -37,10 +37,13 @@ import numpy as np
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
+from typing_extensions import Unpack
 
+from ..client.options import PoolOptions, PoolSettings
 from ..client.pool import RLPool
 from ..client.results import read_value
 from ..client.snapshot import Snapshot
+from ..client.sources import WorkerSource
 from ..client.stats import PoolStats
 from ..errors import WorkerTimeout
 from ..wire import codec
@@ -76,8 +79,9 @@ class BoltzLabsVecEnv(VectorEnv):
             mode, with :meth:`async_reset`, :meth:`send` and :meth:`recv`; see
             :mod:`boltzlabs_gym.vector.send_recv`); default ``num_envs``. ``step`` and ``reset`` are
             unchanged.
-        pool_kwargs: passed to :class:`~boltzlabs_gym.RLPool` (``isolation``,
-            ``step_timeout``, ``workers``, ``limits``, ``envs_per_sandbox``, ...). With
+        workers, options, settings: the pool's, as :class:`~boltzlabs_gym.RLPool` takes them
+            (``options``: a :class:`~boltzlabs_gym.client.options.PoolOptions`; keyword settings
+            ``isolation``, ``step_timeout``, ``limits``, ``envs_per_sandbox``, ... over it). With
             ``envs_per_sandbox=K`` each sandbox's envs come back as one block of
             observations, rewards and flags, stored by slicing.
 
@@ -94,7 +98,9 @@ class BoltzLabsVecEnv(VectorEnv):
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         pool: RLPool | None = None,
         batch_size: int | None = None,
-        **pool_kwargs: Any,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ):
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.copy = copy
@@ -110,9 +116,9 @@ class BoltzLabsVecEnv(VectorEnv):
                     raise TypeError(
                         f"env_fns[{i}] must be a callable returning a gymnasium.Env, got {type(fn).__name__}"
                     )
-            pool = _pool_from_factories(list(env_fns), pool_kwargs)
-        elif env_fns is not None or pool_kwargs:
-            raise ValueError("pass either env_fns (with pool options) or an existing pool=, not both")
+            pool = _pool_from_factories(list(env_fns), workers, PoolOptions.fold(options, settings))
+        elif env_fns is not None or workers is not None or options is not None or settings:
+            raise ValueError("pass either env_fns (with pool settings) or an existing pool=, not both")
         self._pool = pool
         try:
             self.num_envs = pool.n
@@ -148,11 +154,13 @@ class BoltzLabsVecEnv(VectorEnv):
         copy: bool = True,
         observation_mode: str | tuple[gym.Space, gym.Space] = "same",
         batch_size: int | None = None,
-        **pool_kwargs: Any,
+        workers: Sequence[str] | WorkerSource | None = None,
+        options: PoolOptions | None = None,
+        **settings: Unpack[PoolSettings],
     ) -> BoltzLabsVecEnv:
         """A vector env over an env directory (``env.py`` calling ``serve``)."""
         check_batch_size(batch_size, num_envs)
-        pool = RLPool(env_dir, num_envs, **pool_kwargs)
+        pool = RLPool(env_dir, num_envs, workers=workers, options=PoolOptions.fold(options, settings))
         return cls(
             pool=pool,
             autoreset_mode=autoreset_mode,
@@ -457,13 +465,13 @@ def _validate_reset_mask(mask: Any, n: int) -> np.ndarray:
     return mask
 
 
-def _pool_from_factories(env_fns: list, pool_kwargs: dict) -> RLPool:
+def _pool_from_factories(env_fns: list, workers: Sequence[str] | WorkerSource | None, options: PoolOptions) -> RLPool:
     """Write the factories into a throwaway env dir, pack it into a pool, remove the dir."""
     from .factory_env_dir import write_factory_env_dir
 
     tmp = tempfile.mkdtemp(prefix="boltzlabs-factories-")
     try:
         write_factory_env_dir(tmp, env_fns)
-        return RLPool(tmp, len(env_fns), **pool_kwargs)
+        return RLPool(tmp, len(env_fns), workers=workers, options=options)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
