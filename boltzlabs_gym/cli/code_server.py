@@ -50,7 +50,7 @@ def run_code_server(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ..server import create_app
+        from ..code.server import create_app
     except ImportError as exc:
         raise MissingExtraError(
             f"boltzlabs-gym code-server needs the server extra ({exc}): pip install 'boltzlabs-gym[server]'", "server"

@@ -6,7 +6,7 @@
   :class:`CommandResult` and SandboxFusion's status rules.
 * :mod:`~boltzlabs_gym.code.judges`: verl's two test styles.
 
-The HTTP server that speaks SandboxFusion's API over this runner is :mod:`boltzlabs_gym.server`.
+The HTTP server that speaks SandboxFusion's API over this runner is :mod:`boltzlabs_gym.code.server`.
 """
 
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests

@@ -16,7 +16,7 @@ import sys
 
 from .flags import worker_parser
 from .host import set_parent_death_signal, set_subreaper
-from .server import Worker
+from .router import Worker
 
 
 def _local_channel(fd: int | None) -> socket.socket | None:

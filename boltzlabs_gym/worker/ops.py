@@ -71,7 +71,7 @@ Reply = dict[str, Any] | None
 
 
 class WorkerView(Protocol):
-    """What an op handler may use of the worker (:class:`~boltzlabs_gym.worker.server.Worker`)."""
+    """What an op handler may use of the worker (:class:`~boltzlabs_gym.worker.router.Worker`)."""
 
     root: str
     capacity: int

@@ -36,7 +36,7 @@ RESPAWN_REASONS = ("straggler", *CRASH_REASONS)
 
 
 class WorkerCollector:
-    """A ``prometheus_client`` collector of one :class:`~boltzlabs_gym.worker.server.Worker`."""
+    """A ``prometheus_client`` collector of one :class:`~boltzlabs_gym.worker.router.Worker`."""
 
     def __init__(self, worker: Any):
         self.worker = worker

@@ -21,7 +21,7 @@ requests = pytest.importorskip("requests")
 uvicorn = pytest.importorskip("uvicorn")
 
 from boltzlabs_gym.code import CodeRunner  # noqa: E402
-from boltzlabs_gym.server import create_app  # noqa: E402
+from boltzlabs_gym.code.server import create_app  # noqa: E402
 from boltzlabs_gym.wire.limits import Limits  # noqa: E402
 from conftest import ISOLATION, ROOT  # noqa: E402
 

@@ -88,16 +88,16 @@ FORBIDDEN["boltzlabs_gym.vector"] = (
 #: The code runner and asyncio faces sit on the client, the HTTP server on the code runner: none of
 #: them reaches into the worker, and none but the runner's sandbox side (runner_env) into the env side.
 FORBIDDEN["boltzlabs_gym.aio"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
-FORBIDDEN["boltzlabs_gym.code.runner"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.server")
+FORBIDDEN["boltzlabs_gym.code.runner"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.code.server")
 FORBIDDEN["boltzlabs_gym.code.runs"] = FORBIDDEN["boltzlabs_gym.code.runner"]
 FORBIDDEN["boltzlabs_gym.code.judges"] = FORBIDDEN["boltzlabs_gym.code.runner"]
-FORBIDDEN["boltzlabs_gym.server"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
+FORBIDDEN["boltzlabs_gym.code.server"] = ("boltzlabs_gym.worker", "boltzlabs_gym.envside", "boltzlabs_gym.integrations")
 #: What runs inside the runner's sandbox imports the env side only, like any env directory.
 FORBIDDEN["boltzlabs_gym.code.runner_env"] = (
     "boltzlabs_gym.client",
     "boltzlabs_gym.worker",
     "boltzlabs_gym.code.runner",
-    "boltzlabs_gym.server",
+    "boltzlabs_gym.code.server",
     "boltzlabs_gym.integrations",
 )
 #: The sandbox layer imports no feature of the worker above it.

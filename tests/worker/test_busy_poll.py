@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from boltzlabs_gym import RLPool
-from boltzlabs_gym.worker import server
-from boltzlabs_gym.worker.server import Worker
+from boltzlabs_gym.worker import router
+from boltzlabs_gym.worker.router import Worker
 
 from conftest import COUNTER, ISOLATION
 
@@ -41,7 +41,7 @@ class _Clock:
 
 def test_spins_only_after_a_pool_that_came_back_within_the_window(worker, monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(server, "time", clock)
+    monkeypatch.setattr(router, "time", clock)
     worker._local_replied()
     assert not worker._spin_until, "nothing known yet about this pool: sleep"
     clock.now += 0.001

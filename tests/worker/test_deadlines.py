@@ -9,7 +9,7 @@ import pytest
 from boltzlabs_gym import RLPool
 from boltzlabs_gym.testing import wait_until
 from boltzlabs_gym.worker.deadlines import Deadlines
-from boltzlabs_gym.worker.server import Worker
+from boltzlabs_gym.worker.router import Worker
 from conftest import COUNTER, FAULTY, ISOLATION, our_cgroups
 
 

@@ -2,7 +2,7 @@
 :class:`~boltzlabs_gym.code.CodeRunner`.
 
 Beside SandboxFusion's two endpoints: ``GET /v1/status`` (isolation in force, lanes, queue,
-counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.server.metrics`).
+counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.code.server.metrics`).
 
 * A full queue answers ``503`` with ``Retry-After``; bad fields and malformed JSON ``422``
   (FastAPI's shape); a ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..code.runner import CodeRunner, QueueFullError
-from ..code.runs import LANGUAGES, RunRequest, RunResult
+from ..runner import CodeRunner, QueueFullError
+from ..runs import LANGUAGES, RunRequest, RunResult
 from .models import RunCodeRequest, RunCodeResponse, RunStatus
 
 __all__ = ["create_app"]

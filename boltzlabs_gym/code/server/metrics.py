@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..code.runs import RunRequest, RunResult
+from ..runs import RunRequest, RunResult
 
 __all__ = ["ServerMetrics"]
 
