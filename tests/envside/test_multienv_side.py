@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces as gs
 
-from boltzlabs_gym.envside import groups
+from boltzlabs_gym.envside import sandbox_slots
 from boltzlabs_gym.wire import protocol
 from boltzlabs_gym.wire.codec import decode, decode_info
 from boltzlabs_gym.vector.factory_env_dir import write_factory_env_dir
@@ -276,9 +276,9 @@ def positions(reply, payloads, obs_space=None):
 
 
 def test_env_side_constants_are_the_protocols():
-    assert groups.PROGRESS_FILE == protocol.PROGRESS_FILE
-    assert groups.MAX_ENVS_PER_SANDBOX == protocol.MAX_ENVS_PER_SANDBOX
-    assert groups._GROUP_KEYS == (
+    assert sandbox_slots.PROGRESS_FILE == protocol.PROGRESS_FILE
+    assert sandbox_slots.MAX_ENVS_PER_SANDBOX == protocol.MAX_ENVS_PER_SANDBOX
+    assert sandbox_slots._GROUP_KEYS == (
         protocol.GROUP_SLOTS,
         protocol.GROUP_OPS,
         protocol.GROUP_NBIN,
@@ -288,7 +288,7 @@ def test_env_side_constants_are_the_protocols():
 
 def test_group_ops_expands_shorthands_and_splits_payloads():
     msg = {"slots": [2, 0], "ops": [1, {"op": "step", "action": {}}], "autoreset": True, "nbin": [0, 2]}
-    got = groups.group_ops(msg, [b"a", b"bc"], 3)
+    got = sandbox_slots.group_ops(msg, [b"a", b"bc"], 3)
     assert got == [
         (2, {"op": "step", "action": 1, "autoreset": True}, []),
         (0, {"op": "step", "action": {}}, [b"a", b"bc"]),
@@ -304,25 +304,25 @@ def test_group_ops_expands_shorthands_and_splits_payloads():
         ({"slots": [0], "ops": [1], "autoreset": 1}, []),
         ({"op": "step", "action": 1}, []),
     ]:
-        with pytest.raises(groups.ProtocolError):
-            groups.group_ops(bad, payloads, 3)
+        with pytest.raises(sandbox_slots.ProtocolError):
+            sandbox_slots.group_ops(bad, payloads, 3)
 
 
 def test_group_config_reads_and_checks_the_environment(capsys):
-    assert groups.group_config({}) == (1, 1)
-    assert groups.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8"}) == (8, 8)
-    assert groups.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8", "BOLTZLABS_ENV_COUNT": "3"}) == (8, 3)
+    assert sandbox_slots.group_config({}) == (1, 1)
+    assert sandbox_slots.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8"}) == (8, 8)
+    assert sandbox_slots.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8", "BOLTZLABS_ENV_COUNT": "3"}) == (8, 3)
     for bad in [{"BOLTZLABS_ENVS_PER_SANDBOX": "0"}, {"BOLTZLABS_ENVS_PER_SANDBOX": "x"},
                 {"BOLTZLABS_ENVS_PER_SANDBOX": "2", "BOLTZLABS_ENV_COUNT": "3"},
                 {"BOLTZLABS_ENVS_PER_SANDBOX": "5000"}]:  # fmt: skip
         with pytest.raises(SystemExit) as exc:
-            groups.group_config(bad)
+            sandbox_slots.group_config(bad)
         assert exc.value.code == 2
         assert "is not an integer in" in capsys.readouterr().err
 
 
 def test_progress_tolerates_a_workspace_it_cannot_write(tmp_path, capsys):
-    progress = groups.Progress(str(tmp_path / "missing"))
+    progress = sandbox_slots.Progress(str(tmp_path / "missing"))
     progress.set(3)
     progress.idle()
     assert "serving without it" in capsys.readouterr().err
@@ -543,7 +543,7 @@ def test_progress_names_the_slot_being_served(tmp_path, procs):
 # (as envside/forkserver.py does), which alone says how many envs to host.
 BOLTZ_STAND_IN = (
     "import os\n"
-    "from boltzlabs_gym.envside import process\n"
+    "from boltzlabs_gym.envside import process_setup as process\n"
     "assert process.in_template() and 'BOLTZLABS_ENVS_PER_SANDBOX' not in os.environ\n"
     "def fork():\n"
     "    os.environ.update(BOLTZLABS_ENVS_PER_SANDBOX='3', BOLTZLABS_ENV_COUNT='2', BOLTZLABS_ENV_INDEX='1')\n"
