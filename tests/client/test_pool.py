@@ -337,7 +337,7 @@ def test_many_failing_launches_fail_cleanly(tmp_path):
     n = 400
     script.write_text(textwrap.dedent(f"""
         import dataclasses
-        from boltzlabs_gym.worker import ops, server
+        from boltzlabs_gym.worker import ops, router
         from boltzlabs_gym.worker.sandbox import select_backend
 
         ECHO = ["/bin/sh", "-c", "while read l; do echo '{{\\"obs\\":0,\\"info\\":{{}}}}'; done"]
@@ -354,7 +354,7 @@ def test_many_failing_launches_fail_cleanly(tmp_path):
                 return select_backend("process").launch(dataclasses.replace(spec, argv=ECHO))
 
         ops.select_backend = lambda isolation, **_: FailsAfterStart()  # the create handler's
-        w = server.Worker(["ipc://{sock}"], capacity=5000)
+        w = router.Worker(["ipc://{sock}"], capacity=5000)
         w.install_signal_handlers()
         print("READY", flush=True)
         w.serve_forever()
