@@ -101,8 +101,16 @@ _rule(
     "split_actions",
 )
 _rule("encode", "boltzlabs_gym/client/routes.py", "send")
-_rule("encode", "boltzlabs_gym/client/grouped_route.py", "send", "send_steps", "step_items", "_answer_restarted")
-_rule("encode", "boltzlabs_gym/client/grouping.py", "pack", "pack_steps", "_slots", "_group_request", "_shorthand")
+_rule("encode", "boltzlabs_gym/client/sandbox_route.py", "send", "send_steps", "step_items", "_answer_restarted")
+_rule(
+    "encode",
+    "boltzlabs_gym/client/sandbox_replies.py",
+    "pack",
+    "pack_steps",
+    "_slots",
+    "_sandbox_request",
+    "_shorthand",
+)
 _rule("encode", "boltzlabs_gym/client/batch_calls.py", "send", "send_steps")
 _rule("encode", "boltzlabs_gym/wire/protocol.py", "env_request", "env_request_line")
 _rule("encode", "~", "<method 'tolist' of 'numpy.ndarray' objects>")
@@ -124,13 +132,13 @@ _rule(
 )
 _rule("read/parse", "boltzlabs_gym/client/direct_lane.py", "_on_readable")
 _rule("read/parse", "boltzlabs_gym/client/routes.py", "wait")
-_rule("read/parse", "boltzlabs_gym/client/grouped_route.py", "wait_groups", "wait")
+_rule("read/parse", "boltzlabs_gym/client/sandbox_route.py", "wait_sandboxes", "wait")
 _rule(
     "read/parse",
-    "boltzlabs_gym/client/grouping.py",
+    "boltzlabs_gym/client/sandbox_replies.py",
     "read",
     "_read_now",
-    "_read_group",
+    "_read_sandbox",
     "_declared_obs",
     "_nd",
     "_position_key",
@@ -150,7 +158,7 @@ _rule("return", "boltzlabs_gym/vector/step_batch.py", "batched_obs", "collect_st
 _rule("return", "~", "<method 'copy' of 'numpy.ndarray' objects>")
 _rule("other", "boltzlabs_gym/vector/vec_env.py", "step", "step_async", "step_wait", "_check_open", "_check_idle")
 _rule("other", "boltzlabs_gym/vector/step_batch.py", "wait")
-_rule("other", "boltzlabs_gym/client/batch_calls.py", "_collect", "_record", "wait_groups", "wait", "_check_idle")
+_rule("other", "boltzlabs_gym/client/batch_calls.py", "_collect", "_record", "wait_sandboxes", "wait", "_check_idle")
 _rule("other", "boltzlabs_gym/client/timing.py", "after_batch")
 _rule("other", "boltzlabs_gym/client/stats.py", "batch")
 _rule("other", "benchmarks/step_costs.py", "run_steps")

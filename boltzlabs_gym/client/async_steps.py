@@ -49,12 +49,12 @@ from ..wire.protocol import ADOPT, ERROR, FAULTS, LEND, MORE, OK, PARTIAL, encod
 from .arguments import check_actions, check_seeds
 from .batch_calls import BatchCalls
 from .direct_lane import DirectLane, goes_direct
-from .grouped_route import GroupedRoute
-from .grouping import GroupPlan, GroupResult, pack
 from .link import WorkerLink, link_holding
 from .obs_regions import RegionFault
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import LaneRoute, SplitRoute, WorkerRoute
+from .sandbox_replies import SandboxPlan, SandboxResult, pack
+from .sandbox_route import SandboxRoute
 
 __all__ = ["AsyncSteps", "Finished", "Received", "plain_items", "read_received"]
 
@@ -75,7 +75,7 @@ class _Unit:
     """A call in flight on one unit (an env; with several envs per sandbox, a sandbox)."""
 
     link: WorkerLink
-    plan: GroupPlan | None  # the envs it stands for (several envs per sandbox only)
+    plan: SandboxPlan | None  # the envs it stands for (several envs per sandbox only)
     envs: tuple[int, ...]
     seq: int | None = None  # the worker request it went in (None: written to its lent pipes)
 
@@ -85,7 +85,7 @@ class AsyncSteps:
 
     ``links``: the pool's worker links (their ``start``/``count`` in units, their ``lane`` if
     lent envs are stepped directly); ``batch_calls``: the pool's lockstep calls (neither kind
-    starts while the other is in flight); ``grouped``: the pool's per-sandbox route, with
+    starts while the other is in flight); ``sandboxed``: the pool's per-sandbox route, with
     several envs per sandbox; ``losses``: the pool's route over its workers when it reports
     lost workers (``worker_loss="report"``): a lost worker's envs then finish with an error
     result instead of raising :class:`~boltzlabs_gym.errors.WorkerLost`.
@@ -97,7 +97,7 @@ class AsyncSteps:
         batch_calls: BatchCalls,
         n: int,
         *,
-        grouped: GroupedRoute | None = None,
+        sandboxed: SandboxRoute | None = None,
         default_timeout: float,
         losses: SplitRoute | None = None,
     ):
@@ -105,7 +105,7 @@ class AsyncSteps:
         self._losses = losses
         self._batch_calls = batch_calls
         self.n = n
-        self._grouped = grouped
+        self._sandboxed = sandboxed
         self._default_timeout = default_timeout
         #: Env id -> the op in flight on it.
         self.in_flight: dict[int, str] = {}
@@ -134,7 +134,7 @@ class AsyncSteps:
         self._check_ids([item[0] for item in items])
         ops = {int(index): op["op"] for index, op, _ in items}
         units, plans = self._to_units(items)
-        by_link: dict[WorkerLink, list[tuple[int, dict, Sequence[bytes], GroupPlan | None]]] = {}
+        by_link: dict[WorkerLink, list[tuple[int, dict, Sequence[bytes], SandboxPlan | None]]] = {}
         for (unit, op, payloads), plan in zip(units, plans):
             by_link.setdefault(self._link_of(unit), []).append((unit, op, payloads, plan))
         lost: list[tuple[WorkerLink, list[int], str]] = []
@@ -180,16 +180,16 @@ class AsyncSteps:
                 + "; recv() it before sending to it again"
             )
 
-    def _to_units(self, items: Sequence[Item]) -> tuple[list[Item], list[GroupPlan | None]]:
+    def _to_units(self, items: Sequence[Item]) -> tuple[list[Item], list[SandboxPlan | None]]:
         """The items as the route below sees them: per env, or per sandbox with several envs each."""
-        grouped = self._grouped
-        if grouped is None:
+        sandboxed = self._sandboxed
+        if sandboxed is None:
             return [(int(i), op, p) for i, op, p in items], [None] * len(items)
-        units, plans = pack(grouped.layout, items, grouped._mixed_deadline)
+        units, plans = pack(sandboxed.layout, items, sandboxed._mixed_deadline)
         for unit, _op, _p in units:
             if unit in self._units:
                 envs = self._units[unit].envs
-                mine = [int(i) for i, _, _ in items if int(i) // grouped.layout.k == unit]
+                mine = [int(i) for i, _, _ in items if int(i) // sandboxed.layout.k == unit]
                 raise AsyncStateError(
                     f"env {mine[0]} shares sandbox {unit} with env {envs[0]}, which is in flight: a sandbox of "
                     "several envs takes one call at a time; send its envs together, or recv() first"
@@ -460,10 +460,10 @@ class AsyncSteps:
         if call.plan is None:
             results = [parse_result(raw)]
         else:
-            group = GroupResult(call.plan, raw, self._grouped.layout.envs(call.plan.sandbox))  # type: ignore[union-attr]
-            group.failures()
-            self._grouped._note_restarted(group)  # type: ignore[union-attr]
-            results = group.expand()
+            sandbox = SandboxResult(call.plan, raw, self._sandboxed.layout.envs(call.plan.sandbox))  # type: ignore[union-attr]
+            sandbox.failures()
+            self._sandboxed._note_restarted(sandbox)  # type: ignore[union-attr]
+            results = sandbox.expand()
         for result in results:
             op = self.in_flight.pop(result.index, "step")
             self.finished.append(Finished(op, result))

@@ -4,7 +4,7 @@ items' order, timed and counted.
 :class:`~boltzlabs_gym.client.pool.RLPool`'s ``batch_async``/``batch_wait`` and everything built
 on them (``step``, ``reset``, snapshots) go through the pool's :class:`BatchCalls`. The vector
 env also uses its two block-wise calls, :meth:`BatchCalls.send_steps` and
-:meth:`BatchCalls.wait_groups`, which hand a sandbox of several envs over as one block.
+:meth:`BatchCalls.wait_sandboxes`, which hand a sandbox of several envs over as one block.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 
 from ..errors import AsyncStateError, PoolClosedError
 from ..wire.protocol import ERROR, STRAGGLER
-from .grouped_route import GroupedRoute, step_items
-from .grouping import GroupResult
 from .results import EnvResult
 from .routes import Items, Route
+from .sandbox_replies import SandboxResult
+from .sandbox_route import SandboxRoute, step_items
 from .stats import PoolRecorder
 from .timing import Timing
 
@@ -35,7 +35,7 @@ class BatchCalls:
     """The batched calls of a pool of ``n`` envs; ``default_timeout``: how long a wait without one may take."""
 
     def __init__(self, n: int, default_timeout: float):
-        #: How batches reach the envs (a :class:`GroupedRoute` for several envs per sandbox), set by
+        #: How batches reach the envs (a :class:`SandboxRoute` for several envs per sandbox), set by
         #: the pool once its workers are connected.
         self.route: Route
         self.n = n
@@ -91,7 +91,7 @@ class BatchCalls:
         """:meth:`send` of a Discrete step batch: env ``i`` steps with ``actions[i]``, or resets (seed
         ``None``) where ``resets[i]``; ``autoreset`` marks every step for a reset in its own reply.
         With several envs per sandbox, packed per sandbox without per-env work."""
-        if not isinstance(self.route, GroupedRoute):
+        if not isinstance(self.route, SandboxRoute):
             self.send(step_items(actions, resets, autoreset))
             return
         self._check_idle()
@@ -102,35 +102,35 @@ class BatchCalls:
         """The results of the batch in flight, in the order of its items (reply lines unparsed if ``raw``)."""
         return self._collect(timeout, raw, blocks=False)[1]
 
-    def wait_groups(self, timeout: float | None, raw: bool) -> tuple[list[GroupResult], list[EnvResult]]:
-        """The results of the batch in flight as blocks: one :class:`GroupResult` per sandbox of
+    def wait_sandboxes(self, timeout: float | None, raw: bool) -> tuple[list[SandboxResult], list[EnvResult]]:
+        """The results of the batch in flight as blocks: one :class:`SandboxResult` per sandbox of
         several envs, and per-env results for the rest (every env, with one env per sandbox;
         unparsed if ``raw``), in no particular order."""
         return self._collect(timeout, raw, blocks=True)
 
-    def _collect(self, timeout: float | None, raw: bool, blocks: bool) -> tuple[list[GroupResult], list[EnvResult]]:
+    def _collect(self, timeout: float | None, raw: bool, blocks: bool) -> tuple[list[SandboxResult], list[EnvResult]]:
         self.check_open()
         if not self.in_flight:
             raise AsyncStateError("batch_wait()/step_wait() called without a call in flight; call step_async() first")
         timeout = self.default_timeout if timeout is None else timeout
         route = self.route
-        groups: list[GroupResult] = []
+        sandboxes: list[SandboxResult] = []
         try:
-            if blocks and isinstance(route, GroupedRoute):
-                groups, results, per_worker_ms = route.wait_groups(timeout)
+            if blocks and isinstance(route, SandboxRoute):
+                sandboxes, results, per_worker_ms = route.wait_sandboxes(timeout)
             else:
                 results, per_worker_ms = route.wait(timeout, raw)
         finally:
             # Whatever happened, this call is over: a late reply will be dropped by its tag.
             self.in_flight = False
-        self._record(groups, results, per_worker_ms)
-        return groups, results
+        self._record(sandboxes, results, per_worker_ms)
+        return sandboxes, results
 
-    def _record(self, groups: list[GroupResult], results: list[EnvResult], per_worker_ms: dict) -> None:
-        failed = [f for group in groups for f in group.failures()] + results if groups else results
+    def _record(self, sandboxes: list[SandboxResult], results: list[EnvResult], per_worker_ms: dict) -> None:
+        failed = [f for sandbox in sandboxes for f in sandbox.failures()] + results if sandboxes else results
         stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
         errors = tuple(r.index for r in failed if r.status == ERROR)
-        calls = sum(len(group.plan.indices) for group in groups) + len(results)
+        calls = sum(len(sandbox.plan.indices) for sandbox in sandboxes) + len(results)
         seconds = time.perf_counter() - self._sent_at
         self.recorder.batch(calls, seconds, len(stragglers), len(errors))
         self.timing = self.timing.after_batch(per_worker_ms, seconds * 1e3, stragglers, errors, calls)

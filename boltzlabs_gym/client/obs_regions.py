@@ -6,7 +6,7 @@ memfd with one slot per env it hosts, the worker takes it out of the env, seals 
 change of size and passes the descriptor with its reply (see
 :mod:`boltzlabs_gym.worker.obs_regions`); :meth:`ObsRegions.adopt` checks the seals and the size
 again (it costs nothing) and maps it read-only. From then on that env's plain replies (a plain
-step, a plain reset, a group reply's rows) write the observation into its slot and carry a
+step, a plain reset, a sandbox reply's rows) write the observation into its slot and carry a
 reference, ``{"__shm__": [slot, dtype, shape]}``, instead of the bytes.
 
 :meth:`ObsRegions.resolve` turns every reply that refers to a region back into the reply the env
@@ -27,9 +27,9 @@ An env of one process with a Dict/Tuple observation of fixed-size arrays has a s
 those arrays' payloads back to back (its ``layout``): its reply is encoded as always, with those
 payloads empty and ``"__shm__": [0, count]`` saying they are in the slot;
 :meth:`ObsRegions.resolve` fills them in from it. A sandbox of several envs whose observations
-are a Dict/Tuple of arrays only keeps its group reply's rows in its region, each array's rows
+are a Dict/Tuple of arrays only keeps its sandbox reply's rows in its region, each array's rows
 back to back (``m`` of them), one array after the other; its reply's ``obs`` is their skeleton
-with ``"__shm__"`` leaves (:func:`~boltzlabs_gym.wire.slot_layout.group_skeleton`).
+with ``"__shm__"`` leaves (:func:`~boltzlabs_gym.wire.slot_layout.rows_skeleton`).
 
 Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, other spaces) stay
 bytes. A process the pool learns was replaced (a failure, a hard reset, a restore) loses its
@@ -53,7 +53,7 @@ import numpy as np
 
 from ..wire.codec import ND, SHM, ArrayLeaf
 from ..wire.protocol import MAX_KNOWN_LINE_BYTES, OK, REGION_FDS_TAKEN, parse_json
-from ..wire.slot_layout import array_bytes, copy_skeleton, group_skeleton, layout_spans, skeleton_fits
+from ..wire.slot_layout import array_bytes, copy_skeleton, layout_spans, rows_skeleton, skeleton_fits
 from .results import EnvResult
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,18 @@ class _Region:
     ``None``, and so is ``leaf`` unless the observation is arrays only: ``skeleton``).
     """
 
-    __slots__ = ("map", "view", "slots", "slot_bytes", "dtype", "shape", "leaf", "spans", "skeleton", "known_group")
+    __slots__ = (
+        "map",
+        "view",
+        "slots",
+        "slot_bytes",
+        "dtype",
+        "shape",
+        "leaf",
+        "spans",
+        "skeleton",
+        "known_sandbox_line",
+    )
 
     def __init__(
         self,
@@ -113,10 +124,10 @@ class _Region:
             self.leaf = ArrayLeaf(_ShapeOnly(np.dtype(np.uint8), (slot_bytes,)))  # type: ignore[arg-type]
         elif dtype is not None:
             self.leaf = ArrayLeaf(_ShapeOnly(dtype, shape))  # type: ignore[arg-type]
-        #: The last all-plain group reply line that referred to these rows, as ``(line, its rows,
+        #: The last all-plain sandbox reply line that referred to these rows, as ``(line, its rows,
         #: the line rewritten to refer to them as payloads)``: a sandbox sends the same line on every
         #: plain step, and it is checked once.
-        self.known_group: tuple[bytes, int, bytes] | None = None
+        self.known_sandbox_line: tuple[bytes, int, bytes] | None = None
 
     def copy_rows(self, rows: int) -> bytes:
         """The first ``rows`` slots' bytes, copied out now."""
@@ -229,7 +240,7 @@ class ObsRegions:
                 ok = ok and spans is not None and slot_bytes == sum(n for _, n in spans)
                 skeleton = described.get("skeleton")
                 ok = ok and (skeleton is None or skeleton_fits(skeleton, described["layout"]))
-                # several envs: a group's rows, which only a Dict/Tuple of arrays only has
+                # several envs: a sandbox's rows, which only a Dict/Tuple of arrays only has
                 ok = ok and (slots == 1 or skeleton is not None)
             else:
                 dtype, shape = np.dtype(described["dtype"]), tuple(described["shape"])
@@ -267,12 +278,12 @@ class ObsRegions:
 
     def resolve(self, index: int, line: bytes, payloads: list) -> tuple[bytes | None, dict | None, list]:
         """A reply of process ``index`` as it would be without a region: ``(line, None, payloads)``
-        when it needs no change (or is a one-env plain step line, or an all-plain group reply's
+        when it needs no change (or is a one-env plain step line, or an all-plain sandbox reply's
         line read before, rewritten), ``(None, reply, payloads)`` with the parsed reply otherwise.
         The slot is copied out here. Raises :class:`RegionFault` for a reference this process may
         not make."""
         region = self._regions.get(index)
-        # (a one-env step line only from a process of one env: a sandbox of several answers in groups)
+        # (a one-env step line only from a process of one env: a sandbox of several answers in sandbox replies)
         if region is not None and region.slots == 1 and region.leaf is not None and len(payloads) == 1:
             step_line = region.leaf.shm_to_step_line(line) if not len(payloads[0]) else None
             if step_line is not None and region.skeleton is not None:
@@ -281,7 +292,7 @@ class ObsRegions:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
         if _SHM_KEY not in line:
             return line, None, payloads
-        known = region.known_group if region is not None else None
+        known = region.known_sandbox_line if region is not None else None
         if region is not None and known is not None and line == known[0]:
             return known[2], None, self._rows_as_payloads(region, known[1], payloads)
         try:
@@ -292,7 +303,7 @@ class ObsRegions:
             return None, reply, self._payloads_from(region, reply, payloads)
         ref = reply.get("obs") if isinstance(reply, dict) else None
         if isinstance(ref, (dict, list)) and "n" in reply and region is not None and region.skeleton is not None:
-            return None, reply, self._group_rows(region, line, reply, payloads)
+            return None, reply, self._sandbox_rows(region, line, reply, payloads)
         if not (isinstance(ref, dict) and SHM in ref):
             return line, None, payloads  # the key elsewhere (an info's): not a reference
         if region is None:
@@ -300,10 +311,10 @@ class ObsRegions:
         dtype, shape = region.dtype, region.shape
         if dtype is None or shape is None:
             raise RegionFault("its reply refers to one array in a region that holds a Dict/Tuple observation")
-        if "n" in reply:  # a group reply: its rows, in place of its (empty) first payload
+        if "n" in reply:  # a sandbox reply: its rows, in place of its (empty) first payload
             rows = reply.get("n")
             if type(rows) is not int or not 0 < rows <= region.slots:
-                raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
+                raise RegionFault(f"its sandbox reply has {str(rows)[:20]} positions for {region.slots} slots")
             expected = [0, dtype.str, [rows, *shape]]
             copied = self._rows_as_payloads(region, rows, payloads)
             resolved = expected
@@ -315,41 +326,41 @@ class ObsRegions:
             raise RegionFault(f"its reply refers to {str(ref)[:120]}, not its region's {expected}")
         reply["obs"] = {ND: resolved}
         if "n" in reply:
-            self._remember_group(region, line, rows, reply)
+            self._remember_sandbox(region, line, rows, reply)
         return None, reply, copied
 
-    def _group_rows(self, region: _Region, line: bytes, reply: dict, payloads: list) -> list:
-        """The payloads of a group reply of a Dict/Tuple of arrays only whose rows are in the
+    def _sandbox_rows(self, region: _Region, line: bytes, reply: dict, payloads: list) -> list:
+        """The payloads of a sandbox reply of a Dict/Tuple of arrays only whose rows are in the
         region (each array's rows back to back, one array after the other): each array's first
         ``P`` rows read from there, in place of their empty payloads; ``reply["obs"]`` then refers
         to them as payloads. Rows sent as bytes are left as they are."""
         rows = reply.get("n")
         if type(rows) is not int or not 0 < rows <= region.slots:
-            raise RegionFault(f"its group reply has {str(rows)[:20]} positions for {region.slots} slots")
-        if reply["obs"] != group_skeleton(region.skeleton, rows, SHM):
-            if reply["obs"] == group_skeleton(region.skeleton, rows):
+            raise RegionFault(f"its sandbox reply has {str(rows)[:20]} positions for {region.slots} slots")
+        if reply["obs"] != rows_skeleton(region.skeleton, rows, SHM):
+            if reply["obs"] == rows_skeleton(region.skeleton, rows):
                 return payloads
-            raise RegionFault(f"its group reply's observations {str(reply['obs'])[:120]} are not its region's rows")
+            raise RegionFault(f"its sandbox reply's observations {str(reply['obs'])[:120]} are not its region's rows")
         copied = self._rows_as_payloads(region, rows, payloads)
-        reply["obs"] = group_skeleton(region.skeleton, rows)
-        self._remember_group(region, line, rows, reply)
+        reply["obs"] = rows_skeleton(region.skeleton, rows)
+        self._remember_sandbox(region, line, rows, reply)
         return copied
 
     def _rows_as_payloads(self, region: _Region, rows: int, payloads: list) -> list:
-        """A group reply's payloads with its first ``rows`` rows of each array read from the region
+        """A sandbox reply's payloads with its first ``rows`` rows of each array read from the region
         in place of the empty payloads it sent for them (one array's, or a Dict/Tuple's each)."""
         spans = region.spans
         taken = len(spans) if spans is not None else 1
         if len(payloads) < taken or any(len(p) for p in payloads[:taken]):
-            raise RegionFault("its group reply refers to its region but sends the observations' bytes too")
+            raise RegionFault("its sandbox reply refers to its region but sends the observations' bytes too")
         if spans is None:
             return [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
         m, data = region.slots, region.view if self.views else region.map
         return [data[m * start : m * start + rows * size] for start, size in spans] + payloads[len(spans) :]
 
     @staticmethod
-    def _remember_group(region: _Region, line: bytes, rows: int, resolved: dict) -> None:
-        """Keep an all-plain group reply's line read against the region, and the line that says
+    def _remember_sandbox(region: _Region, line: bytes, rows: int, resolved: dict) -> None:
+        """Keep an all-plain sandbox reply's line read against the region, and the line that says
         the same with its rows as payloads (``resolved``, the reply rewritten), for
         :meth:`resolve` to answer the same line again without parsing it. Its payloads' sizes
         are the line's (the pipe's reader holds a reply to the sizes its line announces). A long
@@ -361,7 +372,7 @@ class ObsRegions:
             rewritten = (json.dumps(resolved, separators=(",", ":")) + "\n").encode()
         except (RecursionError, ValueError, TypeError):
             return
-        region.known_group = (line, rows, rewritten)
+        region.known_sandbox_line = (line, rows, rewritten)
 
     def _arrays_step(self, region: _Region, step_line: bytes) -> tuple[None, dict, list]:
         """The plain step of a Dict/Tuple of arrays (its line, rewritten as one array's): the reply

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple, TypedDict
 from ..wire.keys import ClientKeys
 from ..wire.limits import Limits
 from ..wire.protocol import DEFAULT_BUSY_POLL_US, WORKER_FLAGS, check_poll_us
-from .grouping import check_envs_per_sandbox
+from .sandbox_replies import check_envs_per_sandbox
 
 __all__ = ["MODES", "PoolOptions", "PoolSettings", "WorkerConfig", "field_docs"]
 
@@ -161,7 +161,7 @@ class PoolOptions:
     array observations in one block (much faster for cheap envs), but the K envs of a sandbox share
     its memory, files and fate: a crash or a missed deadline restarts all of them, and
     ``step_timeout`` covers the sandbox's K steps, served one after another. Limits apply per
-    sandbox. Keep K = 1 for untrusted code; see :mod:`boltzlabs_gym.client.grouping`. Env
+    sandbox. Keep K = 1 for untrusted code; see :mod:`boltzlabs_gym.client.sandbox_replies`. Env
     directories must serve independent instances (``serve(factory=...)``) for K > 1."""
 
     metrics_port: int | None = None

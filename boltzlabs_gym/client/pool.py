@@ -15,7 +15,7 @@ child process on an ``ipc://`` socket, the same code path a remote worker uses.
 This module is the public API; the pool is made of parts that live beside it, each owned by it:
 :mod:`~boltzlabs_gym.client.link` (one worker connection: requests, replies, heartbeats, errors, the
 local worker process), :mod:`~boltzlabs_gym.client.routes` (how a batch reaches the envs: one worker,
-several, or the direct lane; :mod:`~boltzlabs_gym.client.grouped_route` for several envs per sandbox),
+several, or the direct lane; :mod:`~boltzlabs_gym.client.sandbox_route` for several envs per sandbox),
 :mod:`~boltzlabs_gym.client.batch_calls` (the call in flight, its timing and books),
 :mod:`~boltzlabs_gym.client.snapshot_keeper` (snapshot, restore, fork),
 :mod:`~boltzlabs_gym.client.sources` (a lost worker's envs re-created on its replacement),
@@ -47,12 +47,12 @@ from .arguments import check_actions, check_mask, check_seeds
 from .async_steps import AsyncSteps, Received, plain_items, read_received
 from .batch_calls import BatchCalls
 from .cancels import CallCanceller
-from .grouped_route import GroupedRoute
-from .grouping import SandboxLayout
 from .link import WorkerLink
 from .options import MODES, PoolOptions, PoolSettings
 from .results import EnvResult, parse_result, read_reset, read_step
 from .routes import Route, SplitRoute, route_losses
+from .sandbox_replies import SandboxLayout
+from .sandbox_route import SandboxRoute
 from .snapshot import Snapshot
 from .snapshot_keeper import SnapshotKeeper
 from .sources import SourceTracker, WorkerSource, client_keys_from, worker_addresses
@@ -141,10 +141,10 @@ class RLPool:
             self._route = route = open_route(
                 self._ctx, self._links, addresses, keys, config.flags, self.layout, options, link_options
             )
-            # Several envs per sandbox: per-env items go out as one group item per sandbox (the
-            # deadline of a mixed group: see protocol.GROUP_DEADLINE).
+            # Several envs per sandbox: per-env items go out as one sandbox item per sandbox (the
+            # deadline of a mixed sandbox request: see protocol.SANDBOX_DEADLINE).
             k, mixed_deadline = self.envs_per_sandbox, self.step_timeout + self.reset_timeout
-            self.batch_calls.route = route if k == 1 else GroupedRoute(route, self.layout, mixed_deadline)
+            self.batch_calls.route = route if k == 1 else SandboxRoute(route, self.layout, mixed_deadline)
             #: The pool's snapshots (:meth:`snapshot`, :meth:`restore` and :meth:`fork` are its work;
             #: adapters that decode observations themselves use it: see :mod:`~boltzlabs_gym.client.snapshot_keeper`).
             self.snapshot_keeper = SnapshotKeeper(
@@ -282,14 +282,14 @@ class RLPool:
     def async_steps(self) -> AsyncSteps:
         """The pool's calls that don't wait for each other (:meth:`send`/:meth:`recv`, the vector
         env's and :mod:`boltzlabs_gym.aio`'s): see :mod:`~boltzlabs_gym.client.async_steps`."""
-        grouped = self.batch_calls.route if isinstance(self.batch_calls.route, GroupedRoute) else None
+        sandboxed = self.batch_calls.route if isinstance(self.batch_calls.route, SandboxRoute) else None
         route = self._route
         losses = route if isinstance(route, SplitRoute) and route.report_loss else None
         return AsyncSteps(
             self._links,
             self.batch_calls,
             self.n,
-            grouped=grouped,
+            sandboxed=sandboxed,
             default_timeout=self.batch_calls.default_timeout,
             losses=losses,
         )

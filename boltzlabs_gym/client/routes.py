@@ -29,11 +29,11 @@ from ..wire.protocol import (
     ADOPT,
     ERROR,
     FAULTS,
-    GROUP_SLOTS,
     LEND,
     LENT_FAULT,
     OBS_REGION,
     OK,
+    SANDBOX_SLOTS,
     encode_header,
     env_request,
 )
@@ -345,7 +345,7 @@ class _LanePending:
     size: int
     failed: list
     t_send: float | None
-    #: Batch position -> env calls of a lane item (its group's slots; 1 for a one-env sandbox).
+    #: Batch position -> env calls of a lane item (its sandbox's slots; 1 for a one-env sandbox).
     calls: dict[int, int] | None = None
 
 
@@ -398,7 +398,7 @@ class LaneRoute(WorkerRoute):
         # Counted when answered (wait): a call that fails is the worker's to count.
         calls = None
         if direct and self.lane.envs_per_sandbox > 1:
-            calls = {p: len(items[p][1].get(GROUP_SLOTS) or (0,)) for p, *_ in direct}
+            calls = {p: len(items[p][1].get(SANDBOX_SLOTS) or (0,)) for p, *_ in direct}
         if t0 >= self._report_at:
             self.flush_report(ack=False)
         seq = None
@@ -484,7 +484,7 @@ class LaneRoute(WorkerRoute):
         slots, so that the worker's books count the envs whose calls failed, as the pool does."""
         op: dict = {"op": LENT_FAULT, "reason": reason, "straggler": straggler}
         if calls is not None and pos in calls:
-            op[GROUP_SLOTS] = list(range(calls[pos]))
+            op[SANDBOX_SLOTS] = list(range(calls[pos]))
         return op
 
     def _note_lane_batch(self, seconds: float) -> None:

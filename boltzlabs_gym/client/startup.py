@@ -19,11 +19,11 @@ import zmq
 from ..errors import CapacityError
 from ..wire.limits import IsolationReport
 from ..wire.protocol import LEND
-from .grouping import SandboxLayout
 from .link import WorkerLink, start_local_worker
 from .obs_regions import ObsRegions
 from .options import PoolOptions
 from .routes import LaneRoute, Route, SplitRoute, WorkerRoute, lane_possible
+from .sandbox_replies import SandboxLayout
 
 log = logging.getLogger("boltzlabs_gym.client.pool")
 

@@ -20,8 +20,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ..wire.counters import RATE_WINDOW_S, RECENT_LATENCIES, RecentCounts, percentile
-from .grouping import SandboxLayout
 from .link import WorkerLink
+from .sandbox_replies import SandboxLayout
 
 __all__ = ["PoolRecorder", "PoolStats", "PssReport", "measure_pss"]
 

@@ -2,7 +2,7 @@
 :func:`boltzlabs_gym.env.serve` (:mod:`.json_host`) and the Gymnasium env host (:mod:`.gym_host`,
 its loops :mod:`.gym_loops` and start-up :mod:`.gym_start`), the request loop both run
 (:mod:`.serve_loop`), the channel's framing (:mod:`.framing`), failure transitions
-(:mod:`.failures`), sandboxes of several envs (:mod:`.groups`, :mod:`.group_rows`), the process's
+(:mod:`.failures`), sandboxes of several envs (:mod:`.sandbox_slots`, :mod:`.sandbox_rows`), the process's
 set-up and boltz hooks (:mod:`.process`), state blobs (:mod:`.state`), the fork server and the
 memory-snapshot hooks.
 

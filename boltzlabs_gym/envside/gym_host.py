@@ -50,10 +50,10 @@ over-long line) is answered and the process exits (the worker respawns it). A fa
 "message": ...}}`` (:mod:`boltzlabs_gym.wire.start_failure`), and the process exits.
 
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` above 1 the process hosts
-``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymHost` per slot, and answers group requests
-with group replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`): a plain
+``BOLTZLABS_ENV_COUNT`` envs, one :class:`GymHost` per slot, and answers sandbox requests
+with sandbox replies ("Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`): a plain
 step or reset of an env whose observations are one array, or a Dict/Tuple of arrays only, is a
-row of the reply's arrays (:class:`~boltzlabs_gym.envside.group_rows.GroupRows`), every other
+row of the reply's arrays (:class:`~boltzlabs_gym.envside.sandbox_rows.SandboxRows`), every other
 position carries the one-env reply above.
 
 This module is the host, :class:`GymHost` (a request in, ``(reply, payloads)`` out); the loops that
@@ -78,7 +78,7 @@ from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from . import obs_region, process_setup
 from .failures import MAX_TRACEBACK_CHARS, error_transition
 from .framing import payload_nbytes
-from .group_rows import GroupRows
+from .sandbox_rows import SandboxRows
 from .state import SnapshotRefused, restore_request, snapshot_reply
 
 __all__ = ["GymHost", "region_reply", "MAX_PREMADE_ACTIONS"]
@@ -133,7 +133,7 @@ class GymHost:
         self._action_leaf = ArrayLeaf.of(self.action_space)
         self._discrete = None
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
-        #: (made once: a scalar per step cost a constructor call on the hot path of a group).
+        #: (made once: a scalar per step cost a constructor call on the hot path of a sandbox request).
         self._actions: tuple = ()
         #: The observation the env last returned (a snapshot keeps it: a restore answers with it).
         self.last_obs: Any = None
@@ -380,16 +380,16 @@ class GymHost:
             reply["reset_obs"], reply["reset_info"] = self._reset(None, None, out, zero_copy)
         return reply, out
 
-    # -- a position of a group request (a sandbox of several envs) ----------------------
-    # A position is *plain* when its observation, reward and flags fit the group reply's rows
-    # (GroupRows.put): then it is written there and the method returns None. Anything else
+    # -- a position of a sandbox request (a sandbox of several envs) ----------------------
+    # A position is *plain* when its observation, reward and flags fit the sandbox reply's rows
+    # (SandboxRows.put): then it is written there and the method returns None. Anything else
     # returns the one-env reply. Payloads of those are copies: another env of the process,
     # served before the reply is written, might share a buffer with this one.
 
-    def group_step(
-        self, action: Any, payloads: Sequence, autoreset: bool, rows: GroupRows | None, p: int
+    def sandbox_step(
+        self, action: Any, payloads: Sequence, autoreset: bool, rows: SandboxRows | None, p: int
     ) -> tuple[dict, list] | None:
-        """Step ``action`` (as a step request carries it) at position ``p`` of a group."""
+        """Step ``action`` (as a step request carries it) at position ``p`` of a sandbox request."""
         discrete = self._discrete
         if discrete is not None and type(action) is int and discrete[0] <= action < discrete[1]:
             decoded = discrete[2](action)  # what _decode_action does, without the call: the hot path
@@ -413,8 +413,8 @@ class GymHost:
             return None
         return self._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
 
-    def group_reset(self, msg: dict, rows: GroupRows | None, p: int) -> tuple[dict, list] | None:
-        """Reset as ``msg`` says at position ``p`` of a group."""
+    def sandbox_reset(self, msg: dict, rows: SandboxRows | None, p: int) -> tuple[dict, list] | None:
+        """Reset as ``msg`` says at position ``p`` of a sandbox request."""
         try:
             obs, info = self._env_reset(msg.get("seed"), msg.get("options"))
         except Exception:

@@ -1,10 +1,10 @@
-"""The Gymnasium env host's request loops: one env's requests, or a sandbox's group requests.
+"""The Gymnasium env host's request loops: one env's requests, or a sandbox's requests.
 
 Each loop reads requests from the env's channel, has the :class:`~boltzlabs_gym.envside.gym_host.GymHost`
 of the env named answer them and writes the replies: :func:`serve_one` (one env: the one-env
-protocol, with a quick answer to a plain Discrete step's exact bytes) and :func:`serve_group`
-(the envs of a sandbox of several: group requests, whose plain positions are rows of the reply's
-arrays, :class:`~boltzlabs_gym.envside.group_rows.GroupRows`). Both run on
+protocol, with a quick answer to a plain Discrete step's exact bytes) and :func:`serve_sandbox`
+(the envs of a sandbox of several: sandbox requests, whose plain positions are rows of the reply's
+arrays, :class:`~boltzlabs_gym.envside.sandbox_rows.SandboxRows`). Both run on
 :mod:`~boltzlabs_gym.envside.serve_loop`; start-up (building the envs) is
 :mod:`~boltzlabs_gym.envside.gym_start`.
 
@@ -25,12 +25,12 @@ from ..wire.protocol import parse_discrete_step
 from . import obs_region
 from .failures import error_transition, failed_transition
 from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
-from .group_rows import GroupRows
 from .gym_host import GymHost, _traceback, region_reply
-from .sandbox_slots import GroupRequest, Progress, group_reply_parts
-from .serve_loop import Answer, Ending, QuickAnswer, serve_group_requests, serve_requests
+from .sandbox_rows import SandboxRows
+from .sandbox_slots import Progress, SandboxRequest, sandbox_reply_parts
+from .serve_loop import Answer, Ending, QuickAnswer, serve_requests, serve_sandbox_requests
 
-__all__ = ["serve_one", "serve_group", "close_all"]
+__all__ = ["serve_one", "serve_sandbox", "close_all"]
 
 
 def _write(stream: MessageWriter, reply: dict, payloads: list) -> None:
@@ -105,31 +105,31 @@ def _discrete_step_answer(host: GymHost, writer: FdWriter) -> QuickAnswer:
     return quick
 
 
-def serve_group(hosts: list[GymHost], fd_in: int, fd_out: int, progress: Progress) -> None:
-    """Answer group requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
+def serve_sandbox(hosts: list[GymHost], fd_in: int, fd_out: int, progress: Progress) -> None:
+    """Answer sandbox requests for these slots' envs from ``fd_in`` on ``fd_out`` until ``close`` or end of input.
 
-    A line that is not a group request this process can serve is answered ``{"error": ...}``
+    A line that is not a sandbox request this process can serve is answered ``{"error": ...}``
     and the process serves on (the whole line was read); a torn stream as in :func:`serve_one`.
     At end of input every env is closed.
     """
-    rows = GroupRows.of(hosts)
-    answer_group = partial(_serve_group_request, hosts, rows, progress, fd_out)
-    ending = serve_group_requests(
+    rows = SandboxRows.of(hosts)
+    answer_sandbox = partial(_serve_sandbox_request, hosts, rows, progress, fd_out)
+    ending = serve_sandbox_requests(
         FdReader(fd_in),
         FdWriter(fd_out),
         len(hosts),
-        answer_group,
+        answer_sandbox,
         serve_past_bad_lines=True,
-        sandbox_ops={"obs_region": partial(_group_obs_region, rows)},
+        sandbox_ops={"obs_region": partial(_sandbox_obs_region, rows)},
     )
     if ending is Ending.END_OF_INPUT:
         close_all(hosts)
 
 
-def _serve_group_request(
-    hosts: list[GymHost], rows: GroupRows | None, progress: Progress, fd_out: int, request: GroupRequest
+def _serve_sandbox_request(
+    hosts: list[GymHost], rows: SandboxRows | None, progress: Progress, fd_out: int, request: SandboxRequest
 ) -> bool:
-    """Serve one group request's positions in order and write its group reply; ``False`` after a ``close``
+    """Serve one sandbox request's positions in order and write its sandbox reply; ``False`` after a ``close``
     (every env closed, the reply written: the process ends)."""
     slots, ops, op_payloads, autoreset = request
     n = len(ops)
@@ -145,7 +145,7 @@ def _serve_group_request(
         set_progress(slot)
         host = hosts[slot]
         if type(op) is int and rows is not None and host._actions:
-            # The hot path: GymHost.group_step and (for one array) GroupRows.put for a Discrete
+            # The hot path: GymHost.sandbox_step and (for one array) SandboxRows.put for a Discrete
             # step, inlined (a few microseconds of an ~8 us step); anything unusual takes the
             # general path.
             i = op - host._discrete[0]  # type: ignore[index]  # _actions implies _discrete
@@ -176,14 +176,14 @@ def _serve_group_request(
                 replies.append((p, *transition))
                 continue
         if type(op) is int:  # the shorthand of a step
-            result = host.group_step(op, (), autoreset, rows, p)
+            result = host.sandbox_step(op, (), autoreset, rows, p)
         else:
             own = op_payloads[p] if op_payloads is not None else ()
             name = op.get("op")
             if name == "step":
-                result = host.group_step(op.get("action"), own, bool(op.get("autoreset")), rows, p)
+                result = host.sandbox_step(op.get("action"), own, bool(op.get("autoreset")), rows, p)
             elif name == "reset":
-                result = host.group_reset(op, rows, p)
+                result = host.sandbox_reset(op, rows, p)
             elif name == "close":
                 closing, result = True, ({}, [])
             else:  # describe, call, get_attr, set_attr, render; an unknown op's error
@@ -194,21 +194,21 @@ def _serve_group_request(
     if closing:
         close_all(hosts)
     if rows is None or len(replies) == n:  # no plain position (or none can be): no arrays
-        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies])
+        parts = sandbox_reply_parts(n, [_encode_one(*reply) for reply in replies])
     elif not replies:
         parts = [rows.plain_line(n), *rows.payloads(n)]
     else:
         for p, _reply, _payloads in replies:
             rows.clear(p)
-        parts = group_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
+        parts = sandbox_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
     writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
     return not closing
 
 
-def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
+def _sandbox_obs_region(rows: SandboxRows | None, msg: dict) -> dict:
     """A sandbox of several envs answers ``{"op": "obs_region"}`` for all of them: one region, a slot
-    per env (for a Dict/Tuple, each array's rows back to back), which its group replies' rows live
-    in once told to ``"use"`` it (:meth:`GroupRows.share`)."""
+    per env (for a Dict/Tuple, each array's rows back to back), which its sandbox replies' rows live
+    in once told to ``"use"`` it (:meth:`SandboxRows.share`)."""
     if rows is None:
         return {
             "error": "no shared observation region: the envs' observations are neither one array space "
@@ -227,7 +227,7 @@ def _group_obs_region(rows: GroupRows | None, msg: dict) -> dict:
 
 
 def _encode_one(p: int, reply: dict, payloads: list) -> tuple[int, bytes, list]:
-    """A position's reply for :func:`~boltzlabs_gym.envside.sandbox_slots.group_reply`; one that is not JSON becomes
+    """A position's reply for :func:`~boltzlabs_gym.envside.sandbox_slots.sandbox_reply`; one that is not JSON becomes
     what the one-env host writes instead (:func:`_write`)."""
     try:
         return p, encode_reply(reply, payloads), payloads

@@ -26,9 +26,9 @@ from ..wire.start_failure import describe_start_failure
 from . import process_setup
 from .framing import write_all
 from .gym_host import GymHost
-from .gym_loops import serve_group, serve_one
+from .gym_loops import serve_one, serve_sandbox
 from .process_setup import freeze_heap, protect_channel_fds
-from .sandbox_slots import Progress, group_config
+from .sandbox_slots import Progress, sandbox_config
 
 __all__ = ["serve_env", "serve_factories", "FACTORIES_FILE"]
 
@@ -41,8 +41,8 @@ _T = TypeVar("_T")
 
 def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int, fd_out: int) -> None:
     """Build this process's envs and serve them: one (the one-env protocol) or, in a sandbox of
-    several envs, one per slot (group requests), slot ``s`` from ``factories[(index + s) % len]``."""
-    config = group_config()
+    several envs, one per slot (sandbox requests), slot ``s`` from ``factories[(index + s) % len]``."""
+    config = sandbox_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
         host = _started(lambda: GymHost(factories[base % len(factories)]()), fd_in, fd_out)
@@ -54,7 +54,7 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
     )
     progress = Progress(process_setup.workspace_now())
     freeze_heap()
-    serve_group(hosts, fd_in, fd_out, progress)
+    serve_sandbox(hosts, fd_in, fd_out, progress)
 
 
 def _started(build: Callable[[], _T], fd_in: int, fd_out: int) -> _T:
@@ -106,7 +106,7 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
     factory used is ``factories[index % len(factories)]``. In a sandbox of several envs
     (``BOLTZLABS_ENVS_PER_SANDBOX`` K > 1, ``BOLTZLABS_ENV_COUNT`` m) the process hosts m
     envs, slot ``s`` built by ``factories[(index + s) % len(factories)]`` (``index`` is then
-    the pool index of slot 0), and answers group requests. Unpickling happens here,
+    the pool index of slot 0), and answers sandbox requests. Unpickling happens here,
     inside the sandbox, after the channel is protected.
     """
     preloaded = None

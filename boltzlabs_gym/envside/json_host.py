@@ -22,7 +22,7 @@ else (unknown op, malformed line) is answered with ``{"error": "..."}``.
 
 Sandboxes of several envs: with ``BOLTZLABS_ENVS_PER_SANDBOX`` (K) above 1 in its
 environment, the process hosts ``BOLTZLABS_ENV_COUNT`` envs (its slots) and every request
-is a group request: per-env ops as above, one per slot named, answered with one group
+is a sandbox request: per-env ops as above, one per slot named, answered with one sandbox
 reply that carries each slot's reply (see "Sandboxes of several envs" in
 :mod:`boltzlabs_gym.wire.protocol`; ``describe``, ``reset``, ``step`` and ``close`` per slot,
 and a ``close`` closes them all). Only the factory form can do this: the function form's
@@ -51,8 +51,8 @@ from typing import Any, BinaryIO
 from .failures import error_transition, failed_transition
 from .framing import encode_json, write_message
 from .process_setup import freeze_heap, memory_snapshots, protect_channel, template_fork, workspace_now
-from .sandbox_slots import GroupRequest, Progress, group_config, spelled_out, write_group_reply
-from .serve_loop import Answer, serve_group_requests, serve_requests
+from .sandbox_slots import Progress, SandboxRequest, sandbox_config, spelled_out, write_sandbox_reply
+from .serve_loop import Answer, serve_requests, serve_sandbox_requests
 from .state import AUTO, MEMORY, SnapshotRefused, restore_request, snapshot_reply
 
 __all__ = ["serve_json"]
@@ -141,7 +141,7 @@ def serve_json(
     if factory is not None and not callable(factory):
         raise TypeError(f"serve(factory=...) must be a callable returning an env object, got {type(factory).__name__}")
     template_fork()  # mode="boltz": a template forks envs here; each returns as an env
-    config = group_config()  # after the fork: a forked env's environment is the worker's
+    config = sandbox_config()  # after the fork: a forked env's environment is the worker's
     if factory is None and config.envs_per_sandbox > 1:
         _refuse_shared_functions(config.envs_per_sandbox)
     proto_in, proto_out = protect_channel()
@@ -164,7 +164,7 @@ def serve_json(
         if config.envs_per_sandbox == 1:
             _serve_one(envs[0], describe, proto_in, proto_out, on_restore=lambda env: envs.__setitem__(0, env))
         else:
-            _serve_group(envs, describe, proto_in, proto_out, Progress(workspace_now()))
+            _serve_sandbox(envs, describe, proto_in, proto_out, Progress(workspace_now()))
     finally:
         _close_envs(envs)
 
@@ -307,14 +307,16 @@ def _serve_one(
     serve_requests(proto_in, proto_out, _one_env_answer(env, describe, proto_out, on_restore))
 
 
-def _serve_group(envs: list, describe: dict, proto_in: BinaryIO, proto_out: BinaryIO, progress: Progress) -> None:
-    """Several envs: group requests in, group replies out (every position in ``replies``), until a
-    ``close`` or end of input. A group request that cannot be served is answered ``{"error"}``."""
-    serve_group_requests(proto_in, proto_out, len(envs), partial(_answer_group, envs, describe, proto_out, progress))
+def _serve_sandbox(envs: list, describe: dict, proto_in: BinaryIO, proto_out: BinaryIO, progress: Progress) -> None:
+    """Several envs: sandbox requests in, sandbox replies out (every position in ``replies``), until a
+    ``close`` or end of input. A sandbox request that cannot be served is answered ``{"error"}``."""
+    serve_sandbox_requests(
+        proto_in, proto_out, len(envs), partial(_answer_sandbox, envs, describe, proto_out, progress)
+    )
 
 
-def _answer_group(envs: list, describe: dict, out: BinaryIO, progress: Progress, request: GroupRequest) -> bool:
-    """Serve a group request's positions in order and write its group reply; ``False`` after a
+def _answer_sandbox(envs: list, describe: dict, out: BinaryIO, progress: Progress, request: SandboxRequest) -> bool:
+    """Serve a sandbox request's positions in order and write its sandbox reply; ``False`` after a
     ``close`` (every env closed)."""
     positions = spelled_out(request)
     replies = []
@@ -328,12 +330,12 @@ def _answer_group(envs: list, describe: dict, out: BinaryIO, progress: Progress,
     if closing:
         _close_envs(envs)
         envs.clear()  # closed once: the caller's close finds nothing left
-    write_group_reply(out, len(positions), replies)
+    write_sandbox_reply(out, len(positions), replies)
     return not closing
 
 
 def _serve_op(env: Any, op: dict, describe: dict) -> dict | None:
-    """One slot's op of a group: its reply, or ``None`` for ``close``."""
+    """One slot's op of a sandbox request: its reply, or ``None`` for ``close``."""
     name = op.get("op")
     if name == "step":
         return _call_step(env.step, env.reset, op)

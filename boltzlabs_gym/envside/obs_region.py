@@ -35,7 +35,7 @@ MEMFD_NAME = "boltzlabs-obs"
 
 
 class ObsRegion:
-    """One mapped memfd of ``slots`` slots of ``slot_bytes`` each, back to back (so that a group's
+    """One mapped memfd of ``slots`` slots of ``slot_bytes`` each, back to back (so that a sandbox's
     rows are one block), its size rounded up to whole pages.
 
     Mapped with libc's ``mmap`` (Python's ``mmap`` keeps a duplicate of the descriptor, and a

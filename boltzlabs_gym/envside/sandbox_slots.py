@@ -1,8 +1,8 @@
-"""Sandboxes of several envs, from inside: how many envs this process hosts, group requests, group replies.
+"""Sandboxes of several envs, from inside: how many envs this process hosts, sandbox requests, sandbox replies.
 
 With ``BOLTZLABS_ENVS_PER_SANDBOX`` (K) above 1 an env process hosts ``BOLTZLABS_ENV_COUNT``
-envs (its slots, :func:`group_config`), every request is a group request
-(:func:`check_group`), and every reply a group reply (:func:`group_reply_parts`); while it
+envs (its slots, :func:`sandbox_config`), every request is a sandbox request
+(:func:`check_sandbox_request`), and every reply a sandbox reply (:func:`sandbox_reply_parts`); while it
 serves a slot, :class:`Progress` says which in its workspace. The wire is specified in
 :mod:`boltzlabs_gym.wire.protocol` ("Sandboxes of several envs"). Its constants are repeated
 here because the env side imports nothing of the package but errors and limits (it must load
@@ -25,18 +25,18 @@ from .framing import MessageWriter, payload_nbytes, write_all
 __all__ = [
     "PROGRESS_FILE",
     "MAX_ENVS_PER_SANDBOX",
-    "GroupConfig",
-    "group_config",
+    "SandboxConfig",
+    "sandbox_config",
     "Progress",
-    "GroupRequest",
-    "check_group",
-    "group_ops",
+    "SandboxRequest",
+    "check_sandbox_request",
+    "sandbox_ops",
     "spelled_out",
-    "NO_GROUP_ARRAYS",
-    "group_reply_line",
-    "group_reply",
-    "group_reply_parts",
-    "write_group_reply",
+    "NO_SANDBOX_ARRAYS",
+    "sandbox_reply_line",
+    "sandbox_reply",
+    "sandbox_reply_parts",
+    "write_sandbox_reply",
 ]
 
 #: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
@@ -44,13 +44,13 @@ PROGRESS_FILE = ".boltzlabs-progress"
 #: The most envs one sandbox may host.
 MAX_ENVS_PER_SANDBOX = 4096
 _IDLE = -1
-_GROUP_KEYS = ("slots", "ops", "nbin", "autoreset")
+_SANDBOX_KEYS = ("slots", "ops", "nbin", "autoreset")
 
 
-class GroupConfig(NamedTuple):
-    """How many envs this process hosts, from its environment (:func:`group_config`)."""
+class SandboxConfig(NamedTuple):
+    """How many envs this process hosts, from its environment (:func:`sandbox_config`)."""
 
-    #: ``envs_per_sandbox`` (K): with K > 1 every request is a group request, even where ``count`` is 1.
+    #: ``envs_per_sandbox`` (K): with K > 1 every request is a sandbox request, even where ``count`` is 1.
     envs_per_sandbox: int
     #: The envs this process hosts (m, its slots ``0 .. m-1``); at most K.
     env_count: int
@@ -71,7 +71,7 @@ def _env_int(environ: Any, name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def group_config(environ: Any = None) -> GroupConfig:
+def sandbox_config(environ: Any = None) -> SandboxConfig:
     """``BOLTZLABS_ENVS_PER_SANDBOX`` (K, default 1) and ``BOLTZLABS_ENV_COUNT`` (m, default K).
 
     Read when serving starts, never at import: a boltz fork gets its environment from the
@@ -81,7 +81,7 @@ def group_config(environ: Any = None) -> GroupConfig:
     environ = os.environ if environ is None else environ
     k = _env_int(environ, "BOLTZLABS_ENVS_PER_SANDBOX", 1, 1, MAX_ENVS_PER_SANDBOX)
     m = _env_int(environ, "BOLTZLABS_ENV_COUNT", k, 1, k)
-    return GroupConfig(k, m)
+    return SandboxConfig(k, m)
 
 
 class Progress:
@@ -130,8 +130,8 @@ class Progress:
         self.set(_IDLE)
 
 
-class GroupRequest(NamedTuple):
-    """A checked group request (:func:`check_group`): ``ops[p]`` is for slot ``slots[p]``."""
+class SandboxRequest(NamedTuple):
+    """A checked sandbox request (:func:`check_sandbox_request`): ``ops[p]`` is for slot ``slots[p]``."""
 
     slots: list[int]
     #: Each a per-env op object, or an int: the shorthand of a step of that action.
@@ -149,13 +149,13 @@ def _is_int(value: Any) -> bool:
     return type(value) is int  # not a bool
 
 
-def check_group(msg: dict, payloads: Sequence[bytes], count: int) -> GroupRequest:
-    """Check a group request of a process hosting ``count`` slots; :class:`ProtocolError` says what is wrong.
+def check_sandbox_request(msg: dict, payloads: Sequence[bytes], count: int) -> SandboxRequest:
+    """Check a sandbox request of a process hosting ``count`` slots; :class:`ProtocolError` says what is wrong.
 
     The whole line was read, so the stream is still in sync: the process answers
     ``{"error": ...}`` and serves on.
     """
-    slots, ops, nbin, autoreset = (msg.get(key) for key in _GROUP_KEYS)
+    slots, ops, nbin, autoreset = (msg.get(key) for key in _SANDBOX_KEYS)
     if not isinstance(slots, list) or not isinstance(ops, list):
         raise ProtocolError(f"not a group request (this process hosts {count} envs): it needs 'slots' and 'ops' lists")
     if len(ops) != len(slots):
@@ -169,7 +169,7 @@ def check_group(msg: dict, payloads: Sequence[bytes], count: int) -> GroupReques
         raise ProtocolError("each op of a group request must be an op object or an int (a step's action)")
     if autoreset is not None and not isinstance(autoreset, bool):
         raise ProtocolError(f"a group request's autoreset must be a bool, got {type(autoreset).__name__}")
-    return GroupRequest(slots, ops, _split_payloads(nbin, payloads, len(ops)), bool(autoreset))
+    return SandboxRequest(slots, ops, _split_payloads(nbin, payloads, len(ops)), bool(autoreset))
 
 
 def _split_payloads(nbin: Any, payloads: Sequence[bytes], n_ops: int) -> list[Sequence[bytes]] | None:
@@ -190,14 +190,14 @@ def _split_payloads(nbin: Any, payloads: Sequence[bytes], n_ops: int) -> list[Se
     return out
 
 
-def group_ops(msg: dict, payloads: Sequence[bytes], count: int) -> list[tuple[int, dict, Sequence[bytes]]]:
-    """``(slot, op, op_payloads)`` for each position of a group request, int shorthands written out
-    as the step ops they stand for; :class:`ProtocolError` as :func:`check_group`."""
-    return spelled_out(check_group(msg, payloads, count))
+def sandbox_ops(msg: dict, payloads: Sequence[bytes], count: int) -> list[tuple[int, dict, Sequence[bytes]]]:
+    """``(slot, op, op_payloads)`` for each position of a sandbox request, int shorthands written out
+    as the step ops they stand for; :class:`ProtocolError` as :func:`check_sandbox_request`."""
+    return spelled_out(check_sandbox_request(msg, payloads, count))
 
 
-def spelled_out(req: GroupRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
-    """``(slot, op, op_payloads)`` for each position of a checked group request, int shorthands
+def spelled_out(req: SandboxRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
+    """``(slot, op, op_payloads)`` for each position of a checked sandbox request, int shorthands
     written out as the step ops they stand for."""
     out = []
     for p, (slot, op) in enumerate(zip(req.slots, req.ops)):
@@ -207,21 +207,21 @@ def spelled_out(req: GroupRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
     return out
 
 
-#: A group reply's arrays when it has none (no array observations, or no plain position).
-NO_GROUP_ARRAYS = b'"obs":null,"reward":null,"flags":null'
+#: A sandbox reply's arrays when it has none (no array observations, or no plain position).
+NO_SANDBOX_ARRAYS = b'"obs":null,"reward":null,"flags":null'
 
 
-def group_reply_line(
+def sandbox_reply_line(
     n: int, replies: Sequence[tuple[int, bytes]], sizes: Sequence[int], arrays: bytes | None = None
 ) -> bytes:
-    """A group reply line: ``n`` positions, ``arrays`` (the ``"obs":..,"reward":..,"flags":..``
+    """A sandbox reply line: ``n`` positions, ``arrays`` (the ``"obs":..,"reward":..,"flags":..``
     members, else nulls), the encoded replies by position, and ``"_bin"`` listing ``sizes`` (all
     payloads: the arrays' and then each reply's, in position order) when there are any.
 
-    >>> group_reply_line(2, [(1, b'{"error":"unknown op"}')], [])
+    >>> sandbox_reply_line(2, [(1, b'{"error":"unknown op"}')], [])
     b'{"n":2,"obs":null,"reward":null,"flags":null,"replies":{"1":{"error":"unknown op"}}}\\n'
     """
-    parts = [b'{"n":%d,' % n, NO_GROUP_ARRAYS if arrays is None else arrays, b',"replies":{']
+    parts = [b'{"n":%d,' % n, NO_SANDBOX_ARRAYS if arrays is None else arrays, b',"replies":{']
     parts.append(b",".join([b'"%d":%s' % (p, r) for p, r in replies]))
     if sizes:
         parts.append(b'},"_bin":[%s]}\n' % b",".join([b"%d" % s for s in sizes]))
@@ -230,39 +230,39 @@ def group_reply_line(
     return b"".join(parts)
 
 
-def group_reply(
+def sandbox_reply(
     n: int,
     replies: Sequence[tuple[int, bytes, Sequence]],
     arrays: bytes | None = None,
     array_payloads: Sequence = (),
 ) -> bytes:
-    """A whole group reply, its line and then its payloads: ``replies`` are ``(position,
+    """A whole sandbox reply, its line and then its payloads: ``replies`` are ``(position,
     encode_reply(...), that reply's payloads)`` in position order, after the arrays' payloads."""
-    parts = group_reply_parts(n, replies, arrays, array_payloads)
+    parts = sandbox_reply_parts(n, replies, arrays, array_payloads)
     return b"".join(parts) if len(parts) > 1 else parts[0]
 
 
-def group_reply_parts(
+def sandbox_reply_parts(
     n: int,
     replies: Sequence[tuple[int, bytes, Sequence]],
     arrays: bytes | None = None,
     array_payloads: Sequence = (),
 ) -> list:
-    """:func:`group_reply` as its line and payloads, for :func:`writev_all`."""
+    """:func:`sandbox_reply` as its line and payloads, for :func:`writev_all`."""
     payloads = list(array_payloads)
     for _p, _r, own in replies:
         payloads.extend(own)
-    line = group_reply_line(n, [(p, r) for p, r, _own in replies], [payload_nbytes(x) for x in payloads], arrays)
+    line = sandbox_reply_line(n, [(p, r) for p, r, _own in replies], [payload_nbytes(x) for x in payloads], arrays)
     return [line, *payloads]
 
 
-def write_group_reply(
+def write_sandbox_reply(
     stream: MessageWriter,
     n: int,
     replies: Sequence[tuple[int, bytes, Sequence]],
     arrays: bytes | None = None,
     array_payloads: Sequence = (),
 ) -> None:
-    """Write :func:`group_reply` to ``stream`` in one write, and flush it."""
-    stream.write(group_reply(n, replies, arrays, array_payloads))
+    """Write :func:`sandbox_reply` to ``stream`` in one write, and flush it."""
+    stream.write(sandbox_reply(n, replies, arrays, array_payloads))
     stream.flush()

@@ -2,12 +2,12 @@
 
 Both env hosts run this one loop: :mod:`~boltzlabs_gym.envside.json_host` (behind
 :func:`boltzlabs_gym.env.serve`) and :mod:`~boltzlabs_gym.envside.gym_loops` (Gymnasium envs),
-each for one env or for the envs of a sandbox of several (group requests). What differs between
+each for one env or for the envs of a sandbox of several (sandbox requests). What differs between
 them is passed in: how a request is answered (dispatched to the env, and its reply framed and
 written), whether a line that was read whole but is no request is answered and served past, and a
 host's quick answer to the bytes of one ``os.read``. What does not differ lives here: a torn stream is answered and ends
 the loop (it cannot be resynchronised: the worker respawns the env), end of input ends it
-quietly, and a group request is checked before it is served.
+quietly, and a sandbox request is checked before it is served.
 
 This is every env step's path through its process, where tens of microseconds a step count: the
 loop is the few lines of :func:`serve_requests`, and a request costs it one call into the host.
@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from ..errors import ProtocolError
 from .framing import STILL_IN_SYNC, FdReader, MessageReader, MessageWriter, read_message, write_message
-from .sandbox_slots import GroupRequest, check_group
+from .sandbox_slots import SandboxRequest, check_sandbox_request
 
-__all__ = ["Ending", "Answer", "QuickAnswer", "serve_requests", "serve_group_requests"]
+__all__ = ["Ending", "Answer", "QuickAnswer", "serve_requests", "serve_sandbox_requests"]
 
 #: Answers one request ``(msg, payloads)``, writing its reply; ``False`` once the process must end
 #: (a ``close`` was answered).
@@ -93,21 +93,21 @@ def _recognises_nothing(data: bytes) -> bool:
     return False
 
 
-def serve_group_requests(
+def serve_sandbox_requests(
     reader: MessageReader,
     writer: MessageWriter,
     count: int,
-    answer_group: Callable[[GroupRequest], bool],
+    answer_sandbox: Callable[[SandboxRequest], bool],
     *,
     serve_past_bad_lines: bool = False,
     sandbox_ops: dict[str, Callable[[dict], dict]] | None = None,
 ) -> Ending:
-    """:func:`serve_requests` for a process hosting ``count`` envs: every request is a group request,
+    """:func:`serve_requests` for a process hosting ``count`` envs: every request is a sandbox request,
     but for the ops in ``sandbox_ops`` (about the process, not one env: ``{"op": name}`` answered with
     ``sandbox_ops[name](msg)``'s reply, which carries no payloads).
 
-    ``answer_group`` gets each checked request (:func:`~.groups.check_group`), writes its group
-    reply and returns ``False`` after a ``close``. A request that is not a group request this
+    ``answer_sandbox`` gets each checked request (:func:`~.sandbox_slots.check_sandbox_request`), writes its sandbox
+    reply and returns ``False`` after a ``close``. A request that is not a sandbox request this
     process can serve is answered ``{"error": "bad group request: ..."}`` and the loop serves on:
     the whole line was read.
     """
@@ -121,10 +121,10 @@ def serve_group_requests(
             write_message(writer, reply)
             return True
         try:
-            request = check_group(msg, payloads, count)
+            request = check_sandbox_request(msg, payloads, count)
         except ProtocolError as exc:
             write_message(writer, {"error": f"bad group request: {exc}"})
             return True
-        return answer_group(request)
+        return answer_sandbox(request)
 
     return serve_requests(reader, writer, answer, serve_past_bad_lines=serve_past_bad_lines)

@@ -6,7 +6,7 @@ leaves every other to the general path (:meth:`StepBatch.take_step
 * :class:`PlainSteps`: an array observation; a plain step's reply line is parsed without JSON
   and its one payload copied into the env's row.
 * :class:`ArraysSteps`: a Dict/Tuple of arrays only; each payload copied into its array's row.
-* :class:`GroupRows`: several envs per sandbox; a sandbox's rows go into the batch as whole
+* :class:`SandboxRows`: several envs per sandbox; a sandbox's rows go into the batch as whole
   blocks of observations, rewards and flags, by slicing.
 
 Each holds the batch's own buffers (which are written in place and never replaced), so that a
@@ -21,13 +21,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ..client.grouping import GroupReply, GroupResult
 from ..client.pool import OK
 from ..client.results import EnvResult
+from ..client.sandbox_replies import SandboxReply, SandboxResult
 from ..wire import codec, slot_layout
 from ..wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 
-__all__ = ["ArraysSteps", "GroupRows", "PlainSteps"]
+__all__ = ["ArraysSteps", "SandboxRows", "PlainSteps"]
 
 
 class PlainSteps:
@@ -113,12 +113,12 @@ TakeStep = Callable[[EnvResult, bool, bool, np.ndarray, dict, tuple], dict]
 TakeReset = Callable[[EnvResult, dict, float], dict]
 
 
-class GroupRows:
+class SandboxRows:
     """A sandbox of several envs' replies, read by whole blocks of rows into the batch.
 
     ``observations`` is the batch's array for an array space, else None; ``leaves`` the batch's
     arrays for a Dict/Tuple of arrays only, else None. ``row_skeleton`` is one observation's
-    skeleton in a group reply's rows (None when the space has no rows)."""
+    skeleton in a sandbox reply's rows (None when the space has no rows)."""
 
     def __init__(
         self,
@@ -137,50 +137,50 @@ class GroupRows:
         self.batch_rows = observations is not None or leaves is not None
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
 
-    def read(self, group: GroupResult):
-        """A sandbox's group reply, read against the observation space (see :meth:`GroupResult.read`)."""
+    def read(self, sandbox: SandboxResult):
+        """A sandbox's reply, read against the observation space (see :meth:`SandboxResult.read`)."""
         skeleton = self.row_skeleton
         # Without arrays in the space (a Dict with a Discrete in it, an env dir's JSON values) rows
         # are a wire violation: nothing would check them against the space.
-        return group.read(skeleton) if skeleton is not None else group.read(arrays=False)
+        return sandbox.read(skeleton) if skeleton is not None else sandbox.read(arrays=False)
 
-    def one_by_one(self, group: GroupResult, read: GroupReply | list[EnvResult]) -> list[EnvResult] | None:
+    def one_by_one(self, sandbox: SandboxResult, read: SandboxReply | list[EnvResult]) -> list[EnvResult] | None:
         """A sandbox's results env by env when its rows cannot go into the batch as blocks: it
         failed or broke the wire (``read`` is a list), or its rows are of a space kept per env
         (a Dict whose envs' spaces differ); ``None`` otherwise."""
         if isinstance(read, list):
             return read
         if read.leaves is not None and not self.batch_rows:
-            return group.expand()
+            return sandbox.expand()
         return None
 
     def set_rows(self, leaves: list[np.ndarray], rows: Any, positions: Any) -> None:
-        """Copy a group reply's ``positions`` (its arrays' rows, as read) into the batch's ``rows``."""
+        """Copy a sandbox reply's ``positions`` (its arrays' rows, as read) into the batch's ``rows``."""
         if self.observations is not None:
             self.observations[rows] = leaves[0][positions]
             return
         for batch, leaf in zip(self.leaves or (), leaves):
             batch[rows] = leaf[positions]
 
-    def take_reset(self, group: GroupResult, infos: dict, reset_timeout: float, take_reset: TakeReset) -> dict:
+    def take_reset(self, sandbox: SandboxResult, infos: dict, reset_timeout: float, take_reset: TakeReset) -> dict:
         """Store a sandbox's resets: its plain positions' observations as one block, the rest one by
         one (``take_reset``)."""
-        read = self.read(group)
-        one_by_one = self.one_by_one(group, read)
+        read = self.read(sandbox)
+        one_by_one = self.one_by_one(sandbox, read)
         if one_by_one is not None:
             for r in one_by_one:
                 infos = take_reset(r, infos, reset_timeout)
             return infos
         if read.leaves is not None:
             positions = np.flatnonzero(read.plain)
-            self.set_rows(read.leaves, np.asarray(group.plan.indices)[positions], positions)
+            self.set_rows(read.leaves, np.asarray(sandbox.plan.indices)[positions], positions)
         for r in read.others.values():
             infos = take_reset(r, infos, reset_timeout)
         return infos
 
     def take_step(
         self,
-        group: GroupResult,
+        sandbox: SandboxResult,
         reset_ops: np.ndarray,
         same_step: bool,
         failed: np.ndarray,
@@ -191,18 +191,18 @@ class GroupRows:
         """Store a sandbox's results of a step batch: its plain positions as whole blocks of
         observations, rewards and flags (by slicing; no per-env work), the rest one by one
         (``take_step``)."""
-        read = self.read(group)
-        one_by_one = self.one_by_one(group, read)
+        read = self.read(sandbox)
+        one_by_one = self.one_by_one(sandbox, read)
         if one_by_one is not None:
             for r in one_by_one:
                 infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
             return infos
         if read.leaves is not None:
-            indices = group.plan.indices
+            indices = sandbox.plan.indices
             plain, flags = read.plain, read.flags
             assert flags is not None and read.reward is not None
             first, count = indices[0], len(indices)
-            if group.plan.whole and plain.all():
+            if sandbox.plan.whole and plain.all():
                 rows: Any = slice(first, first + count)  # the usual case: the whole sandbox, plain
                 positions: Any = slice(None)
             else:
@@ -213,7 +213,7 @@ class GroupRows:
             if same_step and (ended[~resets] != 0).any():
                 # An episode ended without the env resetting itself (it should have): the general
                 # path, env by env, says what happened.
-                for r in group.expand():
+                for r in sandbox.expand():
                     infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
                 return infos
             self.set_rows(read.leaves, rows, positions)

@@ -25,7 +25,7 @@ from ..client.results import EnvResult, ResetOutcome, Transition, parse_result, 
 from ..wire import codec, slot_layout
 from ..wire.spaces import JsonSpace
 from .env_spaces import EnvSpaces, zero_observation
-from .fast_paths import ArraysSteps, GroupRows, PlainSteps
+from .fast_paths import ArraysSteps, PlainSteps, SandboxRows
 from .gym_errors import ActionBatchError, VectorTimeoutError
 
 __all__ = ["InfoBatch", "StepBatch"]
@@ -80,13 +80,13 @@ class StepBatch:
         self.arrays_steps = ArraysSteps.of(space, self.observations, obs_spaces, gym_host, *flags)
         #: A Dict/Tuple of arrays only's batch arrays, whose rows are written as replies are read.
         self.batch_leaves = self.arrays_steps.leaves if self.arrays_steps is not None else None
-        #: One observation's skeleton in a group reply's rows (several envs per sandbox): an array
+        #: One observation's skeleton in a sandbox reply's rows (several envs per sandbox): an array
         #: space's, or a Dict/Tuple of arrays only's; None when the space has no rows.
         row_skeleton = leaf.skeleton if leaf is not None else slot_layout.array_skeleton(space) if gym_host else None
-        self.group_rows = GroupRows(row_skeleton, array_obs, self.batch_leaves, *flags)
+        self.sandbox_rows = SandboxRows(row_skeleton, array_obs, self.batch_leaves, *flags)
         #: Several envs per sandbox: Discrete step batches go out packed per sandbox (see
         #: :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.send_steps`).
-        self.grouped = pool.envs_per_sandbox > 1
+        self.sandboxed = pool.envs_per_sandbox > 1
         self.pending_reset_ops: np.ndarray | None = None
         self.pending_reset_mask: np.ndarray | None = None
         self.add_info = InfoBatch(n)._add_info
@@ -175,10 +175,10 @@ class StepBatch:
 
     def wait(self, timeout: float | None, raw: bool):
         """The pool's results, a sandbox of several envs as one block (see
-        :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.wait_groups`); running out of time raises
+        :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.wait_sandboxes`); running out of time raises
         what AsyncVectorEnv raises, too."""
         try:
-            return self.pool.batch_calls.wait_groups(timeout, raw)
+            return self.pool.batch_calls.wait_sandboxes(timeout, raw)
         except TimeoutError as exc:
             raise VectorTimeoutError(str(exc), getattr(exc, "worker", None)) from exc
 
@@ -203,7 +203,7 @@ class StepBatch:
     def collect_resets(self, timeout: float | None, mode: AutoresetMode, copy: bool):
         """``(obs, infos)`` of the resets :meth:`send_resets` sent."""
         mask, self.pending_reset_mask = self.pending_reset_mask, None
-        groups, results = self.wait(timeout, raw=False)
+        sandboxes, results = self.wait(timeout, raw=False)
         reset_timeout = self.pool.reset_timeout
         if mask is None:
             self.terminations[:] = False
@@ -215,8 +215,8 @@ class StepBatch:
             self.autoreset_envs[mask] = False
         take_reset = functools.partial(self.take_reset, mode=mode)
         infos: dict = {}
-        for group in groups:
-            infos = self.group_rows.take_reset(group, infos, reset_timeout, take_reset)
+        for sandbox in sandboxes:
+            infos = self.sandbox_rows.take_reset(sandbox, infos, reset_timeout, take_reset)
         for r in results:
             infos = self.take_reset(r, infos, reset_timeout, mode)
         return self.batched_obs(copy), infos
@@ -233,7 +233,7 @@ class StepBatch:
     def send_step(self, actions: Any, mode: AutoresetMode) -> None:
         """Send every env's step (or its autoreset); :meth:`collect_step` collects it."""
         ints = self.discrete_actions(actions)
-        if ints is not None and self.grouped and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any()):
+        if ints is not None and self.sandboxed and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any()):
             # Several envs per sandbox, Discrete actions: packed per sandbox with no per-env work here.
             reset_ops = (
                 self.autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self.autoreset_envs)
@@ -301,13 +301,13 @@ class StepBatch:
         infos: dict = {}
         same_step = mode == AutoresetMode.SAME_STEP
         failed = np.zeros(self.num_envs, dtype=np.bool_)
-        plain, arrays, group_rows, take_step = self.plain_steps, self.arrays_steps, self.group_rows, self.take_step
+        plain, arrays, sandbox_rows, take_step = self.plain_steps, self.arrays_steps, self.sandbox_rows, self.take_step
         # Observations in shared regions are read in place: the one copy of each is the one
         # into this batch (every result is taken in this block, and none is kept past it).
         with pool.batch_calls.lending_obs_views():
-            groups, results = self.wait(timeout, raw=True)
-            for group in groups:
-                infos = group_rows.take_step(group, reset_ops, same_step, failed, infos, limits, take_step)
+            sandboxes, results = self.wait(timeout, raw=True)
+            for sandbox in sandboxes:
+                infos = sandbox_rows.take_step(sandbox, reset_ops, same_step, failed, infos, limits, take_step)
             for r in results:
                 i = r.index
                 if plain is not None and r.status == OK and not reset_ops[i] and plain.take(r, same_step):
@@ -315,7 +315,7 @@ class StepBatch:
                 if arrays is not None and not reset_ops[i] and arrays.take(r, same_step):
                     continue
                 infos = take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
-            del groups, results
+            del sandboxes, results
         done = np.logical_or(self.terminations, self.truncations)
         if same_step:
             # Only envs that could not reset in-process (their step failed) still need one.

@@ -28,7 +28,7 @@ __all__ = [
     "missed_deadline",
 ]
 
-#: A group request's own deadline (protocol.GROUP_DEADLINE; not imported: this module stands alone).
+#: A sandbox request's own deadline (protocol.SANDBOX_DEADLINE; not imported: this module stands alone).
 _DEADLINE_KEY = "deadline_s"
 
 #: The op whose deadline is the step timeout, and whose late reply makes a straggler (not an error).
@@ -55,7 +55,7 @@ class OpTimeouts(dict):
 
 
 def call_timeout(timeouts: OpTimeouts, op: dict) -> float:
-    """The seconds an env has to answer ``op``: its name's timeout, or the deadline a group request
+    """The seconds an env has to answer ``op``: its name's timeout, or the deadline a sandbox request
     carries (a step batch with resets in it: the step and the reset deadline together).
 
     >>> call_timeout(OpTimeouts(1.0, 5.0), {"op": "step", "deadline_s": 6.0})

@@ -21,8 +21,8 @@ __all__ = ["EnvFault", "EnvPipe"]
 
 _READ_CHUNK = 1 << 16
 #: The ceilings of a multi-env sandbox's reply (see EnvPipe.serve_envs).
-MAX_GROUP_LINE_BYTES = 64 << 20
-MAX_GROUP_PAYLOAD_BYTES = 1 << 30
+MAX_SANDBOX_LINE_BYTES = 64 << 20
+MAX_SANDBOX_PAYLOAD_BYTES = 1 << 30
 #: A reply whose payloads are at least this large and not in yet is read straight into one
 #: buffer of its exact size (no growing buffer, no copies out of it: its payloads are views).
 _DIRECT_READ_MIN = 1 << 16
@@ -53,10 +53,10 @@ class EnvPipe:
     def serve_envs(self, envs: int) -> None:
         """The process behind these pipes hosts ``envs`` envs: one reply carries up to that many
         envs' answers, so its limits are that many times one env's, up to a ceiling
-        (:data:`MAX_GROUP_LINE_BYTES`, :data:`MAX_GROUP_PAYLOAD_BYTES`): what one sandbox may make
+        (:data:`MAX_SANDBOX_LINE_BYTES`, :data:`MAX_SANDBOX_PAYLOAD_BYTES`): what one sandbox may make
         its reader hold stays bounded however many envs it hosts."""
-        self.max_line = min(MAX_ENV_LINE_BYTES * envs, MAX_GROUP_LINE_BYTES)
-        self.max_payload = min(MAX_ENV_PAYLOAD_BYTES * envs, MAX_GROUP_PAYLOAD_BYTES)
+        self.max_line = min(MAX_ENV_LINE_BYTES * envs, MAX_SANDBOX_LINE_BYTES)
+        self.max_payload = min(MAX_ENV_PAYLOAD_BYTES * envs, MAX_SANDBOX_PAYLOAD_BYTES)
         self._known = _NOTHING_KNOWN  # (read under other limits)
 
     def reset_buffers(self) -> None:

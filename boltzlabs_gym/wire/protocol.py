@@ -82,27 +82,27 @@ cgroup's memory limit, for this call only, to what the sandbox holds when the ca
 the largest process first), and puts the session's limit back when the call is answered. Where
 the env has no cgroup (or the write fails), the key is ignored. The env sees it and ignores it.
 
-Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.client.grouping`).
+Sandboxes of several envs (``envs_per_sandbox=K``; see :mod:`boltzlabs_gym.client.sandbox_replies`).
 With K > 1 one sandboxed process hosts up to K envs of the pool, its *slots*: env ``i``
 lives in sandbox ``i // K``, slot ``i % K`` (the last sandbox may host fewer). The worker,
 its batch items and the lane then address sandboxes, not envs; the pool packs the ops of a
-sandbox's envs into one **group request** and unpacks the one **group reply**. The process
+sandbox's envs into one **sandbox request** and unpacks the one **sandbox reply**. The process
 learns its envs from its environment: ``BOLTZLABS_ENVS_PER_SANDBOX`` (K),
 ``BOLTZLABS_ENV_COUNT`` (m, the envs it hosts) and ``BOLTZLABS_ENV_INDEX`` (the pool index
-of its slot 0). A group request line::
+of its slot 0). A sandbox request line::
 
     {"op": NAME, "slots": [s, ...], "ops": [op, ...], "autoreset": true, "nbin": [c, ...], "_bin": [...]}
 
 ``slots`` are distinct slot numbers in ``[0, m)``; ``ops[p]`` is the per-env op of slot
 ``slots[p]`` exactly as a one-env process gets it, or an int ``a``: shorthand for
-``{"op": "step", "action": a}`` (plus ``"autoreset": true`` when the group has it).
+``{"op": "step", "action": a}`` (plus ``"autoreset": true`` when the sandbox has it).
 ``nbin`` (absent: none) counts each op's payloads; they follow the line op by op, and an
-op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`group_op_name`
-of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.wire.call_rules`), so a group
+op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`sandbox_op_name`
+of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.wire.call_rules`), so a sandbox request
 with a step in it is held to the step deadline, once, for the whole request; a step batch
-with resets in it carries ``"deadline_s"`` (:data:`GROUP_DEADLINE`: the step and the reset
+with resets in it carries ``"deadline_s"`` (:data:`SANDBOX_DEADLINE`: the step and the reset
 deadline together), which the worker and the lane use instead. The process
-serves the ops in order and answers with one group reply line::
+serves the ops in order and answers with one sandbox reply line::
 
     {"n": P, "obs": {"__nd__": [0, dtype, [P, ...]]} | null, "reward": {"__nd__": [1, "<f8", [P]]} | null,
      "flags": {"__nd__": [2, "|u1", [P]]} | null, "replies": {"p": reply, ...}, "_bin": [...]}
@@ -114,12 +114,12 @@ other position (an info, an autoreset's reset observation, an error, any op but 
 reset, an observation that is not of the rows' arrays) has its whole one-env reply in
 ``replies`` under its position as a string, with its own ``"_bin"`` sizes. An env whose
 observations are a Dict or Tuple of arrays only has their skeleton as ``obs``
-(:func:`~boltzlabs_gym.wire.slot_layout.group_skeleton`): each array's ``P`` rows one payload
+(:func:`~boltzlabs_gym.wire.slot_layout.rows_skeleton`): each array's ``P`` rows one payload
 (``{"__nd__": [k, dtype, [P, ...]]}``, ``k`` from 0 to ``L-1``), ``reward`` and ``flags``
 payloads ``L`` and ``L+1``. The payloads follow the line in this order: the ``obs`` arrays,
 ``reward`` and ``flags`` when present (all or none), then the payloads of each reply in
 position order; the top-level ``"_bin"`` lists them all. A request
-that cannot be served (not a group, bad slots) is answered ``{"error": str}``.
+that cannot be served (not a sandbox request, bad slots) is answered ``{"error": str}``.
 
 While it serves position ``p`` the process keeps ``slots[p]`` (int32, little-endian; -1
 between requests) in the 4-byte file :data:`PROGRESS_FILE` of its workspace, so that when a
@@ -176,7 +176,7 @@ MAX_HEADER_BYTES = 64 << 20
 MAX_ENV_LINE_BYTES = 16 << 20
 #: Largest total of binary payloads one env reply may announce.
 MAX_ENV_PAYLOAD_BYTES = 256 << 20
-#: Longest reply line a reader remembers as read (a sandbox repeats its all-plain group reply
+#: Longest reply line a reader remembers as read (a sandbox repeats its all-plain sandbox reply
 #: line, a few hundred bytes, every step): what a sandbox can make its readers keep stays small.
 MAX_KNOWN_LINE_BYTES = 16 << 10
 
@@ -210,13 +210,13 @@ PARTIAL, MORE = "partial", "more"
 LENT_FAULT = "lent_fault"
 
 
-#: Group requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
-GROUP_SLOTS, GROUP_OPS, GROUP_NBIN, GROUP_AUTORESET = "slots", "ops", "nbin", "autoreset"
-#: Optional group request key, for the worker and the lane (the env ignores it): the request's
+#: Sandbox requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
+SANDBOX_SLOTS, SANDBOX_OPS, SANDBOX_NBIN, SANDBOX_AUTORESET = "slots", "ops", "nbin", "autoreset"
+#: Optional sandbox request key, for the worker and the lane (the env ignores it): the request's
 #: deadline in seconds when its name's timeout is not the right one (a step batch with resets in it).
-GROUP_DEADLINE = "deadline_s"
-GROUP_N, GROUP_OBS, GROUP_REWARD, GROUP_FLAGS, GROUP_REPLIES = "n", "obs", "reward", "flags", "replies"
-#: Bits of a group reply's ``flags``.
+SANDBOX_DEADLINE = "deadline_s"
+SANDBOX_N, SANDBOX_OBS, SANDBOX_REWARD, SANDBOX_FLAGS, SANDBOX_REPLIES = "n", "obs", "reward", "flags", "replies"
+#: Bits of a sandbox reply's ``flags``.
 FLAG_TERMINATED, FLAG_TRUNCATED = 1, 2
 #: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
 PROGRESS_FILE = ".boltzlabs-progress"
@@ -245,13 +245,13 @@ WORKER_FLAGS = {
 }
 
 
-def group_op_name(ops: Sequence[Any]) -> str:
-    """The name of a group request with these per-env ops (ints are steps): ``"step"`` if any op
+def sandbox_op_name(ops: Sequence[Any]) -> str:
+    """The name of a sandbox request with these per-env ops (ints are steps): ``"step"`` if any op
     steps, else ``"reset"`` if any resets, else the first op's name.
 
-    >>> group_op_name([1, {"op": "reset", "seed": None}])
+    >>> sandbox_op_name([1, {"op": "reset", "seed": None}])
     'step'
-    >>> group_op_name([{"op": "describe"}, {"op": "describe"}])
+    >>> sandbox_op_name([{"op": "describe"}, {"op": "describe"}])
     'describe'
     """
     names = ["step" if type(op) is int else op.get("op") for op in ops]

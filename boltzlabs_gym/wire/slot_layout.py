@@ -6,10 +6,10 @@ MultiDiscrete spaces, beside any Discrete or Text leaves, always encodes to the 
 (:func:`payload_layout`): a shared observation slot holds them back to back
 (:func:`slot_spans`). When its leaves are all arrays, every observation has one skeleton
 (:func:`array_skeleton`), and its arrays can be taken out of a value without encoding it
-(:func:`array_leaves`), and a group reply's rows of several envs' observations have that
-skeleton with ``P`` rows in front of each shape (:func:`group_skeleton`). An env describes its
+(:func:`array_leaves`), and a sandbox reply's rows of several envs' observations have that
+skeleton with ``P`` rows in front of each shape (:func:`rows_skeleton`). An env describes its
 slot to the worker and the pool as JSON; they check that description with :func:`layout_spans`
-and :func:`skeleton_fits`, and a group reply's skeleton with :func:`array_refs` (see
+and :func:`skeleton_fits`, and a sandbox reply's skeleton with :func:`array_refs` (see
 ``docs/shared-memory.md``).
 """
 
@@ -31,7 +31,7 @@ __all__ = [
     "array_refs",
     "array_skeleton",
     "copy_skeleton",
-    "group_skeleton",
+    "rows_skeleton",
     "layout_spans",
     "map_array_refs",
     "payload_layout",
@@ -100,12 +100,12 @@ def _array_skeleton(space: gs.Space, count: list) -> Any:
     return None
 
 
-def group_skeleton(skeleton: Any, rows: int, key: str = ND) -> Any:
+def rows_skeleton(skeleton: Any, rows: int, key: str = ND) -> Any:
     """``skeleton`` (one observation's: ``{"__nd__": [k, dtype, shape]}`` leaves) with ``rows``
     in front of each leaf's shape, and its leaves under ``key`` (``"__nd__"`` or ``"__shm__"``):
-    the ``obs`` of a group reply of ``rows`` positions.
+    the ``obs`` of a sandbox reply of ``rows`` positions.
 
-    >>> group_skeleton({"a": {"__nd__": [0, "|u1", [2]]}}, 3, "__shm__")
+    >>> rows_skeleton({"a": {"__nd__": [0, "|u1", [2]]}}, 3, "__shm__")
     {'a': {'__shm__': [0, '|u1', [3, 2]]}}
     """
     return map_array_refs(skeleton, lambda ref: {key: [ref[0], ref[1], [rows, *ref[2]]]})

@@ -24,7 +24,6 @@ from ..wire.protocol import (
     AUTO,
     ERROR,
     FAULTS,
-    GROUP_SLOTS,
     LEND,
     LENT_FAULT,
     MAX_ENV_PAYLOAD_BYTES,
@@ -34,6 +33,7 @@ from ..wire.protocol import (
     PARTIAL,
     PORTABLE,
     RESTORE,
+    SANDBOX_SLOTS,
     SNAPSHOT,
     SNAPSHOT_ID,
     SNAPSHOT_KINDS,
@@ -269,7 +269,7 @@ def op_batch(worker: WorkerView, client: bytes, header: Header, payloads: Payloa
     batch.lend_from = session if lend else None
     batch.stats = worker.stats.sessions.get(session.sid)
     if session.cfg.envs_per_sandbox > 1:  # one item per sandbox: count its envs (per sandbox, not per env)
-        batch.envs = sum(len(op.get(GROUP_SLOTS) or (0,)) for _, op, _ in calls)
+        batch.envs = sum(len(op.get(SANDBOX_SLOTS) or (0,)) for _, op, _ in calls)
     # The pool's own set-up of shared observations is no call of its user's: not counted as env calls.
     batch.envs -= sum(op["op"] == OBS_REGION for _, op, _ in calls)
     for pos, (index, op, frames) in enumerate(calls):

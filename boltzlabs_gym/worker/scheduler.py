@@ -23,9 +23,9 @@ from ..wire.protocol import (
     CALL_MEMORY_LIMIT,
     CALL_TAG,
     ERROR,
-    GROUP_OPS,
-    GROUP_SLOTS,
     OK,
+    SANDBOX_OPS,
+    SANDBOX_SLOTS,
     STRAGGLER,
     env_request,
     env_request_line,
@@ -126,8 +126,8 @@ class Scheduler:
             self._count_hard_reset(session, env)
             self.spawner.kill_env(session, env)
             self.spawner.wipe(env.workspace)
-            if GROUP_SLOTS in call.op:  # a multi-env sandbox: its envs' resets, as a group
-                reset_op = {"op": "reset", GROUP_SLOTS: call.op[GROUP_SLOTS], GROUP_OPS: call.op.get(GROUP_OPS)}
+            if SANDBOX_SLOTS in call.op:  # a multi-env sandbox: its envs' resets, as one request
+                reset_op = {"op": "reset", SANDBOX_SLOTS: call.op[SANDBOX_SLOTS], SANDBOX_OPS: call.op.get(SANDBOX_OPS)}
             else:
                 reset_op = {"op": "reset", "seed": call.op.get("seed"), "options": call.op.get("options")}
             self.spawner.queue_start(session, env, call, reset_op)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from ..wire.protocol import GROUP_OPS, GROUP_SLOTS
+from ..wire.protocol import SANDBOX_OPS, SANDBOX_SLOTS
 from .deadlines import Deadlines
 from .envproc import DEAD, QUEUED, Call, EnvProcess, describe_exit
 from .poller import Poller
@@ -46,7 +46,7 @@ def ready_op(count: int, envs_per_sandbox: int) -> dict:
     """
     if envs_per_sandbox == 1:
         return dict(READY_OP)
-    return {"op": "describe", GROUP_SLOTS: list(range(count)), GROUP_OPS: [dict(READY_OP) for _ in range(count)]}
+    return {"op": "describe", SANDBOX_SLOTS: list(range(count)), SANDBOX_OPS: [dict(READY_OP) for _ in range(count)]}
 
 
 #: How many envs may be starting (interpreter boot + first request) at once per worker.

@@ -18,7 +18,7 @@ from boltzlabs_gym.aio import AsyncPool
 from boltzlabs_gym.errors import AsyncStateError
 
 N, BATCH = 3, 2
-GROUPED = os.path.join(ENVS, "grouped")
+SANDBOXED = os.path.join(ENVS, "sandboxed")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,7 @@ def test_asyncio_cancel_on_a_sandbox_of_two_envs_and_close_leaves_the_pool_idle(
     """A step cancelled on a sandbox holding K=2 envs (a hung one, killed at its deadline): the
     env comes back after that step and a reset; a mid-episode release goes back as it is; closing
     the face leaves nothing in flight on the pool it was given."""
-    with boltzlabs_gym.RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+    with boltzlabs_gym.RLPool(SANDBOXED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
 
         async def main():
             async with AsyncPool(pool, acquire_timeout=20) as face:
@@ -210,7 +210,7 @@ def test_asyncio_over_a_vector_env_decodes_into_its_spaces(envs):
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["K=2", "K=4"])
-def grouped_envs(request):
+def sandboxed_envs(request):
     k = request.param
     e = boltzlabs_gym.make_vec("CartPole-v1", num_envs=2 * k, envs_per_sandbox=k, isolation=ISOLATION)
     yield e
@@ -250,25 +250,25 @@ async def _rollout_against_reference(face: AsyncPool, seed: int, plan: list[tupl
         max_size=24,
     )
 )
-def test_asyncio_neighbours_of_a_sandbox_wait_their_turn_and_stay_exact(grouped_envs, rollouts):
+def test_asyncio_neighbours_of_a_sandbox_wait_their_turn_and_stay_exact(sandboxed_envs, rollouts):
     """More coroutines than envs, each stepping its env in ticks of its own: a call to an env whose
     sandbox neighbour is in flight waits for it (no AsyncStateError), and every trajectory is
     SyncVectorEnv's for the same seed and actions."""
 
     async def main():
-        async with AsyncPool(grouped_envs, acquire_timeout=60) as face:
+        async with AsyncPool(sandboxed_envs, acquire_timeout=60) as face:
             steps = await asyncio.gather(*(_rollout_against_reference(face, s, p) for s, p in rollouts))
             assert all(n >= 1 for n in steps)
             assert not face._calls._turns or not any(face._calls._turns.values())
 
     asyncio.run(main())
-    assert not grouped_envs.pool.async_steps.in_flight
+    assert not sandboxed_envs.pool.async_steps.in_flight
 
 
 def test_asyncio_a_call_behind_a_slow_neighbour_goes_out_when_the_sandbox_is_free():
     """Env 1's reset, made while its sandbox neighbour env 0 is in a slow reset, waits for it and
     then runs; a call cancelled while waiting never goes out, and its env comes back at once."""
-    with boltzlabs_gym.RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
+    with boltzlabs_gym.RLPool(SANDBOXED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
 
         async def main():
             async with AsyncPool(pool, acquire_timeout=20) as face:

@@ -128,8 +128,8 @@ def test_close_with_steps_in_flight_warns_naming_them():
 
 
 def test_a_sandbox_of_several_envs_takes_one_call_and_finishes_together():
-    grouped = FAULTY.replace("faulty", "grouped")
-    with RLPool(grouped, n=4, isolation=ISOLATION, envs_per_sandbox=2, step_timeout=1.0) as pool:
+    sandboxed = FAULTY.replace("faulty", "sandboxed")
+    with RLPool(sandboxed, n=4, isolation=ISOLATION, envs_per_sandbox=2, step_timeout=1.0) as pool:
         pool.reset(seed=0)
         pool.send(["hang", 1, 2], env_ids=[0, 1, 2])
         with pytest.raises(AsyncStateError, match="env 3 shares sandbox 1 with env 2"):

@@ -20,7 +20,7 @@ from boltzlabs_gym.client.env_calls import EnvCalls
 from boltzlabs_gym.client.results import read_reset, read_step
 from boltzlabs_gym.errors import PoolClosedError, WorkerLost
 
-GROUPED = os.path.join(ENVS, "grouped")
+SANDBOXED = os.path.join(ENVS, "sandboxed")
 Future = concurrent.futures.Future
 
 
@@ -76,7 +76,7 @@ def test_one_envs_calls_go_out_one_after_another_in_order_while_other_envs_overl
 
 
 def test_a_sandbox_of_several_envs_takes_one_call_at_a_time_and_its_waiting_calls_go_out_together():
-    with RLPool(GROUPED, n=4, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
+    with RLPool(SANDBOXED, n=4, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
         pool.reset(seed=0)
         calls, _ = _engine(pool)
         slow = _put(calls, 0, {"op": "reset", "seed": 1, "options": {"sleep": 0.4}})
@@ -102,7 +102,7 @@ def test_a_sandbox_of_several_envs_takes_one_call_at_a_time_and_its_waiting_call
 
 
 def test_env_calls_wait_for_a_busy_sandbox_instead_of_failing():
-    with RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
+    with RLPool(SANDBOXED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=5.0) as pool:
         pool.reset(seed=0)
         with EnvCalls(pool) as env_calls:
             slow = env_calls.submit(0, {"op": "reset", "seed": 3, "options": {"sleep": 0.4}})

@@ -26,7 +26,7 @@ from conftest import ENVS, ISOLATION
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-GROUPED = os.path.join(ENVS, "grouped")
+SANDBOXED = os.path.join(ENVS, "sandboxed")
 COUNTER = os.path.join(os.path.dirname(ENVS), "..", "envs", "counter")
 
 
@@ -256,7 +256,7 @@ def test_sb3_adapter_with_several_envs_per_sandbox():
 
 
 def test_factory_env_dir_gives_each_env_its_own_instance():
-    with RLPool(GROUPED, n=5, envs_per_sandbox=2, isolation=ISOLATION) as pool:
+    with RLPool(SANDBOXED, n=5, envs_per_sandbox=2, isolation=ISOLATION) as pool:
         obs = pool.reset(seed=10)
         assert [o["env"] for o in obs] == [0, 1, 2, 3, 4]
         assert [o["seed"] for o in obs] == [10, 11, 12, 13, 14]
@@ -278,7 +278,7 @@ def test_function_form_env_dir_is_refused_with_the_fix(tmp_path):
 
 
 def test_envs_of_a_sandbox_share_its_workspace():
-    with RLPool(GROUPED, n=4, envs_per_sandbox=2, isolation=ISOLATION) as pool:
+    with RLPool(SANDBOXED, n=4, envs_per_sandbox=2, isolation=ISOLATION) as pool:
         pool.reset()
         pool.step([["write", "a"], 0, ["write", "b"], 0])
         obs, *_ = pool.step(["files", "files", "files", "files"])
@@ -291,7 +291,7 @@ def test_envs_of_a_sandbox_share_its_workspace():
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_hang_restarts_its_sandbox_and_names_the_env(direct):
-    with RLPool(GROUPED, n=6, envs_per_sandbox=3, isolation=ISOLATION, step_timeout=1.5, direct=direct) as pool:
+    with RLPool(SANDBOXED, n=6, envs_per_sandbox=3, isolation=ISOLATION, step_timeout=1.5, direct=direct) as pool:
         before = pool.reset()
         obs, rewards, dones, infos = pool.step([1, 1, 1, 1, "hang", 1])
         assert "boltzlabs_straggler" in infos[4]
@@ -312,7 +312,7 @@ def test_a_hang_restarts_its_sandbox_and_names_the_env(direct):
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_crash_restarts_its_sandbox_and_names_the_env(direct):
-    with RLPool(GROUPED, n=4, envs_per_sandbox=2, isolation=ISOLATION, direct=direct) as pool:
+    with RLPool(SANDBOXED, n=4, envs_per_sandbox=2, isolation=ISOLATION, direct=direct) as pool:
         pool.reset()
         _, _, dones, infos = pool.step([1, "crash", 1, 1])
         assert infos[1]["boltzlabs_error"]["kind"] == "crash"
@@ -322,7 +322,7 @@ def test_a_crash_restarts_its_sandbox_and_names_the_env(direct):
 
 
 def test_an_exception_stays_with_its_env():
-    with RLPool(GROUPED, n=3, envs_per_sandbox=3, isolation=ISOLATION) as pool:
+    with RLPool(SANDBOXED, n=3, envs_per_sandbox=3, isolation=ISOLATION) as pool:
         pool.reset()
         obs, _, dones, infos = pool.step([1, "raise", 1])
         assert "boltzlabs_exception" in infos[1] and "env 1 raised" in infos[1]["boltzlabs_exception"]["traceback"]
@@ -333,7 +333,7 @@ def test_an_exception_stays_with_its_env():
 
 
 def test_envs_left_out_of_the_failed_request_are_told_on_their_next_step():
-    with RLPool(GROUPED, n=3, envs_per_sandbox=3, isolation=ISOLATION, step_timeout=1.0) as pool:
+    with RLPool(SANDBOXED, n=3, envs_per_sandbox=3, isolation=ISOLATION, step_timeout=1.0) as pool:
         pool.reset()
         pool.batch_async([(1, {"op": "step", "action": "hang"}, ())])
         (r,) = pool.batch_wait()
@@ -349,7 +349,7 @@ def test_envs_left_out_of_the_failed_request_are_told_on_their_next_step():
 
 
 def test_hard_reset_restarts_the_whole_sandbox_and_says_so():
-    with RLPool(GROUPED, n=4, envs_per_sandbox=2, isolation=ISOLATION) as pool:
+    with RLPool(SANDBOXED, n=4, envs_per_sandbox=2, isolation=ISOLATION) as pool:
         first = pool.reset(seed=0)
         pool.step([["write", "x"], 0, 0, 0])
         obs = pool.reset(seed=100, where=np.array([True, False, False, False]), hard=True)
@@ -363,7 +363,7 @@ def test_hard_reset_restarts_the_whole_sandbox_and_says_so():
 def test_status_and_memory_count_envs_and_show_k():
     worker = WorkerProcess(capacity=4)
     try:
-        with RLPool(GROUPED, n=7, envs_per_sandbox=2, workers=[worker.address], isolation=ISOLATION) as pool:
+        with RLPool(SANDBOXED, n=7, envs_per_sandbox=2, workers=[worker.address], isolation=ISOLATION) as pool:
             link = pool._links[0]
             status = link.call({"op": "status"}, timeout=10)
             (session,) = status["sessions"]
@@ -407,7 +407,7 @@ def _sandbox_pid(pool: RLPool, sandbox: int) -> int:
 def test_a_step_batch_with_a_slow_reset_in_it_has_both_deadlines():
     """Autoreset puts an env's reset in the same request as its neighbours' steps: the request is
     held to the step and the reset deadline together, not to the step deadline alone."""
-    with RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0, reset_timeout=5.0) as pool:
+    with RLPool(SANDBOXED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0, reset_timeout=5.0) as pool:
         pool.reset()
         slow = {"op": "reset", "seed": None, "options": {"sleep": 1.5}}
         pool.batch_async([(0, slow, ()), (1, {"op": "step", "action": 1}, ())])
@@ -417,7 +417,7 @@ def test_a_step_batch_with_a_slow_reset_in_it_has_both_deadlines():
 
 
 def test_a_call_does_not_settle_a_restarted_neighbour():
-    with RLPool(GROUPED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
+    with RLPool(SANDBOXED, n=2, envs_per_sandbox=2, isolation=ISOLATION, step_timeout=1.0) as pool:
         pool.reset()
         pool.batch_async([(1, {"op": "step", "action": "hang"}, ())])
         pool.batch_wait()
@@ -426,15 +426,15 @@ def test_a_call_does_not_settle_a_restarted_neighbour():
         assert dones[0] and infos[0]["boltzlabs_error"]["reason"].startswith("sandbox restarted because env 1")
 
 
-# ----------------------------------------------------------------------------------- hostile group replies
+# ----------------------------------------------------------------------------------- hostile sandbox replies
 
 
-def _group(reply: dict, payloads: list, indices: list[int], status: str = "ok", size: int = 4, first: int = 0):
-    from boltzlabs_gym.client.grouping import GroupPlan, GroupResult
+def _sandbox_result(reply: dict, payloads: list, indices: list[int], status: str = "ok", size: int = 4, first: int = 0):
     from boltzlabs_gym.client.results import EnvResult
+    from boltzlabs_gym.client.sandbox_replies import SandboxPlan, SandboxResult
 
-    plan = GroupPlan(first // 4, list(range(len(indices))), indices)
-    return GroupResult(plan, EnvResult(indices[0], status, reply, payloads), range(first, first + size))
+    plan = SandboxPlan(first // 4, list(range(len(indices))), indices)
+    return SandboxResult(plan, EnvResult(indices[0], status, reply, payloads), range(first, first + size))
 
 
 @pytest.mark.parametrize(
@@ -456,8 +456,8 @@ def _group(reply: dict, payloads: list, indices: list[int], status: str = "ok", 
         ({"n": 3, "replies": {}}, []),  # the wrong number of positions
     ],
 )
-def test_a_malformed_group_reply_is_a_bad_reply_for_every_env(reply, payloads):
-    read = _group(reply, payloads, [0, 1]).read()
+def test_a_malformed_sandbox_reply_is_a_bad_reply_for_every_env(reply, payloads):
+    read = _sandbox_result(reply, payloads, [0, 1]).read()
     assert isinstance(read, list) and [r.reply["bad_reply"] for r in read] == [True, True]
     assert all(r.status == "error" and r.index == i for i, r in enumerate(read))
 
@@ -507,14 +507,14 @@ def _nested(depth: int) -> dict:
         "too-deep",
     ],
 )
-def test_a_malformed_dict_group_reply_is_a_bad_reply_for_every_env(reply, payloads):
+def test_a_malformed_dict_sandbox_reply_is_a_bad_reply_for_every_env(reply, payloads):
     """Rows of a Dict/Tuple's arrays: references from 0 in order, then rewards and flags; each
     leaf exactly one ``__nd__`` of the positions' rows; no other values in the skeleton."""
-    read = _group(reply, payloads, [0, 1]).read()
+    read = _sandbox_result(reply, payloads, [0, 1]).read()
     assert isinstance(read, list) and [r.reply["bad_reply"] for r in read] == [True, True], read
 
 
-def test_dict_group_rows_read_as_each_envs_reply():
+def test_dict_sandbox_rows_read_as_each_envs_reply():
     """Valid rows of a Dict's arrays: each position expands to the reply a one-env sandbox sends
     (the skeleton without the rows, its own rows' bytes), which decodes against the space; a
     reader whose space has another skeleton refuses them."""
@@ -527,21 +527,21 @@ def test_dict_group_rows_read_as_each_envs_reply():
     state = np.array([0.5, -0.5, 0.25, -0.25], np.float32)
     reply = _dict_rows({"a": _PIXELS, "b": _STATE})
     payloads = [pixels.tobytes(), state.tobytes(), np.array([1.0, 2.0]).tobytes(), bytes([0, 1])]
-    group = _group(reply, payloads, [4, 5], first=4)
-    read = group.read({"a": {"__nd__": [0, "|u1", [3]]}, "b": {"__nd__": [1, "<f4", [2]]}})
+    result = _sandbox_result(reply, payloads, [4, 5], first=4)
+    read = result.read({"a": {"__nd__": [0, "|u1", [3]]}, "b": {"__nd__": [1, "<f4", [2]]}})
     assert not isinstance(read, list) and len(read.leaves) == 2 and read.obs is None
-    results = group.expand()
+    results = result.expand()
     assert [r.index for r in results] == [4, 5]
     for p, r in enumerate(results):
         obs = decode(space, r.reply["obs"], r.payloads)
         np.testing.assert_array_equal(obs["a"], pixels.reshape(2, 3)[p])
         np.testing.assert_array_equal(obs["b"], state.reshape(2, 2)[p])
         assert r.reply["reward"] == [1.0, 2.0][p] and r.reply["terminated"] == bool(p)
-    other = _group(reply, payloads, [4, 5], first=4).read({"a": {"__nd__": [0, "|u1", [3]]}})
+    other = _sandbox_result(reply, payloads, [4, 5], first=4).read({"a": {"__nd__": [0, "|u1", [3]]}})
     assert isinstance(other, list) and all(r.reply["bad_reply"] for r in other)
 
 
-#: A group reply of one position whose observation is one float64, with its payloads.
+#: A sandbox reply of one position whose observation is one float64, with its payloads.
 _ONE_ROW = {
     "n": 1,
     "obs": {"__nd__": [0, "<f8", [1, 1]]},
@@ -552,22 +552,22 @@ _ONE_ROW = {
 _ONE_ROW_PAYLOADS = [b"\0" * 8, b"\0" * 8, b"\0"]
 
 
-def _raw_group(line: bytes, payloads: list, indices: list[int]):
-    """A group result as the pipe's reader hands it over: the reply line unparsed."""
-    from boltzlabs_gym.client.grouping import GroupPlan, GroupResult
+def _raw_sandbox(line: bytes, payloads: list, indices: list[int]):
+    """A sandbox result as the pipe's reader hands it over: the reply line unparsed."""
     from boltzlabs_gym.client.results import EnvResult
+    from boltzlabs_gym.client.sandbox_replies import SandboxPlan, SandboxResult
 
-    plan = GroupPlan(0, list(range(len(indices))), indices)
-    return GroupResult(plan, EnvResult(indices[0], "ok", None, payloads, line), range(0, 4))
+    plan = SandboxPlan(0, list(range(len(indices))), indices)
+    return SandboxResult(plan, EnvResult(indices[0], "ok", None, payloads, line), range(0, 4))
 
 
-def test_a_group_line_read_before_is_still_checked_against_its_reader_and_payloads():
-    """An all-plain group reply's line is parsed and checked once, then known by its bytes: the
+def test_a_sandbox_line_read_before_is_still_checked_against_its_reader_and_payloads():
+    """An all-plain sandbox reply's line is parsed and checked once, then known by its bytes: the
     same line again reads its own payloads' numbers, and what the line cannot vouch for (the
     reader's space, the payloads that came with it) is checked every time."""
     import json
 
-    from boltzlabs_gym.client.grouping import _KNOWN_LINES
+    from boltzlabs_gym.client.sandbox_replies import _KNOWN_LINES
 
     reply = _dict_rows({"a": _PIXELS, "b": _STATE})
     line = json.dumps(reply).encode() + b"\n"
@@ -576,68 +576,68 @@ def test_a_group_line_read_before_is_still_checked_against_its_reader_and_payloa
     def payloads(fill: int) -> list:
         return [bytes([fill]) * 6, np.full(4, fill, np.float32).tobytes(), np.full(2, fill, float).tobytes(), b"\1\0"]
 
-    first = _raw_group(line, payloads(1), [0, 1]).read(row_skeleton)
+    first = _raw_sandbox(line, payloads(1), [0, 1]).read(row_skeleton)
     assert not isinstance(first, list) and _KNOWN_LINES.get(line, 2) is not None
-    again = _raw_group(line, payloads(7), [0, 1]).read(row_skeleton)
+    again = _raw_sandbox(line, payloads(7), [0, 1]).read(row_skeleton)
     assert not isinstance(again, list) and again.plain.all() and not again.others
     np.testing.assert_array_equal(again.leaves[0], np.full((2, 3), 7, np.uint8))
     np.testing.assert_array_equal(again.reward, [7.0, 7.0])
     assert list(again.flags) == [1, 0] and again.skeleton == row_skeleton
     # What leaves for other readers is their own: one that changes its reply's skeleton changes no other.
     for _ in range(2):
-        expanded = _raw_group(line, payloads(7), [0, 1]).expand()
+        expanded = _raw_sandbox(line, payloads(7), [0, 1]).expand()
         assert [r.reply["obs"] for r in expanded] == [row_skeleton] * 2
         expanded[0].reply["obs"]["a"]["__nd__"][2].append(99)
-    third = _raw_group(line, payloads(7), [0, 1]).read(row_skeleton)
+    third = _raw_sandbox(line, payloads(7), [0, 1]).read(row_skeleton)
     assert not isinstance(third, list) and third.skeleton == row_skeleton
     bad = {
-        "another space": _raw_group(line, payloads(7), [0, 1]).read({"a": {"__nd__": [0, "|u1", [3]]}}),
-        "no array form": _raw_group(line, payloads(7), [0, 1]).read(arrays=False),
-        "a payload more": _raw_group(line, [*payloads(7), b"x"], [0, 1]).read(row_skeleton),
-        "short flags": _raw_group(line, [*payloads(7)[:3], b"\0"], [0, 1]).read(row_skeleton),
-        "other positions": _raw_group(line, payloads(7), [0, 1, 2]).read(),
+        "another space": _raw_sandbox(line, payloads(7), [0, 1]).read({"a": {"__nd__": [0, "|u1", [3]]}}),
+        "no array form": _raw_sandbox(line, payloads(7), [0, 1]).read(arrays=False),
+        "a payload more": _raw_sandbox(line, [*payloads(7), b"x"], [0, 1]).read(row_skeleton),
+        "short flags": _raw_sandbox(line, [*payloads(7)[:3], b"\0"], [0, 1]).read(row_skeleton),
+        "other positions": _raw_sandbox(line, payloads(7), [0, 1, 2]).read(),
     }
     for what, read in bad.items():
         assert isinstance(read, list) and all(r.reply["bad_reply"] for r in read), what
 
 
-def test_known_group_lines_stay_bounded():
+def test_known_sandbox_lines_stay_bounded():
     """A sandbox that sends ever new valid lines only makes the reader start over."""
     import json
 
-    from boltzlabs_gym.client.grouping import _KNOWN_LINES, _KnownLines
+    from boltzlabs_gym.client.sandbox_replies import _KNOWN_LINES, _KnownLines
 
     for k in range(_KnownLines.LIMIT + 10):
         line = json.dumps(dict(_ONE_ROW, pad="x" * k)).encode() + b"\n"
-        assert not isinstance(_raw_group(line, _ONE_ROW_PAYLOADS, [0]).read(), list)
+        assert not isinstance(_raw_sandbox(line, _ONE_ROW_PAYLOADS, [0]).read(), list)
         assert len(_KNOWN_LINES._layouts) <= _KnownLines.LIMIT
 
 
 def test_rows_for_a_space_without_an_array_form_are_a_bad_reply():
-    read = _group(_ONE_ROW, _ONE_ROW_PAYLOADS, [0]).read(arrays=False)
+    read = _sandbox_result(_ONE_ROW, _ONE_ROW_PAYLOADS, [0]).read(arrays=False)
     assert isinstance(read, list) and read[0].reply["bad_reply"]
 
 
 def test_a_failure_without_its_sandbox_size_marks_only_that_sandbox():
     """The sandbox's envs come from the pool's layout, never from the worker's or env's words."""
-    group = _group({"message": "env failed to restart"}, [], [9], status="error", size=4, first=8)
-    read = group.read()
+    result = _sandbox_result({"message": "env failed to restart"}, [], [9], status="error", size=4, first=8)
+    read = result.read()
     assert [r.index for r in read] == [9]
-    assert sorted(group.restarted) == [8, 10, 11]
+    assert sorted(result.restarted) == [8, 10, 11]
 
 
-def test_a_group_limit_stays_bounded_however_many_envs():
+def test_a_sandbox_limit_stays_bounded_however_many_envs():
     import os
 
-    from boltzlabs_gym.wire.envpipe import MAX_GROUP_PAYLOAD_BYTES, EnvFault, EnvPipe
+    from boltzlabs_gym.wire.envpipe import MAX_SANDBOX_PAYLOAD_BYTES, EnvFault, EnvPipe
 
     r, w = os.pipe()
     os.set_blocking(r, False)
     pipe = EnvPipe(-1, r)
     pipe.serve_envs(4096)
-    assert pipe.max_payload == MAX_GROUP_PAYLOAD_BYTES
+    assert pipe.max_payload == MAX_SANDBOX_PAYLOAD_BYTES
     try:
-        os.write(w, b'{"_bin":[%d]}\n' % (MAX_GROUP_PAYLOAD_BYTES + 1))
+        os.write(w, b'{"_bin":[%d]}\n' % (MAX_SANDBOX_PAYLOAD_BYTES + 1))
         with pytest.raises(EnvFault, match="over the limit"):
             pipe.read_replies()
     finally:

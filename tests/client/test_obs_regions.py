@@ -618,9 +618,11 @@ def test_arrays_only_observations_in_a_sandbox_of_several_envs_go_through_region
     taken = []
 
     def count_rows(venv: BoltzLabsVecEnv) -> None:
-        group_rows = venv._batch.group_rows  # where a sandbox's rows go into the batch
-        set_rows = group_rows.set_rows
-        group_rows.set_rows = lambda leaves, at, positions: taken.append(len(leaves)) or set_rows(leaves, at, positions)
+        sandbox_rows = venv._batch.sandbox_rows  # where a sandbox's rows go into the batch
+        set_rows = sandbox_rows.set_rows
+        sandbox_rows.set_rows = lambda leaves, at, positions: (
+            taken.append(len(leaves)) or set_rows(leaves, at, positions)
+        )
 
     try:
         _compare_in_every_mode(pool, make_tuple_frames, n, count_rows)
@@ -634,11 +636,11 @@ def test_arrays_only_observations_in_a_sandbox_of_several_envs_go_through_region
     assert mapped() == 0 and memfds() == 0
 
 
-def make_group_rows_and_bytes():
-    """Its group replies refer to the rows in its region and send the first array's bytes too."""
-    from boltzlabs_gym.envside import group_rows
+def make_sandbox_rows_and_bytes():
+    """Its sandbox replies refer to the rows in its region and send the first array's bytes too."""
+    from boltzlabs_gym.envside import sandbox_rows
 
-    honest_payloads, honest_parts = group_rows.GroupRows.payloads, group_rows.GroupRows._line_parts
+    honest_payloads, honest_parts = sandbox_rows.SandboxRows.payloads, sandbox_rows.SandboxRows._line_parts
     row = int(np.prod(SHAPE))
 
     def payloads(self, n):
@@ -651,8 +653,8 @@ def make_group_rows_and_bytes():
         arrays, line = honest_parts(self, n)
         return arrays, line.replace(b'"_bin":[0,', b'"_bin":[%d,' % (row * n)) if self.shared else line
 
-    group_rows.GroupRows.payloads = payloads
-    group_rows.GroupRows._line_parts = parts
+    sandbox_rows.SandboxRows.payloads = payloads
+    sandbox_rows.SandboxRows._line_parts = parts
     return TupleFrameEnv()
 
 
@@ -671,22 +673,22 @@ class SteadyFrameEnv(FrameEnv):
 
 
 def make_frame_rows_then_bytes():
-    return _lie_after_four_group_replies(SteadyFrameEnv())
+    return _lie_after_four_sandbox_replies(SteadyFrameEnv())
 
 
 def make_tuple_rows_then_bytes():
-    return _lie_after_four_group_replies(SteadyTupleFrameEnv())
+    return _lie_after_four_sandbox_replies(SteadyTupleFrameEnv())
 
 
-def _lie_after_four_group_replies(env):
-    """Honest for four group replies through its region (a reset's and three steps'), then as
-    :func:`make_group_rows_and_bytes`: the same line it sent before is what its reader
+def _lie_after_four_sandbox_replies(env):
+    """Honest for four sandbox replies through its region (a reset's and three steps'), then as
+    :func:`make_sandbox_rows_and_bytes`: the same line it sent before is what its reader
     remembers, and the lie is another line."""
-    from boltzlabs_gym.envside import group_rows
+    from boltzlabs_gym.envside import sandbox_rows
 
-    honest_payloads, honest_parts = group_rows.GroupRows.payloads, group_rows.GroupRows._line_parts
+    honest_payloads, honest_parts = sandbox_rows.SandboxRows.payloads, sandbox_rows.SandboxRows._line_parts
     row = int(np.prod(SHAPE))
-    replies = [0]  # group replies sent through the region (each makes its line, then its payloads)
+    replies = [0]  # sandbox replies sent through the region (each makes its line, then its payloads)
 
     def payloads(self, n):
         out = honest_payloads(self, n)
@@ -702,16 +704,16 @@ def _lie_after_four_group_replies(env):
             return arrays, line
         return arrays, line.replace(b'"_bin":[0,', b'"_bin":[%d,' % (row * n))
 
-    group_rows.GroupRows.payloads = payloads
-    group_rows.GroupRows._line_parts = parts
+    sandbox_rows.SandboxRows.payloads = payloads
+    sandbox_rows.SandboxRows._line_parts = parts
     return env
 
 
-def make_group_wrong_rows():
-    """Its group replies refer to rows of another shape than its region's."""
-    from boltzlabs_gym.envside import group_rows
+def make_sandbox_wrong_rows():
+    """Its sandbox replies refer to rows of another shape than its region's."""
+    from boltzlabs_gym.envside import sandbox_rows
 
-    honest = group_rows.GroupRows._line_parts
+    honest = sandbox_rows.SandboxRows._line_parts
 
     def parts(self, n):
         arrays, line = honest(self, n)
@@ -719,14 +721,14 @@ def make_group_wrong_rows():
             return arrays, line
         return tuple(part.replace(b"[%d,6,5,3]" % n, b"[%d,5,6,3]" % n) for part in (arrays, line))
 
-    group_rows.GroupRows._line_parts = parts
+    sandbox_rows.SandboxRows._line_parts = parts
     return TupleFrameEnv()
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
-@pytest.mark.parametrize("factory", [make_group_rows_and_bytes, make_group_wrong_rows])
-def test_a_wrong_reference_to_group_rows_is_the_sandboxs_fault(factory, direct, tmp_path_factory):
-    """A sandbox of several envs whose group reply refers to its region's rows wrongly (and
+@pytest.mark.parametrize("factory", [make_sandbox_rows_and_bytes, make_sandbox_wrong_rows])
+def test_a_wrong_reference_to_sandbox_rows_is_the_sandboxs_fault(factory, direct, tmp_path_factory):
+    """A sandbox of several envs whose sandbox reply refers to its region's rows wrongly (and
     sends their bytes too, or another shape) broke the protocol: every env of it says so in its
     info, truncated, and its reset says so again (it lies again)."""
     pool = _pool(factory, 2, tmp_path_factory, envs_per_sandbox=2, direct=direct)
@@ -745,8 +747,8 @@ def test_a_wrong_reference_to_group_rows_is_the_sandboxs_fault(factory, direct, 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
 @pytest.mark.parametrize("factory", [make_frame_rows_then_bytes, make_tuple_rows_then_bytes])
-def test_a_sandbox_that_lies_after_honest_group_replies_is_caught(factory, direct, tmp_path_factory):
-    """The reader checks a group reply's line once and remembers it: a sandbox that answered
+def test_a_sandbox_that_lies_after_honest_sandbox_replies_is_caught(factory, direct, tmp_path_factory):
+    """The reader checks a sandbox reply's line once and remembers it: a sandbox that answered
     plainly through its region and then sends its rows' bytes too is caught on that step all the
     same (its line is no longer the one remembered), and nothing it sent before is taken back."""
     pool = _pool(factory, 2, tmp_path_factory, envs_per_sandbox=2, direct=direct)
@@ -759,7 +761,7 @@ def test_a_sandbox_that_lies_after_honest_group_replies_is_caught(factory, direc
             frames = obs[0] if isinstance(obs, tuple) else obs
             assert frames[1].any()  # frames, not a zeroed failure's
         regions = pool._links[0].regions
-        assert regions is not None and all(region.known_group for region in regions._regions.values())
+        assert regions is not None and all(region.known_sandbox_line for region in regions._regions.values())
         _, _, terminated, truncated, info = venv.step(np.array([1, 2]))
         assert truncated.all() and not terminated.any()
         for reason in info["boltzlabs_error"]["reason"]:
@@ -788,48 +790,48 @@ def _frames_region(slots: int = 2):
     return regions
 
 
-def _group_line(extra: bytes = b"") -> bytes:
+def _sandbox_line(extra: bytes = b"") -> bytes:
     return (
         b'{"n":2,"obs":{"__shm__":[0,"|u1",[2,6,5,3]]},"reward":{"__nd__":[1,"<f8",[2]]},'
         b'"flags":{"__nd__":[2,"|u1",[2]]},"replies":{}' + extra + b',"_bin":[0,16,2]}\n'
     )
 
 
-def test_a_group_line_nested_to_the_parsers_limit_is_read_not_raised():
-    """A sandbox may nest a key of its group reply as deep as the parser takes; its reader then
+def test_a_sandbox_line_nested_to_the_parsers_limit_is_read_not_raised():
+    """A sandbox may nest a key of its sandbox reply as deep as the parser takes; its reader then
     writes back no line it remembers, and never raises out of a step (the line is read once, as
     any other; nesting one level deeper each step finds no depth at which it would)."""
     regions = _frames_region()
     payloads = [b"", bytes(16), bytes(2)]
     for depth in range(700, 1100):
-        line = _group_line(b',"deep":' + b"[" * depth + b"]" * depth)
+        line = _sandbox_line(b',"deep":' + b"[" * depth + b"]" * depth)
         raw, reply, out = regions.resolve(0, line, payloads)
         assert raw == line or reply is not None  # a bad reply (too deep to parse), or read
     regions.close()
 
 
-def test_a_long_group_line_is_read_but_not_remembered():
-    """What a sandbox can make its reader keep stays small: a padded all-plain group line is read
-    as always and forgotten, by the region's reader and the group reader; the same line without
+def test_a_long_sandbox_line_is_read_but_not_remembered():
+    """What a sandbox can make its reader keep stays small: a padded all-plain sandbox reply line is read
+    as always and forgotten, by the region's reader and the sandbox reader; the same line without
     padding is remembered."""
-    from boltzlabs_gym.client.grouping import _KNOWN_LINES, GroupPlan, GroupResult
     from boltzlabs_gym.client.results import EnvResult
+    from boltzlabs_gym.client.sandbox_replies import _KNOWN_LINES, SandboxPlan, SandboxResult
     from boltzlabs_gym.wire.protocol import MAX_KNOWN_LINE_BYTES
 
     regions = _frames_region()
     row = int(np.prod(SHAPE))
     payloads = [b"", bytes(16), bytes(2)]
-    long_line = _group_line(b',"pad":"' + b"x" * MAX_KNOWN_LINE_BYTES + b'"')
+    long_line = _sandbox_line(b',"pad":"' + b"x" * MAX_KNOWN_LINE_BYTES + b'"')
     raw, reply, out = regions.resolve(0, long_line, payloads)
     assert raw is None and reply["obs"] == {"__nd__": [0, "|u1", [2, *SHAPE]]} and len(out[0]) == 2 * row
-    assert regions._regions[0].known_group is None
-    regions.resolve(0, _group_line(), payloads)
-    assert regions._regions[0].known_group is not None
+    assert regions._regions[0].known_sandbox_line is None
+    regions.resolve(0, _sandbox_line(), payloads)
+    assert regions._regions[0].known_sandbox_line is not None
     del out
     regions.close()
     nd_line = long_line.replace(b"__shm__", b"__nd__").replace(b'"_bin":[0,', b'"_bin":[%d,' % (2 * row))
     result = EnvResult(0, "ok", None, [bytes(2 * row), *payloads[1:]], nd_line)
-    assert not isinstance(GroupResult(GroupPlan(0, [0, 1], [0, 1]), result, range(2)).read(), list)
+    assert not isinstance(SandboxResult(SandboxPlan(0, [0, 1], [0, 1]), result, range(2)).read(), list)
     assert _KNOWN_LINES.get(nd_line, 2) is None
 
 

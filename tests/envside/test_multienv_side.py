@@ -2,7 +2,7 @@
 
 Each test starts an env process the way the worker does (a factory env directory, or an
 ``env.py`` calling ``serve()``) with ``BOLTZLABS_ENVS_PER_SANDBOX``/``BOLTZLABS_ENV_COUNT`` in
-its environment, writes group request lines to its stdin and reads group replies, every read
+its environment, writes sandbox request lines to its stdin and reads sandbox replies, every read
 under a deadline. The wire is "Sandboxes of several envs" in :mod:`boltzlabs_gym.wire.protocol`.
 """
 
@@ -89,7 +89,7 @@ class Tagged(gym.Wrapper):
 
 
 class DictObsEnv(gym.Env):
-    """Dict observations: no group row can hold them."""
+    """Dict observations: no sandbox row can hold them."""
 
     observation_space = gs.Dict({"pos": gs.Box(-1, 1, (2,), np.float32), "k": gs.Discrete(5)})
     action_space = gs.Discrete(2)
@@ -223,19 +223,19 @@ def procs():
         proc.stop()
 
 
-def group(slots, ops, **extra):
-    return {"op": protocol.group_op_name(ops), "slots": slots, "ops": ops, **extra}
+def sandbox_request(slots, ops, **extra):
+    return {"op": protocol.sandbox_op_name(ops), "slots": slots, "ops": ops, **extra}
 
 
 def all_slots(ops, **extra):
-    return group(list(range(len(ops))), ops, **extra)
+    return sandbox_request(list(range(len(ops))), ops, **extra)
 
 
 def positions(reply, payloads, obs_space=None):
     """Each position's transition as a one-env reply would give it (decoded), checking the layout."""
     assert reply.get("_bin", []) == [len(x) for x in payloads]
     n = reply["n"]
-    arrays = [reply[protocol.GROUP_OBS], reply[protocol.GROUP_REWARD], reply[protocol.GROUP_FLAGS]]
+    arrays = [reply[protocol.SANDBOX_OBS], reply[protocol.SANDBOX_REWARD], reply[protocol.SANDBOX_FLAGS]]
     assert arrays == [None] * 3 or None not in arrays
     out: list = [None] * n
     k = 0
@@ -253,10 +253,10 @@ def positions(reply, payloads, obs_space=None):
                 "truncated": bool(flags[p] & protocol.FLAG_TRUNCATED),
                 "info": {},
             }
-    keys = sorted(int(p) for p in reply[protocol.GROUP_REPLIES])
-    assert [str(p) for p in keys] == list(reply[protocol.GROUP_REPLIES])  # in position order
+    keys = sorted(int(p) for p in reply[protocol.SANDBOX_REPLIES])
+    assert [str(p) for p in keys] == list(reply[protocol.SANDBOX_REPLIES])  # in position order
     for p in keys:
-        one = reply[protocol.GROUP_REPLIES][str(p)]
+        one = reply[protocol.SANDBOX_REPLIES][str(p)]
         own = payloads[k : k + len(one.get("_bin", []))]
         k += len(own)
         assert one.get("_bin", []) == [len(x) for x in own]
@@ -278,17 +278,17 @@ def positions(reply, payloads, obs_space=None):
 def test_env_side_constants_are_the_protocols():
     assert sandbox_slots.PROGRESS_FILE == protocol.PROGRESS_FILE
     assert sandbox_slots.MAX_ENVS_PER_SANDBOX == protocol.MAX_ENVS_PER_SANDBOX
-    assert sandbox_slots._GROUP_KEYS == (
-        protocol.GROUP_SLOTS,
-        protocol.GROUP_OPS,
-        protocol.GROUP_NBIN,
-        protocol.GROUP_AUTORESET,
+    assert sandbox_slots._SANDBOX_KEYS == (
+        protocol.SANDBOX_SLOTS,
+        protocol.SANDBOX_OPS,
+        protocol.SANDBOX_NBIN,
+        protocol.SANDBOX_AUTORESET,
     )
 
 
-def test_group_ops_expands_shorthands_and_splits_payloads():
+def test_sandbox_ops_expands_shorthands_and_splits_payloads():
     msg = {"slots": [2, 0], "ops": [1, {"op": "step", "action": {}}], "autoreset": True, "nbin": [0, 2]}
-    got = sandbox_slots.group_ops(msg, [b"a", b"bc"], 3)
+    got = sandbox_slots.sandbox_ops(msg, [b"a", b"bc"], 3)
     assert got == [
         (2, {"op": "step", "action": 1, "autoreset": True}, []),
         (0, {"op": "step", "action": {}}, [b"a", b"bc"]),
@@ -305,18 +305,18 @@ def test_group_ops_expands_shorthands_and_splits_payloads():
         ({"op": "step", "action": 1}, []),
     ]:
         with pytest.raises(sandbox_slots.ProtocolError):
-            sandbox_slots.group_ops(bad, payloads, 3)
+            sandbox_slots.sandbox_ops(bad, payloads, 3)
 
 
-def test_group_config_reads_and_checks_the_environment(capsys):
-    assert sandbox_slots.group_config({}) == (1, 1)
-    assert sandbox_slots.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8"}) == (8, 8)
-    assert sandbox_slots.group_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8", "BOLTZLABS_ENV_COUNT": "3"}) == (8, 3)
+def test_sandbox_config_reads_and_checks_the_environment(capsys):
+    assert sandbox_slots.sandbox_config({}) == (1, 1)
+    assert sandbox_slots.sandbox_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8"}) == (8, 8)
+    assert sandbox_slots.sandbox_config({"BOLTZLABS_ENVS_PER_SANDBOX": "8", "BOLTZLABS_ENV_COUNT": "3"}) == (8, 3)
     for bad in [{"BOLTZLABS_ENVS_PER_SANDBOX": "0"}, {"BOLTZLABS_ENVS_PER_SANDBOX": "x"},
                 {"BOLTZLABS_ENVS_PER_SANDBOX": "2", "BOLTZLABS_ENV_COUNT": "3"},
                 {"BOLTZLABS_ENVS_PER_SANDBOX": "5000"}]:  # fmt: skip
         with pytest.raises(SystemExit) as exc:
-            sandbox_slots.group_config(bad)
+            sandbox_slots.sandbox_config(bad)
         assert exc.value.code == 2
         assert "is not an integer in" in capsys.readouterr().err
 
@@ -335,7 +335,7 @@ def _local_cartpoles(n):
     return [gym.make("CartPole-v1") for _ in range(n)]
 
 
-def test_cartpole_group_matches_separate_envs(tmp_path, procs):
+def test_cartpole_sandbox_matches_separate_envs(tmp_path, procs):
     proc = EnvProc.gym(tmp_path, [make_cartpole], k=3, m=3)
     procs.append(proc)
     reply, payloads = proc.call(all_slots([{"op": "describe"}] * 3))
@@ -374,7 +374,7 @@ def test_cartpole_group_matches_separate_envs(tmp_path, procs):
                 reset_obs, _ = local[s].reset()
                 ended[s] = False
             expected.append(("step", obs, reward, terminated, truncated, reset_obs))
-        reply, payloads = proc.call(group(slots, ops, **({"autoreset": True} if same_step else {})))
+        reply, payloads = proc.call(sandbox_request(slots, ops, **({"autoreset": True} if same_step else {})))
         for got, want in zip(positions(reply, payloads, obs_space), expected):
             if want[0] == "reset":
                 seen["reset_op"] += 1
@@ -400,7 +400,7 @@ def test_cartpole_group_matches_separate_envs(tmp_path, procs):
     assert proc.wait() == 0
 
 
-def test_example_group_reply_layout(tmp_path, procs):
+def test_example_sandbox_reply_layout(tmp_path, procs):
     proc = EnvProc.gym(tmp_path, [make_cartpole], k=3)
     procs.append(proc)
     proc.call(all_slots([{"op": "reset", "seed": 1}] * 3))
@@ -507,20 +507,20 @@ def test_bad_requests_are_answered_and_the_process_serves_on(tmp_path, procs):
     proc = EnvProc.gym(tmp_path, [make_cartpole], k=3, m=2)
     procs.append(proc)
     for bad in [
-        {"op": "step", "action": 1},  # not a group
-        group([0, 0], [1, 1]),
-        group([2], [1]),  # m = 2: slot 2 is not hosted
-        group([0, 1], [1]),
-        group([0], [1], nbin=[1]),
+        {"op": "step", "action": 1},  # not a sandbox request
+        sandbox_request([0, 0], [1, 1]),
+        sandbox_request([2], [1]),  # m = 2: slot 2 is not hosted
+        sandbox_request([0, 1], [1]),
+        sandbox_request([0], [1], nbin=[1]),
     ]:
         reply, payloads = proc.call(bad)
         assert set(reply) == {"error"} and not payloads
     proc.send_raw(b"not json\n")
     assert set(proc.read_reply()[0]) == {"error"}
-    reply, payloads = proc.call(group([1, 0], [{"op": "reset", "seed": 1}, {"op": "frobnicate"}]))
+    reply, payloads = proc.call(sandbox_request([1, 0], [{"op": "reset", "seed": 1}, {"op": "frobnicate"}]))
     got = positions(reply, payloads)
     assert got[0]["plain"] and got[1]["error"] == "unknown op 'frobnicate'"
-    reply, payloads = proc.call(group([1], [7]))  # out of Discrete(2)'s range
+    reply, payloads = proc.call(sandbox_request([1], [7]))  # out of Discrete(2)'s range
     assert positions(reply, payloads)[0]["info"]["boltzlabs_exception"]["where"] == "action"
 
 
@@ -561,7 +561,7 @@ def test_boltz_fork_reads_its_envs_after_the_fork(tmp_path, procs, monkeypatch):
     procs.append(proc)
     reply, payloads = proc.call(all_slots([{"op": "get_attr", "name": "tag"}] * 2))
     assert [g["value"] for g in positions(reply, payloads)] == ["b", "a"]
-    assert set(proc.call(group([2], [1]))[0]) == {"error"}  # two envs hosted, not three
+    assert set(proc.call(sandbox_request([2], [1]))[0]) == {"error"}  # two envs hosted, not three
 
 
 def test_end_of_input_closes_and_exits(tmp_path, procs):
@@ -637,20 +637,20 @@ def test_factory_form_with_one_env_writes_what_the_function_form_writes(tmp_path
     assert function.returncode == factory.returncode == 0, function.stderr + factory.stderr
     assert function.stdout.count(b"\n") == 10
     assert factory.stdout == function.stdout
-    assert not (tmp_path / "env" / protocol.PROGRESS_FILE).exists()  # one env: no group machinery
+    assert not (tmp_path / "env" / protocol.PROGRESS_FILE).exists()  # one env: no sandbox machinery
 
 
-def test_factory_form_with_two_envs_answers_groups(tmp_path):
+def test_factory_form_with_two_envs_answers_sandbox_requests(tmp_path):
     requests = b"".join(
         env_request(msg)
         for msg in [
             all_slots([{"op": "describe"}] * 2),
             all_slots([{"op": "reset", "seed": 0}, {"op": "reset", "seed": 10}]),
-            group([1, 0], [1, 1], autoreset=True),
-            group([1], [{"op": "step", "action": "raise"}]),
-            group([0, 1], [1, {"op": "nope"}]),
-            group([0, 0], [1, 1]),  # bad: answered, and serving goes on
-            group([0], [1], autoreset=True),  # slot 0 reaches t = 3: SAME_STEP autoreset
+            sandbox_request([1, 0], [1, 1], autoreset=True),
+            sandbox_request([1], [{"op": "step", "action": "raise"}]),
+            sandbox_request([0, 1], [1, {"op": "nope"}]),
+            sandbox_request([0, 0], [1, 1]),  # bad: answered, and serving goes on
+            sandbox_request([0], [1], autoreset=True),  # slot 0 reaches t = 3: SAME_STEP autoreset
             all_slots([{"op": "close"}] * 2),
         ]
     )

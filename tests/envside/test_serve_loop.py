@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from boltzlabs_gym.envside.framing import FdReader, FdWriter, read_message, write_message
-from boltzlabs_gym.envside.sandbox_slots import GroupRequest
-from boltzlabs_gym.envside.serve_loop import Ending, serve_group_requests, serve_requests
+from boltzlabs_gym.envside.sandbox_slots import SandboxRequest
+from boltzlabs_gym.envside.serve_loop import Ending, serve_requests, serve_sandbox_requests
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -165,24 +165,24 @@ def test_quick_needs_a_reader_of_the_fd_itself():
         serve_requests(io.BytesIO(b""), io.BytesIO(), lambda msg, payloads: True, quick=lambda data: False)
 
 
-def test_group_requests_are_checked_before_they_are_served(loops):
+def test_sandbox_requests_are_checked_before_they_are_served(loops):
     holder: list[Loop] = []
-    served: list[GroupRequest] = []
+    served: list[SandboxRequest] = []
 
-    def answer_group(request: GroupRequest) -> bool:
+    def answer_sandbox(request: SandboxRequest) -> bool:
         served.append(request)
         write_message(holder[0].writer, {"served": request.slots})
         return {"op": "close"} not in request.ops
 
-    loop = loops(serve_group_requests, 2, answer_group)
+    loop = loops(serve_sandbox_requests, 2, answer_sandbox)
     holder.append(loop)
-    loop.send(b'{"op":"step","action":1}\n')  # not a group request: answered, and the loop serves on
+    loop.send(b'{"op":"step","action":1}\n')  # not a sandbox request: answered, and the loop serves on
     assert loop.reply()["error"].startswith("bad group request: not a group request (this process hosts 2 envs)")
     loop.send(b'{"slots":[0,2],"ops":[1,1]}\n')
     assert "group slots must be ints in [0, 2)" in loop.reply()["error"]
     loop.send(b'{"slots":[1,0],"ops":[1,{"op":"reset"}],"autoreset":true,"nbin":[0,1],"_bin":[2]}\nxy')
     assert loop.reply() == {"served": [1, 0]}
-    assert served == [GroupRequest([1, 0], [1, {"op": "reset"}], [[], [b"xy"]], True)]
+    assert served == [SandboxRequest([1, 0], [1, {"op": "reset"}], [[], [b"xy"]], True)]
     loop.send(b'{"slots":[0],"ops":[{"op":"close"}]}\n')
     assert loop.reply() == {"served": [0]}
     assert loop.ended() is Ending.CLOSED

@@ -26,14 +26,14 @@ PACKAGES = ("boltzlabs_gym", "boltzlabs")
 #: limits it applies to itself, nothing else: an env process may run under an interpreter with
 #: nothing else installed, and no worker or trainer code belongs in it.
 ENV_SIDE_ALLOWED = ("boltzlabs_gym.envside", "boltzlabs_gym.errors", "boltzlabs_gym.wire.limits")
-#: The env-side modules that run Gymnasium envs (and the rows of their group replies) also use
+#: The env-side modules that run Gymnasium envs (and the rows of their sandbox replies) also use
 #: what a Gymnasium env needs and the wire formats its values cross in.
 GYMNASIUM_ENV_SIDE = {
     "boltzlabs_gym.envside.gym_host",
     "boltzlabs_gym.envside.gym_loops",
     "boltzlabs_gym.envside.gym_start",
     "boltzlabs_gym.envside.factories",
-    "boltzlabs_gym.envside.group_rows",
+    "boltzlabs_gym.envside.sandbox_rows",
 }
 GYMNASIUM_ENV_SIDE_ALLOWED = ENV_SIDE_ALLOWED + ("boltzlabs_gym.wire",)
 #: Public faces of the env side: ``serve()`` and the hosted service's name for it.

@@ -56,6 +56,6 @@ def test_the_shared_rules_need_only_the_standard_library():
     assert not relative and imported <= sys.stdlib_module_names | {"__future__"}, imported
 
 
-def test_the_group_deadline_key_is_the_wire_s():
-    """lending stands alone (above), so it spells the group deadline's key itself: the same as the wire's."""
-    assert lending._DEADLINE_KEY == protocol.GROUP_DEADLINE
+def test_the_sandbox_deadline_key_is_the_wire_s():
+    """lending stands alone (above), so it spells the sandbox request deadline's key itself: the same as the wire's."""
+    assert lending._DEADLINE_KEY == protocol.SANDBOX_DEADLINE

@@ -1,4 +1,4 @@
-"""The worker's deadline heap: grouped entries, stale entries dropped, bounded size."""
+"""The worker's deadline heap: sandboxed entries, stale entries dropped, bounded size."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
-GROUPED = os.path.join(ENVS, "grouped")
+SANDBOXED = os.path.join(ENVS, "sandboxed")
 
 
 def scrape(url: str) -> dict[tuple[str, frozenset], float]:
@@ -139,7 +139,7 @@ def check_top_once_against_pool_stats(pool):
 
 
 def test_worker_routed_steps_sample_env_latency_and_count_envs_of_sandboxes():
-    with RLPool(GROUPED, n=4, isolation=ISOLATION, envs_per_sandbox=2, direct=False, metrics_port=0) as pool:
+    with RLPool(SANDBOXED, n=4, isolation=ISOLATION, envs_per_sandbox=2, direct=False, metrics_port=0) as pool:
         pool.reset(seed=0)
         for _ in range(40):
             pool.step([1] * 4)

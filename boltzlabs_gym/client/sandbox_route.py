@@ -1,14 +1,14 @@
 """Several envs per sandbox, behind the route: a pool with ``envs_per_sandbox`` > 1 sends its
-per-env items through a :class:`GroupedRoute`, which packs them into one group item per sandbox
-(:func:`~boltzlabs_gym.client.grouping.pack`) for the route below it (a worker, several, or the
-direct lane: they see sandboxes), and reads the group replies back as per-env results in the
+per-env items through a :class:`SandboxRoute`, which packs them into one item per sandbox
+(:func:`~boltzlabs_gym.client.sandbox_replies.pack`) for the route below it (a worker, several, or the
+direct lane: they see sandboxes), and reads the sandbox replies back as per-env results in the
 items' order. A caller that reads observations by the block (the vector env) takes the replies
-as one :class:`~boltzlabs_gym.client.grouping.GroupResult` per sandbox instead
-(:meth:`GroupedRoute.wait_groups`).
+as one :class:`~boltzlabs_gym.client.sandbox_replies.SandboxResult` per sandbox instead
+(:meth:`SandboxRoute.wait_sandboxes`).
 
 A sandbox that fails restarts all its envs: those that were not in the request are remembered
 here, and their next step is answered, as a failure, without a request (see
-:meth:`GroupedRoute.send`).
+:meth:`SandboxRoute.send`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..wire.protocol import ERROR
-from .grouping import GroupPlan, GroupResult, SandboxLayout, pack, pack_steps
 from .results import EnvResult, parse_result
 from .routes import Items, Route
+from .sandbox_replies import SandboxLayout, SandboxPlan, SandboxResult, pack, pack_steps
 
-__all__ = ["GroupedRoute", "step_items"]
+__all__ = ["SandboxRoute", "step_items"]
 
 
 def step_items(actions: Sequence, resets: np.ndarray, autoreset: bool) -> list:
@@ -34,11 +34,11 @@ def step_items(actions: Sequence, resets: np.ndarray, autoreset: bool) -> list:
     return [(i, reset if resets[i] else dict(step, action=a), ()) for i, a in enumerate(actions)]
 
 
-class GroupedRoute:
+class SandboxRoute:
     """A route of per-env items over ``inner``, a route of one item per sandbox of ``layout``.
 
     ``mixed_deadline``: what a step batch with resets in it is held to (both deadlines, see
-    :data:`~boltzlabs_gym.wire.protocol.GROUP_DEADLINE`).
+    :data:`~boltzlabs_gym.wire.protocol.SANDBOX_DEADLINE`).
     """
 
     def __init__(self, inner: Route, layout: SandboxLayout, mixed_deadline: float):
@@ -46,7 +46,7 @@ class GroupedRoute:
         self.layout = layout
         self._mixed_deadline = mixed_deadline
         #: The plan of the batch in flight, one per sandbox it names.
-        self._plans: list[GroupPlan] | None = None
+        self._plans: list[SandboxPlan] | None = None
         #: Envs whose sandbox was restarted while they were not in a request, with the reason.
         self._restarted: dict[int, str] = {}
         self._answered: list[tuple[int, EnvResult]] = []  # items answered without a request
@@ -54,15 +54,15 @@ class GroupedRoute:
         self._batch_size = 0
 
     def send(self, items: Items) -> float:
-        """Send per-env ``items`` as one group request per sandbox; envs whose sandbox was restarted
+        """Send per-env ``items`` as one sandbox request per sandbox; envs whose sandbox was restarted
         under them are answered here, on their next step."""
         answered: list[tuple[int, EnvResult]] = []
         told: list[int] = []
         self._sent_positions = None
         if self._restarted:
             items, answered, told = self._answer_restarted(items)
-        grouped, plans = pack(self.layout, items, self._mixed_deadline)
-        sent_at = self.inner.send(grouped) if grouped else time.perf_counter()
+        sandboxed, plans = pack(self.layout, items, self._mixed_deadline)
+        sent_at = self.inner.send(sandboxed) if sandboxed else time.perf_counter()
         for index in told:  # only once the batch went out: a refused one leaves the marks as they were
             self._restarted.pop(index, None)
         self._plans = plans
@@ -72,14 +72,14 @@ class GroupedRoute:
 
     def send_steps(self, actions: list[int], resets: np.ndarray, autoreset: bool) -> float:
         """A Discrete step batch (see :func:`step_items`), packed per sandbox without per-env work
-        (:func:`~boltzlabs_gym.client.grouping.pack_steps`) unless envs wait to be told of a restart."""
+        (:func:`~boltzlabs_gym.client.sandbox_replies.pack_steps`) unless envs wait to be told of a restart."""
         if self._restarted:
             return self.send(step_items(actions, resets, autoreset))
         layout = self.layout
         if len(actions) != layout.n:
             raise ValueError(f"expected exactly {layout.n} actions (one per env), got {len(actions)}")
-        grouped, plans = pack_steps(layout, actions, resets, autoreset, self._mixed_deadline)
-        sent_at = self.inner.send(grouped)
+        sandboxed, plans = pack_steps(layout, actions, resets, autoreset, self._mixed_deadline)
+        sent_at = self.inner.send(sandboxed)
         self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, layout.n
         return sent_at
 
@@ -105,26 +105,26 @@ class GroupedRoute:
         self._sent_positions = [pos for pos, _ in sent]
         return [item for _, item in sent], answered, told
 
-    def wait_groups(self, timeout: float) -> tuple[list[GroupResult], list[EnvResult], dict[str, float]]:
-        """The batch's sandboxes' replies, one :class:`GroupResult` each; the per-env results
+    def wait_sandboxes(self, timeout: float) -> tuple[list[SandboxResult], list[EnvResult], dict[str, float]]:
+        """The batch's sandboxes' replies, one :class:`SandboxResult` each; the per-env results
         answered without a request; and worker_ms per worker address. A failed sandbox's envs
         that were not in its request are remembered (see :meth:`send`)."""
         plans, self._plans = self._plans or [], None
         replies, per_worker_ms = self.inner.wait(timeout, True) if plans else ([], {})
         layout = self.layout
-        groups = [GroupResult(plan, r, layout.envs(plan.sandbox)) for plan, r in zip(plans, replies)]
-        for group in groups:
-            group.failures()  # reads a failed sandbox's reply: which of its envs it restarted
-            self._note_restarted(group)
-        return groups, [r for _pos, r in self._answered], per_worker_ms
+        sandboxes = [SandboxResult(plan, r, layout.envs(plan.sandbox)) for plan, r in zip(plans, replies)]
+        for sandbox in sandboxes:
+            sandbox.failures()  # reads a failed sandbox's reply: which of its envs it restarted
+            self._note_restarted(sandbox)
+        return sandboxes, [r for _pos, r in self._answered], per_worker_ms
 
     def wait(self, timeout: float, raw: bool) -> tuple[list[EnvResult], dict[str, float]]:
         """The batch's per-env results in item order (reply lines unparsed if ``raw``), and worker_ms per worker."""
-        groups, _, per_worker_ms = self.wait_groups(timeout)
+        sandboxes, _, per_worker_ms = self.wait_sandboxes(timeout)
         results: list = [None] * self._batch_size
         positions = self._sent_positions
-        for group in groups:
-            for pos, r in zip(group.plan.positions, group.expand()):
+        for sandbox in sandboxes:
+            for pos, r in zip(sandbox.plan.positions, sandbox.expand()):
                 results[positions[pos] if positions else pos] = r
         for pos, r in self._answered:
             results[pos] = r
@@ -132,6 +132,6 @@ class GroupedRoute:
             results = [parse_result(r) for r in results]
         return results, per_worker_ms
 
-    def _note_restarted(self, group: GroupResult) -> None:
-        if group.restarted:
-            self._restarted.update(group.restarted)
+    def _note_restarted(self, sandbox: SandboxResult) -> None:
+        if sandbox.restarted:
+            self._restarted.update(sandbox.restarted)

@@ -1,4 +1,4 @@
-"""The arrays of a group reply (a sandbox of several envs): each plain position's observation,
+"""The arrays of a sandbox reply (a sandbox of several envs): each plain position's observation,
 reward and flags, written in place as the process serves its envs.
 
 A plain position (an empty info, no autoreset in it, an observation of the declared arrays) is a
@@ -12,8 +12,8 @@ row of the reply's arrays instead of a one-env reply ("Sandboxes of several envs
 The rows are preallocated once for the process's ``m`` slots and reused by every request, so a
 plain position costs one copy per array and two stores; the reply's payloads are views of the
 first ``P`` rows, and its line is prebuilt (no JSON encoder). Once the pool maps the process's
-shared observation region (:meth:`GroupRows.share`), the rows live there: each array's ``m``
-rows back to back, one array after the other (so a group's rows of one array are one block),
+shared observation region (:meth:`SandboxRows.share`), the rows live there: each array's ``m``
+rows back to back, one array after the other (so a sandbox's rows of one array are one block),
 and the reply refers to them (``"__shm__"`` in place of ``"__nd__"``, empty payloads).
 """
 
@@ -28,14 +28,14 @@ from typing import Any, cast
 import numpy as np
 
 from ..wire.codec import ND, SHM, ArrayLeaf
-from ..wire.slot_layout import LeafPaths, group_skeleton, slot_spans
+from ..wire.slot_layout import LeafPaths, rows_skeleton, slot_spans
 from . import obs_region
 
-__all__ = ["GroupRows"]
+__all__ = ["SandboxRows"]
 
 
-class GroupRows:
-    """The rows of a group reply's arrays for a process's ``m`` slots (see the module's docstring).
+class SandboxRows:
+    """The rows of a sandbox reply's arrays for a process's ``m`` slots (see the module's docstring).
 
     The observation ``space`` is one array, or a Dict/Tuple of arrays only (``skeleton`` is then
     the one all its values encode to, :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton`).
@@ -80,7 +80,7 @@ class GroupRows:
         self._lines: dict[int, tuple[bytes, bytes]] = {}
 
     @classmethod
-    def of(cls, hosts: Sequence[Any]) -> GroupRows | None:
+    def of(cls, hosts: Sequence[Any]) -> SandboxRows | None:
         """The rows for these slots' :class:`~boltzlabs_gym.envside.gym_host.GymHost`\\ s, or
         ``None`` (every position then in ``replies``) unless every slot's observations are one
         array of one dtype and shape, or a Dict/Tuple of arrays only of one skeleton."""
@@ -158,7 +158,7 @@ class GroupRows:
                 dtype, shape = self._leaves[0]
                 obs = {key: [0, dtype.str, [n, *shape]]}
             else:
-                obs = group_skeleton(self.skeleton, n, key)
+                obs = rows_skeleton(self.skeleton, n, key)
             count = len(self._leaves)
             members = {
                 "obs": obs,

@@ -1,5 +1,5 @@
-"""Several envs per sandbox, trainer side: packing envs' ops into group requests, and reading
-the group replies back as envs' results.
+"""Several envs per sandbox, trainer side: packing envs' ops into sandbox requests, and reading
+the sandbox replies back as envs' results.
 
 With ``envs_per_sandbox=K`` one sandboxed process hosts up to K envs of a pool: env ``i``
 is slot ``i % K`` of sandbox ``i // K`` (:class:`SandboxLayout`). The worker and the direct
@@ -8,12 +8,12 @@ documented in :mod:`boltzlabs_gym.wire.protocol`, "Sandboxes of several envs"). 
 one place that maps between the two views:
 
 * :func:`pack` turns a batch of per-env items ``(index, op, payloads)`` into one item per
-  sandbox, with a :class:`GroupPlan` saying which item and env each position stands for;
-* :class:`GroupResult` is one sandbox's answer: :meth:`GroupResult.read` validates the
-  untrusted group reply once and hands array observations, rewards and flags of its plain
+  sandbox, with a :class:`SandboxPlan` saying which item and env each position stands for;
+* :class:`SandboxResult` is one sandbox's answer: :meth:`SandboxResult.read` validates the
+  untrusted sandbox reply once and hands array observations, rewards and flags of its plain
   positions over as arrays (the vector env assembles its batch by slicing them), and every
   other position as that env's own :class:`~boltzlabs_gym.client.results.EnvResult`;
-  :meth:`GroupResult.expand` gives every position as an ``EnvResult``, the shape one-env
+  :meth:`SandboxResult.expand` gives every position as an ``EnvResult``, the shape one-env
   sandboxes answer in, for every other reader.
 
 A sandbox that fails (a missed deadline, a crash) is killed with all its envs: the env that
@@ -44,29 +44,29 @@ from ..wire.protocol import (
     ERROR,
     FLAG_TERMINATED,
     FLAG_TRUNCATED,
-    GROUP_AUTORESET,
-    GROUP_DEADLINE,
-    GROUP_FLAGS,
-    GROUP_N,
-    GROUP_NBIN,
-    GROUP_OBS,
-    GROUP_OPS,
-    GROUP_REPLIES,
-    GROUP_REWARD,
-    GROUP_SLOTS,
     MAX_ENVS_PER_SANDBOX,
     MAX_KNOWN_LINE_BYTES,
     OK,
-    group_op_name,
+    SANDBOX_AUTORESET,
+    SANDBOX_DEADLINE,
+    SANDBOX_FLAGS,
+    SANDBOX_N,
+    SANDBOX_NBIN,
+    SANDBOX_OBS,
+    SANDBOX_OPS,
+    SANDBOX_REPLIES,
+    SANDBOX_REWARD,
+    SANDBOX_SLOTS,
+    sandbox_op_name,
 )
 from ..wire.slot_layout import array_refs, copy_skeleton, map_array_refs
 from .results import EnvResult, parse_result
 
 __all__ = [
-    "BadGroupReply",
-    "GroupPlan",
-    "GroupReply",
-    "GroupResult",
+    "BadSandboxReply",
+    "SandboxPlan",
+    "SandboxReply",
+    "SandboxResult",
     "SandboxLayout",
     "check_envs_per_sandbox",
     "pack",
@@ -108,8 +108,8 @@ class SandboxLayout:
 
 
 @dataclass
-class GroupPlan:
-    """What one sandbox's group request stands for: batch positions and env indices, per position."""
+class SandboxPlan:
+    """What one sandbox's request stands for: batch positions and env indices, per position."""
 
     sandbox: int
     positions: list[int] = field(default_factory=list)
@@ -131,7 +131,7 @@ def _shorthand(op: dict) -> int | None:
     if (
         type(action) is int
         and op.get("op") == "step"
-        and (len(op) == 2 or (len(op) == 3 and op.get(GROUP_AUTORESET) is True))
+        and (len(op) == 2 or (len(op) == 3 and op.get(SANDBOX_AUTORESET) is True))
     ):
         return action
     return None
@@ -139,17 +139,17 @@ def _shorthand(op: dict) -> int | None:
 
 def pack(
     layout: SandboxLayout, items: Sequence[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
-) -> tuple[list, list[GroupPlan]]:
-    """One item ``(sandbox, group op, payloads)`` per sandbox the per-env ``items`` name, and their plans.
+) -> tuple[list, list[SandboxPlan]]:
+    """One item ``(sandbox, sandbox op, payloads)`` per sandbox the per-env ``items`` name, and their plans.
 
     ``mixed_deadline``: the deadline of a step batch with resets in it (see
-    :data:`~boltzlabs_gym.wire.protocol.GROUP_DEADLINE`). Raises ``IndexError``/``TypeError`` for an
+    :data:`~boltzlabs_gym.wire.protocol.SANDBOX_DEADLINE`). Raises ``IndexError``/``TypeError`` for an
     index outside the pool, ``ValueError`` for an env named twice, an op that is not an op
     object, or a hard reset that leaves out envs of its sandbox.
     """
     n, k = layout.n, layout.k
     ops_of: dict[int, list] = {}
-    plans: dict[int, GroupPlan] = {}
+    plans: dict[int, SandboxPlan] = {}
     seen: set[int] = set()
     for pos, (index, op, payloads) in enumerate(items):
         if type(index) is not int and not isinstance(index, np.integer) or not 0 <= index < n:
@@ -159,7 +159,7 @@ def pack(
         sandbox = int(index) // k
         plan = plans.get(sandbox)
         if plan is None:
-            plan = plans[sandbox] = GroupPlan(sandbox)
+            plan = plans[sandbox] = SandboxPlan(sandbox)
             ops_of[sandbox] = []
         if index in seen:
             raise ValueError(f"env index {index} appears twice in one batch")
@@ -169,14 +169,14 @@ def pack(
         ops_of[sandbox].append((int(index) - sandbox * k, op, payloads))
     out = []
     for sandbox, plan in plans.items():
-        group, frames = _group_request(ops_of[sandbox], mixed_deadline)
-        plan.op = group["op"]
+        request, frames = _sandbox_request(ops_of[sandbox], mixed_deadline)
+        plan.op = request["op"]
         if plan.op == HARD_RESET and len(plan.indices) != len(layout.envs(sandbox)):
             raise ValueError(
                 f"a hard reset restarts a whole sandbox: hard-reset {layout.describe(sandbox)} together "
                 f"(envs_per_sandbox={k}; RLPool.reset(hard=True) widens its mask to whole sandboxes)"
             )
-        out.append((sandbox, group, frames))
+        out.append((sandbox, request, frames))
     return out, list(plans.values())
 
 
@@ -186,7 +186,7 @@ def pack_steps(
     resets: np.ndarray,
     autoreset: bool,
     mixed_deadline: float | None = None,
-) -> tuple[list, list[GroupPlan]]:
+) -> tuple[list, list[SandboxPlan]]:
     """:func:`pack` for a vector env's Discrete step batch, without per-env work in Python: every
     env steps with its int action, but those in ``resets``, which reset (seed ``None``) instead;
     ``autoreset`` marks every step for a reset in the same request (``SAME_STEP``)."""
@@ -205,13 +205,13 @@ def pack_steps(
             cursor += 1
         # No env of the sandbox steps: the reset deadline holds.
         name = "reset" if resetting == hi - lo else "step"
-        group: dict = {"op": name, GROUP_SLOTS: _slots(hi - lo), GROUP_OPS: ops}
+        request: dict = {"op": name, SANDBOX_SLOTS: _slots(hi - lo), SANDBOX_OPS: ops}
         if autoreset:
-            group[GROUP_AUTORESET] = True
+            request[SANDBOX_AUTORESET] = True
         if resetting and name == "step" and mixed_deadline is not None:
-            group[GROUP_DEADLINE] = mixed_deadline
-        out.append((sandbox, group, ()))
-        plans.append(GroupPlan(sandbox, list(envs), list(envs), name, whole=True))
+            request[SANDBOX_DEADLINE] = mixed_deadline
+        out.append((sandbox, request, ()))
+        plans.append(SandboxPlan(sandbox, list(envs), list(envs), name, whole=True))
     return out, plans
 
 
@@ -226,10 +226,10 @@ def _slots(m: int) -> list[int]:
     return slots
 
 
-def _group_request(
+def _sandbox_request(
     slot_ops: list[tuple[int, dict, Sequence[bytes]]], mixed_deadline: float | None = None
 ) -> tuple[dict, list]:
-    """The group op for ``(slot, op, payloads)`` triples, and its payload frames in order."""
+    """The sandbox op for ``(slot, op, payloads)`` triples, and its payload frames in order."""
     slots: list[int] = []
     ops: list = []
     counts: list[int] = []
@@ -252,25 +252,25 @@ def _group_request(
                 ops.append(action)
                 continue
         ops.append(op)
-    group: dict = {"op": HARD_RESET if hard else group_op_name(ops), GROUP_SLOTS: slots, GROUP_OPS: ops}
+    request: dict = {"op": HARD_RESET if hard else sandbox_op_name(ops), SANDBOX_SLOTS: slots, SANDBOX_OPS: ops}
     if autoreset:
-        group[GROUP_AUTORESET] = True
+        request[SANDBOX_AUTORESET] = True
     if (
-        group["op"] == "step"
+        request["op"] == "step"
         and mixed_deadline is not None
         and any(type(op) is dict and op.get("op") == "reset" for op in ops)
     ):
-        group[GROUP_DEADLINE] = mixed_deadline
+        request[SANDBOX_DEADLINE] = mixed_deadline
     if frames:
-        group[GROUP_NBIN] = counts
-    return group, frames
+        request[SANDBOX_NBIN] = counts
+    return request, frames
 
 
 # ----------------------------------------------------------------------------------- replies
 
 
-class GroupReply:
-    """One group reply, validated: plain positions as arrays, the others as env results."""
+class SandboxReply:
+    """One sandbox reply, validated: plain positions as arrays, the others as env results."""
 
     __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others")
 
@@ -305,24 +305,24 @@ class GroupReply:
         return self.leaves[0]
 
 
-class BadGroupReply(ValueError):
-    """A group reply that does not follow the wire; every env of it gets a ``bad_reply``."""
+class BadSandboxReply(ValueError):
+    """A sandbox reply that does not follow the wire; every env of it gets a ``bad_reply``."""
 
 
 @dataclass
-class GroupResult:
+class SandboxResult:
     """One sandbox's answer to its part of a batch (see :func:`pack`)."""
 
-    plan: GroupPlan
+    plan: SandboxPlan
     result: EnvResult
     #: The sandbox's envs (:meth:`SandboxLayout.envs`: from the pool's layout, never from the reply);
     #: the progress file's slot counts from the first.
     envs: range
     #: For a failed sandbox, once read: its envs that were not in the request, and why they restarted.
     restarted: dict[int, str] | None = None
-    _read: GroupReply | list[EnvResult] | None = None
+    _read: SandboxReply | list[EnvResult] | None = None
 
-    def read(self, row_skeleton: Any = None, arrays: bool = True) -> GroupReply | list[EnvResult]:
+    def read(self, row_skeleton: Any = None, arrays: bool = True) -> SandboxReply | list[EnvResult]:
         """The reply, validated (read once, then kept): its observations' rows must make
         ``row_skeleton`` when given (one observation's, as
         :func:`~boltzlabs_gym.wire.slot_layout.array_skeleton` or an
@@ -334,7 +334,7 @@ class GroupResult:
             self._read = self._read_now(row_skeleton, arrays)
         return self._read
 
-    def _read_now(self, row_skeleton: Any, arrays: bool) -> GroupReply | list[EnvResult]:
+    def _read_now(self, row_skeleton: Any, arrays: bool) -> SandboxReply | list[EnvResult]:
         r, npos = self.result, len(self.plan.indices)
         line = r.raw if r.status == OK and r.reply is None else None
         known = _KNOWN_LINES.get(line, npos) if arrays else None
@@ -344,10 +344,10 @@ class GroupResult:
             parse_result(r)
             reply = r.reply if isinstance(r.reply, dict) else {}
             if r.status == OK:
-                if not arrays and reply.get(GROUP_OBS) is not None:
-                    raise BadGroupReply("array observations for a space that has no array form")
-                return _read_group(reply, r.payloads, row_skeleton, self.plan.indices, line)
-        except (BadGroupReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
+                if not arrays and reply.get(SANDBOX_OBS) is not None:
+                    raise BadSandboxReply("array observations for a space that has no array form")
+                return _read_sandbox(reply, r.payloads, row_skeleton, self.plan.indices, line)
+        except (BadSandboxReply, ValueError, TypeError, OverflowError) as exc:  # all of it untrusted
             return self._bad(str(exc)[:500])
         if reply.get("bad_reply"):
             return self._bad(str(reply.get("message")))
@@ -411,7 +411,7 @@ class GroupResult:
         return out
 
     def _bad(self, why: str) -> list[EnvResult]:
-        message = f"sandbox of envs {self.plan.indices} sent a bad group reply: {why}"
+        message = f"sandbox of envs {self.plan.indices} sent a bad sandbox reply: {why}"
         return [EnvResult(i, ERROR, {"message": message, "bad_reply": True}, []) for i in self.plan.indices]
 
 
@@ -420,14 +420,14 @@ def _nd(ref: int, dtype: str, shape: list) -> dict:
 
 
 def _declared_rows(obs: Any, npos: int) -> tuple[list[tuple[np.dtype, tuple]], Any]:
-    """The arrays a group reply's ``obs`` declares (each one's dtype and row shape, in payload
+    """The arrays a sandbox reply's ``obs`` declares (each one's dtype and row shape, in payload
     order) and one observation's skeleton (each leaf's shape without its ``npos`` rows, its
     dtype canonical), checked: a skeleton of arrays only
     (:func:`~boltzlabs_gym.wire.slot_layout.array_refs`) whose leaves are
     ``{"__nd__": [k, dtype, [npos, ...]]}`` of a numeric dtype, ``k`` counting from 0."""
     refs = array_refs(obs)
     if refs is None:
-        raise BadGroupReply(f"its observations {str(obs)[:120]} are not a skeleton of numeric arrays of {npos} rows")
+        raise BadSandboxReply(f"its observations {str(obs)[:120]} are not a skeleton of numeric arrays of {npos} rows")
     leaves = [_declared_array(ref, k, npos) for k, ref in enumerate(refs)]
 
     def row(ref: list) -> dict:
@@ -448,12 +448,12 @@ def _declared_array(ref: Any, k: int, npos: int) -> tuple[np.dtype, tuple]:
     except (TypeError, ValueError, KeyError):
         ok = False
     if not ok:
-        raise BadGroupReply(f"its observations' array {k}, {str(ref)[:80]}, is not a numeric array of {npos} rows")
+        raise BadSandboxReply(f"its observations' array {k}, {str(ref)[:80]}, is not a numeric array of {npos} rows")
     return dtype, tuple(shape[1:])
 
 
 class _Layout(NamedTuple):
-    """What a group reply's line says of its arrays, checked: each array's dtype and row shape
+    """What a sandbox reply's line says of its arrays, checked: each array's dtype and row shape
     (in payload order), one observation's skeleton, and the byte sizes of the arrays' payloads
     with the rewards' and flags' after them."""
 
@@ -463,7 +463,7 @@ class _Layout(NamedTuple):
 
 
 class _KnownLines:
-    """The layouts of plain group reply lines already read, by line and positions: a sandbox
+    """The layouts of plain sandbox reply lines already read, by line and positions: a sandbox
     answers every all-plain step with the same line (its numbers are all in its payloads), so
     its JSON is parsed and checked once instead of once a step. Bounded: a sandbox that sends
     ever new lines only makes it start over, and a line longer than
@@ -486,50 +486,50 @@ class _KnownLines:
 _KNOWN_LINES = _KnownLines()
 
 
-def _read_group(
+def _read_sandbox(
     reply: dict, payloads: list, row_skeleton: Any, indices: list[int], line: bytes | None = None
-) -> GroupReply:
-    """Validate a parsed group reply for the envs ``indices`` (it comes from untrusted code); an
+) -> SandboxReply:
+    """Validate a parsed sandbox reply for the envs ``indices`` (it comes from untrusted code); an
     all-plain one's layout is remembered under its ``line`` when given (:class:`_KnownLines`)."""
     npos = len(indices)
-    if "error" in reply and GROUP_N not in reply:
+    if "error" in reply and SANDBOX_N not in reply:
         # The sandbox refused the whole request: every env of it refused its op.
         refused = {p: EnvResult(i, OK, {"error": reply["error"]}, []) for p, i in enumerate(indices)}
-        return GroupReply(np.zeros(npos, dtype=bool), None, None, None, None, refused)
-    if reply.get(GROUP_N) != npos:
-        raise BadGroupReply(
-            f"it answers {reply.get(GROUP_N)!r} positions for {npos} ops (is env.py serving several envs? "
+        return SandboxReply(np.zeros(npos, dtype=bool), None, None, None, None, refused)
+    if reply.get(SANDBOX_N) != npos:
+        raise BadSandboxReply(
+            f"it answers {reply.get(SANDBOX_N)!r} positions for {npos} ops (is env.py serving several envs? "
             "envs_per_sandbox > 1 needs serve(factory=...) or a Gymnasium env)"
         )
     lengths = [len(p) for p in payloads]
     cursor = 0
     layout = None
-    if reply.get(GROUP_OBS) is not None:
+    if reply.get(SANDBOX_OBS) is not None:
         layout = _arrays_layout(reply, npos, row_skeleton)
         cursor = len(layout.sizes)
-    elif reply.get(GROUP_REWARD) is not None or reply.get(GROUP_FLAGS) is not None:
-        raise BadGroupReply("reward or flags without observations")
-    replies = reply.get(GROUP_REPLIES) or {}
+    elif reply.get(SANDBOX_REWARD) is not None or reply.get(SANDBOX_FLAGS) is not None:
+        raise BadSandboxReply("reward or flags without observations")
+    replies = reply.get(SANDBOX_REPLIES) or {}
     if not isinstance(replies, dict):
-        raise BadGroupReply("'replies' is not an object")
+        raise BadSandboxReply("'replies' is not an object")
     others: dict[int, EnvResult] = {}
     plain = np.ones(npos, dtype=bool)
     for p in sorted(_position_key(key, npos) for key in replies):
         one = replies[str(p)]
         if not isinstance(one, dict):
-            raise BadGroupReply(f"reply of position {p} is a {type(one).__name__}, not an object")
+            raise BadSandboxReply(f"reply of position {p} is a {type(one).__name__}, not an object")
         sizes = one.get("_bin") or []
         if not isinstance(sizes, list) or lengths[cursor : cursor + len(sizes)] != sizes:
-            raise BadGroupReply(f"reply of position {p} announces payloads {str(sizes)[:80]} that do not follow")
+            raise BadSandboxReply(f"reply of position {p} announces payloads {str(sizes)[:80]} that do not follow")
         others[p] = EnvResult(indices[p], OK, one, payloads[cursor : cursor + len(sizes)])
         cursor += len(sizes)
         plain[p] = False
     if cursor != len(payloads):
-        raise BadGroupReply(f"{len(payloads) - cursor} payloads follow that no position claims")
+        raise BadSandboxReply(f"{len(payloads) - cursor} payloads follow that no position claims")
     if layout is None:
         if plain.any():
-            raise BadGroupReply("positions without a reply and no arrays to read them from")
-        return GroupReply(plain, None, None, None, None, others)
+            raise BadSandboxReply("positions without a reply and no arrays to read them from")
+        return SandboxReply(plain, None, None, None, None, others)
     read = _with_arrays(layout, payloads, npos, plain, others)
     if line is not None and not replies and len(line) <= MAX_KNOWN_LINE_BYTES:
         _KNOWN_LINES.remember(line, npos, layout._replace(skeleton=copy_skeleton(layout.skeleton)))
@@ -537,16 +537,16 @@ def _read_group(
 
 
 def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
-    """The layout of a group reply's arrays, checked: the observations' skeleton (as
+    """The layout of a sandbox reply's arrays, checked: the observations' skeleton (as
     :func:`_declared_rows` checks it; ``row_skeleton``'s when given), then the rewards and
     flags after them."""
-    declared, skeleton = _declared_rows(reply[GROUP_OBS], npos)
+    declared, skeleton = _declared_rows(reply[SANDBOX_OBS], npos)
     _check_rows_of(skeleton, row_skeleton)
     count = len(declared)
     expected = (_nd(count, "<f8", [npos]), _nd(count + 1, "|u1", [npos]))
-    got = (reply.get(GROUP_REWARD), reply.get(GROUP_FLAGS))
+    got = (reply.get(SANDBOX_REWARD), reply.get(SANDBOX_FLAGS))
     if got != expected:
-        raise BadGroupReply(f"its reward and flags {str(got)[:200]} are not {expected}")
+        raise BadSandboxReply(f"its reward and flags {str(got)[:200]} are not {expected}")
     # Python ints: no wrap-around
     sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
     return _Layout(declared, skeleton, sizes)
@@ -555,37 +555,37 @@ def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
 def _check_rows_of(skeleton: Any, row_skeleton: Any) -> None:
     """The reply's observations' skeleton must be the reader's (``row_skeleton``), when it gives one."""
     if row_skeleton is not None and skeleton != row_skeleton:
-        raise BadGroupReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
+        raise BadSandboxReply(f"its observations are {str(skeleton)[:200]}, not {str(row_skeleton)[:200]}")
 
 
-def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, others: dict) -> GroupReply:
-    """The group reply whose arrays are the first payloads, as ``layout`` declares them (checked
+def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, others: dict) -> SandboxReply:
+    """The sandbox reply whose arrays are the first payloads, as ``layout`` declares them (checked
     against their sizes); ``plain`` and ``others`` for the positions."""
     sizes = layout.sizes
     count = len(sizes) - 2
     lengths = [len(p) for p in payloads[: count + 2]]
     if lengths != sizes:
-        raise BadGroupReply(f"its array payloads have {lengths} bytes, not {sizes}")
+        raise BadSandboxReply(f"its array payloads have {lengths} bytes, not {sizes}")
     leaves = [
         np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
         for payload, (dtype, shape) in zip(payloads, layout.declared)
     ]
     reward = np.frombuffer(payloads[count], dtype="<f8")
     flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
-    return GroupReply(plain, leaves, layout.skeleton, reward, flags, others)
+    return SandboxReply(plain, leaves, layout.skeleton, reward, flags, others)
 
 
-def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> GroupReply:
-    """A group reply whose line was read before (:class:`_KnownLines`): all positions plain,
+def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> SandboxReply:
+    """A sandbox reply whose line was read before (:class:`_KnownLines`): all positions plain,
     its arrays as ``layout`` says, its payloads those arrays' and nothing more."""
     _check_rows_of(layout.skeleton, row_skeleton)
     if len(payloads) != len(layout.sizes):
-        raise BadGroupReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
+        raise BadSandboxReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
     return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
 
 
 def _position_key(key: str, npos: int) -> int:
     """A ``replies`` key as a position; only the canonical spelling ``str(p)`` of ``0 <= p < npos``."""
     if not (isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key and int(key) < npos):
-        raise BadGroupReply(f"reply position {str(key)[:20]!r} is not a position of the {npos} ops")
+        raise BadSandboxReply(f"reply position {str(key)[:20]!r} is not a position of the {npos} ops")
     return int(key)
