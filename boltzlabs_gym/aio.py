@@ -102,10 +102,10 @@ class AsyncEnv:
         future = pool._loop.create_future()  # type: ignore[union-attr]
         # The op is not kept in a local: held while the step is out, 1000 of them would fill the
         # collector's youngest generation and run it several times as often.
-        if pool._vec is None:
+        if pool._step_batch is None:
             calls.queue(future, self.env_id, {"op": "step", "action": action})
         else:
-            obj, frames = pool._vec.encode_action(self.env_id, action)
+            obj, frames = pool._step_batch.encode_action(self.env_id, action)
             calls.queue(future, self.env_id, {"op": "step", "action": obj}, frames)
             del obj, frames
         try:  # awaited here, not in a coroutine of the pool's: a frame less on every step
@@ -144,7 +144,8 @@ class AsyncPool:
     ):
         from .vector import BoltzLabsVecEnv
 
-        self._vec: StepBatch | None = None  # a BoltzLabsVecEnv's: it encodes actions and reads results in its spaces
+        # Over a BoltzLabsVecEnv, its step batch encodes actions and reads results in its spaces.
+        self._step_batch: StepBatch | None = None
         self._owns = False
         exists = isinstance(source, (RLPool, BoltzLabsVecEnv))
         given = [name for name, value in (("n", n), ("workers", workers), ("options", options)) if value is not None]
@@ -156,7 +157,7 @@ class AsyncPool:
         if isinstance(source, RLPool):
             pool = source
         elif isinstance(source, BoltzLabsVecEnv):
-            self._vec, pool = source._batch, source.pool
+            self._step_batch, pool = source._batch, source.pool
         else:
             if n is None:
                 raise ValueError("AsyncPool(env_dir, n=...) needs n, the number of envs")
@@ -430,13 +431,13 @@ class AsyncPool:
 
     # ------------------------------------------------------------------ reading
     def _read_reset(self, f: Finished):
-        if self._vec is not None:
-            return self._vec.read_reset(f.result, self.pool.reset_timeout)
+        if self._step_batch is not None:
+            return self._step_batch.read_reset(f.result, self.pool.reset_timeout)
         return read_reset(f.result, self.pool.reset_timeout)
 
     def _read_step(self, f: Finished):
-        if self._vec is not None:
-            t = self._vec.read_step(f.result, self.pool.step_timeout)
+        if self._step_batch is not None:
+            t = self._step_batch.read_step(f.result, self.pool.step_timeout)
         else:
             t = read_step(f.result, self.pool.step_timeout)
         return t.obs, t.reward, t.terminated, t.truncated, t.info

@@ -269,7 +269,6 @@ class BoltzLabsVecEnv(VectorEnv):
         self._state = AsyncState.DEFAULT  # whatever happens below, this call is over
         return self._batch.collect_step(timeout, self.autoreset_mode, self.copy)
 
-    # What AsyncPool (boltzlabs_gym.aio) encodes and reads an env's calls with, over a vector env.
     def _check_idle(self, call: str) -> None:
         """Refuse ``call`` while a ``step_async``/``reset_async`` waits for its ``*_wait``."""
         if self._state is not AsyncState.DEFAULT:
