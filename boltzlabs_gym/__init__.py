@@ -15,6 +15,37 @@ Heavy parts (ZeroMQ, the vector env) load on first use, so the env side
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what a type checker sees of the lazy names below (a test holds them equal)
+    from .client.options import PoolOptions
+    from .client.pool import RLPool
+    from .client.snapshot import Snapshot
+    from .client.stats import PoolStats
+    from .client.timing import Timing
+    from .errors import (
+        ArchiveError,
+        AsyncStateError,
+        BoltzLabsError,
+        CapacityError,
+        CodecError,
+        EnvAttributeError,
+        EnvCallError,
+        EnvStartError,
+        KeyFileError,
+        MetricsPortError,
+        MissingExtraError,
+        PlacementTimeout,
+        PoolClosedError,
+        ProtocolError,
+        SandboxUnavailable,
+        SnapshotError,
+        WorkerError,
+        WorkerLost,
+        WorkerTimeout,
+    )
+    from .vector import BoltzLabsVecEnv, make_vec
+    from .wire.limits import IsolationReport, Limits
 
 __version__ = "0.1.0"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import inspect
 import operator
 import os
@@ -37,7 +38,7 @@ from ..wire.limits import Limits
 from ..wire.protocol import DEFAULT_BUSY_POLL_US, WORKER_FLAGS, check_poll_us
 from .sandbox_replies import check_envs_per_sandbox
 
-__all__ = ["MODES", "PoolOptions", "PoolSettings", "WorkerConfig", "field_docs"]
+__all__ = ["MODES", "UNSET", "PoolOptions", "PoolSettings", "Unset", "WorkerConfig", "field_docs"]
 
 #: The values of :attr:`PoolOptions.mode`.
 MODES = ("default", "boltz")
@@ -339,6 +340,25 @@ class PoolSettings(TypedDict, total=False):
 
 #: The names of the pool's settings, in the order of :class:`PoolOptions`'s fields.
 SETTINGS = tuple(f.name for f in dataclasses.fields(PoolOptions))
+
+
+class Unset(enum.Enum):
+    """The default of a pool setting that a face takes as an explicit parameter (``make_vec``'s):
+    not given, so ``options``' field or the :class:`PoolOptions` default applies. ``None`` cannot
+    say this, since ``None`` is a value several settings take (``keys``, ``split``, ...)."""
+
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = Unset.UNSET
+
+
+def given_settings(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The pool settings among ``values`` that were given (not :data:`UNSET`)."""
+    return {name: value for name, value in values.items() if name in SETTINGS and value is not UNSET}
 
 
 def field_docs(cls: type = PoolOptions) -> dict[str, str]:

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from ..client.options import SETTINGS
+from ..client.options import SETTINGS, UNSET, PoolOptions, Unset, given_settings
+from ..client.sources import WorkerSource
 from ..envside.factories import make_env
+from ..wire.keys import ClientKeys
+from ..wire.limits import Limits
 from .vec_env import BoltzLabsVecEnv
 
 __all__ = ["make_vec", "register_envs", "vector_entry_point"]
@@ -51,7 +54,32 @@ def make_vec(
     wrappers: Sequence[Callable[[gym.Env], gym.Wrapper]] | None = None,
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
     batch_size: int | None = None,
-    **kwargs: Any,
+    workers: Sequence[str] | WorkerSource | None = None,
+    options: PoolOptions | None = None,
+    # The pool's settings: PoolOptions' fields, as explicit parameters so that a type checker sees
+    # them beside the env's own kwargs (a test holds them to the fields' names and types).
+    isolation: str | Unset = UNSET,
+    mode: str | Unset = UNSET,
+    step_timeout: float | Unset = UNSET,
+    reset_timeout: float | Unset = UNSET,
+    start_timeout: float | Unset = UNSET,
+    limits: Limits | Unset = UNSET,
+    serialize_measurement: bool | Unset = UNSET,
+    env_vars: Mapping[str, str] | Unset = UNSET,
+    keys: str | os.PathLike | ClientKeys | None | Unset = UNSET,
+    split: Sequence[int] | None | Unset = UNSET,
+    heartbeat_interval: float | Unset = UNSET,
+    heartbeat_timeout: float | Unset = UNSET,
+    lease: float | Unset = UNSET,
+    busy_poll_us: float | Unset = UNSET,
+    env_aslr: bool | Unset = UNSET,
+    direct: bool | Unset = UNSET,
+    shared_obs: bool | Unset = UNSET,
+    envs_per_sandbox: int | Unset = UNSET,
+    metrics_port: int | None | Unset = UNSET,
+    snapshot_budget: int | None | Unset = UNSET,
+    worker_loss: str | None | Unset = UNSET,
+    **env_kwargs: Any,
 ) -> BoltzLabsVecEnv:
     """Create a sandboxed vector env from a Gymnasium id, an env factory or an env directory.
 
@@ -66,23 +94,25 @@ def make_vec(
         batch_size: how many envs ``recv()`` returns, the first to finish (EnvPool's async mode:
             ``async_reset()``, ``send(actions, env_id)``, ``recv()``; see
             :mod:`boltzlabs_gym.vector.send_recv`); default ``num_envs``.
-        **kwargs: the pool's settings (``workers``, ``options`` and the fields of
-            :class:`~boltzlabs_gym.client.options.PoolOptions`: ``mode``, ``isolation``,
-            ``step_timeout``, ``limits``, ``envs_per_sandbox``, ...), checked by ``PoolOptions``, and,
-            for ids and factories, the env's own kwargs (as ``gymnasium.make_vec`` takes them).
-            ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster
-            for cheap, trusted envs; keep the default 1 for untrusted code (see
-            :class:`~boltzlabs_gym.RLPool`).
+        workers: remote worker addresses or a worker source (default: a local worker).
+        options: the pool's settings as one :class:`~boltzlabs_gym.client.options.PoolOptions`;
+            a setting given as a keyword overrides its field.
+        isolation, mode, step_timeout, ...: the pool's settings, one per field of
+            :class:`~boltzlabs_gym.client.options.PoolOptions` (see there for each), checked by it.
+            ``envs_per_sandbox=K`` puts K envs in each sandboxed process: much faster for cheap,
+            trusted envs; keep the default 1 for untrusted code (see :class:`~boltzlabs_gym.RLPool`).
+        **env_kwargs: for ids and factories, the env's own kwargs (as ``gymnasium.make_vec``
+            takes them).
     """
+    settings = given_settings(locals())
     if type(num_envs) is not int or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
-    pool_options, env_kwargs = _split_pool_options(dict(kwargs))
     vector_kwargs = dict(vector_kwargs or {})
     # gym.make_vec's form: the vectorizer's own arguments in vector_kwargs.
     autoreset_mode = vector_kwargs.pop("autoreset_mode", autoreset_mode)
     vector_kwargs.setdefault("batch_size", batch_size)
     vector_pool, vector_kwargs = _split_pool_options(vector_kwargs)
-    pool_options.update(vector_pool)
+    pool_options = {"workers": workers, "options": options, **settings, **vector_pool}
     if isinstance(env_id, (str, os.PathLike)) and os.path.isdir(os.fspath(env_id)):
         if wrappers or env_kwargs:
             raise ValueError(

@@ -13,12 +13,13 @@ import typing
 
 import pytest
 
+import boltzlabs_gym
 from boltzlabs_gym import Limits, PoolOptions, RLPool
 from boltzlabs_gym.aio import AsyncPool
 from boltzlabs_gym.cli import build_parser
 from boltzlabs_gym.cli.code_server import POOL_SETTINGS
 from boltzlabs_gym.cli.pool_flags import flag_of, pool_settings_from
-from boltzlabs_gym.client.options import SETTINGS, PoolSettings, field_docs
+from boltzlabs_gym.client.options import SETTINGS, UNSET, PoolSettings, Unset, field_docs
 from boltzlabs_gym.code import AsyncCodeRunner, CodeRunner
 from boltzlabs_gym.code.runner import RunnerSettings
 from boltzlabs_gym.integrations.grading import Grader
@@ -196,6 +197,46 @@ def test_pool_settings_mirror_the_fields():
     assert list(typing.get_type_hints(PoolSettings)) == list(fields) == list(SETTINGS)
     assert typing.get_type_hints(PoolSettings) == fields
     assert PoolSettings.__required_keys__ == frozenset()
+
+
+def test_make_vec_takes_every_setting_as_a_typed_parameter():
+    """``make_vec``'s ``**kwargs`` are the env's own (as ``gymnasium.make_vec``'s), so the pool's
+    settings are explicit parameters there: one per field, the field's type or ``UNSET``."""
+    hints = typing.get_type_hints(boltzlabs_gym.make_vec)
+    params = inspect.signature(boltzlabs_gym.make_vec).parameters
+    fields = typing.get_type_hints(PoolOptions)
+    assert [name for name in params if name in fields] == list(SETTINGS)
+    for name in SETTINGS:
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is UNSET, name
+        assert hints[name] == fields[name] | Unset, name
+    assert params["env_kwargs"].kind is inspect.Parameter.VAR_KEYWORD
+
+
+def test_make_vec_hands_on_only_the_settings_it_was_given(no_leaks):
+    options = PoolOptions(isolation=ISOLATION, step_timeout=5, reset_timeout=20)
+    envs = boltzlabs_gym.make_vec("CartPole-v1", 1, options=options, reset_timeout=25, direct=False)
+    try:
+        assert envs.pool.options == dataclasses.replace(options, reset_timeout=25, direct=False, worker_loss="raise")
+        envs.reset(seed=0)
+    finally:
+        envs.close()
+
+
+def test_mypy_sees_what_the_faces_are_given(tmp_path):
+    """A setting of the wrong type is a type error at every face that builds a pool."""
+    api = pytest.importorskip("mypy.api", reason="mypy is not installed: pip install -e '.[lint]'")
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import boltzlabs_gym\n"
+        "from boltzlabs_gym.aio import AsyncPool\n"
+        "boltzlabs_gym.make_vec('CartPole-v1', 2, step_timeout='5')\n"
+        "boltzlabs_gym.make_vec('CartPole-v1', 2, envs_per_sandbox=2, mode='boltz', render_mode=None)\n"
+        "boltzlabs_gym.RLPool('envs/x', 2, envs_per_sandbox='2')\n"
+        "AsyncPool('envs/x', 2, limits=3)\n"
+    )
+    out, _, status = api.run(["--no-incremental", "--follow-imports=silent", "--cache-dir=/dev/null", str(user)])
+    errors = sorted(int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line)
+    assert status == 1 and errors == [3, 5, 6], out
 
 
 def test_runner_settings_mirror_the_code_runners_parameters():

@@ -189,6 +189,20 @@ def test_each_package_export_resolves(name):
         assert value.__module__.startswith("boltzlabs_gym."), value.__module__
 
 
+def test_type_checkers_see_every_lazy_name_from_where_it_loads():
+    """The package's names load on first use; its ``if TYPE_CHECKING:`` imports are what mypy and
+    editors see of them (without them ``boltzlabs_gym.make_vec`` is ``Any`` to a type checker)."""
+    tree = ast.parse(open(boltzlabs_gym.__file__).read())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {
+        alias.name: "boltzlabs_gym." + node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.level == 1
+        for alias in node.names
+    }
+    assert seen == boltzlabs_gym._LAZY
+
+
 def test_dir_lists_the_exports_and_unknown_names_raise():
     assert set(PACKAGE_EXPORTS) <= set(dir(boltzlabs_gym))
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
