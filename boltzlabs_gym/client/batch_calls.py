@@ -98,6 +98,20 @@ class BatchCalls:
         self._sent_at = self.route.send_steps(actions, resets, autoreset)
         self.in_flight = True
 
+    def send_action_rows(self, actions: np.ndarray, resets: np.ndarray, autoreset: bool) -> bool:
+        """:meth:`send` of a step batch of array actions (``actions``: ``(n, ...)``, C-contiguous), each
+        sandbox's rows as one payload; ``False``, sending nothing, where that cannot be (one env
+        per sandbox, or envs to be told of a restart): the caller sends per-env items then."""
+        if not isinstance(self.route, SandboxRoute):
+            return False
+        self._check_idle()
+        sent_at = self.route.send_action_rows(actions, resets, autoreset)
+        if sent_at is None:
+            return False
+        self._sent_at = sent_at
+        self.in_flight = True
+        return True
+
     def wait(self, timeout: float | None, raw: bool) -> list[EnvResult]:
         """The results of the batch in flight, in the order of its items (reply lines unparsed if ``raw``)."""
         return self._collect(timeout, raw, blocks=False)[1]

@@ -39,7 +39,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..wire.codec import ND
+from ..wire.codec import ND, encode_info
+from ..wire.info_layout import InfoLayout, InfoRows
 from ..wire.protocol import (
     ERROR,
     FLAG_TERMINATED,
@@ -47,9 +48,11 @@ from ..wire.protocol import (
     MAX_ENVS_PER_SANDBOX,
     MAX_KNOWN_LINE_BYTES,
     OK,
+    SANDBOX_ACTIONS,
     SANDBOX_AUTORESET,
     SANDBOX_DEADLINE,
     SANDBOX_FLAGS,
+    SANDBOX_INFO,
     SANDBOX_N,
     SANDBOX_NBIN,
     SANDBOX_OBS,
@@ -70,6 +73,7 @@ __all__ = [
     "SandboxLayout",
     "check_envs_per_sandbox",
     "pack",
+    "pack_action_rows",
     "pack_steps",
 ]
 
@@ -215,6 +219,45 @@ def pack_steps(
     return out, plans
 
 
+def pack_action_rows(
+    layout: SandboxLayout,
+    actions: np.ndarray,
+    resets: np.ndarray,
+    autoreset: bool,
+    mixed_deadline: float | None = None,
+) -> tuple[list, list[SandboxPlan]]:
+    """:func:`pack_steps` for a batch of array actions (``actions``: ``(n, ...)``, C-contiguous, a
+    numeric dtype): each sandbox's rows go as one payload (``"actions"``), every stepping position
+    the op ``None`` (its row), those in ``resets`` a reset (seed ``None``) instead. Each env gets
+    its row in the batch's dtype, as SyncVectorEnv hands it a row of the batch."""
+    out = []
+    plans = []
+    reset_at = set(np.flatnonzero(resets).tolist()) if resets.any() else ()
+    dtype, row_shape = actions.dtype.str, list(actions.shape[1:])
+    for sandbox in range(layout.sandboxes):
+        envs = layout.envs(sandbox)
+        lo, hi = envs.start, envs.stop
+        ops: list = [None] * (hi - lo)
+        for i in reset_at:
+            if lo <= i < hi:
+                ops[i - lo] = {"op": "reset", "seed": None}
+        resetting = sum(op is not None for op in ops)
+        # No env of the sandbox steps: the reset deadline holds (and no actions go).
+        name = "reset" if resetting == hi - lo else "step"
+        request: dict = {"op": name, SANDBOX_SLOTS: _slots(hi - lo), SANDBOX_OPS: ops}
+        frames: list = []
+        if name == "step":
+            request[SANDBOX_ACTIONS] = {ND: [0, dtype, [hi - lo, *row_shape]]}
+            frames.append(actions[lo:hi].tobytes())  # a copy: the caller may change its array once step_async returns
+        if autoreset:
+            request[SANDBOX_AUTORESET] = True
+        if resetting and name == "step" and mixed_deadline is not None:
+            request[SANDBOX_DEADLINE] = mixed_deadline
+        out.append((sandbox, request, frames))
+        plans.append(SandboxPlan(sandbox, list(envs), list(envs), name, whole=True))
+    return out, plans
+
+
 _SLOTS: dict[int, list[int]] = {}
 
 
@@ -272,7 +315,7 @@ def _sandbox_request(
 class SandboxReply:
     """One sandbox reply, validated: plain positions as arrays, the others as env results."""
 
-    __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others")
+    __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others", "info")
 
     def __init__(
         self,
@@ -282,6 +325,7 @@ class SandboxReply:
         reward: np.ndarray | None,
         flags: np.ndarray | None,
         others: dict,
+        info: InfoRows | None = None,
     ):
         #: Positions answered plainly (bool per position).
         self.plain = plain
@@ -296,6 +340,8 @@ class SandboxReply:
         self.flags = flags
         #: position -> that env's :class:`EnvResult` (parsed), for every position not plain.
         self.others = others
+        #: The plain positions' infos as typed columns (:mod:`~boltzlabs_gym.wire.info_layout`), or None.
+        self.info = info
 
     @property
     def obs(self) -> np.ndarray | None:
@@ -375,14 +421,15 @@ class SandboxResult:
                 continue
             assert read.reward is not None and read.flags is not None and read.leaves is not None
             flags = int(read.flags[p])
+            payloads = [np.ascontiguousarray(rows[p]).tobytes() for rows in read.leaves]
             reply: dict[str, Any] = {
                 "obs": skeleton,
                 "reward": float(read.reward[p]),
                 "terminated": bool(flags & FLAG_TERMINATED),
                 "truncated": bool(flags & FLAG_TRUNCATED),
-                "info": {},
+                "info": encode_info(read.info.info_of(p), payloads)[0] if read.info is not None else {},
             }
-            out.append(EnvResult(index, OK, reply, [np.ascontiguousarray(rows[p]).tobytes() for rows in read.leaves]))
+            out.append(EnvResult(index, OK, reply, payloads))
         return out
 
     def _failed(self, detail: dict) -> list[EnvResult]:
@@ -460,6 +507,8 @@ class _Layout(NamedTuple):
     declared: list[tuple[np.dtype, tuple]]
     skeleton: Any
     sizes: list[int]
+    #: The plain positions' info columns, when the reply has them.
+    info: InfoLayout | None = None
 
 
 class _KnownLines:
@@ -549,7 +598,9 @@ def _arrays_layout(reply: dict, npos: int, row_skeleton: Any) -> _Layout:
         raise BadSandboxReply(f"its reward and flags {str(got)[:200]} are not {expected}")
     # Python ints: no wrap-around
     sizes = [npos * dtype.itemsize * math.prod(shape) for dtype, shape in declared] + [8 * npos, npos]
-    return _Layout(declared, skeleton, sizes)
+    member = reply.get(SANDBOX_INFO)
+    info = InfoLayout.read(member, npos, count + 2) if member is not None else None
+    return _Layout(declared, skeleton, sizes + info.sizes if info is not None else sizes, info)
 
 
 def _check_rows_of(skeleton: Any, row_skeleton: Any) -> None:
@@ -562,8 +613,8 @@ def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, 
     """The sandbox reply whose arrays are the first payloads, as ``layout`` declares them (checked
     against their sizes); ``plain`` and ``others`` for the positions."""
     sizes = layout.sizes
-    count = len(sizes) - 2
-    lengths = [len(p) for p in payloads[: count + 2]]
+    count = len(layout.declared)
+    lengths = [len(p) for p in payloads[: len(sizes)]]
     if lengths != sizes:
         raise BadSandboxReply(f"its array payloads have {lengths} bytes, not {sizes}")
     leaves = [
@@ -572,7 +623,8 @@ def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, 
     ]
     reward = np.frombuffer(payloads[count], dtype="<f8")
     flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
-    return SandboxReply(plain, leaves, layout.skeleton, reward, flags, others)
+    info = layout.info.rows(payloads[count + 2 : len(sizes)]) if layout.info is not None else None
+    return SandboxReply(plain, leaves, layout.skeleton, reward, flags, others, info)
 
 
 def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> SandboxReply:

@@ -21,7 +21,7 @@ import numpy as np
 from ..wire.protocol import ERROR
 from .results import EnvResult, parse_result
 from .routes import Items, Route
-from .sandbox_replies import SandboxLayout, SandboxPlan, SandboxResult, pack, pack_steps
+from .sandbox_replies import SandboxLayout, SandboxPlan, SandboxResult, pack, pack_action_rows, pack_steps
 
 __all__ = ["SandboxRoute", "step_items"]
 
@@ -79,6 +79,20 @@ class SandboxRoute:
         if len(actions) != layout.n:
             raise ValueError(f"expected exactly {layout.n} actions (one per env), got {len(actions)}")
         sandboxed, plans = pack_steps(layout, actions, resets, autoreset, self._mixed_deadline)
+        sent_at = self.inner.send(sandboxed)
+        self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, layout.n
+        return sent_at
+
+    def send_action_rows(self, actions: np.ndarray, resets: np.ndarray, autoreset: bool) -> float | None:
+        """A step batch of array actions, each sandbox's rows as one payload
+        (:func:`~boltzlabs_gym.client.sandbox_replies.pack_action_rows`); ``None``, sending nothing,
+        while envs wait to be told of a restart (the caller sends per-env items then)."""
+        if self._restarted:
+            return None
+        layout = self.layout
+        if len(actions) != layout.n:
+            raise ValueError(f"expected exactly {layout.n} actions (one per env), got {len(actions)}")
+        sandboxed, plans = pack_action_rows(layout, actions, resets, autoreset, self._mixed_deadline)
         sent_at = self.inner.send(sandboxed)
         self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, layout.n
         return sent_at

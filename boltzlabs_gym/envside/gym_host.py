@@ -78,6 +78,7 @@ from ..wire.spaces import JsonSpace, rng_state_to_json, space_to_json
 from . import obs_region, process_setup
 from .failures import MAX_TRACEBACK_CHARS, error_transition
 from .framing import payload_nbytes
+from .info_columns import InfoColumns
 from .sandbox_rows import SandboxRows
 from .state import SnapshotRefused, restore_request, snapshot_reply
 
@@ -131,6 +132,9 @@ class GymHost:
         #: Those arrays' places in this env's slot, once it has one.
         self._slot_arrays: list[np.ndarray] | None = None
         self._action_leaf = ArrayLeaf.of(self.action_space)
+        #: A step's info of numbers as one row of typed columns, and its line's end (by column version).
+        self._info_columns: InfoColumns | None = None
+        self._info_suffix: tuple[int, bytes] = (-1, b"")
         self._discrete = None
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
         #: (made once: a scalar per step cost a constructor call on the hot path of a sandbox request).
@@ -342,12 +346,33 @@ class GymHost:
                 fast = leaf.step_reply(obs, reward, terminated, truncated)
             if fast is not None:
                 return fast
+        elif leaf is not None and not resets_now and type(info) is dict:  # an info: as typed columns if it fits
+            fast = self._info_step_reply(leaf, obs, reward, terminated, truncated, info)
+            if fast is not None:
+                return fast
         elif self._slot_arrays is not None and not resets_now and not info and type(info) is dict:
             fast = self._arrays_step_reply(obs, reward, terminated, truncated)
             if fast is not None:
                 return fast
         # The reset below may overwrite the env's obs buffer: copy payloads then.
         return self._transition(obs, reward, terminated, truncated, info, autoreset, zero_copy=not resets_now)
+
+    def _info_step_reply(
+        self, leaf: ArrayLeaf, obs: Any, reward: float, terminated: bool, truncated: bool, info: dict
+    ) -> bytes | None:
+        """A step reply whose info of numbers goes as one row of typed columns (its observation as
+        bytes, not in a shared region); ``None`` (the generic path) when the info or the observation
+        does not fit."""
+        columns = self._info_columns
+        if columns is None:
+            columns = self._info_columns = InfoColumns(1)
+        if not columns.put(0, info):
+            return None
+        version, suffix = self._info_suffix
+        if version != columns.version:
+            suffix = leaf.info_step_suffix(columns.member_json(1, 1), columns.sizes(1))
+            self._info_suffix = (columns.version, suffix)
+        return leaf.step_reply(obs, reward, terminated, truncated, suffix, columns.payloads(1))
 
     def _transition(
         self,
@@ -381,7 +406,7 @@ class GymHost:
         return reply, out
 
     # -- a position of a sandbox request (a sandbox of several envs) ----------------------
-    # A position is *plain* when its observation, reward and flags fit the sandbox reply's rows
+    # A position is *plain* when its observation, reward, flags and info fit the sandbox reply's rows
     # (SandboxRows.put): then it is written there and the method returns None. Anything else
     # returns the one-env reply. Payloads of those are copies: another env of the process,
     # served before the reply is written, might share a buffer with this one.
@@ -398,6 +423,18 @@ class GymHost:
                 decoded = self._decode_action(action, payloads)
             except Exception:
                 return self._autoreset(error_transition("action"), [], autoreset, False)
+        return self.sandbox_step_decoded(decoded, autoreset, rows, p)
+
+    def action_row_fits(self, dtype: np.dtype, row_shape: tuple) -> bool:
+        """Whether a row of a batch of actions (``dtype``, ``row_shape``) is an action of this env's
+        array space, as :meth:`_decode_action` would take it: the space's shape, a numeric dtype."""
+        leaf = self._action_leaf
+        return leaf is not None and row_shape == leaf.shape and dtype.kind in "biuf"
+
+    def sandbox_step_decoded(
+        self, decoded: Any, autoreset: bool, rows: SandboxRows | None, p: int
+    ) -> tuple[dict, list] | None:
+        """:meth:`sandbox_step` of an action already decoded."""
         try:
             obs, reward, terminated, truncated, info = self.env.step(decoded)
             reward, terminated, truncated = float(reward), bool(terminated), bool(truncated)
@@ -405,10 +442,9 @@ class GymHost:
             return self._autoreset(error_transition("step"), [], autoreset, False)
         if (
             rows is not None
-            and not info
             and type(info) is dict
             and not (autoreset and (terminated or truncated))
-            and rows.put(p, obs, reward, terminated, truncated)
+            and rows.put(p, obs, reward, terminated, truncated, info)
         ):
             return None
         return self._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
@@ -419,7 +455,7 @@ class GymHost:
             obs, info = self._env_reset(msg.get("seed"), msg.get("options"))
         except Exception:
             return {"obs": None, "info": error_transition("reset")["info"]}, []
-        if rows is not None and not info and type(info) is dict and rows.put(p, obs, 0.0, False, False):
+        if rows is not None and type(info) is dict and rows.put(p, obs, 0.0, False, False, info):
             return None
         out: list = []
         obs_j, info_j = self._encode_reset(obs, info, out, zero_copy=False)

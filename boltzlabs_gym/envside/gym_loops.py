@@ -131,14 +131,15 @@ def _serve_sandbox_request(
 ) -> bool:
     """Serve one sandbox request's positions in order and write its sandbox reply; ``False`` after a ``close``
     (every env closed, the reply written: the process ends)."""
-    slots, ops, op_payloads, autoreset = request
+    slots, ops, op_payloads, autoreset, actions = request
+    batch = _action_batch(actions) if actions is not None else None
     n = len(ops)
     replies: list[tuple[int, Any, list]] = []
     closing = False
     set_progress = progress.set
     obs_rows = rows.obs if rows is not None else None  # one array's rows; None for a Dict/Tuple's
     if rows is not None:
-        rewards, flags, dtype, shape = rows.rewards, rows.flags, rows.dtype, rows.shape
+        rewards, flags, dtype, shape, info_columns = rows.rewards, rows.flags, rows.dtype, rows.shape, rows.info
     for p in range(n):
         slot = slots[p]
         op = ops[p]
@@ -156,9 +157,9 @@ def _serve_sandbox_request(
                 except Exception:
                     replies.append((p, *host._autoreset(error_transition("step"), [], autoreset, False)))
                     continue
-                plain = not info and type(info) is dict and not (autoreset and (terminated or truncated))
+                plain = type(info) is dict and not (autoreset and (terminated or truncated))
                 if plain and obs_rows is None:  # a Dict/Tuple of arrays
-                    if rows.put(p, obs, reward, terminated, truncated):
+                    if rows.put(p, obs, reward, terminated, truncated, info):
                         continue
                 elif (
                     plain
@@ -167,6 +168,7 @@ def _serve_sandbox_request(
                     and (obs.dtype is dtype or obs.dtype == dtype)
                     and obs.shape == shape
                     and isfinite(reward)
+                    and (info_columns.put(p, info) if info else not info_columns.keys or info_columns.clear_has(p))
                 ):
                     obs_rows[p] = obs  # a copy: the env may reuse its buffer
                     rewards[p] = reward
@@ -175,7 +177,14 @@ def _serve_sandbox_request(
                 transition = host._transition(obs, reward, terminated, truncated, info, autoreset, False, False)
                 replies.append((p, *transition))
                 continue
-        if type(op) is int:  # the shorthand of a step
+        if op is None:  # a step with its row of the request's batch of actions
+            try:
+                action = _action_row(host, batch, p)
+            except Exception:
+                replies.append((p, *host._autoreset(error_transition("action"), [], autoreset, False)))
+                continue
+            result = host.sandbox_step_decoded(action, autoreset, rows, p)
+        elif type(op) is int:  # the shorthand of a step
             result = host.sandbox_step(op, (), autoreset, rows, p)
         else:
             own = op_payloads[p] if op_payloads is not None else ()
@@ -203,6 +212,28 @@ def _serve_sandbox_request(
         parts = sandbox_reply_parts(n, [_encode_one(*reply) for reply in replies], rows.arrays(n), rows.payloads(n))
     writev_all(fd_out, parts)  # the rows' views go straight to the pipe, not joined into a copy first
     return not closing
+
+
+def _action_batch(actions: tuple[str, list, bytes]) -> np.ndarray | str:
+    """A request's batch of actions as one writable array (each env steps with a view of its row,
+    as SyncVectorEnv hands its envs rows of the batch), or why it is not one."""
+    dtype_str, shape, data = actions
+    try:
+        dtype = np.dtype(dtype_str)
+    except (TypeError, ValueError):
+        return f"the batch of actions has the dtype {dtype_str[:40]!r}"
+    if dtype.kind not in "biuf" or dtype.itemsize * int(np.prod(shape, dtype=np.int64)) != len(data):
+        return f"the batch of actions is not {shape} of {dtype} in {len(data)} bytes"
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def _action_row(host: GymHost, batch: np.ndarray | str | None, p: int) -> Any:
+    """Position ``p``'s action from the request's batch, checked against the env's action space."""
+    if not isinstance(batch, np.ndarray):
+        raise ValueError(batch or "a step of a row of the batch of actions, in a request without one")
+    if not host.action_row_fits(batch.dtype, batch.shape[1:]):
+        raise ValueError(f"a row of {batch.dtype} {batch.shape[1:]} is not an action of {host.action_space}")
+    return batch[p]
 
 
 def _sandbox_obs_region(rows: SandboxRows | None, msg: dict) -> dict:

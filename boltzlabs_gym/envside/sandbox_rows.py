@@ -1,7 +1,8 @@
 """The arrays of a sandbox reply (a sandbox of several envs): each plain position's observation,
 reward and flags, written in place as the process serves its envs.
 
-A plain position (an empty info, no autoreset in it, an observation of the declared arrays) is a
+A plain position (an empty info or one of numbers the info columns take, no autoreset in it, an
+observation of the declared arrays) is a
 row of the reply's arrays instead of a one-env reply ("Sandboxes of several envs" in
 :mod:`boltzlabs_gym.wire.protocol`). The observation is one array (``obs`` is then
 ``{"__nd__": [0, dtype, [P, ...]]}``), or a Dict/Tuple of arrays only: its skeleton
@@ -30,6 +31,7 @@ import numpy as np
 from ..wire.codec import ND, SHM, ArrayLeaf
 from ..wire.slot_layout import LeafPaths, rows_skeleton, slot_spans
 from . import obs_region
+from .info_columns import InfoColumns
 
 __all__ = ["SandboxRows"]
 
@@ -63,6 +65,8 @@ class SandboxRows:
         self.flags = bytearray(m)
         self._reward_bytes = memoryview(self.rewards).cast("B")
         self._flags_bytes = memoryview(self.flags)
+        #: Each plain position's info, as typed columns (:mod:`~boltzlabs_gym.envside.info_columns`).
+        self.info = InfoColumns(m)
         #: Whether the rows live in the process's shared observation region (:meth:`share`).
         self.shared = False
         self._place_rows(memoryview(self._private))
@@ -77,7 +81,7 @@ class SandboxRows:
         ]
         #: One array: its rows (the hot path of a Discrete step writes them inline); ``None`` for a Dict/Tuple.
         self.obs: np.ndarray | None = self.arrays_of[0] if self.skeleton is None else None
-        self._lines: dict[int, tuple[bytes, bytes]] = {}
+        self._lines: dict[tuple[int, int], tuple[bytes, bytes]] = {}
 
     @classmethod
     def of(cls, hosts: Sequence[Any]) -> SandboxRows | None:
@@ -111,13 +115,19 @@ class SandboxRows:
         self._place_rows(memoryview(self._private))
         self.shared = False
 
-    def put(self, p: int, obs: Any, reward: float, terminated: bool, truncated: bool) -> bool:
+    def put(self, p: int, obs: Any, reward: float, terminated: bool, truncated: bool, info: dict) -> bool:
         """Write position ``p``'s row and ``True``, or ``False`` when ``obs`` is not of the space's
-        arrays (dtype and shape) or ``reward`` is not finite (the one-env reply says what is wrong
-        then, or carries the NaN: it is what the one-env encoders would write)."""
+        arrays (dtype and shape), ``reward`` is not finite (the one-env reply says what is wrong
+        then, or carries the NaN: it is what the one-env encoders would write) or ``info`` (a dict)
+        does not fit the info columns."""
         values = self._paths.arrays(obs)
         if values is None or not isfinite(reward):
             return False
+        if info:
+            if not self.info.put(p, info):
+                return False
+        elif self.info.keys:
+            self.info.clear_has(p)
         for value, rows in zip(values, self.arrays_of):
             rows[p] = value  # a copy: the env may reuse its buffer
         self.rewards[p] = reward
@@ -130,6 +140,7 @@ class SandboxRows:
             rows[p] = 0
         self.rewards[p] = 0.0
         self.flags[p] = 0
+        self.info.clear(p)
 
     def arrays(self, n: int) -> bytes:
         """The ``obs``/``reward``/``flags`` members of a reply of ``n`` positions."""
@@ -143,7 +154,7 @@ class SandboxRows:
         else:
             m, memory = self.m, self._memory
             obs = [memory[m * start : m * start + n * size] for start, size in self._spans]
-        return [*obs, self._reward_bytes[: 8 * n], self._flags_bytes[:n]]
+        return [*obs, self._reward_bytes[: 8 * n], self._flags_bytes[:n], *self.info.payloads(n)]
 
     def plain_line(self, n: int) -> bytes:
         """The whole line of a reply whose ``n`` positions are all plain."""
@@ -151,7 +162,7 @@ class SandboxRows:
 
     def _line_parts(self, n: int) -> tuple[bytes, bytes]:
         """The arrays members and the all-plain line of a reply of ``n`` positions (made once per ``n``)."""
-        parts = self._lines.get(n)
+        parts = self._lines.get((n, self.info.version))
         if parts is None:
             key = SHM if self.shared else ND
             if self.skeleton is None:
@@ -165,8 +176,8 @@ class SandboxRows:
                 "reward": {ND: [count, np.dtype(np.float64).str, [n]]},
                 "flags": {ND: [count + 1, "|u1", [n]]},
             }
-            arrays = json.dumps(members, separators=(",", ":"))[1:-1].encode()
-            sizes = [0 if self.shared else n * size for _, size in self._spans] + [8 * n, n]
+            arrays = json.dumps(members, separators=(",", ":"))[1:-1].encode() + self.info.member(n, count + 2)
+            sizes = [0 if self.shared else n * size for _, size in self._spans] + [8 * n, n] + self.info.sizes(n)
             line = b'{"n":%d,%s,"replies":{},"_bin":%s}\n' % (n, arrays, json.dumps(sizes).replace(" ", "").encode())
-            parts = self._lines[n] = (arrays, line)
+            parts = self._lines[(n, self.info.version)] = (arrays, line)
         return parts

@@ -140,9 +140,13 @@ class SandboxRequest(NamedTuple):
     payloads: list[Sequence[bytes]] | None
     #: Whether an int op steps with ``"autoreset": true``.
     autoreset: bool
+    #: The batch of array actions (``"actions"``): its dtype, its shape ``[P, ...]`` and its payload;
+    #: a ``None`` op steps with its position's row.
+    actions: tuple[str, list, bytes] | None = None
 
 
 _OP_TYPES = {int, dict}
+_ROW_OP_TYPES = {int, dict, type(None)}
 
 
 def _is_int(value: Any) -> bool:
@@ -156,6 +160,7 @@ def check_sandbox_request(msg: dict, payloads: Sequence[bytes], count: int) -> S
     ``{"error": ...}`` and serves on.
     """
     slots, ops, nbin, autoreset = (msg.get(key) for key in _SANDBOX_KEYS)
+    actions = msg.get("actions")
     if not isinstance(slots, list) or not isinstance(ops, list):
         raise ProtocolError(f"not a group request (this process hosts {count} envs): it needs 'slots' and 'ops' lists")
     if len(ops) != len(slots):
@@ -165,11 +170,27 @@ def check_sandbox_request(msg: dict, payloads: Sequence[bytes], count: int) -> S
         raise ProtocolError(f"group slots must be ints in [0, {count}), got {slots!r}"[:500])
     if len(set(slots)) != len(slots):
         raise ProtocolError(f"group slots must be distinct, got {slots!r}"[:500])
-    if not set(map(type, ops)) <= _OP_TYPES:
+    if not set(map(type, ops)) <= (_OP_TYPES if actions is None else _ROW_OP_TYPES):
         raise ProtocolError("each op of a group request must be an op object or an int (a step's action)")
     if autoreset is not None and not isinstance(autoreset, bool):
         raise ProtocolError(f"a group request's autoreset must be a bool, got {type(autoreset).__name__}")
+    if actions is not None:
+        return SandboxRequest(slots, ops, None, bool(autoreset), _action_rows(actions, nbin, payloads, len(ops)))
     return SandboxRequest(slots, ops, _split_payloads(nbin, payloads, len(ops)), bool(autoreset))
+
+
+def _action_rows(actions: Any, nbin: Any, payloads: Sequence[bytes], n_ops: int) -> tuple[str, list, bytes]:
+    """A request's batch of actions (``"actions"``), checked as far as the wire goes: its one
+    payload, of ``n_ops`` rows of whole bytes (the env checks the dtype and the row shape)."""
+    ref: Any = actions.get("__nd__") if type(actions) is dict and len(actions) == 1 else None
+    ok = isinstance(ref, list) and len(ref) == 3 and ref[0] == 0 and type(ref[0]) is int and type(ref[1]) is str
+    shape: Any = ref[2] if ok else None
+    ok = ok and isinstance(shape, list) and shape[:1] == [n_ops] and all(_is_int(d) and d >= 0 for d in shape)
+    if not ok or nbin is not None or len(payloads) != 1:
+        raise ProtocolError(f"a group request's actions must be one payload of {n_ops} rows, got {str(actions)[:120]}")
+    if n_ops and len(payloads[0]) % n_ops:
+        raise ProtocolError(f"a group request's actions of {len(payloads[0])} bytes are not {n_ops} rows")
+    return ref[1], shape, payloads[0]
 
 
 def _split_payloads(nbin: Any, payloads: Sequence[bytes], n_ops: int) -> list[Sequence[bytes]] | None:
@@ -200,10 +221,20 @@ def spelled_out(req: SandboxRequest) -> list[tuple[int, dict, Sequence[bytes]]]:
     """``(slot, op, op_payloads)`` for each position of a checked sandbox request, int shorthands
     written out as the step ops they stand for."""
     out = []
+    row_bytes = len(req.actions[2]) // len(req.ops) if req.actions is not None and req.ops else 0
     for p, (slot, op) in enumerate(zip(req.slots, req.ops)):
-        if _is_int(op):
+        own: Sequence[bytes] = req.payloads[p] if req.payloads is not None else ()
+        if op is None and req.actions is not None:  # its row of the batch of actions
+            dtype, shape, data = req.actions
+            op, own = (
+                {"op": "step", "action": {"__nd__": [0, dtype, shape[1:]]}},
+                (data[p * row_bytes : (p + 1) * row_bytes],),
+            )
+            if req.autoreset:
+                op["autoreset"] = True
+        elif _is_int(op):
             op = {"op": "step", "action": op, "autoreset": True} if req.autoreset else {"op": "step", "action": op}
-        out.append((slot, op, req.payloads[p] if req.payloads is not None else ()))
+        out.append((slot, op, own))
     return out
 
 

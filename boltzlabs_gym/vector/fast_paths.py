@@ -4,10 +4,12 @@ leaves every other to the general path (:meth:`StepBatch.take_step
 <boltzlabs_gym.vector.step_batch.StepBatch.take_step>`), which says what happened.
 
 * :class:`PlainSteps`: an array observation; a plain step's reply line is parsed without JSON
-  and its one payload copied into the env's row.
+  and its one payload copied into the env's row; an info of numbers (typed columns, a line end
+  read once) is gathered and added to the batch's infos column by column at the end.
 * :class:`ArraysSteps`: a Dict/Tuple of arrays only; each payload copied into its array's row.
 * :class:`SandboxRows`: several envs per sandbox; a sandbox's rows go into the batch as whole
-  blocks of observations, rewards and flags, by slicing.
+  blocks of observations, rewards and flags, by slicing, and its info columns into Gymnasium's
+  batched infos column by column (:func:`add_info_rows`).
 
 Each holds the batch's own buffers (which are written in place and never replaced), so that a
 reply costs no lookup through the batch.
@@ -15,6 +17,7 @@ reply costs no lookup through the batch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,27 +28,37 @@ from ..client.pool import OK
 from ..client.results import EnvResult
 from ..client.sandbox_replies import SandboxReply, SandboxResult
 from ..wire import codec, slot_layout
+from ..wire.info_layout import InfoLayout, InfoRows
 from ..wire.protocol import FLAG_TERMINATED, FLAG_TRUNCATED
 
-__all__ = ["ArraysSteps", "SandboxRows", "PlainSteps"]
+__all__ = ["ArraysSteps", "SandboxRows", "PlainSteps", "add_info_rows"]
 
 
 class PlainSteps:
     """Plain steps of an array observation space, each reply line parsed without JSON."""
 
+    #: The most line ends of infos as typed columns kept (:meth:`info_layout`).
+    KNOWN_ENDS = 64
+
     def __init__(self, leaf: codec.ArrayLeaf, observations: np.ndarray, rewards, terminations, truncations):
         self.leaf = leaf
         self.observations = observations
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+        #: Line ends of infos as typed columns read before, and the layout each declares.
+        self._known_ends: dict[bytes, InfoLayout] = {}
+        #: This batch's infos as typed columns, not yet in its infos: ``(env, layout, payloads)``.
+        self.pending_infos: list[tuple[int, InfoLayout, list]] = []
 
     def take(self, r: EnvResult, same_step: bool) -> bool:
-        """Store a plain step's transition (array obs, empty info, no autoreset) without
-        parsing JSON; False, storing nothing, for any other reply."""
+        """Store a plain step's transition (array obs, an empty info or one of typed columns, no
+        autoreset) without parsing JSON; False, storing nothing, for any other reply."""
         if r.raw is None:
             return False  # read already (an observation from a shared region, copied out): the general path
         leaf = self.leaf
         parsed = leaf.parse_step_line(r.raw)
-        if parsed is None or len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
+        if parsed is None:
+            return self.take_with_info(r, same_step)
+        if len(r.payloads) != 1 or len(r.payloads[0]) != leaf.nbytes:
             return False
         reward, terminated, truncated = parsed
         if same_step and (terminated or truncated):
@@ -54,6 +67,63 @@ class PlainSteps:
         self.observations[i] = np.frombuffer(r.payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
         self.rewards[i], self.terminations[i], self.truncations[i] = reward, terminated, truncated
         return True
+
+    def take_with_info(self, r: EnvResult, same_step: bool) -> bool:
+        """:meth:`take` of a plain step whose info is typed columns: the transition stored, its info
+        kept for :meth:`add_pending_infos`."""
+        leaf = self.leaf
+        parsed = leaf.parse_info_step_line(r.raw) if r.raw is not None else None
+        if parsed is None:
+            return False
+        reward, terminated, truncated, end = parsed
+        layout = self.info_layout(end)
+        payloads = r.payloads
+        if layout is None or len(payloads) != 1 + len(layout.sizes) or len(payloads[0]) != leaf.nbytes:
+            return False
+        if [len(p) for p in payloads[1:]] != layout.sizes:
+            return False
+        if same_step and (terminated or truncated):
+            return False  # the env should have reset itself: the general path says what happened
+        i = r.index
+        self.observations[i] = np.frombuffer(payloads[0], dtype=leaf.dtype).reshape(leaf.shape)
+        self.rewards[i], self.terminations[i], self.truncations[i] = reward, terminated, truncated
+        self.pending_infos.append((i, layout, payloads[1:]))
+        return True
+
+    def info_layout(self, end: bytes) -> InfoLayout | None:
+        """The layout a step line's end declares (``,"info":{"__cols__":...},"_bin":[...]}``), read
+        and checked the first time it is seen; ``None`` if it is not one (the general path then)."""
+        layout = self._known_ends.get(end)
+        if layout is not None:
+            return layout
+        try:
+            tail = json.loads(b"{" + end[1:])
+            cols = tail["info"][codec.COLS]
+            layout = InfoLayout.read(cols, 1, 1)
+            if set(tail) != {"info", "_bin"} or len(tail["info"]) != 1:
+                return None
+            if tail["_bin"] != [self.leaf.nbytes, *layout.sizes]:
+                return None
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+        if len(self._known_ends) >= self.KNOWN_ENDS:
+            self._known_ends.clear()
+        self._known_ends[end] = layout
+        return layout
+
+    def add_pending_infos(self, infos: dict, n: int) -> dict:
+        """Add the infos :meth:`take_with_info` kept to ``infos``, a column at a time for each layout."""
+        pending, self.pending_infos = self.pending_infos, []
+        by_layout: dict[int, list] = {}  # by identity: the layouts of one line end are one object
+        for item in pending:
+            by_layout.setdefault(id(item[1]), []).append(item)
+        for items in by_layout.values():
+            layout = items[0][1]
+            envs = np.array([i for i, _, _ in items])
+            parts = list(zip(*(payloads for _, _, payloads in items)))
+            rows = layout.rows([b"".join(column) for column in parts], len(items))
+            infos = add_info_rows(infos, rows, envs, slice(None), n)
+        return infos
 
 
 class ArraysSteps:
@@ -105,6 +175,38 @@ class ArraysSteps:
             batch[i] = np.frombuffer(payload, dtype=dtype).reshape(shape)
         self.rewards[i], self.terminations[i], self.truncations[i] = reward, terminated, truncated
         return True
+
+
+def add_info_rows(infos: dict, info: InfoRows, rows: Any, positions: Any, n: int) -> dict:
+    """Gymnasium's batched infos (``VectorEnv._add_info``: ``infos[key]`` an array of ``n`` rows,
+    ``infos["_key"]`` which envs have it) with the info columns of a sandbox reply's ``positions``
+    (a slice or indices) added as the envs ``rows``, one column at a time.
+
+    The same arrays ``_add_info`` builds env by env: a key's array has its value's type (a Python
+    int's is int64, as ``np.zeros(n, dtype=int)``; an array value's rows its shape), and a value
+    of another type is cast into an array that exists already."""
+    has = info.has[positions]
+    every = has.all(axis=0).tolist()  # the usual case: every position has the key
+    some = has.any(axis=0).tolist()
+    for c, key in enumerate(info.layout.keys):
+        if every[c]:
+            values, targets = info.cols[c][positions], rows
+        elif some[c]:
+            present = has[:, c]
+            envs = np.arange(n)[rows] if isinstance(rows, slice) else np.asarray(rows)
+            values, targets = info.cols[c][positions][present], envs[present]
+        else:
+            continue
+        array = infos.get(key)
+        if array is None:
+            array = np.zeros((n, *values.shape[1:]), dtype=values.dtype.newbyteorder("="))
+        array[targets] = values
+        mask = infos.get(f"_{key}")
+        if mask is None:
+            mask = np.zeros(n, dtype=np.bool_)
+        mask[targets] = True
+        infos[key], infos[f"_{key}"] = array, mask
+    return infos
 
 
 #: The general path for one env's result of a step batch: ``(r, reset_op, same_step, failed, infos, limits)``.
@@ -173,7 +275,10 @@ class SandboxRows:
             return infos
         if read.leaves is not None:
             positions = np.flatnonzero(read.plain)
-            self.set_rows(read.leaves, np.asarray(sandbox.plan.indices)[positions], positions)
+            rows = np.asarray(sandbox.plan.indices)[positions]
+            self.set_rows(read.leaves, rows, positions)
+            if read.info is not None:
+                infos = add_info_rows(infos, read.info, rows, positions, len(self.rewards))
         for r in read.others.values():
             infos = take_reset(r, infos, reset_timeout)
         return infos
@@ -225,6 +330,8 @@ class SandboxRows:
                 self.rewards[rows] = np.where(resets, 0.0, read.reward[positions])
                 self.terminations[rows] = (ended & FLAG_TERMINATED).astype(bool) & ~resets
                 self.truncations[rows] = (ended & FLAG_TRUNCATED).astype(bool) & ~resets
+            if read.info is not None:
+                infos = add_info_rows(infos, read.info, rows, positions, len(self.rewards))
         for r in read.others.values():
             infos = take_step(r, bool(reset_ops[r.index]), same_step, failed, infos, limits)
         return infos

@@ -64,6 +64,9 @@ class StepBatch:
         #: The seed each env was last reset with (None if it never was).
         self.env_seeds: list[int | None] = [None] * n
         self.discrete_action = gym_host and isinstance(self.single_action_space, gym.spaces.Discrete)
+        #: The shape a batch of array actions has (Box, MultiBinary, MultiDiscrete), else None.
+        action_leaf = codec.ArrayLeaf.of(self.single_action_space) if gym_host else None
+        self.action_rows_shape = (n, *action_leaf.shape) if action_leaf is not None else None
         self.zero_obs = zero_observation(space)
         self.env_obs: list = [deepcopy(self.zero_obs) for _ in range(n)]
         #: The batch of observations: an array, or a dict/tuple of them (Dict/Tuple spaces).
@@ -233,7 +236,8 @@ class StepBatch:
     def send_step(self, actions: Any, mode: AutoresetMode) -> None:
         """Send every env's step (or its autoreset); :meth:`collect_step` collects it."""
         ints = self.discrete_actions(actions)
-        if ints is not None and self.sandboxed and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any()):
+        packed = self.sandboxed and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any())
+        if packed and ints is not None:
             # Several envs per sandbox, Discrete actions: packed per sandbox with no per-env work here.
             reset_ops = (
                 self.autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self.autoreset_envs)
@@ -241,6 +245,15 @@ class StepBatch:
             self.pool.batch_calls.send_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
             self.pending_reset_ops = reset_ops
             return
+        rows = self.action_rows(actions) if packed else None
+        if rows is not None:
+            # Several envs per sandbox, array actions: each sandbox's rows as one payload.
+            reset_ops = (
+                self.autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self.autoreset_envs)
+            )
+            if self.pool.batch_calls.send_action_rows(rows, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP):
+                self.pending_reset_ops = reset_ops
+                return
         per_env = ints if ints is not None else self.split_actions(actions)
         items: list[tuple[int, dict[str, Any], Sequence[Any]]] = []
         reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
@@ -273,6 +286,19 @@ class StepBatch:
         ):
             return None
         return actions.tolist()
+
+    def action_rows(self, actions: Any) -> np.ndarray | None:
+        """A batch of array actions as one C-contiguous array of shape ``(num_envs, ...)`` in its own
+        numeric dtype (what each env then gets a row of, as from SyncVectorEnv), when it is one;
+        else ``None`` (the per-env codec path, which says what is wrong)."""
+        if (
+            self.action_rows_shape is None
+            or type(actions) is not np.ndarray
+            or actions.shape != self.action_rows_shape
+            or actions.dtype.kind not in "biuf"
+        ):
+            return None
+        return np.ascontiguousarray(actions)
 
     def split_actions(self, actions: Any) -> list:
         if isinstance(self.single_action_space, JsonSpace):
@@ -315,6 +341,8 @@ class StepBatch:
                 if arrays is not None and not reset_ops[i] and arrays.take(r, same_step):
                     continue
                 infos = take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
+            if plain is not None and plain.pending_infos:
+                infos = plain.add_pending_infos(infos, self.num_envs)
             del sandboxes, results
         done = np.logical_or(self.terminations, self.truncations)
         if same_step:

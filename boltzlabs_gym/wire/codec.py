@@ -48,7 +48,8 @@ from gymnasium import spaces as gs
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from ..errors import CodecError
-from .protocol import STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
+from .info_layout import BadInfoMember, decode_cols
+from .protocol import INFO_COLS_MARK, STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
 from .spaces import JsonSpace
 
 __all__ = [
@@ -73,7 +74,9 @@ SHM = "__shm__"
 NP = "__np__"
 #: The marker key of an escaped user dict in an info (a dict that looked like a marker).
 _ESC = "__esc__"
-_MARKERS = (ND, NP, _ESC)
+#: An info of numbers as typed columns of one row (:mod:`~boltzlabs_gym.wire.info_layout`).
+COLS = "__cols__"
+_MARKERS = (ND, NP, _ESC, COLS)
 #: Deepest nesting decode_info / to_json_safe follow.
 MAX_INFO_DEPTH = 64
 #: Longest repr() kept for a non-JSON object in an info.
@@ -553,10 +556,32 @@ class ArrayLeaf:
             )
         )
 
-    def step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool) -> bytes | None:
+    def info_step_suffix(self, member: bytes, sizes: list[int]) -> bytes:
+        """The end of a step reply line whose info is typed columns (``{"__cols__": member}``, its
+        payloads of ``sizes`` after the observation's; :mod:`~boltzlabs_gym.wire.info_layout`):
+        what :meth:`step_reply` writes after the flags in place of the empty info's.
+
+        >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
+        >>> leaf.info_step_suffix(b'{"keys":[]}', [1, 8])
+        b',"info":{"__cols__":{"keys":[]}},"_bin":[8,1,8]}\\n'
+        """
+        bins = b",".join(b"%d" % s for s in (self.nbytes, *sizes))
+        return b',"info":{"%s":%s},"_bin":[%s]}\n' % (COLS.encode(), member, bins)
+
+    def step_reply(
+        self,
+        obs: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        info_suffix: bytes | None = None,
+        info_payloads: Sequence[Any] = (),
+    ) -> bytes | None:
         """The whole reply of a plain step (:meth:`step_line` and the observation's bytes), or
         ``None`` when ``obs`` is not an array of the space's dtype and shape or ``reward`` is
-        not finite (the generic encoders then say what is wrong, or write NaN)."""
+        not finite (the generic encoders then say what is wrong, or write NaN). With
+        ``info_suffix`` (:meth:`info_step_suffix`), its info is typed columns, whose payloads
+        ``info_payloads`` follow the observation's."""
         if (
             type(obs) is not np.ndarray
             or obs.dtype != self.dtype
@@ -567,14 +592,15 @@ class ArrayLeaf:
             return None
         # The array itself (its buffer) joins the line: no view objects on the hot path. (The type checker
         # does not see an ndarray as a buffer on Python < 3.12: see _array_payload.)
-        parts = (
+        parts: tuple[Any, ...] = (
             self.step_prefix,
             repr(reward).encode(),
             _STEP_FLAGS_BYTES[terminated, truncated],
-            self.step_suffix,
+            self.step_suffix if info_suffix is None else info_suffix,
             obs,
+            *info_payloads,
         )
-        return b"".join(parts)  # type: ignore[arg-type]
+        return b"".join(parts)
 
     def shm_step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool, slot: Any) -> bytes | None:
         """:meth:`step_reply` for an env with a shared observation region: the observation is copied
@@ -605,6 +631,31 @@ class ArrayLeaf:
         if not (line.startswith(prefix) and line.endswith(suffix)):
             return None
         return b"".join((self.step_prefix, line[len(prefix) : len(line) - len(suffix)], self.step_suffix))
+
+    def parse_info_step_line(self, line: bytes) -> tuple[float, bool, bool, bytes] | None:
+        """``(reward, terminated, truncated, end)`` of a step line whose info is typed columns (its
+        ``end`` from the info on, :meth:`info_step_suffix`'s, for the reader to look up), else ``None``.
+
+        >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
+        >>> end = leaf.info_step_suffix(b'{"keys":[]}', [1, 8])
+        >>> leaf.parse_info_step_line(leaf.step_line(0.5, True, False).replace(leaf.step_suffix, end))[:3]
+        (0.5, True, False)
+        """
+        prefix = self.step_prefix
+        if not line.startswith(prefix):
+            return None
+        cut = line.find(INFO_COLS_MARK, len(prefix))
+        if cut < 0:
+            return None
+        middle = line[len(prefix) : cut]
+        comma = middle.find(b",")
+        flags = _STEP_FLAGS.get(middle[comma:]) if comma > 0 else None
+        if flags is None:
+            return None
+        try:
+            return (float(middle[:comma]), *flags, line[cut:])
+        except ValueError:
+            return None
 
     def parse_step_line(self, line: bytes) -> tuple[float, bool, bool] | None:
         """``(reward, terminated, truncated)`` of a line of exactly :meth:`step_line`'s shape, else ``None``.
@@ -718,6 +769,11 @@ def _decode_info(obj: Any, payloads: Payloads, copy: bool, depth: int, path: str
                 return arr.copy() if copy else arr
             if NP in obj:
                 return _decode_np_scalar(obj[NP], path)
+            if COLS in obj:
+                try:
+                    return decode_cols(obj[COLS], payloads, copy)
+                except BadInfoMember as exc:
+                    raise CodecError(f"{path}: {exc}") from None
             if _ESC in obj:
                 inner = obj[_ESC]
                 if not isinstance(inner, dict):

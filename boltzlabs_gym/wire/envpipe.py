@@ -15,7 +15,15 @@ import os
 
 import numpy as np
 
-from .protocol import MAX_ENV_LINE_BYTES, MAX_ENV_PAYLOAD_BYTES, MAX_KNOWN_LINE_BYTES, STEP_REPLY_PATTERN, parse_json
+from .protocol import (
+    INFO_COLS_MARK,
+    MAX_ENV_LINE_BYTES,
+    MAX_ENV_PAYLOAD_BYTES,
+    MAX_KNOWN_LINE_BYTES,
+    STEP_REPLY_HEAD_PATTERN,
+    STEP_REPLY_PATTERN,
+    parse_json,
+)
 
 __all__ = ["EnvFault", "EnvPipe"]
 
@@ -58,6 +66,7 @@ class EnvPipe:
         self.max_line = min(MAX_ENV_LINE_BYTES * envs, MAX_SANDBOX_LINE_BYTES)
         self.max_payload = min(MAX_ENV_PAYLOAD_BYTES * envs, MAX_SANDBOX_PAYLOAD_BYTES)
         self._known = _NOTHING_KNOWN  # (read under other limits)
+        self._known_ends.clear()
 
     def reset_buffers(self) -> None:
         """Forget anything half-read or half-written (the pipes are new)."""
@@ -71,6 +80,8 @@ class EnvPipe:
         #: The last reply line validated, with the payload sizes it announces: a sandbox of several
         #: envs answers a plain step with the same line every time (its numbers are in its payloads).
         self._known = _NOTHING_KNOWN
+        #: The ends of step lines whose info is typed columns already validated, with their payload sizes.
+        self._known_ends: dict[bytes, tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ writing
     def write(self, data: bytes | memoryview) -> bool:
@@ -196,7 +207,19 @@ class EnvPipe:
         known_line, known_need = self._known
         if line == known_line:
             return list(known_need)
+        # A step line whose info is typed columns: its numbers are in its head, its end (the info's
+        # layout and the payload sizes) the same step after step, so the end is parsed once.
+        cut = line.find(INFO_COLS_MARK)
+        head_is_plain = cut > 0 and STEP_REPLY_HEAD_PATTERN.fullmatch(line, 0, cut) is not None
+        if head_is_plain:
+            known_end = self._known_ends.get(line[cut:])
+            if known_end is not None:
+                return list(known_end)
         need = _announced_payloads(line, self.max_payload)
+        if head_is_plain and len(line) <= MAX_KNOWN_LINE_BYTES:
+            if len(self._known_ends) >= 64:
+                self._known_ends.clear()
+            self._known_ends[line[cut:]] = tuple(need)
         # (a plain one-env step, one payload, is cheaper to match than to remember)
         if len(need) > 1 and len(line) <= MAX_KNOWN_LINE_BYTES:
             self._known = (line, tuple(need))

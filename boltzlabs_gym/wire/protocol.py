@@ -97,7 +97,11 @@ of its slot 0). A sandbox request line::
 ``slots[p]`` exactly as a one-env process gets it, or an int ``a``: shorthand for
 ``{"op": "step", "action": a}`` (plus ``"autoreset": true`` when the sandbox has it).
 ``nbin`` (absent: none) counts each op's payloads; they follow the line op by op, and an
-op's ``__nd__`` references count from its own first payload. ``NAME`` is :func:`sandbox_op_name`
+op's ``__nd__`` references count from its own first payload. Instead of ``nbin``, a request
+may carry its array actions as one batch, ``"actions": {"__nd__": [0, dtype, [P, ...]]}`` (its
+one payload: one row per position, each row an action of the env's array space in that dtype);
+an op ``null`` is then the step of its position's row (with ``"autoreset": true`` when the
+sandbox has it). ``NAME`` is :func:`sandbox_op_name`
 of the ops: the deadline rules look only at it (:mod:`boltzlabs_gym.wire.call_rules`), so a sandbox request
 with a step in it is held to the step deadline, once, for the whole request; a step batch
 with resets in it carries ``"deadline_s"`` (:data:`SANDBOX_DEADLINE`: the step and the reset
@@ -109,9 +113,19 @@ serves the ops in order and answers with one sandbox reply line::
 
 ``P`` is the number of ops. A position ``p`` not in ``replies`` is *plain*: its observation
 is row ``p`` of ``obs``, its reward ``reward[p]``, ``flags[p]`` has bit 0 for terminated and
-bit 1 for truncated, its info is empty (a plain reset: the row and an empty info). Every
-other position (an info, an autoreset's reset observation, an error, any op but step and
-reset, an observation that is not of the rows' arrays) has its whole one-env reply in
+bit 1 for truncated, its info is empty or in the info columns (a plain reset: the row and its
+info). The info columns are an optional member after ``flags``::
+
+    "info": {"keys": [key, ...], "tags": [tag, ...], "has": {"__nd__": [L+2, "|u1", [P, C]]},
+             "cols": [{"__nd__": [L+3+c, dtype, [P, ...]]}, ...]}
+
+one column per key (``C`` of them), ``has[p, c]`` 1 where position ``p``'s info has key ``c``,
+its value ``cols[c][p]``; a tag says what Python value it was (``int``, ``float``, ``bool``: a
+Python scalar, ``<i8``/``<f8``/``|b1``; ``np``: a numpy number of the column's dtype; ``nd``: an
+array of the row's shape; :mod:`boltzlabs_gym.envside.info_columns`). Their payloads follow
+``flags``'s. Every other position (an info that does not fit the columns, an autoreset's reset
+observation, an error, any op but step and reset, an observation that is not of the rows'
+arrays) has its whole one-env reply in
 ``replies`` under its position as a string, with its own ``"_bin"`` sizes. An env whose
 observations are a Dict or Tuple of arrays only has their skeleton as ``obs``
 (:func:`~boltzlabs_gym.wire.slot_layout.rows_skeleton`): each array's ``P`` rows one payload
@@ -212,10 +226,14 @@ LENT_FAULT = "lent_fault"
 
 #: Sandbox requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
 SANDBOX_SLOTS, SANDBOX_OPS, SANDBOX_NBIN, SANDBOX_AUTORESET = "slots", "ops", "nbin", "autoreset"
+#: A sandbox request's batch of array actions, one row per position (see "Sandboxes of several envs").
+SANDBOX_ACTIONS = "actions"
 #: Optional sandbox request key, for the worker and the lane (the env ignores it): the request's
 #: deadline in seconds when its name's timeout is not the right one (a step batch with resets in it).
 SANDBOX_DEADLINE = "deadline_s"
 SANDBOX_N, SANDBOX_OBS, SANDBOX_REWARD, SANDBOX_FLAGS, SANDBOX_REPLIES = "n", "obs", "reward", "flags", "replies"
+#: A sandbox reply's info columns (after ``flags``; see "Sandboxes of several envs").
+SANDBOX_INFO = "info"
 #: Bits of a sandbox reply's ``flags``.
 FLAG_TERMINATED, FLAG_TRUNCATED = 1, 2
 #: The file in a multi-env sandbox's workspace that holds the slot being served (int32 LE, -1: none).
@@ -246,15 +264,16 @@ WORKER_FLAGS = {
 
 
 def sandbox_op_name(ops: Sequence[Any]) -> str:
-    """The name of a sandbox request with these per-env ops (ints are steps): ``"step"`` if any op
-    steps, else ``"reset"`` if any resets, else the first op's name.
+    """The name of a sandbox request with these per-env ops (ints are steps, and so are ``None`` ops:
+    rows of a batch of actions): ``"step"`` if any op steps, else ``"reset"`` if any resets, else
+    the first op's name.
 
     >>> sandbox_op_name([1, {"op": "reset", "seed": None}])
     'step'
     >>> sandbox_op_name([{"op": "describe"}, {"op": "describe"}])
     'describe'
     """
-    names = ["step" if type(op) is int else op.get("op") for op in ops]
+    names = ["step" if type(op) is int or op is None else op.get("op") for op in ops]
     for name in ("step", "reset"):
         if name in names:
             return name
@@ -404,6 +423,19 @@ STEP_REPLY_PATTERN = re.compile(
     )
     + re.escape(_REPLY_END)
 )
+#: Matches (``fullmatch``) a plain step reply line up to and with its flags: what a step line whose
+#: info is typed columns has before :data:`INFO_COLS_MARK`.
+STEP_REPLY_HEAD_PATTERN = re.compile(
+    b"".join(
+        re.escape(text) + field
+        for text, field in zip(
+            (_REPLY_OBS_HEAD, _REPLY_REWARD_HEAD, _REPLY_TERMINATED_HEAD, _REPLY_TRUNCATED_HEAD),
+            _REPLY_FIELD_PATTERNS,
+        )
+    )
+)
+#: Where a step reply line whose info is typed columns has its info (``ArrayLeaf.info_step_suffix``).
+INFO_COLS_MARK = b',"info":{"__cols__":'
 
 
 def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces as gs
 
+from boltzlabs_gym.wire.info_layout import InfoLayout
 from boltzlabs_gym.envside import sandbox_slots
 from boltzlabs_gym.wire import protocol
 from boltzlabs_gym.wire.codec import decode, decode_info
@@ -58,17 +59,18 @@ class RaisesOnStep(gym.Wrapper):
 
 
 class InfoOnEvenSteps(gym.Wrapper):
-    """Adds ``info["t"]`` on even steps (odd steps keep the env's empty info)."""
+    """Adds ``info["t"]`` on even steps (odd steps keep the env's empty info); ``as_text``: as a string."""
 
-    def __init__(self, env):
+    def __init__(self, env, as_text=False):
         super().__init__(env)
         self.t = 0
+        self.as_text = as_text
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.t += 1
         if self.t % 2 == 0:
-            info = dict(info, t=self.t)
+            info = dict(info, t=str(self.t) if self.as_text else self.t)
         return obs, reward, terminated, truncated, info
 
 
@@ -117,6 +119,10 @@ def make_raising():
 
 def make_info_cartpole():
     return InfoOnEvenSteps(gym.make("CartPole-v1"))
+
+
+def make_text_info_cartpole():
+    return InfoOnEvenSteps(gym.make("CartPole-v1"), as_text=True)
 
 
 def make_sleepy():
@@ -244,6 +250,11 @@ def positions(reply, payloads, obs_space=None):
         assert obs.shape[0] == reward.shape[0] == flags.shape[0] == n
         assert reward.dtype == np.float64 and flags.dtype == np.uint8
         k = 3
+        info_rows = None
+        if protocol.SANDBOX_INFO in reply:
+            layout = InfoLayout.read(reply[protocol.SANDBOX_INFO], n, k)
+            info_rows = layout.rows(payloads[k : k + len(layout.sizes)])
+            k += len(layout.sizes)
         for p in range(n):
             out[p] = {
                 "plain": True,
@@ -251,7 +262,7 @@ def positions(reply, payloads, obs_space=None):
                 "reward": float(reward[p]),
                 "terminated": bool(flags[p] & protocol.FLAG_TERMINATED),
                 "truncated": bool(flags[p] & protocol.FLAG_TRUNCATED),
-                "info": {},
+                "info": info_rows.info_of(p) if info_rows is not None else {},
             }
     keys = sorted(int(p) for p in reply[protocol.SANDBOX_REPLIES])
     assert [str(p) for p in keys] == list(reply[protocol.SANDBOX_REPLIES])  # in position order
@@ -442,20 +453,60 @@ def test_factory_of_each_slot_follows_the_first_slots_index(tmp_path, procs):
     assert [g["value"] for g in positions(reply, payloads)] == ["c", "a", "b", "c"]
 
 
-def test_nonempty_info_goes_to_replies(tmp_path, procs):
-    proc = EnvProc.gym(tmp_path, [make_info_cartpole], k=2)
+@pytest.mark.parametrize(
+    "factory, columns", [(make_info_cartpole, True), (make_text_info_cartpole, False)], ids=["number", "text"]
+)
+def test_number_infos_are_rows_and_others_go_to_replies(tmp_path, procs, factory, columns):
+    """An info of numbers is the position's row of the info columns (the position stays plain, an
+    absent key's presence byte 0); an info with a string in it is the position's own reply."""
+    proc = EnvProc.gym(tmp_path, [factory], k=2)
     procs.append(proc)
-    local = [make_info_cartpole() for _ in range(2)]
+    local = [factory() for _ in range(2)]
     proc.call(all_slots([{"op": "reset", "seed": s} for s in (1, 2)]))
     for env, s in zip(local, (1, 2)):
         env.reset(seed=s)
     for t in range(1, 5):
         reply, payloads = proc.call(all_slots([1, 1]))
         got = positions(reply, payloads, gs.Box(-np.inf, np.inf, (4,), np.float32))
+        assert (protocol.SANDBOX_INFO in reply) == (columns and t >= 2)
         for g, env in zip(got, local):
             obs, reward, *_, info = env.step(1)
             assert np.array_equal(g["obs"], obs) and g["reward"] == reward
-            assert g["plain"] == (t % 2 == 1) and g["info"] == info
+            assert g["plain"] == (columns or t % 2 == 1) and g["info"] == info
+            assert [type(v) for v in g["info"].values()] == [type(v) for v in info.values()]
+
+
+def test_box_actions_travel_as_one_batch(tmp_path, procs):
+    """``"actions"``: one payload of rows, a ``None`` op steps with its row, in the batch's dtype;
+    rows that are not the env's actions fail those positions' steps, and the process serves on."""
+    proc = EnvProc.gym(tmp_path, [make_pendulum], k=2)
+    procs.append(proc)
+    local = [make_pendulum() for _ in range(2)]
+    proc.call(all_slots([{"op": "reset", "seed": s} for s in (3, 4)]))
+    for env, s in zip(local, (3, 4)):
+        env.reset(seed=s)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        actions = rng.uniform(-2, 2, (2, 1)).astype(np.float32)
+        batch = {"__nd__": [0, "<f4", [2, 1]]}
+        reply, payloads = proc.call(all_slots([None, None], actions=batch), [actions.tobytes()])
+        assert reply["replies"] == {}
+        for g, env, a in zip(positions(reply, payloads), local, actions):
+            obs, reward, *_ = env.step(a)
+            assert np.array_equal(g["obs"], obs) and g["reward"] == reward
+    wrong = np.zeros((2, 3), np.float32)
+    reply, payloads = proc.call(all_slots([None, None], actions={"__nd__": [0, "<f4", [2, 3]]}), [wrong.tobytes()])
+    for g in positions(reply, payloads):
+        failure = g["info"]["boltzlabs_exception"]
+        assert failure["where"] == "action" and "is not an action of" in failure["traceback"]
+    short = {"__nd__": [0, "<f4", [2, 1]]}
+    reply, payloads = proc.call(all_slots([None, None], actions=short), [b"\0" * 4])  # rows, but not <f4's
+    for g in positions(reply, payloads):
+        assert "is not [2, 1] of float32" in g["info"]["boltzlabs_exception"]["traceback"]
+    reply, _ = proc.call(all_slots([None, None], actions=short), [b"\0" * 5])  # not whole rows: the wire's
+    assert "actions of 5 bytes are not 2 rows" in reply["error"]
+    reply, payloads = proc.call(all_slots([None, None], actions=batch), [actions.tobytes()])
+    assert reply["replies"] == {}
 
 
 def test_box_actions_travel_as_payloads(tmp_path, procs):

@@ -34,6 +34,7 @@ GYMNASIUM_ENV_SIDE = {
     "boltzlabs_gym.envside.gym_start",
     "boltzlabs_gym.envside.factories",
     "boltzlabs_gym.envside.sandbox_rows",
+    "boltzlabs_gym.envside.info_columns",
 }
 GYMNASIUM_ENV_SIDE_ALLOWED = ENV_SIDE_ALLOWED + ("boltzlabs_gym.wire",)
 #: Public faces of the env side: ``serve()`` and the hosted service's name for it.
