@@ -32,7 +32,8 @@ Infos (schemaless dicts) use :func:`encode_info` / :func:`decode_info`: JSON
 values pass through; numpy arrays of bool/int/uint/float dtype become ``__nd__``
 payload references; numpy scalars become ``{"__np__": [dtype, value]}`` inline
 (decoded back to numpy scalars of the same dtype); tuples ``{"__tuple__": [items]}`` (decoded back to
-tuples: JSON has none), lists stay lists; a dict that would look like a marker is escaped; any other object is replaced by its ``repr()`` (truncated).
+tuples: JSON has none), lists stay lists; a dict that would look like a marker is escaped; any other
+object is replaced by its ``repr()`` (truncated).
 """
 
 from __future__ import annotations
