@@ -31,8 +31,9 @@ that is one array, :class:`ArrayLeaf` decodes it as strictly and faster.
 Infos (schemaless dicts) use :func:`encode_info` / :func:`decode_info`: JSON
 values pass through; numpy arrays of bool/int/uint/float dtype become ``__nd__``
 payload references; numpy scalars become ``{"__np__": [dtype, value]}`` inline
-(decoded back to numpy scalars of the same dtype); tuples become lists; a dict that would look like a
-marker is escaped; any other object is replaced by its ``repr()`` (truncated).
+(decoded back to numpy scalars of the same dtype); tuples ``{"__tuple__": [items]}`` (decoded back to
+tuples: JSON has none), lists stay lists; a dict that would look like a marker is escaped; any other
+object is replaced by its ``repr()`` (truncated).
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ ND = "__nd__"
 SHM = "__shm__"
 #: The marker key of a numpy scalar in an info: ``{"__np__": [dtype, value]}``.
 NP = "__np__"
+#: The marker key of a tuple in an info: ``{"__tuple__": [items]}`` (JSON arrays decode as lists).
+TUPLE = "__tuple__"
 #: The marker key of an escaped user dict in an info (a dict that looked like a marker).
 _ESC = "__esc__"
 #: An info of numbers as typed columns of one row (:mod:`~boltzlabs_gym.wire.info_layout`).
 COLS = "__cols__"
-_MARKERS = (ND, NP, _ESC, COLS)
+_MARKERS = (ND, NP, TUPLE, _ESC, COLS)
 #: Deepest nesting decode_info / to_json_safe follow.
 MAX_INFO_DEPTH = 64
 #: Longest repr() kept for a non-JSON object in an info.
@@ -711,9 +714,10 @@ def encode_info(value: Any, payloads: list | None = None, *, zero_copy: bool = F
     JSON values pass through (NaN/inf floats included; the line protocol allows
     them). Numpy arrays of bool/int/uint/float dtype become ``__nd__`` payload
     references, numpy scalars of those dtypes ``{"__np__": [dtype, value]}``
-    inline (no payload); tuples become lists; dict
+    inline (no payload); tuples ``{"__tuple__": [items]}`` (so that they decode as tuples, as
+    SyncVectorEnv passes them on: ALE's ``info["seeds"]``), lists stay lists; dict
     keys become strings; a user dict whose only key is a marker (``"__nd__"`` /
-    ``"__np__"``/``"__esc__"``) is escaped as ``{"__esc__": dict}``; anything else (objects,
+    ``"__np__"``/``"__tuple__"``/``"__esc__"``) is escaped as ``{"__esc__": dict}``; anything else (objects,
     complex or string arrays) becomes its ``repr()`` string, truncated to
     :data:`MAX_REPR_CHARS`. Appends to ``payloads`` when given.
     """
@@ -743,14 +747,16 @@ def _encode_info(value: Any, payloads: list, zero_copy: bool, depth: int) -> Any
         if len(out) == 1 and next(iter(out)) in _MARKERS:
             return {_ESC: out}
         return out
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, tuple):
+        return {TUPLE: [_encode_info(v, payloads, zero_copy, depth + 1) for v in value]}
+    if isinstance(value, list):
         return [_encode_info(v, payloads, zero_copy, depth + 1) for v in value]
     return _repr(value)
 
 
 def decode_info(obj: Any, payloads: Payloads = (), *, copy: bool = False) -> Any:
     """Decode :func:`encode_info` output (untrusted): ``__nd__`` leaves become arrays,
-    ``__np__`` leaves numpy scalars, escaped dicts are unwrapped, the rest is JSON.
+    ``__np__`` leaves numpy scalars, ``__tuple__`` leaves tuples, escaped dicts are unwrapped, the rest is JSON.
 
     Validates every array reference (index, dtype, payload length) and the nesting
     depth; raises :class:`CodecError`. Arrays are read-only views unless ``copy=True``.
@@ -774,6 +780,11 @@ def _decode_info(obj: Any, payloads: Payloads, copy: bool, depth: int, path: str
                     return decode_cols(obj[COLS], payloads, copy)
                 except BadInfoMember as exc:
                     raise CodecError(f"{path}: {exc}") from None
+            if TUPLE in obj:
+                items = obj[TUPLE]
+                if not isinstance(items, list):
+                    raise CodecError(f"{path}: tuple must be a list of items")
+                return tuple(_decode_info(v, payloads, copy, depth + 1, f"{path}[{i}]") for i, v in enumerate(items))
             if _ESC in obj:
                 inner = obj[_ESC]
                 if not isinstance(inner, dict):

@@ -264,6 +264,8 @@ def test_info_round_trip():
         "img": np.zeros((2, 2, 3), np.uint8),
         "nested": {"episode": {"r": np.float64(10.0), "l": 7, "t": 0.5}},
         "tuple": (1, np.float32(2.0)),
+        "list": [1, (2, [3])],
+        "tuple_marker_like": {"__tuple__": [1]},
         "nan": float("nan"),
         "inf": float("inf"),
         "s": "text",
@@ -283,7 +285,9 @@ def test_info_round_trip():
     assert back["arr"].dtype == np.int16 and back["img"].shape == (2, 2, 3)
     assert back["nested"] == {"episode": {"r": 10.0, "l": 7, "t": 0.5}}
     assert type(back["nested"]["episode"]["r"]) is np.float64
-    assert back["tuple"] == [1, 2.0] and type(back["tuple"][1]) is np.float32
+    assert back["tuple"] == (1, 2.0) and type(back["tuple"][1]) is np.float32  # a tuple, as SyncVectorEnv's
+    assert back["list"] == [1, (2, [3])]
+    assert back["tuple_marker_like"] == {"__tuple__": [1]}
     assert np.isnan(back["nan"]) and back["inf"] == float("inf")
     assert back["s"] == "text" and back["none"] is None
     assert back["marker_like"] == {"__nd__": [0, "<f4", [1]]}
@@ -311,6 +315,7 @@ def test_info_arrays_read_only_unless_copied():
         ({"x": {"__np__": ["|O", 1]}}, [], "refused"),
         ({"x": {"__np__": [1]}}, [], "dtype, value"),
         ({"x": {"__esc__": [1]}}, [], "escaped"),
+        ({"x": {"__tuple__": {"a": 1}}}, [], "tuple must be a list"),
     ],
 )
 def test_hostile_info_refused(obj, payloads, match):
