@@ -17,11 +17,12 @@ from __future__ import annotations
 import sys
 from functools import partial
 from math import isfinite
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ..wire.protocol import parse_discrete_step
+from ..wire.codec import ArrayLeaf
+from ..wire.protocol import array_step_line, parse_discrete_step
 from . import obs_region
 from .failures import error_transition, failed_transition
 from .framing import FdReader, FdWriter, MessageWriter, encode_reply, write_all, write_message, writev_all
@@ -59,7 +60,12 @@ def serve_one(host: GymHost, fd_in: int, fd_out: int) -> None:
     is answered and ends it. At end of input the env is closed.
     """
     writer = FdWriter(fd_out)
-    quick = _discrete_step_answer(host, writer) if host._discrete is not None else None
+    if host._discrete is not None:
+        quick = _discrete_step_answer(host, writer)
+    elif host._action_leaf is not None:
+        quick = _array_step_answer(host, writer)
+    else:
+        quick = None
     ending = serve_requests(FdReader(fd_in), writer, _answer(host, writer), serve_past_bad_lines=True, quick=quick)
     if ending is Ending.END_OF_INPUT:
         close_all([host])
@@ -101,6 +107,30 @@ def _discrete_step_answer(host: GymHost, writer: FdWriter) -> QuickAnswer:
         else:
             _write(writer, *result)
         return True
+
+    return quick
+
+
+def _array_step_answer(host: GymHost, writer: FdWriter) -> QuickAnswer:
+    """Answer the bytes of one step of an array action in the space's own dtype (its line,
+    :func:`~boltzlabs_gym.wire.protocol.array_step_line`, and its payload, alone in one read), written."""
+    leaf = cast(ArrayLeaf, host._action_leaf)
+    dtype, shape, nbytes = leaf.dtype, leaf.shape, leaf.nbytes
+    lines = {autoreset: array_step_line(dtype.str, shape, nbytes, autoreset) for autoreset in (False, True)}
+    step_action, fd = host.step_action, writer.fd
+
+    def quick(data: bytes) -> bool:
+        for autoreset, line in lines.items():
+            if len(data) == len(line) + nbytes and data.startswith(line):
+                action = np.frombuffer(data, dtype, offset=len(line)).reshape(shape).copy()
+                # SyncVectorEnv hands a Box(()) env an element of the batch: a numpy scalar.
+                result = step_action(action[()] if not shape else action, autoreset)
+                if type(result) is bytes:  # a step's reply, already encoded
+                    write_all(fd, result)
+                else:
+                    _write(writer, *result)
+                return True
+        return False
 
     return quick
 

@@ -172,6 +172,7 @@ Snapshots (envs_per_sandbox 1). Two per-env ops, as ``batch`` items, and one wor
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -450,8 +451,38 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
             return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_STEP_TAIL)
         if len(op) == 3 and op.get("autoreset") is True:
             return b"%s%d%s" % (DISCRETE_STEP_HEAD, op["action"], DISCRETE_AUTORESET_TAIL)
+    if len(payloads) == 1 and op.get("op") == "step":
+        # An array action (Box...), the commonest request of continuous control: its line is one of
+        # a few, by dtype, shape and autoreset, each encoded once.
+        action = op.get("action")
+        ref = action.get(ND_KEY) if type(action) is dict and len(action) == 1 else None
+        autoreset = len(op) == 3 and op.get("autoreset") is True
+        if type(ref) is list and len(ref) == 3 and ref[0] == 0 and (len(op) == 2 or autoreset):
+            try:
+                return array_step_line(ref[1], tuple(ref[2]), len(payloads[0]), autoreset)
+            except TypeError:  # an unhashable dtype or shape: not one of ours; encoded as it is
+                pass
     if payloads:
         op = dict(op, _bin=[len(p) for p in payloads])
+    return _encode_json(op).encode() + b"\n"
+
+
+#: The array reference marker (``codec.ND``; the codec imports this module).
+ND_KEY = "__nd__"
+
+
+@functools.lru_cache(maxsize=64)
+def array_step_line(dtype: str, shape: tuple, nbytes: int, autoreset: bool) -> bytes:
+    """The request line of a step with an array action of ``dtype`` and ``shape`` (its one payload of
+    ``nbytes``): what :func:`env_request_line` writes, encoded once per kind.
+
+    >>> array_step_line("<f4", (2,), 8, False)
+    b'{"op":"step","action":{"__nd__":[0,"<f4",[2]]},"_bin":[8]}\\n'
+    """
+    op: dict[str, Any] = {"op": "step", "action": {ND_KEY: [0, dtype, list(shape)]}}
+    if autoreset:
+        op["autoreset"] = True
+    op["_bin"] = [nbytes]
     return _encode_json(op).encode() + b"\n"
 
 
