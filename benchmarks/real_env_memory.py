@@ -19,8 +19,9 @@ apart), then, after a pause, the PSS (psutil ``memory_full_info().pss``, shared 
 between the processes that map them) of every process the implementation created, the trainer
 (this process) excluded on both sides: AsyncVectorEnv's children; our worker, template, its spare
 and the envs. envs/GiB = n / that sum. Rounds alternate the order of the implementations; the
-figures are medians over rounds, with min and max. Other processes share the machine: the load
-average is recorded at the start and end of every measurement.
+figures are medians over rounds, with min and max. The trainer builds and closes one env before
+the first round (so the libraries' file pages are mapped here whichever side runs first). Other
+processes share the machine: the load average is recorded at the start and end of every measurement.
 """
 
 from __future__ import annotations
@@ -179,6 +180,10 @@ def main(argv=None) -> int:
         f"Python {sys.version.split()[0]}",
         "load_start": os.getloadavg(),
     }
+    # the trainer builds (and closes) one env first, as a training script does to read the spaces: the
+    # libraries' file pages are then mapped here for every round and either order (AsyncVectorEnv's
+    # constructor does the same), so no side's figure depends on which ran first
+    make().close()
     rows: list[dict] = []
     for r in range(args.rounds):
         order = keys if r % 2 == 0 else keys[::-1]
