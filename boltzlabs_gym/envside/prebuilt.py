@@ -1,0 +1,204 @@
+"""Envs built once in the boltz template and inherited, copy-on-write, by every env forked from it.
+
+A boltz template (``mode="boltz"``, a factory env directory) imports the env's modules and warms
+them up; without this module every forked env then builds its own env from the factory. For an
+Atari env that costs as much as a reset: ale-py's ``AtariEnv.__init__`` loads the ROM, and
+``ALEInterface.loadROM`` spends most of its ~170 ms rebuilding the emulator and its colour
+tables; the wrappers' set-up and ``gym.make``'s checks run again too, and every page they touch
+becomes the env's own. Here the template builds one env per distinct factory (up to
+:data:`LIMIT`) and keeps it, never reset; the forked env whose factory it is takes that env
+(:func:`build_env`) instead of calling the factory.
+
+What makes that safe, one env never seeing another's state:
+
+* after the fork each env has its own copy of every page (copy-on-write): a step or reset in
+  one env writes its own pages, never the template's or a sibling's;
+* an env built from scratch draws its random streams from OS entropy; an inherited one would
+  carry the template's. :func:`take` gives it fresh ones before it serves: every Gymnasium
+  generator in the env's layers and spaces is dropped (Gymnasium makes a new one, from OS
+  entropy, at first use, as for a new env), and ale-py's ``AtariEnv`` draws a new seed for
+  its own generator and its emulator (the emulator takes it when the ROM is next loaded: by a
+  seeded reset, which reloads it anyway, or, for a first ``reset()`` without a seed or a
+  ``step`` before any reset, just before it, as construction would have loaded it);
+* only envs known to keep no other random state are inherited: every layer's class must come
+  from Gymnasium or ale-py (:data:`KNOWN_MODULES`), none may hold a generator outside
+  ``_np_random``, building may open no file descriptor and start no thread (a fork's inherited
+  descriptors are pointed at ``/dev/null``; a fork keeps one thread). Anything else is closed
+  in the template and built in each fork, as before.
+
+Standard library only (the env is inspected by duck typing): it runs in the template, before the
+fork loop, and in each forked env, before it serves.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["LIMIT", "KNOWN_MODULES", "build", "take", "build_env", "inheritable"]
+
+#: At most this many distinct factories get an env built in the template (each is built serially
+#: there, before any env forks; a pool of many distinct factories builds the rest in its forks).
+LIMIT = 4
+#: Module prefixes of the classes an inherited env may be made of: envs and wrappers whose only
+#: random state is Gymnasium's ``np_random`` (and, for ale-py's ``AtariEnv``, the emulator's seed).
+KNOWN_MODULES = ("gymnasium.", "ale_py.")
+_MAX_LAYERS = 64
+
+#: (factory, env) built in this template; a forked env takes its own copy's entry (see :func:`take`).
+_held: list[tuple[Any, Any]] = []
+
+
+def _layers(env: Any) -> list[Any]:
+    """``env``, the env it wraps, and so on down to the unwrapped env."""
+    out = [env]
+    while len(out) < _MAX_LAYERS:
+        inner = vars(out[-1]).get("env") if hasattr(out[-1], "__dict__") else None
+        if inner is None or any(inner is x for x in out):
+            break
+        out.append(inner)
+    return out
+
+
+def _rng(value: Any) -> bool:
+    cls = type(value)
+    if cls.__module__.startswith("numpy.random") and cls.__name__ in ("Generator", "RandomState"):
+        return True
+    return isinstance(value, random.Random)
+
+
+def _spaces(value: Any) -> list[Any]:
+    """The Gymnasium spaces in ``value`` (a space, and those of a Dict/Tuple space, recursively)."""
+    if not type(value).__module__.startswith("gymnasium.spaces"):
+        return []
+    out = [value]
+    inner = getattr(value, "spaces", None)
+    for sub in inner.values() if isinstance(inner, dict) else inner if isinstance(inner, tuple) else ():
+        out.extend(_spaces(sub))
+    return out
+
+
+def _atari(env: Any) -> bool:
+    cls = type(env)
+    return cls.__module__ == "ale_py.env" and cls.__name__ == "AtariEnv"
+
+
+def inheritable(env: Any) -> bool:
+    """Whether ``env`` is made only of known classes holding no random state but ``_np_random``
+    (their spaces' included), so that :func:`take` can give a fork of it fresh streams."""
+    layers = _layers(env)
+    if hasattr(layers[-1], "env"):
+        return False  # deeper than _MAX_LAYERS, or a cycle
+    for layer in layers:
+        if not type(layer).__module__.startswith(KNOWN_MODULES):
+            return False
+        for key, value in vars(layer).items():
+            if key != "_np_random" and _rng(value):
+                return False
+            if isinstance(value, (list, tuple, dict)):
+                items = value.values() if isinstance(value, dict) else value
+                if any(_rng(v) for v in items):
+                    return False
+    unwrapped = layers[-1]
+    # an ale-py env other than AtariEnv (say, its vector env) is not known to take a fresh seed
+    return not type(unwrapped).__module__.startswith("ale_py.") or _atari(unwrapped)
+
+
+def _open_fds() -> set[int]:
+    try:
+        return {int(x) for x in os.listdir("/proc/self/fd")}
+    except OSError:
+        return set()
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def build(factories: Sequence[Callable[[], Any]] | Callable[[], Any]) -> int:
+    """In the template, after the warm-up: build and keep one env per distinct factory (up to
+    :data:`LIMIT`) that is :func:`inheritable` and opened no descriptor and started no thread
+    while being built; others are closed. Returns how many are held."""
+    seen: list[Any] = []
+    for factory in factories if isinstance(factories, (list, tuple)) else [factories]:
+        if len(seen) >= LIMIT:
+            break
+        if not callable(factory) or any(factory is f for f in seen):
+            continue
+        seen.append(factory)
+        fds, threads = _open_fds(), _threads()
+        try:
+            env = factory()
+        except Exception:  # noqa: BLE001 - left to fail, and say why, in the fork that builds it
+            continue
+        if inheritable(env) and not (_open_fds() - fds) and _threads() <= threads:
+            _held.append((factory, env))
+            continue
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001
+            pass
+    return len(_held)
+
+
+def take(factory: Any) -> Any:
+    """In a forked env: the env the template built for ``factory`` (once; None if there is none),
+    given fresh random streams."""
+    for i, (held_factory, env) in enumerate(_held):
+        if held_factory is factory:
+            del _held[i]
+            _fresh_streams(env)
+            return env
+    return None
+
+
+def build_env(factory: Callable[[], Any]) -> Any:
+    """The env a forked env serves for ``factory``: the template's, inherited (:func:`take`), else ``factory()``."""
+    env = take(factory)
+    return factory() if env is None else env
+
+
+def _fresh_streams(env: Any) -> None:
+    """Drop every Gymnasium generator of ``env`` (made again from OS entropy at first use, as in a
+    new env); an ale-py ``AtariEnv`` also gets a fresh seed for its emulator."""
+    for layer in _layers(env):
+        d = vars(layer)
+        if d.get("_np_random") is not None:
+            d["_np_random"] = None
+            if "_np_random_seed" in d:
+                d["_np_random_seed"] = None
+        for value in list(d.values()):
+            for space in _spaces(value):
+                sd = vars(space)
+                if "_np_random" in sd:
+                    sd["_np_random"] = None
+    unwrapped = _layers(env)[-1]
+    if _atari(unwrapped):
+        _fresh_atari(unwrapped)
+
+
+def _fresh_atari(env: Any) -> None:
+    """A new seed for ``env``'s generator and its emulator, from OS entropy (``seed_game()``, as
+    ``AtariEnv.__init__`` draws it). The emulator takes its seed when the ROM is loaded: a seeded
+    reset loads it anyway; a first reset without a seed, or a step before any reset, loads it
+    first (what construction did), then the instance's own ``reset``/``step`` are the class's again."""
+    env.seed_game()
+    cls = type(env)
+
+    def first(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            vars(env).pop("reset", None)
+            vars(env).pop("step", None)
+            if name == "step" or kwargs.get("seed") is None:
+                env.load_game()
+            return getattr(cls, name)(env, *args, **kwargs)
+
+        return call
+
+    env.reset = first("reset")
+    env.step = first("step")
