@@ -16,10 +16,10 @@ What makes that safe, one env never seeing another's state:
 * an env built from scratch draws its random streams from OS entropy; an inherited one would
   carry the template's. :func:`take` gives it fresh ones before it serves: every Gymnasium
   generator in the env's layers and spaces is dropped (Gymnasium makes a new one, from OS
-  entropy, at first use, as for a new env), and ale-py's ``AtariEnv`` draws a new seed for
-  its own generator and its emulator (the emulator takes it when the ROM is next loaded: by a
-  seeded reset, which reloads it anyway, or, for a first ``reset()`` without a seed or a
-  ``step`` before any reset, just before it, as construction would have loaded it);
+  entropy, at first use, as for a new env), and ale-py's ``AtariEnv`` seeds its emulator
+  again before its first use: a seeded reset seeds it and reloads the ROM anyway; a first
+  ``reset()`` without a seed, or a ``step`` before any reset, first draws a seed from OS
+  entropy and reloads the ROM with it, as construction did;
 * only envs known to keep no other random state are inherited: every layer's class must come
   from Gymnasium or ale-py (:data:`KNOWN_MODULES`), none may hold a generator outside
   ``_np_random``, building may open no file descriptor and start no thread (a fork's inherited
@@ -165,7 +165,7 @@ def build_env(factory: Callable[[], Any]) -> Any:
 
 def _fresh_streams(env: Any) -> None:
     """Drop every Gymnasium generator of ``env`` (made again from OS entropy at first use, as in a
-    new env); an ale-py ``AtariEnv`` also gets a fresh seed for its emulator."""
+    new env); an ale-py ``AtariEnv`` also seeds its emulator afresh before first use (:func:`_fresh_atari`)."""
     for layer in _layers(env):
         d = vars(layer)
         if d.get("_np_random") is not None:
@@ -183,11 +183,11 @@ def _fresh_streams(env: Any) -> None:
 
 
 def _fresh_atari(env: Any) -> None:
-    """A new seed for ``env``'s generator and its emulator, from OS entropy (``seed_game()``, as
-    ``AtariEnv.__init__`` draws it). The emulator takes its seed when the ROM is loaded: a seeded
-    reset loads it anyway; a first reset without a seed, or a step before any reset, loads it
-    first (what construction did), then the instance's own ``reset``/``step`` are the class's again."""
-    env.seed_game()
+    """``env``'s generator is dropped (see :func:`_fresh_streams`); its emulator's seed is drawn when
+    first needed: a seeded reset draws both from its seed and loads the ROM anyway; a first reset
+    without a seed, or a step before any reset, first draws a new seed from OS entropy and loads
+    the ROM with it (``seed_game()``, ``load_game()``: what ``AtariEnv.__init__`` did), then the
+    instance's own ``reset``/``step`` are the class's again."""
     cls = type(env)
 
     def first(name: str) -> Callable[..., Any]:
@@ -195,6 +195,7 @@ def _fresh_atari(env: Any) -> None:
             vars(env).pop("reset", None)
             vars(env).pop("step", None)
             if name == "step" or kwargs.get("seed") is None:
+                env.seed_game()
                 env.load_game()
             return getattr(cls, name)(env, *args, **kwargs)
 
