@@ -23,8 +23,10 @@ What makes that safe, one env never seeing another's state:
 * only envs known to keep no other random state are inherited: every layer's class must come
   from Gymnasium or ale-py (:data:`KNOWN_MODULES`), none may hold a generator outside
   ``_np_random``, building may open no file descriptor and start no thread (a fork's inherited
-  descriptors are pointed at ``/dev/null``; a fork keeps one thread). Anything else is closed
-  in the template and built in each fork, as before.
+  descriptors are pointed at ``/dev/null``; a fork keeps one thread), and the factory may not
+  read what differs between envs (a ``BOLTZLABS_`` environment variable, ``ENV_INDEX``,
+  ``ENV_DIR``, ``WORKSPACE``: the template has its own values). Anything else is closed in the
+  template and built in each fork, as before.
 
 Standard library only (the env is inspected by duck typing): it runs in the template, before the
 fork loop, and in each forked env, before it serves.
@@ -34,8 +36,12 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+from . import process_setup
 
 __all__ = ["LIMIT", "KNOWN_MODULES", "build", "take", "build_env", "inheritable"]
 
@@ -133,10 +139,11 @@ def build(factories: Sequence[Callable[[], Any]] | Callable[[], Any]) -> int:
         seen.append(factory)
         fds, threads = _open_fds(), _threads()
         try:
-            env = factory()
+            with _watch_per_env() as used:
+                env = factory()
         except Exception:  # noqa: BLE001 - left to fail, and say why, in the fork that builds it
             continue
-        if inheritable(env) and not (_open_fds() - fds) and _threads() <= threads:
+        if not used and inheritable(env) and not (_open_fds() - fds) and _threads() <= threads:
             _held.append((factory, env))
             continue
         try:
@@ -144,6 +151,87 @@ def build(factories: Sequence[Callable[[], Any]] | Callable[[], Any]) -> int:
         except Exception:  # noqa: BLE001
             pass
     return len(_held)
+
+
+class _WatchedEnviron(MutableMapping):
+    """``os.environ`` while a factory builds in the template: notes a read of any ``BOLTZLABS_``
+    variable (the env's index, workspace, ...: the template's values, not a fork's) or of all of them."""
+
+    def __init__(self, real: Any, used: list[str]):
+        self._real, self._used = real, used
+
+    def _note(self, key: Any) -> None:
+        if isinstance(key, str) and key.startswith("BOLTZLABS_"):
+            self._used.append(key)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._note(key)
+        return self._real[key]
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return key in self._real
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._real[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        del self._real[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        self._used.append("*")
+        return iter(self._real)
+
+    def __len__(self) -> int:
+        return len(self._real)
+
+    def copy(self) -> dict:
+        self._used.append("*")
+        return dict(self._real)
+
+
+def _watched(value: Any, used: list[str]) -> Any:
+    """A copy of ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (an int or str subclass) that notes any use."""
+    plain = int(value) if isinstance(value, int) else str(value)
+    base = type(plain)
+    skip = {"__new__", "__init__", "__getattribute__", "__setattr__", "__delattr__", "__init_subclass__"}
+    skip |= {"__subclasshook__", "__class__", "__getnewargs__", "__reduce__", "__reduce_ex__", "__sizeof__"}
+
+    def noting(name: str) -> Callable[..., Any]:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            used.append(name)
+            return getattr(plain, name)(*args, **kwargs)
+
+        return method
+
+    names = [n for n in dir(base) if n not in skip and callable(getattr(base, n))]
+    return type("Watched" + type(value).__name__, (type(value),), {n: noting(n) for n in names})(plain)
+
+
+@contextmanager
+def _watch_per_env() -> Iterator[list[str]]:
+    """While a factory builds in the template: note whether it reads what differs between envs, the
+    ``BOLTZLABS_`` environment variables or ``ENV_INDEX``/``ENV_DIR``/``WORKSPACE`` (every module
+    global bound to them, as the fork loop rebinds them in each fork). Such an env is not inherited."""
+    used: list[str] = []
+    per_env = {id(v): v for v in (process_setup.ENV_INDEX, process_setup.ENV_DIR, process_setup.WORKSPACE)}
+    watched = {key: _watched(v, used) for key, v in per_env.items()}
+    bound: list[tuple[dict, str, Any]] = []
+    for module in list(sys.modules.values()):
+        d = getattr(module, "__dict__", None)
+        if isinstance(d, dict):
+            bound.extend((d, k, v) for k, v in list(d.items()) if id(v) in per_env and v is per_env[id(v)])
+    real_environ = os.environ
+    try:
+        for d, k, v in bound:
+            d[k] = watched[id(v)]
+        # (os.getenv reads it too; the process environment itself is untouched: nothing to clear)
+        os.environ = _WatchedEnviron(real_environ, used)  # type: ignore[assignment]  # noqa: B003
+        yield used
+    finally:
+        os.environ = real_environ  # noqa: B003
+        for d, k, v in bound:
+            d[k] = v
 
 
 def take(factory: Any) -> Any:

@@ -117,3 +117,36 @@ def test_an_inherited_atari_env_reloads_its_rom_with_a_fresh_seed_before_an_unse
     obs, _ = env2.reset(seed=3)  # seeded: AtariEnv.reset loads the ROM itself, once
     assert loads2 == [1]
     assert np.array_equal(obs, _pong().reset(seed=3)[0])
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda: __import__("os").environ.get("BOLTZLABS_ENV_INDEX", "-1"),
+        lambda: __import__("os").getenv("BOLTZLABS_WORKSPACE"),
+        lambda: dict(__import__("os").environ),
+        lambda: __import__("boltzlabs_gym.envside.process_setup").envside.process_setup.ENV_INDEX % 3,
+        lambda: __import__("os").path.join(__import__("boltzlabs_gym.env").env.WORKSPACE, "videos"),
+    ],
+    ids=["environ.get", "getenv", "all of environ", "ENV_INDEX", "WORKSPACE"],
+)
+def test_a_factory_that_reads_what_differs_between_envs_is_built_in_each_fork(read, monkeypatch):
+    """In the template these are the template's own values: an env built from them must not be inherited."""
+    import os
+
+    from boltzlabs_gym import env as env_module
+    from boltzlabs_gym.envside import process_setup
+
+    index, workspace = process_setup.PerEnvInt(-1), process_setup.PerEnvStr("/workspace")
+    monkeypatch.setattr(process_setup, "ENV_INDEX", index)
+    monkeypatch.setattr(process_setup, "WORKSPACE", workspace)
+    monkeypatch.setattr(env_module, "WORKSPACE", workspace)
+    environ = os.environ
+
+    def factory():
+        read()
+        return _cartpole()
+
+    assert prebuilt.build([factory]) == 0
+    assert os.environ is environ and process_setup.ENV_INDEX is index and env_module.WORKSPACE is workspace
+    assert prebuilt.build([_cartpole]) == 1  # one that reads none of them is inherited
