@@ -78,3 +78,17 @@ def test_unseeded_inherited_envs_draw_their_own_emulator_streams():
     finally:
         envs.close()
     assert len({obs[i].tobytes() for i in range(n)}) > 1
+
+
+def test_a_hard_reset_forks_a_new_env_that_inherits_again():
+    envs = _vec(2)
+    try:
+        envs.reset(seed=0)
+        for _ in range(10):
+            envs.step(np.array([2, 3]))
+        envs.pool.reset(seed=[None, 21], where=np.array([False, True]), hard=True)  # a fresh fork of env 1
+        assert len(set(envs.get_attr("built_at"))) == 1  # the template's env, inherited again
+        obs, _ = envs.reset(seed=[None, 21])
+        assert np.array_equal(obs[1], make_pong().reset(seed=21)[0])
+    finally:
+        envs.close()
