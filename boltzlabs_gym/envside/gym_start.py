@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ..wire.start_failure import describe_start_failure
-from . import process_setup
+from . import prebuilt, process_setup
 from .framing import write_all
 from .gym_host import GymHost
 from .gym_loops import serve_one, serve_sandbox
@@ -45,12 +45,14 @@ def _serve_built(factories: Sequence[Callable[[], Any]], index: int, fd_in: int,
     config = sandbox_config()
     base = max(index, 0)  # -1: run by hand
     if config.envs_per_sandbox == 1:
-        host = _started(lambda: GymHost(factories[base % len(factories)]()), fd_in, fd_out)
+        host = _started(lambda: GymHost(prebuilt.build_env(factories[base % len(factories)])), fd_in, fd_out)
         freeze_heap()
         serve_one(host, fd_in, fd_out)
         return
     hosts = _started(
-        lambda: [GymHost(factories[(base + s) % len(factories)]()) for s in range(config.env_count)], fd_in, fd_out
+        lambda: [GymHost(prebuilt.build_env(factories[(base + s) % len(factories)])) for s in range(config.env_count)],
+        fd_in,
+        fd_out,
     )
     progress = Progress(process_setup.workspace_now())
     freeze_heap()
@@ -117,6 +119,7 @@ def serve_factories(env_dir: str | None = None, index: int | None = None) -> Non
         ) as f:
             preloaded = pickle.load(f)
         _warm_up(preloaded)
+        prebuilt.build(preloaded)  # one env per factory, inherited by the forks (envside/prebuilt.py)
         process_setup.template_fork()  # returns in each forked env
     proto_in, proto_out = protect_channel_fds()
     if env_dir is None:
