@@ -71,15 +71,20 @@ def assert_identical(ours, ref, where: str) -> None:
         assert ours == ref or (ours != ours and ref != ref), f"{where}: {ours!r} != {ref!r}"
 
 
-@pytest.mark.parametrize("k", [1, 2], ids=lambda k: f"K{k}")
-@pytest.mark.parametrize("mode", list(AutoresetMode), ids=lambda m: m.value)
+@pytest.mark.parametrize(
+    "k, mode, pool_mode",
+    [(k, mode, "default") for k in (1, 2) for mode in AutoresetMode]
+    # boltz mode: envs forked from a template that built one already (envside/prebuilt.py)
+    + [(k, AutoresetMode.NEXT_STEP, "boltz") for k in (1, 2)],
+    ids=lambda v: f"K{v}" if isinstance(v, int) else getattr(v, "value", v),
+)
 @pytest.mark.parametrize("env_name", list(CASES))
-def test_trajectories_match_sync_vector_env(env_name, mode, k):
+def test_trajectories_match_sync_vector_env(env_name, mode, k, pool_mode):
     need(env_name)
     case = CASES[env_name]
     fns = [case["factory"]] * 4
     ref = SyncVectorEnv(fns, autoreset_mode=mode)
-    ours = BoltzLabsVecEnv(fns, autoreset_mode=mode, isolation=ISOLATION, envs_per_sandbox=k)
+    ours = BoltzLabsVecEnv(fns, autoreset_mode=mode, isolation=ISOLATION, envs_per_sandbox=k, mode=pool_mode)
     try:
         assert ours.single_observation_space == ref.single_observation_space
         assert ours.single_action_space == ref.single_action_space
