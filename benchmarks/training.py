@@ -144,6 +144,7 @@ def sb3_run(kind: str, args) -> dict:
         model.learn(args.sb3_timesteps)
         wall = time.perf_counter() - t0
         episodes = [float(e["r"]) for e in model.ep_info_buffer]
+        faults = ours_faults(env)
     finally:
         env.close()
     eval_returns = sb3_evaluate(model, args)
@@ -159,7 +160,23 @@ def sb3_run(kind: str, args) -> dict:
         ret_last=float(np.mean(last)) if last else float("nan"),
         eval_ret=float(np.mean(eval_returns)),
         eval_returns=eval_returns,
+        **faults,
     )
+
+
+def ours_faults(env) -> dict:
+    """Ours: the sandbox in force and the env-steps that failed (straggler or crash: those episodes
+    were truncated, so the run no longer follows the others); empty for the other vectorizers."""
+    venv = getattr(env, "venv", None)
+    if venv is None or not hasattr(venv, "isolation"):
+        return {}
+    return dict(isolation=sandbox(venv.isolation), stragglers=env.straggler_count, errors=env.error_count)
+
+
+def sandbox(report) -> str:
+    """``namespaces``, ``bwrap`` or ``process``, with its missing properties if any."""
+    missing = ",".join(report.missing)
+    return report.backend + (f" (missing: {missing})" if missing else "")
 
 
 def sb3_evaluate(model, args) -> list[float]:
@@ -276,6 +293,7 @@ def atari_run(kind: str, args) -> dict:
     terms, dones = np.zeros((T, n), dtype=np.float32), np.zeros((T, n), dtype=np.float32)
     valid = np.ones((T, n), dtype=bool)
     episodes: list[float] = []
+    faults = {"stragglers": 0, "errors": 0}
     try:
         t0 = time.perf_counter()
         next_obs, _ = envs.reset(seed=args.seed)
@@ -295,11 +313,15 @@ def atari_run(kind: str, args) -> dict:
                 dones[t] = autoreset
                 if "episode" in infos:
                     episodes += [float(r) for r in infos["episode"]["r"][infos["_episode"]]]
+                for key, count in (("_boltzlabs_straggler", "stragglers"), ("_boltzlabs_error", "errors")):
+                    faults[count] += int(np.sum(infos.get(key, 0)))
             with torch.no_grad():
                 next_value = agent.value(torch.as_tensor(next_obs)).numpy()
             adv = gae(rewards, values, next_value, terms, dones, args.gamma, args.gae_lambda)
             atari_update(agent, optim, obs_buf, actions, logps, adv, adv + values, valid, args)
         wall = time.perf_counter() - t0
+        if hasattr(envs, "isolation"):
+            faults["isolation"] = sandbox(envs.isolation)
     finally:
         envs.close()
     last = episodes[-args.last_n :]
@@ -314,6 +336,7 @@ def atari_run(kind: str, args) -> dict:
         episodes=len(episodes),
         ret_last=float(np.mean(last)) if last else float("nan"),
         masked_steps=int((~valid).sum()),  # of the last rollout
+        **(faults if "isolation" in faults else {}),
     )
 
 
@@ -408,16 +431,20 @@ def same_returns(rows: list[dict]) -> str:
 
 
 def markdown_table(rows: list[dict], wl: str) -> str:
+    sb3 = wl == "sb3"
     head = "| vectorizer | rep | build s | wall s | env-steps/s | episodes | mean return (last) |"
-    head += " eval return |" if wl == "sb3" else ""
-    out = [head, "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if wl == "sb3" else "")]
+    head += " eval return |" if sb3 else ""
+    out = [head + " sandbox (failed steps) |", "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * sb3 + "---|"]
     for r in rows:
         if r["status"] != "ok":
-            out.append(f"| {r['kind']} | {r['rep'] + 1} | failed: {r['error'].splitlines()[-1]} |")
+            out.append(f"| {r['kind']} | {r['rep'] + 1} | failed: {r['error'].strip().splitlines()[-1]} |")
             continue
         cells = [r["kind"], str(r["rep"] + 1), f"{r['build_s']:.2f}", f"{r['wall_s']:.1f}", f"{r['sps']:.0f}"]
-        cells += [str(r["episodes"]), f"{r['ret_last']:.1f}"] + ([f"{r['eval_ret']:.1f}"] if wl == "sb3" else [])
+        cells += [str(r["episodes"]), f"{r['ret_last']:.1f}"] + ([f"{r['eval_ret']:.1f}"] if sb3 else [])
+        cells.append(f"{r['isolation']} ({r['stragglers'] + r['errors']})" if "isolation" in r else "-")
         out.append("| " + " | ".join(cells) + " |")
+    if sb3:
+        out.append("\nepisodes: those in SB3's `ep_info_buffer` (the last 100 at most).")
     return "\n".join(out) + "\n"
 
 
@@ -512,7 +539,8 @@ def main(argv=None) -> int:
                     print(
                         f"RESULT workload={wl} kind={kind} rep={rep + 1} wall_s={row['wall_s']:.2f} "
                         f"sps={row['sps']:.0f} episodes={row['episodes']} ret_last={row['ret_last']:.2f}"
-                        + (f" eval_ret={row['eval_ret']:.2f}" if wl == "sb3" else ""),
+                        + (f" eval_ret={row['eval_ret']:.2f}" if wl == "sb3" else "")
+                        + "".join(f" {k}={row[k]}" for k in ("isolation", "stragglers", "errors") if k in row),
                         flush=True,
                     )
                 except Exception:
