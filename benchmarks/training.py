@@ -335,6 +335,8 @@ def atari_run(kind: str, args) -> dict:
         sps=steps / wall,
         episodes=len(episodes),
         ret_last=float(np.mean(last)) if last else float("nan"),
+        # the first episodes of the run: beside ret_last, whether the return moved during it
+        ret_first=float(np.mean(episodes[: args.last_n])) if episodes else float("nan"),
         masked_steps=int((~valid).sum()),  # of the last rollout
         **(faults if "isolation" in faults else {}),
     )
@@ -433,18 +435,20 @@ def same_returns(rows: list[dict]) -> str:
 def markdown_table(rows: list[dict], wl: str) -> str:
     sb3 = wl == "sb3"
     head = "| vectorizer | rep | build s | wall s | env-steps/s | episodes | mean return (last) |"
-    head += " eval return |" if sb3 else ""
-    out = [head + " sandbox (failed steps) |", "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * sb3 + "---|"]
+    head += " eval return |" if sb3 else " mean return (first) |"
+    out = [head + " sandbox (failed steps) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["status"] != "ok":
             out.append(f"| {r['kind']} | {r['rep'] + 1} | failed: {r['error'].strip().splitlines()[-1]} |")
             continue
         cells = [r["kind"], str(r["rep"] + 1), f"{r['build_s']:.2f}", f"{r['wall_s']:.1f}", f"{r['sps']:.0f}"]
-        cells += [str(r["episodes"]), f"{r['ret_last']:.1f}"] + ([f"{r['eval_ret']:.1f}"] if sb3 else [])
+        cells += [str(r["episodes"]), f"{r['ret_last']:.1f}", f"{r['eval_ret' if sb3 else 'ret_first']:.1f}"]
         cells.append(f"{r['isolation']} ({r['stragglers'] + r['errors']})" if "isolation" in r else "-")
         out.append("| " + " | ".join(cells) + " |")
     if sb3:
         out.append("\nepisodes: those in SB3's `ep_info_buffer` (the last 100 at most).")
+    else:
+        out.append("\nmean return (first): of the run's first episodes, as many as (last) averages.")
     return "\n".join(out) + "\n"
 
 
@@ -539,7 +543,7 @@ def main(argv=None) -> int:
                     print(
                         f"RESULT workload={wl} kind={kind} rep={rep + 1} wall_s={row['wall_s']:.2f} "
                         f"sps={row['sps']:.0f} episodes={row['episodes']} ret_last={row['ret_last']:.2f}"
-                        + (f" eval_ret={row['eval_ret']:.2f}" if wl == "sb3" else "")
+                        + (f" eval_ret={row['eval_ret']:.2f}" if wl == "sb3" else f" ret_first={row['ret_first']:.2f}")
                         + "".join(f" {k}={row[k]}" for k in ("isolation", "stragglers", "errors") if k in row),
                         flush=True,
                     )
