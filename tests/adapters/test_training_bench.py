@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-for _module, _package in (
-    ("torch", "torch"),
-    ("stable_baselines3", "stable-baselines3"),
-    ("ale_py", "ale-py"),
-    ("mujoco", "mujoco"),
+for _module, _package, _install in (
+    ("torch", "torch", "install a CPU build of torch, as README.md says"),
+    ("stable_baselines3", "stable-baselines3", "pip install stable-baselines3"),
+    ("ale_py", "ale-py", "pip install ale-py"),
+    ("mujoco", "mujoco", 'pip install "gymnasium[mujoco]"'),
 ):
-    pytest.importorskip(_module, reason=f"{_package} is not installed (pip install {_package})")
+    pytest.importorskip(_module, reason=f"{_package} is not installed ({_install})")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "training.py")
