@@ -14,8 +14,8 @@ import pytest
 for _module, _package, _install in (
     ("torch", "torch", "install a CPU build of torch, as README.md says"),
     ("stable_baselines3", "stable-baselines3", "pip install stable-baselines3"),
-    ("ale_py", "ale-py", "pip install ale-py"),
-    ("mujoco", "mujoco", 'pip install "gymnasium[mujoco]"'),
+    ("ale_py", "ale-py", 'pip install -e ".[real-envs]"'),
+    ("mujoco", "mujoco", 'pip install -e ".[real-envs]"'),
 ):
     pytest.importorskip(_module, reason=f"{_package} is not installed ({_install})")
 
