@@ -20,10 +20,13 @@ K = 1 (one env per sandbox) and at every K of ``--k`` (``envs_per_sandbox=K``; `
 is ``n // os.cpu_count()``: one sandbox per core). An implementation that cannot run (not installed)
 is skipped with the reason.
 
-Implementations run one after another, each started, reset, stepped and closed before the next
-(no two alive at once). Each gets the same pre-sampled actions (sampling is not timed), ``--warmup``
-untimed steps, then ``--rounds`` timed blocks of ``--steps`` steps: env-steps/s is the median over
-blocks (p25-p75 beside it), the ratios are that median over AsyncVectorEnv's and SyncVectorEnv's
+Every implementation of an (env, n) is started, reset and warmed up, and stays alive; then
+``--rounds`` rounds each time one block of ``--steps`` steps of every implementation in turn, the
+order rotating each round, so that a machine whose speed drifts within minutes (a shared VM) drifts
+under all of them alike (``--one-at-a-time`` instead runs each alone and closes it before the next
+starts). Each gets the same pre-sampled actions (sampling is not timed) and ``--warmup`` untimed
+steps: env-steps/s is the median over its blocks (p25-p75 beside it), the ratios are that median
+over AsyncVectorEnv's and SyncVectorEnv's
 at the same n. Start+reset is the time from construction to the end of the first ``reset(seed=)``.
 Markdown on stdout (progress on stderr); ``real_envs.json`` and ``real_envs.md`` (command, date,
 commit, machine, load) in ``--out`` (default ``benchmarks/results``; ``--smoke`` writes only where
@@ -252,6 +255,68 @@ def measure(name: str, env_name: str, n: int, actions: list, args) -> dict:
     return row
 
 
+def measure_interleaved(names: list[str], env_name: str, n: int, actions: list, args) -> list[dict]:
+    """Every implementation started (one after another, each timed from construction to its first
+    reset) and kept alive; then ``args.rounds`` rounds, each timing one block of every
+    implementation in turn (the order rotating by one each round), so that a machine whose speed
+    drifts within minutes drifts under all of them alike. Every one closed at the end."""
+    rows, envs = [], []
+    try:
+        for name in names:
+            row: dict = {"env": env_name, "n": n, "impl": name, "label": label(name)}
+            kind, k = split_k(name)
+            if kind in ("default", "boltz"):
+                row.update(mode=kind, envs_per_sandbox=k)
+            rows.append(row)
+            env = None
+            try:
+                t0 = time.perf_counter()
+                env = make_impl(name, env_name, n, args.seed)
+                env.reset(seed=args.seed)
+                row["start_reset_s"] = time.perf_counter() - t0
+                if hasattr(env, "pool"):
+                    row["isolation"] = str(env.pool.isolation).split(" ")[0]
+                for step in range(args.warmup):
+                    env.step(actions[step % len(actions)])
+                row.update(status="ok", rounds_steps_per_s=[])
+            except Skip as exc:
+                row.update(status="skipped", reason=str(exc))
+            except Exception as exc:  # reported, not fatal: the others still run
+                row.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+            if row["status"] != "ok" and env is not None:
+                env.close()
+                env = None
+            envs.append(env)
+        live = [i for i, env in enumerate(envs) if env is not None]
+        step = args.warmup
+        for r in range(args.rounds):
+            for i in live[r % len(live) :] + live[: r % len(live)] if live else []:
+                try:
+                    t1 = time.perf_counter()
+                    for s in range(args.steps):
+                        envs[i].step(actions[(step + s) % len(actions)])
+                    rows[i]["rounds_steps_per_s"].append(n * args.steps / (time.perf_counter() - t1))
+                except Exception as exc:  # this one failed mid-run: reported, the others go on
+                    rows[i].update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+                    envs[i].close()
+                    envs[i] = None
+                    live.remove(i)
+            step += args.steps
+        for row in rows:
+            per_round = row.get("rounds_steps_per_s")
+            if row["status"] == "ok" and per_round:
+                row.update(
+                    steps_per_s=float(np.median(per_round)),
+                    p25=float(np.percentile(per_round, 25)),
+                    p75=float(np.percentile(per_round, 75)),
+                )
+    finally:
+        for env in envs:
+            if env is not None:
+                env.close()
+    return rows
+
+
 def add_ratios(rows: list[dict]) -> None:
     """Each row's median over AsyncVectorEnv's and SyncVectorEnv's at the same (env, n)."""
     for row in rows:
@@ -344,6 +409,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="folder for real_envs.json and real_envs.md (default benchmarks/results)")
     parser.add_argument("--smoke", action="store_true", help="n=2, a few steps, K=1 and 2: a run, not a measurement")
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run each implementation alone, closed before the next starts (default: all alive, rounds interleaved)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.sizes, args.k, args.rounds, args.steps, args.warmup = "2", "2", 1, 3, 1
@@ -368,6 +438,7 @@ def main(argv=None) -> int:
         "warmup": args.warmup,
         "seed": args.seed,
         "smoke": args.smoke,
+        "interleaved": not args.one_at_a_time,
         "rows": [],
     }
     m = result["machine"]
@@ -394,19 +465,25 @@ def main(argv=None) -> int:
             steps = args.steps or max(20, 3200 // n)
             run_args = argparse.Namespace(**{**vars(args), "steps": steps})
             actions = pre_sampled_actions(env_name, n, 64, args.seed) if not missing else []
-            for name in expand(impls, ks, n):
-                if missing and name != "envpool":
-                    row = dict(env=env_name, n=n, impl=name, label=label(name), status="skipped")
-                    row["reason"] = f"{', '.join(missing)} not importable: {install}"
-                elif missing:
-                    actions = _envpool_actions(env_name, n, args.seed)
-                    row = measure(name, env_name, n, actions, run_args)
-                else:
-                    row = measure(name, env_name, n, actions, run_args)
+            names = expand(impls, ks, n)
+            if not missing and not args.one_at_a_time:
+                rows = measure_interleaved(names, env_name, n, actions, run_args)
+            else:
+                rows = []
+                for name in names:
+                    if missing and name != "envpool":
+                        row = dict(env=env_name, n=n, impl=name, label=label(name), status="skipped")
+                        row["reason"] = f"{', '.join(missing)} not importable: {install}"
+                    elif missing:
+                        row = measure(name, env_name, n, _envpool_actions(env_name, n, args.seed), run_args)
+                    else:
+                        row = measure(name, env_name, n, actions, run_args)
+                    rows.append(row)
+            for row in rows:
                 row["steps_per_block"] = steps
                 result["rows"].append(row)
                 done = f"{row['steps_per_s']:,.0f} steps/s" if row["status"] == "ok" else row["status"]
-                print(f"  {env_name} n={n} {name}: {done}", file=sys.stderr, flush=True)
+                print(f"  {env_name} n={n} {row['impl']}: {done}", file=sys.stderr, flush=True)
     add_ratios(result["rows"])
     result["loadavg_end"] = list(os.getloadavg())
     table = table_lines(result["rows"], args.rounds)

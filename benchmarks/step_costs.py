@@ -5,10 +5,11 @@
     python benchmarks/step_costs.py --configs cartpole:64:1,large_obs:64:8 --seconds 3
 
 Each configuration is ``env:n:K`` (``K`` = ``envs_per_sandbox``; ``env`` one of
-``cartpole``, ``large_obs``, ``dict_obs`` from ``bench_envs.py``, with ``+bytes`` for
-``shared_obs=False``: ``dict_obs+bytes:64:1``), built through the public API as
-``benchmarks/paired.py`` builds ``default`` (mode="default", the direct lane). After a
-reset and a warm-up, two blocks of steps with the same all-zeros Discrete actions:
+``cartpole``, ``large_obs``, ``dict_obs`` from ``bench_envs.py``, or the real envs of
+``real_env_factories.py``, ``halfcheetah`` and ``pong`` (install ``boltzlabs-gym[real-envs]``),
+with ``+bytes`` for ``shared_obs=False``: ``dict_obs+bytes:64:1``), built through the public API
+as ``benchmarks/paired.py`` builds ``default`` (mode="default", the direct lane). After a reset and
+a warm-up, two blocks of steps with the same all-zeros actions (Discrete, or a Box batch):
 
 1. **Unprofiled**, for about ``--seconds``: wall time per step; the trainer's CPU (its main
    thread, ``time.thread_time``, and the whole process with its ZeroMQ threads,
@@ -58,6 +59,7 @@ import bench_envs  # noqa: E402
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
+import real_env_factories  # noqa: E402
 from wakeups import switches  # noqa: E402
 
 from boltzlabs_gym import BoltzLabsVecEnv  # noqa: E402
@@ -71,12 +73,16 @@ def flatten_spaces(space: gym.Space) -> list:
         return [leaf for sub in space.spaces for leaf in flatten_spaces(sub)]
     return [space] if space.shape else []
 
+
 cloudpickle.register_pickle_by_value(bench_envs)  # sandboxes cannot import this directory
+cloudpickle.register_pickle_by_value(real_env_factories)
 
 FACTORIES = {
     "cartpole": bench_envs.make_cartpole,
     "large_obs": bench_envs.make_large_obs,
     "dict_obs": bench_envs.make_dict_obs,
+    "halfcheetah": real_env_factories.make_half_cheetah,
+    "pong": real_env_factories.make_pong,
 }
 DEFAULT_CONFIGS = "cartpole:8:1,cartpole:8:8,cartpole:64:1,cartpole:64:8,large_obs:64:1,large_obs:64:8"
 GROUPS = ("encode", "write", "wait", "read/parse", "copy obs", "return", "other")
@@ -100,19 +106,29 @@ _rule(
     "encode_env_action",
     "split_actions",
 )
+_rule("encode", "boltzlabs_gym/vector/step_batch.py", "action_rows")
 _rule("encode", "boltzlabs_gym/client/routes.py", "send")
-_rule("encode", "boltzlabs_gym/client/sandbox_route.py", "send", "send_steps", "step_items", "_answer_restarted")
+_rule(
+    "encode",
+    "boltzlabs_gym/client/sandbox_route.py",
+    "send",
+    "send_steps",
+    "send_action_rows",
+    "step_items",
+    "_answer_restarted",
+)
 _rule(
     "encode",
     "boltzlabs_gym/client/sandbox_replies.py",
     "pack",
     "pack_steps",
+    "pack_action_rows",
     "_slots",
     "_sandbox_request",
     "_shorthand",
 )
-_rule("encode", "boltzlabs_gym/client/batch_calls.py", "send", "send_steps")
-_rule("encode", "boltzlabs_gym/wire/protocol.py", "env_request", "env_request_line")
+_rule("encode", "boltzlabs_gym/client/batch_calls.py", "send", "send_steps", "send_action_rows")
+_rule("encode", "boltzlabs_gym/wire/protocol.py", "env_request", "env_request_line", "array_step_line")
 _rule("encode", "~", "<method 'tolist' of 'numpy.ndarray' objects>")
 _rule("write", "boltzlabs_gym/client/direct_lane.py", "send", "_write")
 _rule("write", "boltzlabs_gym/wire/envpipe.py", "write", "write_parts", "flush", "_write_some")
@@ -148,6 +164,18 @@ _rule(
 )
 _rule("read/parse", "boltzlabs_gym/vector/step_batch.py", "read_step", "read_reset", "take_step")
 _rule("read/parse", "boltzlabs_gym/vector/fast_paths.py", "read")
+# Infos: read from the replies and batched as Gymnasium's infos (typed columns or the general path).
+_rule(
+    "read/parse",
+    "boltzlabs_gym/vector/fast_paths.py",
+    "add_info_rows",
+    "add_pending_infos",
+    "take_with_info",
+    "info_layout",
+)
+_rule("read/parse", "boltzlabs_gym/vector/step_batch.py", "decode_info")
+_rule("read/parse", "gymnasium/vector/vector_env.py", "_add_info")
+_rule("read/parse", "boltzlabs_gym/wire/codec.py", "decode_info", "_decode_info", "parse_info_step_line")
 _rule("read/parse", "boltzlabs_gym/wire/codec.py", "parse_step_line")
 _rule("read/parse", "boltzlabs_gym/client/results.py", "parse_result", "read_step", "read_reset", "__init__")
 _rule("read/parse", "~", "<built-in method posix.read>", "<built-in method posix.readv>")
@@ -287,14 +315,20 @@ def run_steps(env, actions: np.ndarray, steps: int) -> None:
         env.step(actions)
 
 
+def zero_action(space: gym.Space):
+    """The all-zeros action of ``space`` (Discrete: 0; a Box: zeros of its dtype and shape)."""
+    return 0 if isinstance(space, gym.spaces.Discrete) else np.zeros(space.shape, dtype=space.dtype)
+
+
 def bare_step_us(factory, steps: int = 2000) -> float:
     """CPU microseconds of one step of the env itself, in this process (no pool, no pipe): what
     an env process would pay per step if nothing else did."""
     env = factory()
     env.reset(seed=0)
+    action = zero_action(env.action_space)
     t0 = time.thread_time()
     for _ in range(steps):
-        _obs, _reward, terminated, truncated, _info = env.step(0)
+        _obs, _reward, terminated, truncated, _info = env.step(action)
         if terminated or truncated:
             env.reset()
     elapsed = time.thread_time() - t0
@@ -312,7 +346,8 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
     try:
         print(f"  {env_name} n={n} K={k}: started in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         env.reset(seed=0)
-        actions = np.zeros(n, dtype=np.int64)
+        space = env.single_action_space
+        actions = np.zeros((n, *space.shape), dtype=space.dtype) if space.shape else np.zeros(n, dtype=np.int64)
         # Warm up, and time a few steps to size the block.
         t = time.perf_counter()
         run_steps(env, actions, 30)
@@ -332,8 +367,7 @@ def measure(env_name: str, n: int, k: int, seconds: float, profiled_steps: int) 
         prof.disable()
         groups, by_func = profile_groups(prof)
         obs_bytes = sum(
-            int(np.prod(space.shape)) * space.dtype.itemsize
-            for space in flatten_spaces(env.single_observation_space)
+            int(np.prod(space.shape)) * space.dtype.itemsize for space in flatten_spaces(env.single_observation_space)
         )
         copy = bool(env.copy)
     finally:
