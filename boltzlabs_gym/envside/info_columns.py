@@ -25,9 +25,11 @@ position's info go as a one-env reply, as before. Columns are added as keys firs
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+
+from ..wire.info_layout import RESERVED_KEYS, TAG_DTYPES
 
 __all__ = ["InfoColumns", "MAX_COLUMNS", "MAX_CELL_BYTES", "RESERVED_KEYS"]
 
@@ -35,13 +37,10 @@ __all__ = ["InfoColumns", "MAX_COLUMNS", "MAX_CELL_BYTES", "RESERVED_KEYS"]
 MAX_COLUMNS = 64
 #: The largest array value (bytes) a column takes; a larger one goes in its own reply.
 MAX_CELL_BYTES = 4096
-#: Keys the vector env gives a meaning of its own (SAME_STEP's final observation and info).
-RESERVED_KEYS = frozenset({"final_obs", "final_info"})
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+#: A Python scalar's tag and its column's dtype (the reader holds its columns to the same dtypes).
 _PY_TAGS: dict[type, tuple[str, np.dtype]] = {
-    int: ("int", np.dtype("<i8")),
-    float: ("float", np.dtype("<f8")),
-    bool: ("bool", np.dtype("|b1")),
+    py: (tag, cast(np.dtype, TAG_DTYPES[tag])) for py, tag in ((int, "int"), (float, "float"), (bool, "bool"))
 }
 
 

@@ -50,7 +50,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from ..errors import CodecError
 from .info_layout import BadInfoMember, decode_cols
-from .protocol import INFO_COLS_MARK, STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
+from .protocol import INFO_COLS_MARK, ND, STEP_REPLY_FLAGS, step_reply_prefix, step_reply_suffix
 from .spaces import JsonSpace
 
 __all__ = [
@@ -66,8 +66,6 @@ __all__ = [
     "ND",
 ]
 
-#: The marker key of an array leaf.
-ND = "__nd__"
 #: The key of a reference to an observation in the env's shared region (``{"__shm__": [slot, dtype, shape]}``;
 #: see :mod:`boltzlabs_gym.client.obs_regions`). Only a local pool that asked for a region gets one.
 SHM = "__shm__"

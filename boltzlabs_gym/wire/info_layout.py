@@ -23,11 +23,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-#: The codec's array reference marker (``codec.ND``; the codec imports this module, so it is
-#: spelled here, and tests/wire/test_info_layout.py holds the two equal).
-ND = "__nd__"
+from .protocol import ND
 
-__all__ = ["BadInfoMember", "InfoLayout", "InfoRows", "TAG_DTYPES", "decode_cols"]
+__all__ = ["BadInfoMember", "InfoLayout", "InfoRows", "RESERVED_KEYS", "TAG_DTYPES", "decode_cols", "numeric_rows"]
 
 #: The dtype each tag's column must have (``None``: any numeric dtype of that kind).
 TAG_DTYPES: dict[str, np.dtype | None] = {
@@ -37,7 +35,8 @@ TAG_DTYPES: dict[str, np.dtype | None] = {
     "np": None,
     "nd": None,
 }
-_RESERVED = frozenset({"final_obs", "final_info"})
+#: Keys the vector env gives a meaning of its own (SAME_STEP's final observation and info): never a column.
+RESERVED_KEYS = frozenset({"final_obs", "final_info"})
 _MAX_COLUMNS = 256
 
 
@@ -66,7 +65,7 @@ class InfoLayout(NamedTuple):
         count = len(keys)
         if not 0 < count <= _MAX_COLUMNS or len(tags) != count or len(cols) != count:
             raise BadInfoMember(f"its info member has {len(keys)} keys, {len(tags)} tags and {len(cols)} columns")
-        if any(type(k) is not str or k in _RESERVED for k in keys) or len(set(keys)) != count:
+        if any(type(k) is not str or k in RESERVED_KEYS for k in keys) or len(set(keys)) != count:
             raise BadInfoMember(f"its info keys {str(keys)[:120]} are not distinct strings of an env's info")
         if has != {ND: [first_ref, "|u1", [npos, count]]}:
             raise BadInfoMember(f"its info presence {str(has)[:120]} is not [{first_ref}, '|u1', [{npos}, {count}]]")
@@ -87,24 +86,39 @@ class InfoLayout(NamedTuple):
         return InfoRows(self, has, cols)
 
 
+def numeric_rows(ref: Any, npos: int) -> tuple[Any, np.dtype, tuple[int, ...]] | None:
+    """``(payload, dtype, row shape)`` of an untrusted array reference ``[payload, dtype, [npos, ...]]``
+    (an ``"__nd__"`` value) when it declares a numeric array of ``npos`` rows, of at most 32 more
+    dimensions, each a small int; else ``None``. The payload reference is the caller's to check.
+
+    >>> numeric_rows([3, "<f4", [2, 6]], 2)
+    (3, dtype('float32'), (6,))
+    >>> numeric_rows([3, "<U4", [2]], 2) is None
+    True
+    """
+    try:
+        k, dtype_str, shape = ref
+        dtype = np.dtype(dtype_str)
+    except (TypeError, ValueError, KeyError):
+        return None
+    ok = type(k) is int and dtype.kind in "biuf"
+    ok = ok and isinstance(shape, list) and shape[:1] == [npos] and len(shape) <= 33
+    ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
+    return (k, dtype, tuple(shape[1:])) if ok else None
+
+
 def _column(col: Any, tag: Any, ref: int, npos: int) -> tuple[np.dtype, tuple[int, ...]]:
     if tag not in TAG_DTYPES:
         raise BadInfoMember(f"info column {ref} has the unknown tag {str(tag)[:20]!r}")
-    try:
-        declared, dtype_str, shape = col[ND]
-        dtype = np.dtype(dtype_str)
-        ok = len(col) == 1 and declared == ref and type(declared) is int and dtype.kind in "biuf"
-        ok = ok and isinstance(shape, list) and shape[:1] == [npos] and len(shape) <= 33
-        ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
-    except (TypeError, ValueError, KeyError):
-        ok = False
-    if not ok:
+    rows = numeric_rows(col.get(ND), npos) if isinstance(col, dict) and len(col) == 1 else None
+    if rows is None or rows[0] != ref:
         raise BadInfoMember(f"info column {ref}, {str(col)[:80]}, is not a numeric array of {npos} rows")
+    _, dtype, row_shape = rows
     wanted = TAG_DTYPES[tag]
     wrong_dtype = (wanted is not None and dtype != wanted) or (tag == "np" and dtype.kind == "b")
-    if wrong_dtype or (tag != "nd" and len(shape) != 1):
-        raise BadInfoMember(f"info column {ref} of tag {tag!r} cannot be {dtype.str} of shape {shape}")
-    return dtype, tuple(shape[1:])
+    if wrong_dtype or (tag != "nd" and row_shape):
+        raise BadInfoMember(f"info column {ref} of tag {tag!r} cannot be {dtype.str} of shape {[npos, *row_shape]}")
+    return dtype, row_shape
 
 
 class InfoRows:

@@ -227,6 +227,9 @@ LENT_FAULT = "lent_fault"
 
 #: Sandbox requests (envs_per_sandbox > 1): the request keys and the reply keys (see above).
 SANDBOX_SLOTS, SANDBOX_OPS, SANDBOX_NBIN, SANDBOX_AUTORESET = "slots", "ops", "nbin", "autoreset"
+#: The marker key of an array leaf (``{"__nd__": [payload, dtype, shape]}``), as the codec and every
+#: reader of arrays on the wire spell it.
+ND = "__nd__"
 #: A sandbox request's batch of array actions, one row per position (see "Sandboxes of several envs").
 SANDBOX_ACTIONS = "actions"
 #: Optional sandbox request key, for the worker and the lane (the env ignores it): the request's
@@ -455,7 +458,7 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
         # An array action (Box...), the commonest request of continuous control: its line is one of
         # a few, by dtype, shape and autoreset, each encoded once.
         action = op.get("action")
-        ref = action.get(ND_KEY) if type(action) is dict and len(action) == 1 else None
+        ref = action.get(ND) if type(action) is dict and len(action) == 1 else None
         autoreset = len(op) == 3 and op.get("autoreset") is True
         if type(ref) is list and len(ref) == 3 and ref[0] == 0 and (len(op) == 2 or autoreset):
             try:
@@ -467,10 +470,6 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     return _encode_json(op).encode() + b"\n"
 
 
-#: The array reference marker (``codec.ND``; the codec imports this module).
-ND_KEY = "__nd__"
-
-
 @functools.lru_cache(maxsize=64)
 def array_step_line(dtype: str, shape: tuple, nbytes: int, autoreset: bool) -> bytes:
     """The request line of a step with an array action of ``dtype`` and ``shape`` (its one payload of
@@ -479,7 +478,7 @@ def array_step_line(dtype: str, shape: tuple, nbytes: int, autoreset: bool) -> b
     >>> array_step_line("<f4", (2,), 8, False)
     b'{"op":"step","action":{"__nd__":[0,"<f4",[2]]},"_bin":[8]}\\n'
     """
-    op: dict[str, Any] = {"op": "step", "action": {ND_KEY: [0, dtype, list(shape)]}}
+    op: dict[str, Any] = {"op": "step", "action": {ND: [0, dtype, list(shape)]}}
     if autoreset:
         op["autoreset"] = True
     op["_bin"] = [nbytes]
