@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..wire.codec import ND, encode_info
-from ..wire.info_layout import InfoLayout, InfoRows
+from ..wire.info_layout import InfoLayout, InfoRows, numeric_rows
 from ..wire.protocol import (
     ERROR,
     FLAG_TERMINATED,
@@ -194,29 +194,7 @@ def pack_steps(
     """:func:`pack` for a vector env's Discrete step batch, without per-env work in Python: every
     env steps with its int action, but those in ``resets``, which reset (seed ``None``) instead;
     ``autoreset`` marks every step for a reset in the same request (``SAME_STEP``)."""
-    out = []
-    plans = []
-    reset_at = np.flatnonzero(resets).tolist() if resets.any() else []
-    cursor = 0
-    for sandbox in range(layout.sandboxes):
-        envs = layout.envs(sandbox)
-        lo, hi = envs.start, envs.stop
-        ops: list = actions[lo:hi]
-        resetting = 0
-        while cursor < len(reset_at) and reset_at[cursor] < hi:
-            ops[reset_at[cursor] - lo] = {"op": "reset", "seed": None}
-            resetting += 1
-            cursor += 1
-        # No env of the sandbox steps: the reset deadline holds.
-        name = "reset" if resetting == hi - lo else "step"
-        request: dict = {"op": name, SANDBOX_SLOTS: _slots(hi - lo), SANDBOX_OPS: ops}
-        if autoreset:
-            request[SANDBOX_AUTORESET] = True
-        if resetting and name == "step" and mixed_deadline is not None:
-            request[SANDBOX_DEADLINE] = mixed_deadline
-        out.append((sandbox, request, ()))
-        plans.append(SandboxPlan(sandbox, list(envs), list(envs), name, whole=True))
-    return out, plans
+    return _pack_whole(layout, lambda lo, hi: actions[lo:hi], None, resets, autoreset, mixed_deadline)
 
 
 def pack_action_rows(
@@ -230,25 +208,40 @@ def pack_action_rows(
     numeric dtype): each sandbox's rows go as one payload (``"actions"``), every stepping position
     the op ``None`` (its row), those in ``resets`` a reset (seed ``None``) instead. Each env gets
     its row in the batch's dtype, as SyncVectorEnv hands it a row of the batch."""
+    return _pack_whole(layout, lambda lo, hi: [None] * (hi - lo), actions, resets, autoreset, mixed_deadline)
+
+
+def _pack_whole(
+    layout: SandboxLayout,
+    step_ops: Any,
+    rows: np.ndarray | None,
+    resets: np.ndarray,
+    autoreset: bool,
+    mixed_deadline: float | None,
+) -> tuple[list, list[SandboxPlan]]:
+    """One request per sandbox for a step of every env: ``step_ops(lo, hi)`` the ops of envs
+    ``lo .. hi-1`` (a new list), those in ``resets`` replaced by a reset (seed ``None``); with
+    ``rows`` (a batch of array actions), the sandbox's rows as the request's one payload."""
     out = []
     plans = []
-    reset_at = set(np.flatnonzero(resets).tolist()) if resets.any() else ()
-    dtype, row_shape = actions.dtype.str, list(actions.shape[1:])
+    reset_at = np.flatnonzero(resets).tolist() if resets.any() else []
+    cursor = 0
     for sandbox in range(layout.sandboxes):
         envs = layout.envs(sandbox)
         lo, hi = envs.start, envs.stop
-        ops: list = [None] * (hi - lo)
-        for i in reset_at:
-            if lo <= i < hi:
-                ops[i - lo] = {"op": "reset", "seed": None}
-        resetting = sum(op is not None for op in ops)
+        ops: list = step_ops(lo, hi)
+        resetting = 0
+        while cursor < len(reset_at) and reset_at[cursor] < hi:
+            ops[reset_at[cursor] - lo] = {"op": "reset", "seed": None}
+            resetting += 1
+            cursor += 1
         # No env of the sandbox steps: the reset deadline holds (and no actions go).
         name = "reset" if resetting == hi - lo else "step"
         request: dict = {"op": name, SANDBOX_SLOTS: _slots(hi - lo), SANDBOX_OPS: ops}
-        frames: list = []
-        if name == "step":
-            request[SANDBOX_ACTIONS] = {ND: [0, dtype, [hi - lo, *row_shape]]}
-            frames.append(actions[lo:hi].tobytes())  # a copy: the caller may change its array once step_async returns
+        frames: Sequence[bytes] = ()
+        if rows is not None and name == "step":
+            request[SANDBOX_ACTIONS] = {ND: [0, rows.dtype.str, [hi - lo, *rows.shape[1:]]]}
+            frames = [rows[lo:hi].tobytes()]  # a copy: the caller may change its array once step_async returns
         if autoreset:
             request[SANDBOX_AUTORESET] = True
         if resetting and name == "step" and mixed_deadline is not None:
@@ -486,17 +479,10 @@ def _declared_rows(obs: Any, npos: int) -> tuple[list[tuple[np.dtype, tuple]], A
 
 def _declared_array(ref: Any, k: int, npos: int) -> tuple[np.dtype, tuple]:
     """The dtype and row shape of the ``k``-th leaf's reference, ``[k, dtype, [npos, ...]]``, checked."""
-    try:
-        declared_k, dtype_str, shape = ref
-        dtype = np.dtype(dtype_str)
-        ok = type(declared_k) is int and declared_k == k and dtype.kind in "biuf"
-        ok = ok and isinstance(shape, list) and shape[:1] == [npos] and len(shape) <= 33
-        ok = ok and all(type(d) is int and 0 <= d < 1 << 31 for d in shape)
-    except (TypeError, ValueError, KeyError):
-        ok = False
-    if not ok:
+    rows = numeric_rows(ref, npos)
+    if rows is None or rows[0] != k:
         raise BadSandboxReply(f"its observations' array {k}, {str(ref)[:80]}, is not a numeric array of {npos} rows")
-    return dtype, tuple(shape[1:])
+    return rows[1], rows[2]
 
 
 class _Layout(NamedTuple):

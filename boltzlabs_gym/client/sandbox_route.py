@@ -14,7 +14,8 @@ here, and their next step is answered, as a failure, without a request (see
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -75,13 +76,7 @@ class SandboxRoute:
         (:func:`~boltzlabs_gym.client.sandbox_replies.pack_steps`) unless envs wait to be told of a restart."""
         if self._restarted:
             return self.send(step_items(actions, resets, autoreset))
-        layout = self.layout
-        if len(actions) != layout.n:
-            raise ValueError(f"expected exactly {layout.n} actions (one per env), got {len(actions)}")
-        sandboxed, plans = pack_steps(layout, actions, resets, autoreset, self._mixed_deadline)
-        sent_at = self.inner.send(sandboxed)
-        self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, layout.n
-        return sent_at
+        return self._send_whole(pack_steps, actions, resets, autoreset)
 
     def send_action_rows(self, actions: np.ndarray, resets: np.ndarray, autoreset: bool) -> float | None:
         """A step batch of array actions, each sandbox's rows as one payload
@@ -89,10 +84,15 @@ class SandboxRoute:
         while envs wait to be told of a restart (the caller sends per-env items then)."""
         if self._restarted:
             return None
+        return self._send_whole(pack_action_rows, actions, resets, autoreset)
+
+    def _send_whole(self, pack_whole: Callable, actions: Any, resets: np.ndarray, autoreset: bool) -> float:
+        """Send a step batch of every env, packed per whole sandbox by ``pack_whole``
+        (:func:`~boltzlabs_gym.client.sandbox_replies.pack_steps` or ``pack_action_rows``)."""
         layout = self.layout
         if len(actions) != layout.n:
             raise ValueError(f"expected exactly {layout.n} actions (one per env), got {len(actions)}")
-        sandboxed, plans = pack_action_rows(layout, actions, resets, autoreset, self._mixed_deadline)
+        sandboxed, plans = pack_whole(layout, actions, resets, autoreset, self._mixed_deadline)
         sent_at = self.inner.send(sandboxed)
         self._plans, self._answered, self._sent_positions, self._batch_size = plans, [], None, layout.n
         return sent_at

@@ -236,22 +236,19 @@ class StepBatch:
     def send_step(self, actions: Any, mode: AutoresetMode) -> None:
         """Send every env's step (or its autoreset); :meth:`collect_step` collects it."""
         ints = self.discrete_actions(actions)
-        packed = self.sandboxed and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any())
-        if packed and ints is not None:
-            # Several envs per sandbox, Discrete actions: packed per sandbox with no per-env work here.
+        if self.sandboxed and not (mode == AutoresetMode.DISABLED and self.autoreset_envs.any()):
+            # Several envs per sandbox: a batch of Discrete actions, or of array actions (each
+            # sandbox's rows as one payload), is packed per sandbox with no per-env work here.
             reset_ops = (
                 self.autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self.autoreset_envs)
             )
-            self.pool.batch_calls.send_steps(ints, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP)
-            self.pending_reset_ops = reset_ops
-            return
-        rows = self.action_rows(actions) if packed else None
-        if rows is not None:
-            # Several envs per sandbox, array actions: each sandbox's rows as one payload.
-            reset_ops = (
-                self.autoreset_envs.copy() if mode != AutoresetMode.DISABLED else np.zeros_like(self.autoreset_envs)
-            )
-            if self.pool.batch_calls.send_action_rows(rows, reset_ops, autoreset=mode == AutoresetMode.SAME_STEP):
+            same_step = mode == AutoresetMode.SAME_STEP
+            if ints is not None:
+                self.pool.batch_calls.send_steps(ints, reset_ops, autoreset=same_step)
+                self.pending_reset_ops = reset_ops
+                return
+            rows = self.action_rows(actions)
+            if rows is not None and self.pool.batch_calls.send_action_rows(rows, reset_ops, autoreset=same_step):
                 self.pending_reset_ops = reset_ops
                 return
         per_env = ints if ints is not None else self.split_actions(actions)
