@@ -43,25 +43,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+import cloudpickle  # noqa: E402
+import real_env_factories  # noqa: E402 - the pinned Pong: real_envs.py's
 from boltz_memory import _classify, _procs_since  # noqa: E402 - the same process grouping and PSS
+
+cloudpickle.register_pickle_by_value(real_env_factories)  # sandboxes cannot import this directory
 
 GIB = 2**30
 POOL_KW = {"start_timeout": 600, "heartbeat_timeout": 120}
 
 
-def make_pong():
-    """One preprocessed Pong env, as an Atari PPO builds it."""
-    import ale_py
-    import gymnasium as gym
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
-
-    gym.register_envs(ale_py)
-    env = gym.make("ALE/Pong-v5", frameskip=1)
-    env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30)
-    return FrameStackObservation(env, 4)
-
-
-ENVS = {"pong": make_pong}
+ENVS = {"pong": real_env_factories.make_pong}
 
 
 class Ours:

@@ -45,7 +45,6 @@ import shlex
 import subprocess
 import sys
 import time
-from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -54,6 +53,7 @@ if HERE not in sys.path:
 
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
+import machine  # noqa: E402
 import numpy as np  # noqa: E402
 import real_env_factories as factories  # noqa: E402
 
@@ -359,30 +359,23 @@ def table_lines(rows: list[dict], rounds: int) -> list[str]:
 
 
 def machine_info() -> dict:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("boltzlabs-gym", "gymnasium", "numpy", "ale-py", "mujoco", "opencv-python-headless", "envpool"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    sb3 = "stable-baselines3"
-    try:
-        versions[sb3] = metadata.version(sb3)
-    except metadata.PackageNotFoundError:
-        versions[sb3] = None
+    versions = machine.package_versions(
+        (
+            "boltzlabs-gym",
+            "gymnasium",
+            "numpy",
+            "ale-py",
+            "mujoco",
+            "opencv-python-headless",
+            "envpool",
+            "stable-baselines3",
+        )
+    )
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    with open("/proc/meminfo") as f:
-        mem_kib = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
     return dict(
         cpu_count=os.cpu_count(),
-        cpu_model=model,
-        mem_total_gib=round(mem_kib / 2**20, 1),
+        cpu_model=machine.cpu_model(),
+        mem_total_gib=machine.mem_total_gib(),
         python=sys.version.split()[0],
         platform=platform.platform(),
         versions=versions,

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import time
 import traceback
-from importlib import metadata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -50,6 +49,7 @@ if HERE not in sys.path:
 
 import cloudpickle  # noqa: E402
 import gymnasium as gym  # noqa: E402
+import machine  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import training_envs  # noqa: E402
@@ -369,18 +369,9 @@ def atari_update(agent, optim, obs_buf, actions, logps, adv, returns, valid, arg
 
 # --------------------------------------------------------------------------- record
 def machine_info() -> dict:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("boltzlabs_gym", "gymnasium", "stable-baselines3", "torch", "numpy", "ale-py", "mujoco"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
+    versions = machine.package_versions(
+        ("boltzlabs_gym", "gymnasium", "stable-baselines3", "torch", "numpy", "ale-py", "mujoco")
+    )
     try:
         git = ["git", "-C", ROOT]
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -388,12 +379,10 @@ def machine_info() -> dict:
         commit += " (uncommitted changes)" if dirty else ""
     except OSError:
         commit = None
-    with open("/proc/meminfo") as f:
-        mem_kib = int(next(line.split()[1] for line in f if line.startswith("MemTotal")))
     return dict(
         cpu_count=os.cpu_count(),
-        cpu_model=model,
-        mem_gib=round(mem_kib / 2**20, 1),
+        cpu_model=machine.cpu_model(),
+        mem_gib=machine.mem_total_gib(),
         python=platform.python_version(),
         versions=versions,
         git_commit=commit,
