@@ -184,8 +184,12 @@ class CodeRunner:
         #: How a request's ``memory_limit_mb`` is enforced: ``"cgroup v1"``/``"cgroup v2"`` (the
         #: sandbox's cgroup, lowered for the run by its worker) or ``"rlimit"`` (``RLIMIT_AS``/``RLIMIT_DATA``).
         self.memory_limit_by = memory if memory.startswith("cgroup") else "rlimit"
+        #: Why programs are hard-reset after every run although ``wipe`` was asked for (the envs'
+        #: own report at start-up: the isolation gives them no PID namespace of their own, or a
+        #: wipe of a fresh sandbox failed), else ``None``.
+        self.wipe_unavailable: str | None = None
         for pool in self._pools:
-            pool.reset()
+            self._note_wipe(pool.reset())
         self._calls = [EnvCalls(pool, name=f"code-runner-calls-{i}") for i, pool in enumerate(self._pools)]
         self._threads = [
             threading.Thread(target=self._lane, args=(pool, calls), name=f"code-runner-lane-{i}", daemon=True)
@@ -193,6 +197,20 @@ class CodeRunner:
         ]
         for t in self._threads:
             t.start()
+
+    def _note_wipe(self, observations: Sequence[Any]) -> None:
+        """Read the envs' start-up report; warn once where the wipe asked for cannot run."""
+        if not self.wipe or self.wipe_unavailable is not None:
+            return
+        for obs in observations:
+            if isinstance(obs, Mapping) and not obs.get("wipe"):
+                self.wipe_unavailable = str(obs.get("no_wipe") or "the env did not say why")
+                log.warning(
+                    "code runner: programs will be hard-reset (killed and forked afresh) after every run, not wiped "
+                    "in place: %s",
+                    self.wipe_unavailable,
+                )
+                return
 
     # ------------------------------------------------------------------ asking
     def submit(self, request: RunRequest | Mapping[str, Any] | str) -> concurrent.futures.Future:

@@ -387,20 +387,20 @@ class CowForks:
 def mount_private_tmp(size: int) -> None:
     """Fresh size-limited tmpfs ``/tmp`` and ``/dev/shm`` (a forked env's, and a memory snapshot copy's).
 
-    A fresh /tmp would hide interpreter trees bound under /tmp (a venv in /tmp): those mounts are
-    carried over onto the new tmpfs.
+    A fresh /tmp or /dev/shm would hide interpreter trees bound under it (a venv in /tmp): those
+    mounts are carried over onto the new tmpfs.
     """
     from . import syscalls as L
 
-    under_tmp = [
-        (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in python_paths(sys.executable) if p.startswith("/tmp/")
-    ]
-    L.mount("tmpfs", "/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={size},mode=1777")
-    for path, held in under_tmp:  # bind the hidden tree back from the fd that still reaches it
-        os.makedirs(path, exist_ok=True)
-        L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
-        os.close(held)
-    L.mount("tmpfs", "/dev/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={size},mode=1777")
+    for place, flags in (("/tmp", L.MS_NOSUID | L.MS_NODEV), ("/dev/shm", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)):
+        under = [
+            (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in python_paths(sys.executable) if p.startswith(place + "/")
+        ]
+        L.mount("tmpfs", place, "tmpfs", flags, f"size={size},mode=1777")
+        for path, held in under:  # bind the hidden tree back from the fd that still reaches it
+            os.makedirs(path, exist_ok=True)
+            L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
+            os.close(held)
 
 
 def _take_swap(nonce: bytes) -> int | None:

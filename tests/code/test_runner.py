@@ -174,3 +174,20 @@ def test_bad_requests_are_refused_before_running(runner):
         runner.max_queue = limit
     stats = runner.stats()
     assert stats.runs[("python", "Success")] > 0 and stats.timeouts >= 2 and stats.queued == 0
+
+
+def test_where_the_wipe_cannot_run_it_says_why_once_at_start_up(caplog):
+    """The ``process`` backend gives a boltz env no PID namespace of its own: every program is
+    followed by a hard reset, and the runner says so once, naming the cause, before any program."""
+    with (
+        caplog.at_level("WARNING", logger="boltzlabs_gym.code"),
+        CodeRunner(envs_per_lane=2, lanes=1, isolation="process") as r,
+    ):
+        assert r.wipe_unavailable is not None and "not PID 1 of its own PID namespace" in r.wipe_unavailable
+        said = [m for m in caplog.messages if "hard-reset" in m]
+        assert len(said) == 1 and r.wipe_unavailable in said[0], caplog.messages
+        assert [x.run_result.stdout for x in r.run_many(["print(1)"] * 4)] == ["1\n"] * 4
+        assert (r.stats().wipes, r.stats().hard_resets) == (0, 4)
+    assert len([m for m in caplog.messages if "hard-reset" in m or "not clean" in m]) == 1, caplog.messages
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation="process", wipe=False) as r:
+        assert r.wipe_unavailable is None  # (not asked for: nothing to say)

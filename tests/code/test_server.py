@@ -67,6 +67,11 @@ def test_ping_status_and_a_run(server):
     assert requests.get(url + "/v1/ping").json() == "pong"
     status = requests.get(url + "/v1/status").json()
     assert status["isolation"]["backend"] == runner.isolation.backend and status["languages"][0] == "python"
+    # whether programs are wiped in place, and the cause where not, as the runner found it at start-up
+    why_not = runner.wipe_unavailable
+    assert status["wipe"] == ({"in_force": True} if why_not is None else {"in_force": False, "why_not": why_not})
+    wiping = int(runner.wipe_unavailable is None)
+    assert f"boltzlabs_code_wipe_in_force {wiping}.0" in requests.get(url + "/metrics").text
     r = post(url, code="import sys; print(sys.stdin.read().upper())", language="python", stdin="hi").json()
     assert r["status"] == "Success" and r["message"] == "" and r["compile_result"] is None
     assert r["run_result"]["stdout"] == "HI\n" and r["run_result"]["return_code"] == 0

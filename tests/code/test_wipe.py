@@ -4,18 +4,21 @@ finds nothing of them (one lane of one env, so every program lands on the same e
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from boltzlabs_gym.code import CodeRunner
+from boltzlabs_gym.envside.confine import python_paths
 from conftest import ISOLATION
 
 
 @pytest.fixture(scope="module")
 def runner():
     with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, max_run_timeout=10) as r:
-        if r.run("print(1)").ok and r.stats().wipes == 0:
-            pytest.skip(f"no wipe under {r.isolation.backend} (every program is followed by a hard reset)")
+        if r.wipe_unavailable is not None:
+            pytest.skip(f"no wipe under {r.isolation.backend}: {r.wipe_unavailable}")
+        assert r.run("print(1)").ok and r.stats().wipes == 1, r.stats()  # (said it can wipe: it must)
         yield r
 
 
@@ -68,8 +71,12 @@ print(json.dumps(out))
 
 SURVEY = r"""
 import json, os, socket
-def tree(root):
-    return sorted(os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs)
+def tree(root):  # (not into other file systems: an interpreter bound read-only under /tmp)
+    dev, out = os.lstat(root).st_dev, []
+    for d, ds, fs in os.walk(root):
+        out += [os.path.relpath(os.path.join(d, n), root) for n in ds + fs]
+        ds[:] = [n for n in ds if os.lstat(os.path.join(d, n)).st_dev == dev]
+    return sorted(out)
 def ids(kind):
     return open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]
 named = [r.split()[7] for r in open("/proc/net/unix").read().splitlines()[1:] if len(r.split()) > 7]
@@ -85,6 +92,16 @@ print(json.dumps({
     "nice": os.getpriority(os.PRIO_PROCESS, 0),
 }))
 """
+
+
+def kept(root: str) -> list[str]:
+    """What the wipe leaves in ``root``: the way to each interpreter tree the sandbox binds there."""
+    out = set()
+    for path in python_paths(sys.executable):
+        if path.startswith(root + "/"):
+            parts = path[len(root) + 1 :].split("/")
+            out.update("/".join(parts[: i + 1]) for i in range(len(parts)))
+    return sorted(out)
 
 
 def survey(runner) -> dict:
@@ -105,7 +122,8 @@ def test_hostile_program_leaves_nothing_for_the_next_one(runner):
     s = survey(runner)
     assert s["pids"] == [1, 2, s["me"]], s  # the env, its zygote, this program
     assert s["workspace"] == ["main.py"] and s["workspace_mode"] == "0o700", s
-    assert s["tmp"] == [".boltzlabs_runner", ".boltzlabs_runner/stdin"] and s["shm"] == [], s
+    assert s["tmp"] == sorted([".boltzlabs_runner", ".boltzlabs_runner/stdin", *kept("/tmp")]), s
+    assert s["shm"] == kept("/dev/shm"), s
     assert s["ipc"] == {"shm": [], "msg": [], "sem": []} and s["sockets"] == [], s
     assert (s["umask"], s["cwd"], s["env"]) == (0o22, "/workspace", []), s
     after = runner.stats()

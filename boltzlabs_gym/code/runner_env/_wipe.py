@@ -1,6 +1,6 @@
 """The light wipe between two programs of one env: everything a program could leave, removed and checked.
 
-Only sound where the env is PID 1 of its own PID namespace (:func:`available`): then every
+Only sound where the env is PID 1 of its own PID namespace (:func:`unavailable` says why not): then every
 process a program started, however it detached itself, is in that namespace and nowhere else,
 the env can see and kill each one, and no process outside is within a program's reach. That is
 the namespaces backend's boltz env; on the ``process`` backend an env shares the host's PID
@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import resource
 import signal
 import stat
@@ -34,10 +35,18 @@ _KILL_WINDOW_S = 1.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def available() -> bool:
-    """Whether programs can be wiped away here: this env is PID 1 of its own PID namespace (its
-    /proc then shows that namespace) on x86_64 (the I/O-priority check's syscall number)."""
-    return os.getpid() == 1 and platform.machine() == "x86_64"
+def unavailable() -> str | None:
+    """Why programs cannot be wiped away here, or ``None``: they can where this env is PID 1 of its
+    own PID namespace (its /proc then shows that namespace) on x86_64 (the I/O-priority check's
+    syscall number)."""
+    if os.getpid() != 1:
+        return (
+            "the env is not PID 1 of its own PID namespace (only the namespaces isolation backend "
+            "gives a boltz env one), so it cannot find every process a program left"
+        )
+    if platform.machine() != "x86_64":
+        return f"the wipe's checks are written for x86_64, not {platform.machine()}"
+    return None
 
 
 @dataclass
@@ -46,6 +55,17 @@ class Baseline:
 
     processes: dict[int, tuple] = field(default_factory=dict)  # pid -> process_state(pid)
     roots: dict[str, tuple] = field(default_factory=dict)  # path -> root_state(path)
+    #: read-only mounts inside the writable places (an interpreter's tree: a venv under /tmp), left
+    #: alone by the wipe: mount point -> (st_dev, st_ino) of what is mounted there
+    mounts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the directories that lead from a writable place down to those mounts: kept (their contents
+    #: but the way on are removed), path -> root_state(path)
+    passages: dict[str, tuple] = field(default_factory=dict)
+
+    def kept_below(self, path: str) -> set[str]:
+        """The names directly in ``path`` that the wipe keeps (the first step towards each mount)."""
+        prefix = path.rstrip("/") + "/"
+        return {p[len(prefix) :].split("/", 1)[0] for p in (*self.mounts, *self.passages) if p.startswith(prefix)}
 
 
 def protect() -> None:
@@ -67,7 +87,36 @@ def record(keep: list[int]) -> Baseline:
         base.processes[pid] = process_state(pid)
     for path in ROOTS:
         base.roots[path] = root_state(path)
+    for mount in mounts_below(ROOTS):
+        st = os.lstat(mount)
+        base.mounts[mount] = (st.st_dev, st.st_ino)
+        for passage in _passages(mount):
+            base.passages[passage] = root_state(passage)
     return base
+
+
+def mounts_below(roots: tuple[str, ...]) -> list[str]:
+    """Mount points strictly inside ``roots`` (from ``/proc/self/mountinfo``): the sandbox binds an
+    interpreter that lives in a writable place (a venv under ``/tmp``) read-only at its own path."""
+    inside = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = _unescape(line.split()[4])
+            if any(point.startswith(root + "/") for root in roots) and point not in inside:
+                inside.append(point)
+    return inside
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path: spaces, tabs, newlines and backslashes are written as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _passages(mount: str) -> list[str]:
+    """The directories between the writable place that holds ``mount`` and ``mount`` itself."""
+    root = next(r for r in ROOTS if mount.startswith(r + "/"))
+    parts = mount[len(root) + 1 :].split("/")[:-1]
+    return [os.path.join(root, *parts[: i + 1]) for i in range(len(parts))]
 
 
 def set_dumpable(on: bool) -> None:
@@ -144,25 +193,51 @@ def _reap() -> None:
 
 def _empty_roots(base: Baseline) -> str | None:
     for path in ROOTS:
-        mode, uid = base.roots[path][:2]
-        if uid == os.getuid() and stat.S_IMODE(os.lstat(path).st_mode) != stat.S_IMODE(mode):
-            os.chmod(path, stat.S_IMODE(mode))  # a program chmod-ed the workspace itself
-        _empty(path)
-        if os.listdir(path):
-            return f"{path} is not empty after the wipe"
-    return None
+        _restore_mode(path, base.roots[path])  # a program chmod-ed the workspace itself
+        _empty(path, base)
+        left = set(os.listdir(path)) - base.kept_below(path)
+        if left:
+            return f"{path} is not empty after the wipe: {sorted(left)[:4]}"
+    return _check_mounts(base)
 
 
-def _empty(path: str) -> None:
-    """Remove everything below ``path`` (not following links; directories made removable first)."""
+def _restore_mode(path: str, state: tuple) -> None:
+    mode, uid = state[:2]
+    if uid == os.getuid() and stat.S_IMODE(os.lstat(path).st_mode) != stat.S_IMODE(mode):
+        os.chmod(path, stat.S_IMODE(mode))
+
+
+def _empty(path: str, base: Baseline) -> None:
+    """Remove everything below ``path`` (not following links; directories made removable first)
+    but the read-only mounts of ``base`` and the directories that lead to them."""
     with os.scandir(path) as entries:
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.path in base.mounts:
+                continue  # read-only: nothing a program could write
+            if entry.path in base.passages and entry.is_dir(follow_symlinks=False):
+                _restore_mode(entry.path, base.passages[entry.path])
+                _empty(entry.path, base)
+            elif entry.is_dir(follow_symlinks=False):
                 os.chmod(entry.path, 0o700)
-                _empty(entry.path)
+                _empty(entry.path, base)
                 os.rmdir(entry.path)
             else:
                 os.unlink(entry.path)
+    left = set(os.listdir(path)) - base.kept_below(path) if path in base.passages else set()
+    if left:
+        raise OSError(f"{path} still holds {sorted(left)[:4]}")
+
+
+def _check_mounts(base: Baseline) -> str | None:
+    """Each kept mount still where it was (a program could have renamed the way to it)."""
+    for mount, (dev, ino) in base.mounts.items():
+        try:
+            st = os.lstat(mount)
+        except OSError as exc:
+            return f"the read-only mount {mount} is gone: {exc}"
+        if (st.st_dev, st.st_ino) != (dev, ino):
+            return f"the read-only mount {mount} was moved"
+    return None
 
 
 def _remove_sysv_ipc() -> str | None:
@@ -195,7 +270,7 @@ def _check(base: Baseline) -> str | None:
             return f"process {pid} was changed by a program: {state} -> {now}"
         if stopped(pid):
             return f"process {pid} was stopped by a program"
-    for path, state in base.roots.items():
+    for path, state in (*base.roots.items(), *base.passages.items()):
         if root_state(path) != state:
             return f"{path} was changed by a program: {state} -> {root_state(path)}"
     named = _named_unix_sockets()

@@ -76,28 +76,38 @@ class _Wiping:
 
     zygote: Zygote | None = None
     baseline: _wipe.Baseline | None = None
+    #: why programs are not wiped away here (each is then followed by a hard reset), or None
+    unavailable: str | None = None
     #: stacked on every program where the env is wiped: POSIX message queues cannot be listed
     #: (no mqueue mount), so they cannot be wiped; programs cannot make one
     child_filter = None
 
 
 def reset(seed):
-    if _Wiping.zygote is None and _wipe.available():
-        _start_wiping()
-    return {"ready": True, "wipe": _Wiping.zygote is not None}
+    if _Wiping.zygote is None and _Wiping.unavailable is None:
+        _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
+    return {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
 
 
-def _start_wiping() -> None:
-    """Before the first request: the programs' filter, the env protected, the zygote, the baseline."""
+def _start_wiping() -> str | None:
+    """Before the first request: the programs' filter, the env protected, the zygote, the baseline,
+    and one wipe of the sandbox as it is, so that a wipe that cannot work here says so now (and
+    why) rather than after every program. ``None``, or why programs are not wiped here."""
+    zygote = None
     try:
         _Wiping.child_filter = seccomp.build_filter(deny=("mq_open",))
         _wipe.protect()
         zygote = Zygote(_zygote_program)
-        _Wiping.baseline = _wipe.record([zygote.pid])
-        _Wiping.zygote = zygote
+        baseline = _wipe.record([zygote.pid])
+        trial = _wipe.wipe(baseline, [zygote.pid])
+        if trial is not None:
+            raise RuntimeError(f"a wipe of the fresh sandbox failed: {trial}")
     except Exception as exc:  # no wipe: every program is followed by a hard reset
-        sys.stderr.write(f"boltzlabs code runner: no wipe between programs: {type(exc).__name__}: {exc}\n")
-        _Wiping.zygote = _Wiping.baseline = None
+        if zygote is not None:
+            zygote.close()
+        return f"{type(exc).__name__}: {exc}"
+    _Wiping.zygote, _Wiping.baseline = zygote, baseline
+    return None
 
 
 def step(action):

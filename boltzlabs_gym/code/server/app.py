@@ -55,6 +55,7 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
                 "a sandbox forked from a warm template; after every run it is wiped inside its sandbox and "
                 "checked (where it is PID 1 of its own PID namespace) or hard-reset (killed, wiped, forked afresh)"
             ),
+            "wipe": _wipe_report(runner),
             "memory_limit_per_request": _memory_limit_report(runner),
             "languages": list(LANGUAGES),
             "lanes": runner.capacity // runner.envs_per_lane,
@@ -130,7 +131,10 @@ def _metrics_for(runner: CodeRunner):
     except ImportError:  # pragma: no cover - prometheus-client missing
         return None
     try:
-        m = ServerMetrics(lambda: (runner.stats().queued, runner.stats().running))
+        m = ServerMetrics(
+            lambda: (runner.stats().queued, runner.stats().running),
+            wipe_in_force=runner.wipe and runner.wipe_unavailable is None,
+        )
     except ImportError:
         return None
     earlier = runner.on_result
@@ -142,6 +146,15 @@ def _metrics_for(runner: CodeRunner):
 
     runner.on_result = observe
     return m
+
+
+def _wipe_report(runner: CodeRunner) -> dict[str, Any]:
+    """Whether programs are wiped away in place between runs, and why not where they are not."""
+    if not runner.wipe:
+        return {"in_force": False, "why_not": "turned off (--no-wipe): every run is followed by a hard reset"}
+    if runner.wipe_unavailable is not None:
+        return {"in_force": False, "why_not": runner.wipe_unavailable}
+    return {"in_force": True}
 
 
 def _memory_limit_report(runner: CodeRunner) -> dict[str, str]:

@@ -9,7 +9,9 @@
 * ``boltzlabs_code_run_seconds{language}``: time from arrival to the answer (histogram);
 * ``boltzlabs_code_rejected_total{reason}``: requests turned away (``queue_full``, ``language``);
 * ``boltzlabs_code_cancelled_total``: runs whose client went away first;
-* ``boltzlabs_code_queued`` / ``boltzlabs_code_running``: gauges read at scrape time.
+* ``boltzlabs_code_queued`` / ``boltzlabs_code_running``: gauges read at scrape time;
+* ``boltzlabs_code_wipe_in_force``: 1 where programs are wiped away in place between runs, 0 where
+  every run is followed by a hard reset (turned off, or the wipe cannot run here: ``/v1/status`` says why).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ __all__ = ["ServerMetrics"]
 class ServerMetrics:
     """The families above in a registry of their own; ``depth()`` gives ``(queued, running)`` at scrape time."""
 
-    def __init__(self, depth: Callable[[], tuple[int, int]]):
+    def __init__(self, depth: Callable[[], tuple[int, int]], *, wipe_in_force: bool = True):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -51,6 +53,8 @@ class ServerMetrics:
         self.cancelled = Counter("boltzlabs_code_cancelled", "Runs whose client went away first", registry=r)
         queued = Gauge("boltzlabs_code_queued", "Runs waiting for a lane", registry=r)
         running = Gauge("boltzlabs_code_running", "Runs in a lane's batch", registry=r)
+        wipe = Gauge("boltzlabs_code_wipe_in_force", "1: programs wiped in place; 0: hard reset after each", registry=r)
+        wipe.set(int(wipe_in_force))
         queued.set_function(lambda: depth()[0])
         running.set_function(lambda: depth()[1])
 

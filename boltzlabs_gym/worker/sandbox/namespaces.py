@@ -270,10 +270,13 @@ def _build_root(plan: SandboxPlan) -> None:
         _mkdirs(R + "/" + d.lstrip("/"))
     for name, target in plan.symlinks.items():
         os.symlink(target, R + name)
-    # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it
+    # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it; binds
+    # below /dev (a venv in /dev/shm) wait for /dev and /dev/shm's own tmpfs mounts, which would hide them
     L.mount("tmpfs", f"{R}/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
+    under_dev = [b for b in plan.binds if b[1] == "/dev" or b[1].startswith("/dev/")]
     for src, dst, ro in plan.binds:
-        _bind(src, R + dst, ro)
+        if (src, dst, ro) not in under_dev:
+            _bind(src, R + dst, ro)
     for path, content in plan.files.items():
         with open(R + path, "w") as f:
             f.write(content)
@@ -293,6 +296,8 @@ def _build_root(plan: SandboxPlan) -> None:
         )
     os.mkdir(f"{dev}/shm", 0o1777)
     L.mount("tmpfs", f"{dev}/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={tmpfs_size},mode=1777")
+    for src, dst, ro in under_dev:
+        _bind(src, R + dst, ro)
     for name, target in (
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),

@@ -1,0 +1,145 @@
+"""The wipe wherever Python lives: the project run from an interpreter under ``/tmp``, ``/dev/shm``
+or a home directory, places the sandbox binds read-only at their own path, some of them inside
+the writable places the wipe empties.
+
+Each case makes a venv there (no pip: a ``.pth`` gives it this interpreter's packages), runs a
+code runner of one env from it in a subprocess, and has hostile programs write around, into and
+over the interpreter's tree. The next program must find only the way to the interpreter, and every
+program must have been wiped in place, not hard-reset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+import venv
+
+import pytest
+
+from conftest import ISOLATION
+
+PLACES = {
+    "tmp": "/tmp",
+    "dev-shm": "/dev/shm",
+    "home": os.path.expanduser("~"),
+}
+
+# Run by the venv's interpreter: one env, so every program lands on it; prints one JSON line.
+DRIVER = r"""
+import json, os, sys
+from boltzlabs_gym.code import CodeRunner
+
+venv_dir = sys.argv[1]
+passage = os.path.dirname(venv_dir)  # the directory that leads to the interpreter's tree
+out = {}
+with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max_run_timeout=10) as r:
+    out["backend"] = r.isolation.backend
+    out["unavailable"] = r.wipe_unavailable
+    if r.wipe_unavailable is None:
+        LOOK = (
+            "import json, os, sys\n"
+            f"passage = {passage!r}\n"
+            "lists = [sorted(os.listdir(p)) for p in (passage, '/tmp', '/dev/shm')]\n"
+            "print(json.dumps([*lists, oct(os.stat(passage).st_mode & 0o7777), sys.prefix]))\n"
+        )
+        before = r.run(LOOK)
+        out["before"] = [before.status, before.run_result.stdout, before.run_result.stderr[-500:]]
+        hostile = r.run(
+            "import os, sys\n"
+            f"passage = {passage!r}\n"
+            "tried = {}\n"
+            "for target in (sys.prefix + '/leak', sys.prefix + '/bin/leak'):\n"
+            "    try:\n"
+            "        open(target, 'w'); tried[target] = 'written'\n"
+            "    except OSError as exc:\n"
+            "        tried[target] = exc.errno\n"
+            "for root in ('/tmp', '/dev/shm', passage):\n"
+            "    try:\n"
+            "        os.makedirs(root + '/left/deep', exist_ok=True); open(root + '/left/deep/f', 'w').write('x')\n"
+            "        os.chmod(root + '/left', 0)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "try:\n"
+            "    os.chmod(passage, 0o700)\n"
+            "except OSError:\n"
+            "    pass\n"
+            "print(tried)\n"
+        )
+        out["hostile"] = [hostile.status, hostile.run_result.stdout, hostile.run_result.stderr[-500:]]
+        look = r.run(LOOK)
+        out["look"] = [look.status, look.run_result.stdout, look.run_result.stderr[-500:]]
+        # a program that moves the way to the interpreter away gets its env hard-reset, and the next one runs
+        if passage not in ("/tmp", "/dev/shm") and passage.startswith(("/tmp/", "/dev/shm/")):
+            moved = r.run(f"import os; os.rename({passage!r}, {passage!r} + '-moved')")
+            out["moved"] = [moved.status, moved.run_result.stderr[-300:]]
+            out["after_moved"] = r.run("print('fine')").run_result.stdout
+    s = r.stats()
+    out["wipes"], out["hard_resets"] = s.wipes, s.hard_resets
+print(json.dumps(out))
+"""
+
+
+def _venv_in(parent: str) -> str:
+    """A venv under ``parent/<random>/`` whose interpreter imports what this one imports."""
+    holder = tempfile.mkdtemp(prefix="blg-wipe-", dir=parent)
+    path = os.path.join(holder, "venv")
+    venv.create(path, system_site_packages=True, with_pip=False, symlinks=True)
+    (site_dir,) = [
+        os.path.join(d, n)
+        for d, _, names in os.walk(os.path.join(path, "lib"))
+        for n in names + ["."]
+        if d.endswith("site-packages") and n == "."
+    ]
+    here = [p for p in sys.path if p and os.path.isdir(p)]
+    with open(os.path.join(site_dir, "outer.pth"), "w") as f:
+        f.write("\n".join([*site.getsitepackages(), *here]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_programs_are_wiped_with_the_interpreter_under(place):
+    parent = PLACES[place]
+    if not os.access(parent, os.W_OK):
+        pytest.skip(f"{parent} is not writable here")
+    path = _venv_in(parent)
+    try:
+        done = subprocess.run(
+            [os.path.join(path, "bin", "python"), "-c", DRIVER, path],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "ISOLATION": ISOLATION},
+            cwd=os.path.dirname(path),
+        )
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if out["unavailable"] is not None:
+        pytest.skip(f"no wipe under {out['backend']}: {out['unavailable']}")
+    status, stdout, stderr = out["hostile"]
+    assert status == "Success", (stdout, stderr)
+    assert "written" not in stdout, stdout  # the interpreter's tree is read-only
+    assert out["before"][0] == "Success", out["before"]
+    status, stdout, stderr = out["look"]
+    assert status == "Success", stderr
+    assert stdout == out["before"][1]  # the passage's mode too: a chmod of it is undone
+    passage_list, tmp_list, shm_list, passage_mode, prefix = json.loads(stdout)
+    assert prefix == path
+    assert passage_list == ["venv"], stdout  # the way to the interpreter, nothing a program left
+    in_tmp = [os.path.relpath(path, "/tmp").split("/")[0]] if path.startswith("/tmp/") else []
+    in_shm = [os.path.relpath(path, "/dev/shm").split("/")[0]] if path.startswith("/dev/shm/") else []
+    assert tmp_list == sorted([".boltzlabs_runner", *in_tmp]), stdout
+    assert shm_list == in_shm, stdout
+    moved = out.get("moved", ["", ""])
+    if moved[0] == "Success":  # the way to the interpreter moved: found, the env hard-reset
+        assert out["after_moved"] == "fine\n", out
+        assert (out["wipes"], out["hard_resets"]) == (4, 1), out
+    else:
+        assert "PermissionError" in moved[1] or not moved[0], out
+        assert (out["wipes"], out["hard_resets"]) == (3 + bool(moved[0]) * 2, 0), out
