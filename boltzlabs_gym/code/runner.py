@@ -189,7 +189,7 @@ class CodeRunner:
         #: wipe of a fresh sandbox failed), else ``None``.
         self.wipe_unavailable: str | None = None
         for pool in self._pools:
-            self._note_wipe(pool.reset())
+            self._note_wipe(pool.reset(options={"wipe": self.wipe}))
         self._calls = [EnvCalls(pool, name=f"code-runner-calls-{i}") for i, pool in enumerate(self._pools)]
         self._threads = [
             threading.Thread(target=self._lane, args=(pool, calls), name=f"code-runner-lane-{i}", daemon=True)
@@ -406,7 +406,7 @@ class CodeRunner:
             free.put(env)
             return
         try:  # killed, wiped, forked afresh for the next program
-            reset = calls.submit(env, {"op": "hard_reset", "seed": None})
+            reset = calls.submit(env, {"op": "hard_reset", "seed": None, "options": {"wipe": self.wipe}})
         except Exception:
             log.exception("code runner lane could not hard-reset env %d", env)
             free.put(env)

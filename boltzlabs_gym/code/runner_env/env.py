@@ -83,8 +83,12 @@ class _Wiping:
     child_filter = None
 
 
-def reset(seed):
-    if _Wiping.zygote is None and _Wiping.unavailable is None:
+def reset(seed, options=None):
+    """Ready the env; where the runner wipes (``options["wipe"]``, the default), also the zygote and
+    the wipe's baseline. Without the wipe, each env runs one program and is killed after it: its
+    programs fork from the env itself, which has seen no other request."""
+    wanted = (options or {}).get("wipe", True)
+    if wanted and _Wiping.zygote is None and _Wiping.unavailable is None:
         _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
     return {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
 
