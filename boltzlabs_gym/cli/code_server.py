@@ -72,6 +72,28 @@ def run_code_server(args: argparse.Namespace) -> int:
     )
     print(f"code server: {runner!r}; {runner.isolation}", flush=True)
     app = create_app(runner, metrics=not args.no_metrics, owns_runner=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    loop, http = _fast_http()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=loop, http=http)
     runner.close()
     return 0
+
+
+def _fast_http() -> tuple[str, str]:
+    """uvicorn's uvloop event loop and httptools parser where installed (the server extra brings
+    them); where one is missing, the pure-Python one with a warning naming it."""
+    import importlib.util
+    import logging
+
+    chosen = {}
+    for setting, module, fallback in (("loop", "uvloop", "asyncio"), ("http", "httptools", "h11")):
+        if importlib.util.find_spec(module) is not None:
+            chosen[setting] = module
+        else:
+            chosen[setting] = fallback
+            logging.getLogger("boltzlabs_gym.code").warning(
+                "code server: %s is not installed, so HTTP runs on %s (slower per request): "
+                "pip install 'boltzlabs-gym[server]'",
+                module,
+                fallback,
+            )
+    return chosen["loop"], chosen["http"]

@@ -16,6 +16,7 @@ counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.code.server.me
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
@@ -120,7 +121,9 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
                 return Response(status_code=499)
         if waiting.cancelled():
             return JSONResponse({"detail": "the server is shutting down"}, status_code=503)
-        return _response(waiting.result(), pod)
+        # (a Response: FastAPI then does not validate the answer again against RunCodeResponse,
+        # whose shape our own result already has)
+        return Response(json.dumps(_response(waiting.result(), pod)), media_type="application/json")
 
     return app
 
