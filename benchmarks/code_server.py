@@ -31,8 +31,10 @@ rotated every round), so that a drift of the machine's speed hits all of them al
                  bare interpreter: a venv with nothing installed, made here from the base interpreter of
                  ``--python`` and removed after (``--subprocess-python`` names another)
 
-Every client thread posts back to back over one keep-alive connection. A round counts the runs that
-end within its ``--seconds``; those still running then finish uncounted (their verdicts are checked).
+Every client thread posts back to back over one keep-alive connection. A round's ``--seconds`` are
+timed from the moment every client has had its first answer (the server then holds as many requests
+as there are clients, as in the steady state) and count the runs that end within them; those still
+running then finish uncounted (their verdicts are checked too).
 
 * runs/s: median over rounds (range); latency p50/p99 over every round's runs; ``vs SandboxFusion``:
   runs/s divided by SandboxFusion's in the same round (median, range).
@@ -63,11 +65,13 @@ import datetime as _dt
 import http.client
 import itertools
 import json
+import math
 import os
 import platform
 import random
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,6 +97,8 @@ import psutil  # noqa: E402
 SERVERS = ("boltzlabs", "bl-reset", "sandboxfusion", "subprocess")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 P99_TARGET_MS = 15.0  # ours (the wipe path) at concurrency 1 (issue #47)
+WIPE_FAILING = "the wipe is failing"  # in a flag: keep our servers' logs
+RAMP_LIMIT_S = 60.0  # the longest wait for every client's first answer before a round is timed
 NOT_QUIET_CORES = 0.1  # busy cores with every server idle past which the CPU figures carry others' work
 VERSION_PROBE = "import sys; print(sys.version.split()[0]); print(sys.executable)"
 
@@ -288,14 +294,15 @@ class Round:
     concurrency: int
     round: int
     seconds: float
-    runs: int  # ended within the window
+    ramp_s: float  # from the first request to every client's first answer, untimed
+    runs: int  # ended within the timed window
     runs_per_s: float
     p50_ms: float
     p99_ms: float
     machine_cpu_s: float
     client_cpu_s: float
     cpu_ms_per_run: float
-    right: int  # of every run, the window's and the drained ones
+    right: int  # of every run: the ramp's, the window's and those that ended after it
     checked: int
     statuses: dict[str, int]
     wrong_examples: list[str]
@@ -324,47 +331,64 @@ def pick_or_none(xs: list[float], q: float) -> float | None:
 def measure_round(
     target: Target, workload: str, jobs: list[workloads.Job], concurrency: int, seconds: float, index: int
 ) -> Round:
-    """``concurrency`` client threads send ``jobs`` (cycling) back to back for ``seconds``."""
+    """``concurrency`` client threads send ``jobs`` (cycling) back to back; ``seconds`` of it are timed.
+
+    The timed window opens once every client has had its first answer: from then on the server holds
+    ``concurrency`` requests at every moment, as in the steady state. Timed from the first request
+    instead, a server whose answers take a large part of the window would lose the wait for its first
+    ones, a bias against the slower server. Runs that end in the window are counted; those still in
+    flight when it closes finish uncounted, balancing those in flight when it opened.
+    """
     records: list[tuple[float, float, Outcome, workloads.Job]] = []  # (end, latency, outcome, job)
     counter = itertools.count()  # next() on it is atomic under the GIL
-    window: dict[str, float] = {}
-    barrier = threading.Barrier(concurrency + 1)
+    first_answers = threading.Semaphore(0)
+    window = {"start": math.inf, "end": math.inf}
 
     def client() -> None:
-        barrier.wait()
+        first = True
         while time.perf_counter() < window["end"]:
             job = jobs[next(counter) % len(jobs)]
             t = time.perf_counter()
             outcome = target.run(job)
             done = time.perf_counter()
             records.append((done, done - t, outcome, job))
+            if first:
+                first_answers.release()
+                first = False
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+    started = time.perf_counter()
     for th in threads:
         th.start()
+    ramp_deadline = started + RAMP_LIMIT_S
+    for _ in range(concurrency):
+        if not first_answers.acquire(timeout=max(0.0, ramp_deadline - time.perf_counter())):
+            break  # a client still waits for its first answer: time the round anyway
     busy0, own0 = machine_busy_s(), own_cpu_s()
-    window["end"] = time.perf_counter() + seconds
-    barrier.wait()
-    time.sleep(max(0.0, window["end"] - time.perf_counter()))
+    window["start"] = time.perf_counter()
+    window["end"] = window["start"] + seconds
+    time.sleep(seconds)
     busy, own = machine_busy_s() - busy0, own_cpu_s() - own0
     for th in threads:
         th.join()
-    return summarize_round(target, workload, records, window["end"], busy, own, concurrency, seconds, index)
+    timed = [r for r in records if window["start"] < r[0] <= window["end"]]
+    ramp_s = window["start"] - started
+    return summarize_round(target, workload, records, timed, busy, own, concurrency, seconds, index, ramp_s)
 
 
 def summarize_round(
     target: Target,
     workload: str,
     records: list[tuple[float, float, Outcome, workloads.Job]],
-    end: float,
+    timed: list[tuple[float, float, Outcome, workloads.Job]],
     busy_s: float,
     own_s: float,
     concurrency: int,
     seconds: float,
     index: int,
+    ramp_s: float,
 ) -> Round:
-    """The round's figures: runs, latency and CPU from the runs that ended by ``end``; verdicts from all."""
-    timed = [r for r in records if r[0] <= end]
+    """The round's figures: runs, latency and CPU from the ``timed`` runs; verdicts from every run."""
     statuses = Counter(outcome.status for _, _, outcome, _ in records)
     wrong = [f"{job.name}: {outcome.status}" for _, _, outcome, job in records if outcome.status != job.expect]
     server_cpu_s = busy_s - (own_s if target.subtract_client_cpu else 0.0)
@@ -374,6 +398,7 @@ def summarize_round(
         concurrency=concurrency,
         round=index,
         seconds=seconds,
+        ramp_s=ramp_s,
         runs=len(timed),
         runs_per_s=len(timed) / seconds,
         p50_ms=1000 * pick([r[1] for r in timed], 0.50),
@@ -527,7 +552,7 @@ def cell_flags(cell: dict, targets: dict[str, Target]) -> list[str]:
         if targets[name].wipe and c["hard_resets"]:
             runs = c["wipes"] + c["hard_resets"]
             flags.append(
-                f"{name} (the wipe path) hard-reset {c['hard_resets']} of {runs} runs in {where}: the wipe is failing"
+                f"{name} (the wipe path) hard-reset {c['hard_resets']} of {runs} runs in {where}: {WIPE_FAILING}"
                 + unclean_reasons(targets[name].log_path)
             )
     for row in cell["rows"]:
@@ -879,10 +904,10 @@ def main(argv=None) -> int:
         for c in cleanup:
             if isinstance(c, tempfile.TemporaryDirectory):
                 c.cleanup()
-        if flags:
-            log(f"server logs kept in {log_dir}")
+        if any(WIPE_FAILING in f for f in flags):  # the logs say why
+            log(f"our servers' logs kept in {log_dir}")
         else:
-            subprocess.run(["rm", "-rf", log_dir])
+            shutil.rmtree(log_dir, ignore_errors=True)
     return 0
 
 
