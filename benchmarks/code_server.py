@@ -42,7 +42,7 @@ running then finish uncounted (their verdicts are checked too).
   softirq, steal; kernel threads included, since namespace teardown runs there), less this process's
   own (the load generator: ``getrusage(RUSAGE_SELF)``, every thread), over the round's runs. The
   subprocess pool's threads are the pool itself, so nothing is taken off there. Other users' CPU is
-  in it too: the header prints what the machine burns with every server idle.
+  in it too: the setup lists what the machine burns with every server idle (flagged past 0.1 cores).
 * right/n: runs whose status is the expected one (HumanEval: canonical Success, broken Failed), of
   every run, and how many of the workload's programs were run at all.
 * After each workload, /v1/status of our servers: runs wiped in place and hard resets. A hard reset on
