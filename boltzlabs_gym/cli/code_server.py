@@ -33,7 +33,11 @@ POOL_SETTINGS = (
 
 
 def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); anything but loopback needs a token or --insecure-no-auth",
+    )
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--lanes", type=int, default=4, help="pools, each with one batch in flight (default 4)")
     p.add_argument("--envs-per-lane", type=int, default=4, help="sandboxes per pool (default 4)")
