@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what a type checker sees of the lazy names below (a test ho
     from .errors import (
         ArchiveError,
         AsyncStateError,
+        AuthConfigError,
         BoltzLabsError,
         CapacityError,
         CodecError,
@@ -73,6 +74,7 @@ _LAZY = {
     "CodecError": "boltzlabs_gym.errors",
     "ProtocolError": "boltzlabs_gym.errors",
     "KeyFileError": "boltzlabs_gym.errors",
+    "AuthConfigError": "boltzlabs_gym.errors",
     "MetricsPortError": "boltzlabs_gym.errors",
     "MissingExtraError": "boltzlabs_gym.errors",
     "SnapshotError": "boltzlabs_gym.errors",

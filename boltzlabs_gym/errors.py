@@ -28,6 +28,7 @@ working around a codec check, ``except TimeoutError`` around a slow worker)::
      ├── CodecError (ValueError)              a value or payload does not match its space
      ├── ProtocolError (ValueError)           a malformed message on the worker or env wire
      ├── KeyFileError (ValueError)            a CURVE key file is missing, empty or malformed
+     ├── AuthConfigError (ValueError)         the code server's tokens are missing (off loopback) or malformed
      ├── MetricsPortError (OSError)           the /metrics port cannot be bound (in use, refused): port
      └── MissingExtraError (ImportError)      an optional dependency is not installed: the extra to install
 
@@ -82,6 +83,7 @@ __all__ = [
     "CodecError",
     "ProtocolError",
     "KeyFileError",
+    "AuthConfigError",
     "MetricsPortError",
     "MissingExtraError",
     "SnapshotError",
@@ -193,6 +195,12 @@ class ProtocolError(BoltzLabsError, ValueError):
 
 class KeyFileError(BoltzLabsError, ValueError):
     """A key file is missing, empty or malformed; the message names it."""
+
+
+class AuthConfigError(BoltzLabsError, ValueError):
+    """The code server's authentication was refused as configured: no token for an address beyond
+    loopback (and no explicit ``--insecure-no-auth``), or a token or token file that is empty or
+    malformed; the message says which and how to fix it."""
 
 
 # --------------------------------------------------------------------------- environment: this host or install

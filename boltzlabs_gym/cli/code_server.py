@@ -1,10 +1,16 @@
-"""``boltzlabs-gym code-server``: SandboxFusion's API on a code runner (needs the ``server`` extra)."""
+"""``boltzlabs-gym code-server``: SandboxFusion's API on a code runner (needs the ``server`` extra).
+
+Beyond loopback the server needs tokens (``--token``, ``--token-file``, ``$BOLTZLABS_CODE_TOKEN``),
+one per client, or an explicit ``--insecure-no-auth``; see :mod:`boltzlabs_gym.code.server.auth`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-from ..errors import MissingExtraError
+from ..errors import AuthConfigError, MissingExtraError
 from .pool_flags import add_pool_flags, pool_settings_from
 
 __all__ = ["POOL_SETTINGS", "add_code_server_flags", "run_code_server"]
@@ -27,11 +33,48 @@ POOL_SETTINGS = (
 
 
 def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); anything but loopback needs a token or --insecure-no-auth",
+    )
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--lanes", type=int, default=4, help="pools, each with one batch in flight (default 4)")
     p.add_argument("--envs-per-lane", type=int, default=4, help="sandboxes per pool (default 4)")
-    p.add_argument("--max-queue", type=int, default=1024, help="waiting runs past which 503 is answered")
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="waiting runs, all clients together, past which 504 with Retry-After is answered (default 1024)",
+    )
+    p.add_argument(
+        "--max-queue-per-client",
+        type=int,
+        default=None,
+        help="waiting runs of one client past which that client gets 504 with Retry-After "
+        "(default: --max-queue divided evenly among the tokens; all of it without tokens)",
+    )
+    p.add_argument(
+        "--token",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help="a token a client must send (repeat for several clients, one token each); on the command line it is "
+        "visible to this host's other users: prefer --token-file or $BOLTZLABS_CODE_TOKEN",
+    )
+    p.add_argument(
+        "--token-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a file of tokens, one per line: TOKEN or NAME TOKEN (# comments); repeatable",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve an address beyond loopback without a token (a trusted network only: anyone who reaches the "
+        "port can run code)",
+    )
     p.add_argument(
         "--workers", nargs="*", default=None, help="remote worker addresses (tcp://host:port); default: a local worker"
     )
@@ -51,6 +94,7 @@ def run_code_server(args: argparse.Namespace) -> int:
         import uvicorn
 
         from ..code.server import create_app
+        from ..code.server.auth import TOKEN_ENV, ClientTokens, check_bind, collect_tokens
     except ImportError as exc:
         raise MissingExtraError(
             f"boltzlabs-gym code-server needs the server extra ({exc}): pip install 'boltzlabs-gym[server]'", "server"
@@ -58,6 +102,12 @@ def run_code_server(args: argparse.Namespace) -> int:
     from ..code import CodeRunner
     from ..wire.limits import Limits
 
+    try:  # before any sandbox starts: a server that must not run does not start one
+        tokens = ClientTokens(collect_tokens(args.token, os.environ.get(TOKEN_ENV), args.token_file))
+        check_bind(args.host, tokens=len(tokens), insecure=args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"boltzlabs-gym code-server: {exc}", file=sys.stderr)
+        return 2
     settings = pool_settings_from(args, POOL_SETTINGS)
     settings["limits"] = Limits(memory_bytes=args.memory_mb << 20)
     runner = CodeRunner(
@@ -67,11 +117,13 @@ def run_code_server(args: argparse.Namespace) -> int:
         max_run_timeout=args.max_run_timeout,
         max_output_bytes=args.max_output_bytes,
         max_queue=args.max_queue,
+        max_queue_per_client=_per_client_bound(args.max_queue_per_client, args.max_queue, len(tokens)),
         wipe=not args.no_wipe,
         **settings,
     )
-    print(f"code server: {runner!r}; {runner.isolation}", flush=True)
-    app = create_app(runner, metrics=not args.no_metrics, owns_runner=True)
+    auth = f"{len(tokens)} client token(s)" if len(tokens) else "no token"
+    print(f"code server: {runner!r}; {runner.isolation}; {auth}", flush=True)
+    app = create_app(runner, metrics=not args.no_metrics, owns_runner=True, tokens=tokens)
     loop, http = _fast_http()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=loop, http=http)
     runner.close()
@@ -97,3 +149,12 @@ def _fast_http() -> tuple[str, str]:
                 fallback,
             )
     return chosen["loop"], chosen["http"]
+
+
+def _per_client_bound(given: int | None, max_queue: int, clients: int) -> int | None:
+    """``--max-queue-per-client``, or by default an even share of ``--max-queue`` per token: then no
+    client's burst can fill the queue and keep the others out (``None``, no bound of its own, with
+    one client or none)."""
+    if given is not None:
+        return given
+    return max(1, max_queue // clients) if clients > 1 else None

@@ -13,6 +13,10 @@ and that nothing of it changed; see ``docs/code-server.md``), or, where it canno
 found something, *hard-reset*: its process tree killed, its workspace wiped, a fresh env forked
 from the warm template; only then does it take the next request.
 
+The queue is fair between clients (:mod:`~boltzlabs_gym.code.fair_queue`): :meth:`CodeRunner.submit`
+takes a ``client=`` key, every client waits in a line of its own, and the lanes take from the lines
+in turn, so one client's burst waits behind the others' requests instead of starving them.
+
 Pools are local by default; ``workers=`` (addresses or a
 :class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
 every pool setting (:class:`~boltzlabs_gym.client.options.PoolOptions`, as ``options=`` or
@@ -62,6 +66,7 @@ from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
 from ..client.sources import WorkerSource
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
+from .fair_queue import DEFAULT_CLIENT, FairQueue, QueueClosedError, QueueFullError
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
 from .runs import LANGUAGES, RunRequest, RunResult
 
@@ -71,10 +76,6 @@ __all__ = ["RUNNER_ENV_DIR", "AsyncCodeRunner", "CodeRunner", "QueueFullError", 
 
 #: The runner's env directory (served in ``mode="boltz"``).
 RUNNER_ENV_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner_env")
-
-
-class QueueFullError(RuntimeError):
-    """The runner's queue holds ``max_queue`` requests already; try again later."""
 
 
 @dataclass
@@ -96,10 +97,11 @@ class RunnerStats:
     oom_kills: int = 0  # runs killed by SIGKILL before their deadline: the memory limit's kill
     cancelled: int = 0
     queue_wait_s: float = 0.0
-    queued: int = 0
+    queued: int = 0  # waiting runs, all clients together
     running: int = 0
     wipes: int = 0  # programs after which the env wiped itself clean
     hard_resets: int = 0  # programs after which the env was hard-reset (no wipe here, or it found something)
+    queued_by_client: dict[str, int] = field(default_factory=dict)  # waiting runs per client (those with any)
 
 
 class CodeRunner:
@@ -116,7 +118,11 @@ class CodeRunner:
         max_run_timeout, max_compile_timeout: the largest ``run_timeout``/``compile_timeout`` a
             request may ask for (the pools' step deadline is sized from them).
         max_output_bytes: stdout and stderr kept per command; the rest is dropped and counted.
-        max_queue: requests waiting at most; past it :meth:`submit` raises :class:`QueueFullError`.
+        max_queue: requests waiting at most, over all clients; past it :meth:`submit` raises
+            :class:`QueueFullError`.
+        max_queue_per_client: requests waiting at most for one client (``None``: ``max_queue``
+            only); past it that client's :meth:`submit` raises :class:`QueueFullError` while
+            others still get in.
         on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's calls thread
             after every run (seconds from submission to an env taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
@@ -134,6 +140,7 @@ class CodeRunner:
         max_compile_timeout: float = 60.0,
         max_output_bytes: int = 1 << 20,
         max_queue: int = 1024,
+        max_queue_per_client: int | None = None,
         on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
         wipe: bool = True,
         **settings: Unpack[PoolSettings],
@@ -156,12 +163,13 @@ class CodeRunner:
         #: The settings every lane's pool runs with.
         self.pool_options = dataclasses.replace(pool_options, mode="boltz", step_timeout=step_timeout)
         self.max_output_bytes = int(max_output_bytes)
-        self.max_queue = int(max_queue)
         self.on_result = on_result
         self.wipe = bool(wipe)
         self._stats = RunnerStats()
         self._stats_lock = threading.Lock()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._queue: FairQueue[_Job] = FairQueue(
+            int(max_queue), int(max_queue_per_client) if max_queue_per_client is not None else None
+        )
         self._tags = itertools.count(1)
         #: The runs in flight: their pool and env index (under ``_stats_lock``).
         self._running: dict[concurrent.futures.Future, tuple[RLPool, int, _Job]] = {}
@@ -213,18 +221,23 @@ class CodeRunner:
                 return
 
     # ------------------------------------------------------------------ asking
-    def submit(self, request: RunRequest | Mapping[str, Any] | str) -> concurrent.futures.Future:
-        """Queue one program; a future of its :class:`RunResult`. Cancelling the future before a
-        lane takes it drops the run."""
+    def submit(
+        self, request: RunRequest | Mapping[str, Any] | str, *, client: str = DEFAULT_CLIENT
+    ) -> concurrent.futures.Future:
+        """Queue one program in ``client``'s line; a future of its :class:`RunResult`. Cancelling
+        the future before a lane takes it drops the run.
+
+        Raises:
+            ValueError: the request asks for a language or timeout this runner does not run.
+            QueueFullError: ``max_queue`` requests wait already, or ``max_queue_per_client`` of
+                ``client``'s.
+        """
         request = self._check(RunRequest.of(request))
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._stats_lock:
-            if self._closed:
-                raise RuntimeError("this CodeRunner is closed")
-            if self._stats.queued >= self.max_queue:
-                raise QueueFullError(f"{self._stats.queued} requests are waiting (max_queue={self.max_queue})")
-            self._stats.queued += 1
-        self._queue.put(_Job(request, future, tag=next(self._tags)))
+        try:
+            self._queue.put(client, _Job(request, future, tag=next(self._tags)))
+        except QueueClosedError:
+            raise RuntimeError("this CodeRunner is closed") from None
         return future
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
@@ -233,7 +246,12 @@ class CodeRunner:
         before its next program. The future then raises ``CancelledError``. ``False``: it had
         finished (or was cancelled before)."""
         if future.cancel():
-            return True  # (counted when a lane finds it)
+            # Out of its line at once, so it holds no place under the queue's bounds; if a lane
+            # has just taken it, the lane finds it cancelled and counts it.
+            if self._queue.remove(lambda job: job.future is future) is not None:
+                with self._stats_lock:
+                    self._stats.cancelled += 1
+            return True
         with self._cancel_lock:
             with self._stats_lock:
                 running = self._running.get(future)
@@ -284,12 +302,31 @@ class CodeRunner:
     # ------------------------------------------------------------------ what the runner knows
     def stats(self) -> RunnerStats:
         """A copy of the counters."""
+        depths = self._queue.depths()
         with self._stats_lock:
             s = self._stats
             return RunnerStats(
-                dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, s.queued, s.running, s.wipes,
-                s.hard_resets,
+                dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, sum(depths.values()), s.running,
+                s.wipes, s.hard_resets, depths,
             )  # fmt: skip
+
+    @property
+    def max_queue(self) -> int:
+        """Requests waiting at most, over all clients (may be changed while the runner runs)."""
+        return self._queue.max_total or 0
+
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:
+        self._queue.max_total = int(value)
+
+    @property
+    def max_queue_per_client(self) -> int | None:
+        """Requests waiting at most for one client; ``None``: only :attr:`max_queue` bounds them."""
+        return self._queue.max_per_client
+
+    @max_queue_per_client.setter
+    def max_queue_per_client(self, value: int | None) -> None:
+        self._queue.max_per_client = int(value) if value is not None else None
 
     @property
     def capacity(self) -> int:
@@ -319,10 +356,10 @@ class CodeRunner:
 
     def _take(self, free: queue.SimpleQueue[int], env: int) -> list[tuple[int, _Job]]:
         """Wait for a request for free ``env``; then give whatever else waits to the lane's other free
-        envs. ``(env, job)`` pairs; ``[]`` at close (or when every request taken was cancelled)."""
+        envs (in the queue's turn order). ``(env, job)`` pairs; ``[]`` at close (or when every
+        request taken was cancelled)."""
         first = self._queue.get()
-        if first is None:
-            self._queue.put(None)  # the close marker stays for the other lanes
+        if first is None:  # closed
             free.put(env)
             return []
         pairs = [(env, first)]
@@ -331,13 +368,7 @@ class CodeRunner:
                 env = free.get_nowait()
             except queue.Empty:
                 break
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                job = None
-            else:
-                if job is None:
-                    self._queue.put(None)  # the close marker stays for the other lanes
+            job = self._queue.get_nowait()
             if job is None:
                 free.put(env)
                 break
@@ -345,7 +376,6 @@ class CodeRunner:
         now = time.perf_counter()
         live = []
         with self._stats_lock:
-            self._stats.queued -= len(pairs)
             for env, job in pairs:
                 if job.future.set_running_or_notify_cancel():
                     job.taken = now
@@ -468,14 +498,8 @@ class CodeRunner:
             if self._closed and not self._pools:
                 return
             self._closed = True
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.future.cancel()
-        self._queue.put(None)
+        for job in self._queue.close():  # the lanes' waits end; a submit from now on is refused
+            job.future.cancel()
         for t in getattr(self, "_threads", ()):
             t.join(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
         for calls in getattr(self, "_calls", ()):
@@ -509,6 +533,7 @@ class RunnerSettings(PoolSettings, total=False):
     max_compile_timeout: float
     max_output_bytes: int
     max_queue: int
+    max_queue_per_client: int | None
     on_result: Callable[[RunRequest, RunResult, float, float], None] | None
     wipe: bool
 
@@ -528,9 +553,10 @@ class AsyncCodeRunner:
         #: The synchronous runner doing the work.
         self.runner = runner if runner is not None else CodeRunner(**settings)
 
-    async def submit(self, request: RunRequest | Mapping[str, Any] | str) -> RunResult:
-        """Run one request; cancelling the awaiting task cancels it (:meth:`CodeRunner.cancel`)."""
-        future = self.runner.submit(request)
+    async def submit(self, request: RunRequest | Mapping[str, Any] | str, *, client: str = DEFAULT_CLIENT) -> RunResult:
+        """Run one request in ``client``'s line (as :meth:`CodeRunner.submit`); cancelling the
+        awaiting task cancels it (:meth:`CodeRunner.cancel`)."""
+        future = self.runner.submit(request, client=client)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:

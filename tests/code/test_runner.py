@@ -191,3 +191,27 @@ def test_where_the_wipe_cannot_run_it_says_why_once_at_start_up(caplog):
     assert len([m for m in caplog.messages if "hard-reset" in m or "not clean" in m]) == 1, caplog.messages
     with CodeRunner(envs_per_lane=1, lanes=1, isolation="process", wipe=False) as r:
         assert r.wipe_unavailable is None  # (not asked for: nothing to say)
+
+
+def test_clients_wait_in_lines_of_their_own_and_a_cancelled_run_leaves_its_line_at_once(runner):
+    before = runner.stats()
+    busy = [runner.submit("import time; time.sleep(1)", client="a") for _ in range(runner.capacity)]
+    while runner.stats().running < runner.capacity:  # every env holds one of a's
+        time.sleep(0.01)
+    waiting = [runner.submit(f"print({i})", client="a") for i in range(2)]
+    other = runner.submit("print('b')", client="b")
+    assert runner.stats().queued_by_client == {"a": 2, "b": 1}
+    bound, runner.max_queue_per_client = runner.max_queue_per_client, 2
+    try:
+        with pytest.raises(QueueFullError) as full:
+            runner.submit("print(3)", client="a")
+        assert full.value.per_client and full.value.client == "a"
+        assert runner.cancel(waiting[1])  # its place is free at once: a may queue again
+        assert runner.stats().queued_by_client == {"a": 1, "b": 1}
+        again = runner.submit("print(3)", client="a")
+    finally:
+        runner.max_queue_per_client = bound
+    assert [f.result().stdout for f in (waiting[0], other, again)] == ["0\n", "b\n", "3\n"]
+    assert all(f.result().ok for f in busy)
+    after = runner.stats()
+    assert after.cancelled == before.cancelled + 1 and after.queued == 0 and after.queued_by_client == {}

@@ -3,16 +3,12 @@ and verl's own client module (from the verl wheel that .ci/run downloads) agains
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
 import re
 import socket
-import threading
 import time
-import types
-import zipfile
 
 import pytest
 
@@ -23,10 +19,8 @@ uvicorn = pytest.importorskip("uvicorn")
 from boltzlabs_gym.code import CodeRunner  # noqa: E402
 from boltzlabs_gym.code.server import create_app  # noqa: E402
 from boltzlabs_gym.wire.limits import Limits  # noqa: E402
-from conftest import ISOLATION, ROOT  # noqa: E402
-
-VERL_DIST = os.environ.get("BOLTZLABS_VERL_DIST_DIR", os.path.join(ROOT, ".cache", "verl-dist"))
-VERL_MODULE = "verl/utils/reward_score/sandbox_fusion/utils.py"
+from code_servers import serving, verl_sandbox_module  # noqa: E402
+from conftest import ISOLATION  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,24 +32,11 @@ def server():
         limits=Limits(memory_bytes=384 << 20, file_size_bytes=32 << 20),
         max_run_timeout=30,
     )
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(runner), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url + "/v1/ping", timeout=1).json() == "pong":
-                break
-        except requests.ConnectionError:
-            time.sleep(0.05)
-    yield url, runner
-    srv.should_exit = True
-    thread.join(10)
-    runner.close()
+    try:
+        with serving(create_app(runner)) as url:
+            yield url, runner
+    finally:
+        runner.close()
 
 
 def post(url, **body):
@@ -90,14 +71,15 @@ def test_sandboxfusion_answers_for_languages_and_bad_fields(server):
     assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
 
 
-def test_full_queue_answers_503_with_retry_after(server):
+def test_full_queue_answers_504_with_retry_after(server):
     url, runner = server
     limit, runner.max_queue = runner.max_queue, 0
     try:
         r = post(url, code="print(1)", language="python")
     finally:
         runner.max_queue = limit
-    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert r.status_code == 504 and r.headers["Retry-After"] == "1"  # the status verl retries
+    assert _metric(url, 'boltzlabs_code_rejected_total{reason="queue_full"}') >= 1
 
 
 def test_hostile_programs_and_metrics(server):
@@ -218,23 +200,9 @@ def test_a_client_that_leaves_mid_run_kills_its_program(server):
     assert _metric(url, "boltzlabs_code_cancelled_total") == cancelled_before + 1
 
 
-def _verl_module():
-    wheels = sorted(glob.glob(os.path.join(VERL_DIST, "verl-*.whl")))
-    if not wheels:
-        pytest.skip(
-            f"verl's wheel is not in {VERL_DIST}: python -m pip download --no-deps verl==0.9.1 -d .cache/verl-dist"
-        )
-    with zipfile.ZipFile(wheels[-1]) as z:
-        source = z.read(VERL_MODULE).decode()
-    module = types.ModuleType("verl_sandbox_fusion_utils")
-    module.__file__ = f"{wheels[-1]}/{VERL_MODULE}"
-    exec(compile(source, module.__file__, "exec"), module.__dict__)  # verl's module alone, unchanged
-    return module
-
-
 def test_verl_client_unchanged(server):
     url, _ = server
-    verl = _verl_module()
+    verl = verl_sandbox_module()
     response, error = verl.call_sandbox_api(url + "/run_code", "print(input())", "7", 10, 5, 256)
     assert error is None and response["status"] == "Success" and response["run_result"]["stdout"] == "7\n"
     stdio = {"inputs": ["1 2\n", "3 4\n", "5 5\n"], "outputs": ["3\n", "7\n", "11\n"]}

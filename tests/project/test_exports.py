@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE_EXPORTS = [
     "ArchiveError",
     "AsyncStateError",
+    "AuthConfigError",
     "BoltzLabsError",
     "BoltzLabsVecEnv",
     "CapacityError",
@@ -90,6 +91,7 @@ MODULE_EXPORTS = {
     "boltzlabs_gym.errors": [
         "ArchiveError",
         "AsyncStateError",
+        "AuthConfigError",
         "BoltzLabsError",
         "CapacityError",
         "CodecError",

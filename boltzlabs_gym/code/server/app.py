@@ -4,8 +4,13 @@
 Beside SandboxFusion's two endpoints: ``GET /v1/status`` (isolation in force, lanes, queue,
 counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.code.server.metrics`).
 
-* A full queue answers ``503`` with ``Retry-After``; bad fields and malformed JSON ``422``
-  (FastAPI's shape); a ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
+* With ``tokens``, every path but ``/v1/ping`` needs one (:mod:`~boltzlabs_gym.code.server.auth`:
+  a bearer token, basic auth in the URL or ``?token=``); without, ``401`` before the body is read.
+  Each token is a client of the runner's fair queue; without tokens all requests are one client.
+* A full queue (all clients', or the asking client's own bound) answers ``504`` with
+  ``Retry-After``: the one status verl's ``call_sandbox_api`` retries (the ``sandbox-fusion``
+  client retries any). Bad fields and malformed JSON ``422`` (FastAPI's shape); a
+  ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
 * A language SandboxFusion knows but this server does not run: ``SandboxError`` naming the
   supported ones (SandboxFusion answers its own missing runners with a ``SandboxError`` too).
 * A client that disconnects cancels its run (:meth:`~boltzlabs_gym.code.CodeRunner.cancel`):
@@ -18,29 +23,58 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..runner import CodeRunner, QueueFullError
+from ..fair_queue import DEFAULT_CLIENT, QueueFullError
+from ..runner import CodeRunner
 from ..runs import LANGUAGES, RunRequest, RunResult
+from .auth import CLIENT_STATE_KEY, OPEN_PATHS, ClientTokens, TokenAuth
 from .models import RunCodeRequest, RunCodeResponse, RunStatus
 
 __all__ = ["create_app"]
 
 #: Seconds a client told the queue is full is asked to wait.
 RETRY_AFTER_S = 1
+#: The status of a full queue: verl's ``call_sandbox_api`` retries a 504 and no other (the
+#: ``sandbox-fusion`` client retries any status but 200), so a client told to come back does.
+QUEUE_FULL_STATUS = 504
 #: How often a pending request looks whether its client is still there (seconds).
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = False) -> FastAPI:
-    """A FastAPI app serving ``runner`` (closed with the app if ``owns_runner``)."""
+def create_app(
+    runner: CodeRunner,
+    *,
+    metrics: bool = True,
+    owns_runner: bool = False,
+    tokens: ClientTokens | Mapping[str, str] | Iterable[str] | None = None,
+) -> FastAPI:
+    """A FastAPI app serving ``runner`` (closed with the app if ``owns_runner``).
+
+    ``tokens`` (``{client name: token}``, tokens alone, or a :class:`ClientTokens`): when given,
+    every path but ``/v1/ping`` needs one of them, and each token's requests are a client of their
+    own in the runner's fair queue. ``None`` (or none): anyone who reaches the port may use it, as
+    one client; serve a loopback address only then (the CLI refuses anything else).
+    """
     app = FastAPI(title="boltzlabs_gym code server", description="SandboxFusion's /run_code on sandboxed pools")
     server_metrics = _metrics_for(runner) if metrics else None
+    clients = tokens if isinstance(tokens, ClientTokens) else ClientTokens(tokens or ())
+    unauthorized = 0
     if owns_runner:
         app.router.on_shutdown.append(runner.close)
+
+    def count_unauthorized() -> None:
+        nonlocal unauthorized
+        unauthorized += 1
+        if server_metrics is not None:
+            server_metrics.rejected.labels("unauthorized").inc()
+
+    if len(clients):
+        app.add_middleware(TokenAuth, tokens=clients, on_reject=count_unauthorized)
 
     @app.get("/v1/ping")
     async def ping() -> str:
@@ -62,9 +96,13 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
             "max_queue": runner.max_queue,
+            "max_queue_per_client": runner.max_queue_per_client,
+            "auth": {"required": bool(len(clients)), "clients": len(clients), "open_without_token": sorted(OPEN_PATHS)},
+            "unauthorized": unauthorized,
             "max_run_timeout": runner.max_run_timeout,
             "max_output_bytes": runner.max_output_bytes,
             "queued": s.queued,
+            "queued_by_client": s.queued_by_client,
             "running": s.running,
             "runs": {f"{lang}/{st}": n for (lang, st), n in sorted(s.runs.items())},
             "timeouts": s.timeouts,
@@ -103,11 +141,13 @@ def create_app(runner: CodeRunner, *, metrics: bool = True, owns_runner: bool = 
             memory_limit_mb=body.memory_limit_MB,
         )
         try:
-            future = runner.submit(run)
+            future = runner.submit(run, client=getattr(request.state, CLIENT_STATE_KEY, DEFAULT_CLIENT))
         except QueueFullError as exc:
             if server_metrics is not None:
-                server_metrics.rejected.labels("queue_full").inc()
-            return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+                server_metrics.rejected.labels("client_queue_full" if exc.per_client else "queue_full").inc()
+            return JSONResponse(
+                {"detail": str(exc)}, status_code=QUEUE_FULL_STATUS, headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
         waiting = asyncio.wrap_future(future)
         while True:
             done, _ = await asyncio.wait({waiting}, timeout=DISCONNECT_POLL_S)

@@ -7,7 +7,9 @@
   (the sandbox's memory limit kills that way);
 * ``boltzlabs_code_queue_wait_seconds``: time from arrival to a lane taking the run (histogram);
 * ``boltzlabs_code_run_seconds{language}``: time from arrival to the answer (histogram);
-* ``boltzlabs_code_rejected_total{reason}``: requests turned away (``queue_full``, ``language``);
+* ``boltzlabs_code_rejected_total{reason}``: requests turned away: ``unauthorized`` (no valid
+  token, answered 401), ``queue_full`` (all clients' bound), ``client_queue_full`` (the client's
+  own bound), ``language``;
 * ``boltzlabs_code_cancelled_total``: runs whose client went away first;
 * ``boltzlabs_code_queued`` / ``boltzlabs_code_running``: gauges read at scrape time;
 * ``boltzlabs_code_wipe_in_force``: 1 where programs are wiped away in place between runs, 0 where
