@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import shutil
 import time
 
@@ -36,6 +37,39 @@ def test_python_stdin_stdout_and_exit_codes(runner):
     assert (exit3.status, exit3.run_result.return_code, exit3.stdout) == ("Failed", 3, "out\n")
     assert syntax.status == "Failed" and "SyntaxError" in syntax.stderr
     assert ok.isolation == runner.isolation.backend
+
+
+START_STATE = r"""
+import atexit, json, os, signal, sys, threading, time
+state = {
+    "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+    "sigpipe": signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL,
+    "mask": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "umask": os.umask(0o22), "cwd_is_home": os.getcwd() == os.environ["HOME"], "env": sorted(os.environ),
+    "stdout_seekable": sys.stdout.seekable(), "stdin": sys.stdin.read(),
+}
+print(json.dumps(state))
+def late():
+    time.sleep(0.2); print("thread joined", flush=True)
+threading.Thread(target=late).start()
+atexit.register(lambda: print("atexit ran", flush=True))
+"""
+
+
+def test_a_python_program_starts_as_a_fresh_interpreter_would_and_exits_as_one(runner):
+    """What the zygote sets up once for every program (handlers, mask, umask, cwd, environment,
+    streams) is what a fresh ``python main.py`` has; its threads are joined and its atexit run."""
+    for _ in range(2):  # (the second program of an env too)
+        r = runner.run(START_STATE, stdin="in")
+        assert r.ok, r
+        first, *rest = r.run_result.stdout.splitlines()
+        state = json.loads(first)
+        assert state == {
+            "sigint": True, "sigpipe": True, "mask": [], "umask": 0o22, "cwd_is_home": True,
+            "env": ["HOME", "LANG", "PATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"],
+            "stdout_seekable": False, "stdin": "in",
+        }, state  # fmt: skip
+        assert rest == ["thread joined", "atexit ran"], r.run_result.stdout
 
 
 def test_timeout_kills_the_tree_and_the_next_program_finds_nothing_left(runner):

@@ -10,7 +10,7 @@ zygote's heap holds nothing of any request.
 
 The zygote is protected from the programs it forks (they share its uid): it is not dumpable
 (no ``/proc/<pid>/mem``, ``process_vm_writev``, ``pidfd_getfd``; ``ptrace`` is denied by the
-sandbox's seccomp filter too), it ignores every catchable signal, and the env checks after each
+sandbox's seccomp filter too), it blocks every signal but SIGKILL and SIGSTOP, and the env checks after each
 program that it is alive, not stopped, and that its rlimits, nice value, CPU affinity,
 scheduling policy, I/O priority and OOM score are as they were (see ``_wipe``).
 
@@ -28,8 +28,10 @@ from collections.abc import Callable
 
 _REQUEST = struct.Struct("!ii")  # main<N>.py, memory limit in MiB (-1: none)
 _STATUS = struct.Struct("!i")  # the program's wait status
-#: signals the zygote ignores (SIGKILL and SIGSTOP cannot be; SIGCHLD stays default: it reaps)
-_IGNORED = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)]
+#: signals the zygote blocks (SIGKILL and SIGSTOP cannot be): a program that signals it leaves a
+#: pending signal that is never delivered, and each program unblocks them with one call (where
+#: ignoring them would cost each program a call per signal to restore its handlers)
+_BLOCKED = signal.valid_signals()
 
 
 class ZygoteGone(RuntimeError):
@@ -38,15 +40,17 @@ class ZygoteGone(RuntimeError):
 
 class Zygote:
     """Fork the zygote now (call before the env's first request); ``body(n, memory_mb, out_w, err_w)``
-    runs in each forked program and returns its exit status."""
+    runs in each forked program and returns its exit status. ``prepare()``, if given, runs once in
+    the zygote before its first program: the state every program shares (set there once, inherited
+    by each fork, rather than set up again by every program)."""
 
-    def __init__(self, body: Callable[[int, int, int, int], int]):
+    def __init__(self, body: Callable[[int, int, int, int], int], prepare: Callable[[], None] | None = None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote process
             try:
                 ours.close()
-                _serve(theirs, body)
+                _serve(theirs, body, prepare)
             finally:
                 os._exit(0)
         theirs.close()
@@ -95,14 +99,11 @@ class Zygote:
         os.close(self.pidfd)
 
 
-def _serve(sock: socket.socket, body: Callable[[int, int, int, int], int]) -> None:  # pragma: no cover
-    """The zygote's loop: nothing but the socket open, every signal ignored; one program at a time."""
-    previous = {s: signal.getsignal(s) for s in _IGNORED}
-    for s in _IGNORED:
-        try:
-            signal.signal(s, signal.SIG_IGN)
-        except (OSError, ValueError):
-            pass
+def _serve(  # pragma: no cover
+    sock: socket.socket, body: Callable[[int, int, int, int], int], prepare: Callable[[], None] | None
+) -> None:
+    """The zygote's loop: nothing but the socket open, every signal blocked; one program at a time."""
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -113,6 +114,8 @@ def _serve(sock: socket.socket, body: Callable[[int, int, int, int], int]) -> No
                 os.close(int(name))
             except OSError:
                 pass
+    if prepare is not None:
+        prepare()
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
         if not msg:
@@ -129,11 +132,7 @@ def _serve(sock: socket.socket, body: Callable[[int, int, int, int], int]) -> No
             code = 1
             try:
                 sock.close()
-                for s, handler in previous.items():
-                    try:
-                        signal.signal(s, handler)
-                    except (OSError, ValueError, TypeError):
-                        pass
+                signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
                 code = body(n, memory_mb, out_w, err_w)
             except BaseException:
                 pass

@@ -101,7 +101,7 @@ def _start_wiping() -> str | None:
     try:
         _Wiping.child_filter = seccomp.build_filter(deny=("mq_open",))
         _wipe.protect()
-        zygote = Zygote(_zygote_program)
+        zygote = Zygote(_zygote_program, prepare=_zygote_prepare)
         baseline = _wipe.record([zygote.pid])
         trial = _wipe.wipe(baseline, [zygote.pid])
         if trial is not None:
@@ -234,24 +234,34 @@ class _Started:
 
 def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, err_w: int) -> None:
     """In the forked child: its own session, the memory limit, stdio, cwd; every other fd closed."""
-    os.setsid()
+    _own_session(memory_mb)
     os.umask(0o022)
+    _wire_stdio(stdin_path, out_w, err_w)
+    os.chdir(workspace)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    if _Wiping.child_filter is not None:
+        seccomp.install(_Wiping.child_filter)
+
+
+def _own_session(memory_mb: int) -> None:
+    """A program's own session (process group), its own /proc files, its memory limit."""
+    os.setsid()
     _wipe.set_dumpable(True)  # (the env is not, where it is wiped): the program's own /proc/<pid> are its own
     if memory_mb > 0:
         limit = memory_mb << 20
         for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
             _, hard = resource.getrlimit(which)
             resource.setrlimit(which, (limit, hard))
+
+
+def _wire_stdio(stdin_path: str, out_w: int, err_w: int) -> None:
+    """The program's stdin from its file, stdout and stderr to its pipes; every other fd closed."""
     fd = os.open(stdin_path, os.O_RDONLY)
     os.dup2(fd, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.closerange(3, 65536)
-    os.chdir(workspace)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
-    if _Wiping.child_filter is not None:
-        seccomp.install(_Wiping.child_filter)
 
 
 def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> _Started:
@@ -309,21 +319,48 @@ def _from_zygote(zygote: Zygote, n: int, memory_mb: int) -> _Started:
     return _Started(pid, pidfd, out_r, err_r, reap)
 
 
-def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int) -> int:
-    """In a program forked by the zygote: the child's set-up, then ``main<n>.py``."""
+def _zygote_prepare() -> None:
+    """Once, in the zygote: what every program it forks shares, inherited instead of set up by
+    each program (its working directory, umask, environment, signal handlers, std streams and the
+    programs' seccomp filter); then a program's own set-up is its session, its pipes and its seed."""
     workspace = workspace_now()
-    _enter_child(workspace, STDIN_PATH, memory_mb, out_w, err_w)
+    os.chdir(workspace)
+    os.umask(0o022)
+    _program_environment(workspace)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
-    return _run_python_here(_main_path(workspace, n, ".py"), workspace)
+    # the streams' objects are made over a file (stdin) and pipes (stdout, stderr) like the ones each
+    # program gets on the same fds, so that what they find out about their fd at creation holds
+    out_r, out_w = os.pipe()
+    os.dup2(out_w, 1)
+    os.dup2(out_w, 2)
+    for fd in (out_r, out_w):
+        os.close(fd)
+    _program_streams()
+    if _Wiping.child_filter is not None:
+        seccomp.install(_Wiping.child_filter)
+    _wipe.set_dumpable(False)  # (it is already: this resolves the call each program makes)
 
 
-def _run_python_here(src: str, workspace: str) -> int:
-    """The forked child's program: a fresh ``__main__`` running ``src``; its exit status."""
-    import atexit
+def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int) -> int:
+    """In a program forked by the zygote (prepared by :func:`_zygote_prepare`): its own session,
+    limit and pipes, then ``main<n>.py``."""
+    workspace = workspace_now()
+    _own_session(memory_mb)
+    _wire_stdio(STDIN_PATH, out_w, err_w)
+    os.chdir(workspace)
+    return _run_python_here(_main_path(workspace, n, ".py"), workspace, prepared=True)
+
+
+def _program_environment(workspace: str) -> None:
+    os.environ.clear()
+    os.environ.update(PROGRAM_ENV, HOME=workspace)
+
+
+def _program_streams() -> None:
+    """``sys.stdin``/``stdout``/``stderr`` (and their ``__x__``) over fds 0-2, as Python makes them."""
     import io
-    import random
-    import traceback
-    import types
 
     stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     stdout = io.TextIOWrapper(
@@ -335,8 +372,19 @@ def _run_python_here(src: str, workspace: str) -> int:
     for name, stream in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
-    os.environ.clear()
-    os.environ.update(PROGRAM_ENV, HOME=workspace)
+
+
+def _run_python_here(src: str, workspace: str, prepared: bool = False) -> int:
+    """The forked child's program: a fresh ``__main__`` running ``src``; its exit status. ``prepared``:
+    forked from a zygote that made the streams and the environment already."""
+    import random
+    import traceback
+    import types
+
+    if not prepared:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
+        _program_streams()
+        _program_environment(workspace)
     random.seed()  # the template's state would repeat in every program
     sys.argv = [src]
     sys.path[0] = workspace
@@ -354,19 +402,28 @@ def _run_python_here(src: str, workspace: str) -> int:
     except BaseException as exc:
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
         status = 1
-    try:
-        import threading
-
-        threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter does at exit
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
+    _exit_as_python_does()
     for out in (sys.stdout, sys.stderr):
         try:
             out.flush()
         except BaseException:
             status = status or 1  # as the interpreter exits when its stdout cannot be flushed
     return status
+
+
+def _exit_as_python_does() -> None:
+    """Join the program's threads and run its ``atexit`` functions, as the interpreter does at exit
+    (each only where the program started a thread or registered a function: both cost)."""
+    import atexit
+    import threading
+
+    try:
+        if threading.active_count() > 1 or getattr(threading, "_threading_atexits", None):
+            threading._shutdown()  # type: ignore[attr-defined]
+        if atexit._ncallbacks():
+            atexit._run_exitfuncs()
+    except BaseException:
+        pass
 
 
 def _exit_status(exc: SystemExit, stderr) -> int:
