@@ -248,7 +248,10 @@ def _remove_sysv_ipc() -> str | None:
         "sem": lambda i: _libc.semctl(i, 0, _IPC_RMID),
     }
     for kind, remove in removers.items():
-        for ident in _sysv_ids(kind):
+        found = _sysv_ids(kind)
+        if not found:
+            continue  # (the common case: one read of the list, not two)
+        for ident in found:
             remove(ident)
         if _sysv_ids(kind):
             return f"SysV {kind} objects {_sysv_ids(kind)[:8]} could not be removed"
