@@ -67,8 +67,16 @@ SUBPROCESS_COMMANDS = {
     "nodejs": (None, ["node", "{src}"], ".js"),
     "cpp": (["g++", "-std=c++17", "-O2", "{src}", "-o", "{exe}", "-lpthread"], ["{exe}"], ".cpp"),
 }
-SCRATCH = "/tmp/.boltzlabs_runner"  # outside the workspace: stdin and the C++ binary
+#: stdin and the C++ binary, outside the workspace where the env has a /tmp of its own (PID 1 of its
+#: own namespaces); on the ``process`` backend envs share the host's /tmp, so each keeps them in its
+#: own workspace, which the worker wipes with it (:func:`scratch_dir`)
+SCRATCH = "/tmp/.boltzlabs_runner"
 STDIN_PATH = os.path.join(SCRATCH, "stdin")
+
+
+def scratch_dir(workspace: str) -> str:
+    """Where this env keeps a program's stdin and binary: :data:`SCRATCH`, or in its workspace."""
+    return SCRATCH if os.getpid() == 1 else os.path.join(workspace, ".boltzlabs_runner")
 
 
 class _Wiping:
@@ -135,12 +143,13 @@ def _error(message: str) -> dict:
 def run_program(action: dict) -> dict:
     """Run ``action``'s program in the workspace; its compile and run results and fetched files."""
     workspace = workspace_now()
-    os.makedirs(SCRATCH, exist_ok=True)
+    scratch = scratch_dir(workspace)
+    os.makedirs(scratch, exist_ok=True)
     _write_files(workspace, action.get("files") or {})
     language = action["language"]
     cap = int(action.get("max_output_bytes", 1 << 20))
     memory_mb = int(action.get("memory_limit_mb", -1))
-    stdin_path = STDIN_PATH
+    stdin_path = os.path.join(scratch, "stdin")
     with open(stdin_path, "wb") as f:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
     compile_result = None
@@ -154,7 +163,7 @@ def run_program(action: dict) -> dict:
     elif language in SUBPROCESS_COMMANDS:
         compile_cmd, run_cmd, suffix = SUBPROCESS_COMMANDS[language]
         _, src = _source_path(workspace, suffix, action["code"])
-        names = {"src": src, "exe": os.path.join(SCRATCH, "program")}
+        names = {"src": src, "exe": os.path.join(scratch, "program")}
         run_result = None
         if compile_cmd is not None:
             cmd = [part.format(**names) for part in compile_cmd]
