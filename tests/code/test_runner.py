@@ -249,3 +249,15 @@ def test_clients_wait_in_lines_of_their_own_and_a_cancelled_run_leaves_its_line_
     assert all(f.result().ok for f in busy)
     after = runner.stats()
     assert after.cancelled == before.cancelled + 1 and after.queued == 0 and after.queued_by_client == {}
+
+
+def test_programs_running_at_once_get_their_own_stdin_on_the_process_backend():
+    """Envs of the ``process`` backend share the host's /tmp: each keeps its programs' stdin (and
+    C++ binary) in its own workspace, so programs running at once do not read each other's."""
+    with CodeRunner(envs_per_lane=4, lanes=1, isolation="process") as r:
+        runs = [{"code": "import time; time.sleep(0.05); print(input())", "stdin": f"stdin {i}"} for i in range(12)]
+        assert [x.run_result.stdout for x in r.run_many(runs)] == [f"stdin {i}\n" for i in range(12)]
+        if shutil.which("g++"):
+            cpp = "#include <iostream>\nint main(){std::cout<<%d<<std::endl;}"
+            got = r.run_many([{"code": cpp % i, "language": "cpp"} for i in range(4)])
+            assert [x.run_result.stdout for x in got] == [f"{i}\n" for i in range(4)], got
