@@ -3,6 +3,7 @@ finds nothing of them (one lane of one env, so every program lands on the same e
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 
@@ -51,6 +52,13 @@ out["msg"] = libc.msgget(0x1235, 0o1666)
 out["sem"] = libc.semget(0x1236, 1, 0o1666)
 # POSIX message queues cannot be listed, so programs may not make one
 out["mq"] = libc.syscall(240, b"leak", 0o100 | 2, 0o600, None)
+# network state: no socket but AF_UNIX (no interface, route or port to change or leave bound)
+for name, family in (("inet", socket.AF_INET), ("inet6", socket.AF_INET6), ("netlink", socket.AF_NETLINK)):
+    try:
+        socket.socket(family, socket.SOCK_DGRAM if family != socket.AF_NETLINK else socket.SOCK_RAW).close()
+        out[name] = "made"
+    except OSError as exc:
+        out[name] = exc.errno
 # the env (PID 1) and the zygote: their memory, fds and OOM score; signals
 for pid in (1, 2):
     for what, mode in (("mem", "r+b"), ("fd/0", "rb"), ("oom_score_adj", "w")):
@@ -117,6 +125,7 @@ def test_hostile_program_leaves_nothing_for_the_next_one(runner):
     out = json.loads(r.stdout)
     assert min(out["shm"], out["msg"], out["sem"]) >= 0, out  # it did make them
     assert out["mq"] == -1, out
+    assert out["inet"] == out["inet6"] == out["netlink"] == errno.EAFNOSUPPORT, out
     for pid in (1, 2):  # neither the env nor the zygote is open to it
         assert out[f"{pid}/mem"] == out[f"{pid}/fd/0"] == out[f"{pid}/oom_score_adj"] == "PermissionError", out
     s = survey(runner)
