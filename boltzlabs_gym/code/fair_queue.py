@@ -14,6 +14,10 @@ Bounds are checked when an item is queued: ``max_total`` items in all, ``max_per
 each client (``None``: no bound); past either :meth:`~FairQueue.put` raises
 :class:`QueueFullError` and queues nothing.
 
+A taker that took an item it cannot serve (the code runner's lane that finds its worker lost)
+gives it back with :meth:`~FairQueue.put_front`: at the head of its client's line, and the client
+at the head of the round, as if it had never been taken.
+
 >>> q = FairQueue()
 >>> for i in range(3):
 ...     q.put("a", f"a{i}")
@@ -32,6 +36,7 @@ boltzlabs_gym.code.fair_queue.QueueFullError: client 'a' has 1 request waiting (
 from __future__ import annotations
 
 import collections
+import queue
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -102,6 +107,28 @@ class FairQueue(Generic[T]):
             self._size += 1
             self._ready.notify()
 
+    def put_front(self, client: str, item: T) -> None:
+        """Queue ``item`` at the head of ``client``'s line, and ``client`` at the head of the round:
+        the undoing of a :meth:`get` that took it (a taker that could not serve it gives it back,
+        and its client loses neither its place in line nor its turn). The bounds are not checked:
+        the item was let in once.
+
+        Raises:
+            QueueClosedError: the queue was closed (the taker then answers the item itself).
+        """
+        with self._lock:
+            if self._closed:
+                raise QueueClosedError("the queue is closed")
+            line = self._lines.get(client)
+            if line is None:
+                line = self._lines[client] = collections.deque()
+            else:
+                self._turns.remove(client)
+            self._turns.appendleft(client)
+            line.appendleft(item)
+            self._size += 1
+            self._ready.notify()
+
     def _check_bounds(self, client: str, waiting: int) -> None:
         # The client's own bound first: when both are reached, that is the one it can do something about.
         if self.max_per_client is not None and waiting >= self.max_per_client:
@@ -117,11 +144,13 @@ class FairQueue(Generic[T]):
             )
 
     # ------------------------------------------------------------------ taking
-    def get(self) -> T | None:
-        """The next item in turn, waiting for one; ``None`` once the queue is closed."""
+    def get(self, timeout: float | None = None) -> T | None:
+        """The next item in turn, waiting for one; ``None`` once the queue is closed. With a
+        ``timeout`` (seconds), raises :class:`queue.Empty` if nothing came within it (as
+        :meth:`queue.Queue.get` does), so a taker can look at something else and wait again."""
         with self._lock:
-            while not self._size and not self._closed:
-                self._ready.wait()
+            if not self._ready.wait_for(lambda: self._size or self._closed, timeout):
+                raise queue.Empty
             return self._take() if self._size else None
 
     def get_nowait(self) -> T | None:

@@ -20,7 +20,14 @@ in turn, so one client's burst waits behind the others' requests instead of star
 Pools are local by default; ``workers=`` (addresses or a
 :class:`~boltzlabs_gym.client.sources.WorkerSource` such as ``boltzlabs_gym.ray.RayWorkers``) and
 every pool setting (:class:`~boltzlabs_gym.client.options.PoolOptions`, as ``options=`` or
-keywords) pass through, so the same runner runs on remote or Ray workers.
+keywords) pass through, so the same runner runs on remote or Ray workers; ``lane_workers=`` puts
+each lane on workers of its own (one lane per worker: what :mod:`boltzlabs_gym.code.placement` does).
+
+A lane whose pool loses its worker (found lost within ``heartbeat_timeout``, or the pool failed) is
+*lost*: its runs in flight end as ``SandboxError`` runs naming the loss, it takes no more requests
+(the other lanes serve them), and its pool is closed once its runs ended. :meth:`CodeRunner.add_lane`
+puts a lane on a worker that took the lost one's place (:class:`~boltzlabs_gym.code.placement.LaneKeeper`
+does it for Ray); with no lane left serving, requests are answered ``SandboxError`` at once.
 
 Limits: ``run_timeout`` is enforced inside the sandbox (the program's process group is killed
 on it; the wipe or hard reset after it kills anything that left the group). ``memory_limit_mb``:
@@ -65,6 +72,7 @@ from ..client.options import PoolOptions, PoolSettings
 from ..client.pool import RLPool
 from ..client.results import read_reset, read_step
 from ..client.sources import WorkerSource
+from ..errors import SandboxUnavailable, WorkerError
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .fair_queue import DEFAULT_CLIENT, FairQueue, QueueClosedError, QueueFullError
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
@@ -72,10 +80,62 @@ from .runs import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("boltzlabs_gym.code")
 
-__all__ = ["RUNNER_ENV_DIR", "AsyncCodeRunner", "CodeRunner", "QueueFullError", "RunnerSettings", "RunnerStats"]
+__all__ = [
+    "RUNNER_ENV_DIR",
+    "AsyncCodeRunner",
+    "CodeRunner",
+    "LaneReport",
+    "QueueFullError",
+    "RunnerSettings",
+    "RunnerStats",
+]
 
 #: The runner's env directory (served in ``mode="boltz"``).
 RUNNER_ENV_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner_env")
+
+
+#: How often a lane that waits for a request looks whether it was lost (seconds).
+LOST_LANE_POLL_S = 1.0
+
+
+class _Lost:
+    """What a lost lane's wait for a request ends with."""
+
+
+@dataclass
+class _Lane:
+    """One lane: its pool, the calls on its envs, its envs free to take a program, its thread."""
+
+    number: int
+    pool: RLPool
+    calls: EnvCalls
+    where: str  # what the lane report says of its workers
+    free: queue.SimpleQueue[int] = field(default_factory=queue.SimpleQueue)
+    thread: threading.Thread | None = None
+    lost: str | None = None  # why it takes no more programs (its worker was lost, its pool failed)
+    runs: int = 0  # programs it ran to their end (under ``_stats_lock``)
+
+
+@dataclass(frozen=True)
+class LaneReport:
+    """One lane as :meth:`CodeRunner.lanes` reports it: its number, where it runs (``where``: the
+    workers' description, ``local`` for a worker of its own; ``workers``: their addresses), its
+    envs, the programs it ran, and, for a lane that takes no more requests, why (``lost``)."""
+
+    number: int
+    where: str
+    workers: tuple[str, ...]
+    envs: int
+    runs: int = 0
+    lost: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``/v1/status`` serves it."""
+        out: dict[str, Any] = {"lane": self.number, "where": self.where, "workers": list(self.workers)}
+        out.update(envs=self.envs, runs=self.runs, state="serving" if self.lost is None else "lost")
+        if self.lost is not None:
+            out["lost"] = self.lost
+        return out
 
 
 @dataclass
@@ -86,6 +146,7 @@ class _Job:
     taken: float = 0.0
     tag: int = 0  # its step's tag on the wire: what a cancel names
     cancelled: bool = False  # cancelled while it ran: its result is dropped
+    client: str = DEFAULT_CLIENT  # whose line it waits in (and goes back to, if a lost lane took it)
 
 
 @dataclass
@@ -102,6 +163,7 @@ class RunnerStats:
     wipes: int = 0  # programs after which the env wiped itself clean
     hard_resets: int = 0  # programs after which the env was hard-reset (no wipe here, or it found something)
     queued_by_client: dict[str, int] = field(default_factory=dict)  # waiting runs per client (those with any)
+    lanes_lost: int = 0  # lanes that lost their worker (or whose pool failed) and took no more requests
 
 
 class CodeRunner:
@@ -127,6 +189,13 @@ class CodeRunner:
             after every run (seconds from submission to an env taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
             ``False`` hard-resets it after every program.
+        lane_workers: where each lane's pool runs, one entry per lane (addresses or a
+            :class:`~boltzlabs_gym.client.sources.WorkerSource`), instead of ``lanes`` lanes on
+            ``workers``: a lane on one worker is lost alone when that worker is
+            (:func:`~boltzlabs_gym.code.placement.lanes_on_workers` makes such a list).
+
+    :attr:`on_lane_lost`, if set, is called with a lane's number and why, once, when the lane is
+    found lost (on the thread that found it; keep it short).
     """
 
     def __init__(
@@ -143,10 +212,13 @@ class CodeRunner:
         max_queue_per_client: int | None = None,
         on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
         wipe: bool = True,
+        lane_workers: Sequence[Sequence[str] | WorkerSource | None] | None = None,
         **settings: Unpack[PoolSettings],
     ):
         if envs_per_lane < 1 or lanes < 1:
             raise ValueError(f"envs_per_lane and lanes must be >= 1, got {envs_per_lane} and {lanes}")
+        if lane_workers is not None and (workers is not None or not lane_workers):
+            raise ValueError("lane_workers gives each lane's workers (at least one lane): pass it without workers=")
         own = sorted(set(settings) & {"mode", "step_timeout"})
         if own:
             raise TypeError(
@@ -172,39 +244,37 @@ class CodeRunner:
         )
         self._tags = itertools.count(1)
         #: The runs in flight: their pool and env index (under ``_stats_lock``).
-        self._running: dict[concurrent.futures.Future, tuple[RLPool, int, _Job]] = {}
+        self._running: dict[concurrent.futures.Future, tuple[_Lane, int, _Job]] = {}
         #: Held by a cancel from its look at ``_running`` to the worker's answer, and by a lane while it
         #: lets go of a finished run: a lane never starts an env's next run while the env is being
         #: killed for the last one (a lent env is killed whatever it runs).
         self._cancel_lock = threading.Lock()
         self._closed = False
-        self._pools: list[RLPool] = []
+        self.on_lane_lost: Callable[[int, str], None] | None = None
+        self._last_loss = ""
+        self._lanes: list[_Lane] = []  # (under ``_stats_lock``) a lost lane leaves once its pool closed
+        self._numbers = itertools.count()
+        #: Why programs are hard-reset after every run although ``wipe`` was asked for (the envs'
+        #: own report at start-up: the isolation gives them no PID namespace of their own, or a
+        #: wipe of a fresh sandbox failed), else ``None``. (Set before the lanes open: each
+        #: lane's start-up reset, a lane added later too, reads the report.)
+        self.wipe_unavailable: str | None = None
+        places = list(lane_workers) if lane_workers is not None else [workers] * lanes
         try:
-            for _ in range(lanes):
-                self._pools.append(RLPool(RUNNER_ENV_DIR, envs_per_lane, workers=workers, options=self.pool_options))
+            for where in places:
+                self._lanes.append(self._open_lane(where))
         except BaseException:
             self.close()
             raise
         #: The isolation every program runs under (the first pool's report; all pools ask for the same).
-        self.isolation = self._pools[0].isolation
+        self.isolation = self._lanes[0].pool.isolation
         self._isolation_text = self.isolation.backend if self.isolation is not None else ""
         memory = str(self.isolation.properties.get("memory_limit", "")) if self.isolation is not None else ""
         #: How a request's ``memory_limit_mb`` is enforced: ``"cgroup v1"``/``"cgroup v2"`` (the
         #: sandbox's cgroup, lowered for the run by its worker) or ``"rlimit"`` (``RLIMIT_AS``/``RLIMIT_DATA``).
         self.memory_limit_by = memory if memory.startswith("cgroup") else "rlimit"
-        #: Why programs are hard-reset after every run although ``wipe`` was asked for (the envs'
-        #: own report at start-up: the isolation gives them no PID namespace of their own, or a
-        #: wipe of a fresh sandbox failed), else ``None``.
-        self.wipe_unavailable: str | None = None
-        for pool in self._pools:
-            self._note_wipe(pool.reset(options={"wipe": self.wipe}))
-        self._calls = [EnvCalls(pool, name=f"code-runner-calls-{i}") for i, pool in enumerate(self._pools)]
-        self._threads = [
-            threading.Thread(target=self._lane, args=(pool, calls), name=f"code-runner-lane-{i}", daemon=True)
-            for i, (pool, calls) in enumerate(zip(self._pools, self._calls))
-        ]
-        for t in self._threads:
-            t.start()
+        for lane in self._lanes:
+            self._start_lane(lane)
 
     def _note_wipe(self, observations: Sequence[Any]) -> None:
         """Read the envs' start-up report; warn once where the wipe asked for cannot run."""
@@ -225,7 +295,8 @@ class CodeRunner:
         self, request: RunRequest | Mapping[str, Any] | str, *, client: str = DEFAULT_CLIENT
     ) -> concurrent.futures.Future:
         """Queue one program in ``client``'s line; a future of its :class:`RunResult`. Cancelling
-        the future before a lane takes it drops the run.
+        the future before a lane takes it drops the run. With no lane serving (every lane's worker
+        lost), the future holds a ``SandboxError`` run at once.
 
         Raises:
             ValueError: the request asks for a language or timeout this runner does not run.
@@ -234,10 +305,16 @@ class CodeRunner:
         """
         request = self._check(RunRequest.of(request))
         future: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            self._queue.put(client, _Job(request, future, tag=next(self._tags)))
-        except QueueClosedError:
-            raise RuntimeError("this CodeRunner is closed") from None
+        job = _Job(request, future, tag=next(self._tags), client=client)
+        with self._stats_lock:  # (a lane found lost drains the queue under it: nothing slips in between)
+            unserved = self._unserved()
+            if unserved is None:
+                try:
+                    self._queue.put(client, job)
+                except QueueClosedError:
+                    raise RuntimeError("this CodeRunner is closed") from None
+        if unserved is not None:
+            self._answer_unserved(job, unserved)
         return future
 
     def cancel(self, future: concurrent.futures.Future) -> bool:
@@ -257,11 +334,13 @@ class CodeRunner:
                 running = self._running.get(future)
                 if running is None or running[2].cancelled:
                     return False
-                pool, index, job = running
+                lane, index, job = running
                 job.cancelled = True
                 self._stats.cancelled += 1
+            if lane.lost is not None:
+                return True  # its worker is gone (and its sandbox with it): nothing to kill, nobody to ask
             try:
-                pool.cancels.cancel([(index, job.tag)], lent=True)
+                lane.pool.cancels.cancel([(index, job.tag)], lent=True)
             except Exception:  # the run then ends by its own deadline; its result is dropped
                 log.exception("code runner could not cancel a run in flight")
         return True
@@ -307,7 +386,7 @@ class CodeRunner:
             s = self._stats
             return RunnerStats(
                 dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, sum(depths.values()), s.running,
-                s.wipes, s.hard_resets, depths,
+                s.wipes, s.hard_resets, depths, s.lanes_lost,
             )  # fmt: skip
 
     @property
@@ -330,36 +409,191 @@ class CodeRunner:
 
     @property
     def capacity(self) -> int:
-        """Programs that can run at the same time (envs over all lanes)."""
-        return self.envs_per_lane * len(self._pools)
+        """Programs that can run at the same time (envs over the lanes that serve)."""
+        with self._stats_lock:
+            return sum(lane.pool.n for lane in self._lanes if lane.lost is None)
+
+    def lanes(self) -> list[LaneReport]:
+        """Each lane (serving, or lost and not closed yet): where it runs, its envs, whether it serves."""
+        with self._stats_lock:
+            lanes = [(la, la.runs) for la in self._lanes]
+        return [LaneReport(la.number, la.where, tuple(la.pool.workers), la.pool.n, runs, la.lost) for la, runs in lanes]
 
     # ------------------------------------------------------------------ the lanes
-    def _lane(self, pool: RLPool, calls: EnvCalls) -> None:
+    def add_lane(self, workers: Sequence[str] | WorkerSource | None = None, *, where: str | None = None) -> int:
+        """Start one more lane, its pool on ``workers`` (default: a local worker of its own), with the
+        runner's pool settings; its number once it takes requests. ``where`` names its place in
+        :meth:`lanes` (default: its workers' ``where``, or their addresses). For a lane in place of
+        a lost one (:class:`~boltzlabs_gym.code.placement.LaneKeeper`). Raises what the pool's start
+        raises, and :class:`~boltzlabs_gym.errors.SandboxUnavailable` if its isolation is not the
+        runner's (nothing is left running then)."""
+        lane = self._open_lane(workers, where)
+        try:
+            backend = lane.pool.isolation.backend if lane.pool.isolation is not None else ""
+            if backend != self._isolation_text:
+                raise SandboxUnavailable(
+                    f"a lane on {lane.where} would run programs under isolation {backend!r}, this runner's "
+                    f"lanes run under {self._isolation_text!r}: give its worker the same sandbox backend"
+                )
+            with self._stats_lock:
+                if self._closed:
+                    raise RuntimeError("this CodeRunner is closed")
+                self._lanes.append(lane)
+        except BaseException:
+            lane.calls.close()
+            lane.pool.close()
+            raise
+        self._start_lane(lane)
+        log.info("code runner: lane %d on %s takes requests", lane.number, lane.where)
+        return lane.number
+
+    def retire_lane(self, number: int, reason: str) -> None:
+        """Take lane ``number`` out of service (its worker is known lost, say): it takes no more
+        requests, its runs in flight end as they end, then its pool closes. Nothing for a lane that
+        is lost already or gone."""
+        with self._stats_lock:
+            lane = next((la for la in self._lanes if la.number == number), None)
+        if lane is not None:
+            self._mark_lost(lane, reason)
+
+    def _open_lane(self, workers: Sequence[str] | WorkerSource | None, where: str | None = None) -> _Lane:
+        """A lane's pool started, its envs reset, the calls on its envs running (no thread yet)."""
+        pool = RLPool(RUNNER_ENV_DIR, self.envs_per_lane, workers=workers, options=self.pool_options)
+        try:
+            self._note_wipe(pool.reset(options={"wipe": self.wipe}))
+            calls = EnvCalls(pool, name=f"code-runner-calls-{id(pool):x}")
+        except BaseException:
+            pool.close()
+            raise
+        return _Lane(next(self._numbers), pool, calls, where or _where(workers))
+
+    def _start_lane(self, lane: _Lane) -> None:
+        for i in range(lane.pool.n):
+            lane.free.put(i)
+        lane.thread = threading.Thread(target=self._lane, args=(lane,), name=f"code-runner-lane-{lane.number}")
+        lane.thread.daemon = True
+        lane.thread.start()
+
+    def _lane(self, lane: _Lane) -> None:
         """Keep the lane's envs busy: each env that is free takes the next waiting request, and
         comes back when its own program has ended and its sandbox is clean again (wiped, or
-        hard-reset), whatever the lane's other envs are running."""
-        free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(pool.n):
-            free.put(i)
+        hard-reset), whatever the lane's other envs are running. A lost lane stops taking requests
+        (its runs in flight end as lost ones) and closes its pool."""
+        free = lane.free
         while True:
-            started = self._take(free, free.get())
-            if not started and self._closed:
+            env = free.get()
+            if lane.lost is not None:
+                free.put(env)
+                break
+            started = self._take(lane, env)
+            if not started and (self._closed or lane.lost is not None):
                 break
             if started:
-                self._start(pool, calls, free, started)
-        for _ in range(pool.n):  # runs in flight (and hard resets) finish first
+                self._start(lane, started)
+        for _ in range(lane.pool.n):  # runs in flight (and hard resets) finish first
             try:
                 free.get(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
             except queue.Empty:
-                log.error("code runner lane closed with programs still running")
+                log.error("code runner lane %d closed with programs still running", lane.number)
                 return
+        if lane.lost is not None and not self._closed:
+            self._close_lost(lane)
 
-    def _take(self, free: queue.SimpleQueue[int], env: int) -> list[tuple[int, _Job]]:
+    def _close_lost(self, lane: _Lane) -> None:
+        """A lost lane's runs ended: close its pool (a lost worker's session is not waited for) and
+        forget it."""
+        _close_lane_pool(lane)
+        with self._stats_lock:
+            if lane in self._lanes:
+                self._lanes.remove(lane)
+        log.info("code runner: lost lane %d on %s closed", lane.number, lane.where)
+
+    def _mark_lost(self, lane: _Lane, reason: str) -> None:
+        """Lane ``lane`` takes no more requests; with none serving, the waiting ones are answered."""
+        with self._stats_lock:
+            if lane.lost is not None:
+                return
+            lane.lost = self._last_loss = reason
+            self._stats.lanes_lost += 1
+            unserved = self._unserved()
+            stranded = self._drain_queue() if unserved is not None else []
+        log.warning(
+            "code runner: lane %d on %s is lost, it takes no more requests: %s", lane.number, lane.where, reason
+        )
+        for job in stranded:
+            self._answer_unserved(job, unserved or reason)
+        if self.on_lane_lost is not None:
+            try:
+                self.on_lane_lost(lane.number, reason)
+            except Exception:
+                log.exception("code runner on_lane_lost listener failed")
+
+    def _unserved(self) -> str | None:
+        """Why no lane can take a request (every lane lost), else ``None``; under ``_stats_lock``."""
+        if self._closed or any(lane.lost is None for lane in self._lanes):
+            return None
+        return f"no sandbox is left to run it: every lane was lost, none has taken its place (last: {self._last_loss})"
+
+    def _drain_queue(self) -> list[_Job]:
+        """Take every waiting request out of the queue, in turn order (the queue stays open: a lane
+        added later serves what comes next); under ``_stats_lock``."""
+        jobs = []
+        while (job := self._queue.get_nowait()) is not None:
+            jobs.append(job)
+        return jobs
+
+    def _answer_unserved(self, job: _Job, why: str) -> None:
+        """A request no lane can take gets a ``SandboxError`` run saying why (it never ran)."""
+        if job.future.set_running_or_notify_cancel():
+            job.taken = time.perf_counter()
+            self._deliver(job, RunResult.sandbox_error(why, self._isolation_text), job.taken)
+        else:
+            with self._stats_lock:
+                self._stats.cancelled += 1
+
+    def _wait_for_request(self, lane: _Lane) -> _Job | _Lost | None:
+        """The next waiting request in turn (``None``: the queue is closed); a lane found lost while
+        it waits stops waiting (it looks every :data:`LOST_LANE_POLL_S`), to close its pool."""
+        while True:
+            try:
+                return self._queue.get(timeout=LOST_LANE_POLL_S)
+            except queue.Empty:
+                if lane.lost is not None:
+                    return _Lost()
+
+    def _put_back(self, job: _Job) -> None:
+        """A request a lost lane took before it knew: back at the head of its client's line, its
+        client at the head of the round (:meth:`FairQueue.put_front`: the client keeps the turn the
+        lost lane spent), for a lane that serves; with none serving, answered; at close, cancelled
+        as the requests that waited were."""
+        closed = False
+        with self._stats_lock:
+            if job.future.cancelled():  # while the lost lane held it, out of every line: counted here
+                self._stats.cancelled += 1
+                return
+            unserved = self._unserved()
+            if unserved is None:
+                try:
+                    self._queue.put_front(job.client, job)
+                except QueueClosedError:
+                    closed = True
+        if closed:
+            job.future.cancel()
+        elif unserved is not None:
+            self._answer_unserved(job, unserved)
+
+    def _take(self, lane: _Lane, env: int) -> list[tuple[int, _Job]]:
         """Wait for a request for free ``env``; then give whatever else waits to the lane's other free
         envs (in the queue's turn order). ``(env, job)`` pairs; ``[]`` at close (or when every
-        request taken was cancelled)."""
-        first = self._queue.get()
+        request taken was cancelled, or the lane was lost while it waited)."""
+        free = lane.free
+        first = self._wait_for_request(lane)
         if first is None:  # closed
+            free.put(env)
+            return []
+        if isinstance(first, _Lost) or lane.lost is not None:
+            if isinstance(first, _Job):
+                self._put_back(first)
             free.put(env)
             return []
         pairs = [(env, first)]
@@ -387,7 +621,7 @@ class CodeRunner:
             self._stats.running += len(live)
         return live
 
-    def _start(self, pool: RLPool, calls: EnvCalls, free: queue.SimpleQueue[int], pairs: list) -> None:
+    def _start(self, lane: _Lane, pairs: list) -> None:
         """Send each job's program to its env (together: one message per worker); each ends on its own."""
         items = []
         for env, job in pairs:
@@ -399,49 +633,51 @@ class CodeRunner:
                 action["memory_limit_mb"] = -1  # and the program gets no rlimit
             items.append((env, op, ()))
         with self._stats_lock:
-            self._running.update((job.future, (pool, env, job)) for env, job in pairs)
+            self._running.update((job.future, (lane, env, job)) for env, job in pairs)
         try:
-            futures = calls.submit_many(items)
+            futures = lane.calls.submit_many(items)
         except Exception as exc:  # noqa: BLE001 - the pool failed or closed: these runs are the sandbox's errors
             failed: concurrent.futures.Future = concurrent.futures.Future()
             failed.set_exception(exc)
             futures = [failed] * len(pairs)
         for (env, job), future in zip(pairs, futures):
-            future.add_done_callback(functools.partial(self._ended, pool, calls, free, env, job))
+            future.add_done_callback(functools.partial(self._ended, lane, env, job))
 
-    def _ended(
-        self,
-        pool: RLPool,
-        calls: EnvCalls,
-        free: queue.SimpleQueue[int],
-        env: int,
-        job: _Job,
-        future: concurrent.futures.Future,
-    ) -> None:
-        """A program ended (on the lane's calls thread): its result out, then its env made clean and free."""
-        result, clean = self._read(pool, env, future)
+    def _ended(self, lane: _Lane, env: int, job: _Job, future: concurrent.futures.Future) -> None:
+        """A program ended (on the lane's calls thread): its result out, then its env made clean and
+        free (on a lost lane: free to close)."""
+        result, clean = self._read(lane.pool, env, future)
+        lost = self._loss_of(lane, future)
+        if lost is not None:
+            self._mark_lost(lane, lost)
+            if result.status == "SandboxError":  # what failed it was the loss, not the sandbox
+                result = RunResult.sandbox_error(
+                    f"the worker running this program was lost: {lost}. Its outcome is unknown: run it again",
+                    result.isolation,
+                )
         now = time.perf_counter()
         with self._cancel_lock, self._stats_lock:
             self._running.pop(job.future, None)
             # a cancelled run's env was killed, maybe only after its program ended clean: reset it
             clean = clean and not job.cancelled
             self._stats.running -= 1
+            lane.runs += not job.cancelled
             self._stats.wipes += clean
-            self._stats.hard_resets += not clean
+            self._stats.hard_resets += not clean and lane.lost is None  # (a lost lane's envs are not reset)
         if job.cancelled:
             job.future.set_exception(concurrent.futures.CancelledError())
         else:
             self._deliver(job, result, now)
-        if clean or self._closed:
-            free.put(env)
+        if clean or self._closed or lane.lost is not None:
+            lane.free.put(env)
             return
         try:  # killed, wiped, forked afresh for the next program
-            reset = calls.submit(env, {"op": "hard_reset", "seed": None, "options": {"wipe": self.wipe}})
+            reset = lane.calls.submit(env, {"op": "hard_reset", "seed": None, "options": {"wipe": self.wipe}})
         except Exception:
             log.exception("code runner lane could not hard-reset env %d", env)
-            free.put(env)
+            lane.free.put(env)
             return
-        reset.add_done_callback(functools.partial(self._reset_done, pool, free, env))
+        reset.add_done_callback(functools.partial(self._reset_done, lane, env))
 
     def _deliver(self, job: _Job, result: RunResult, now: float) -> None:
         """Count a finished run, tell the listener, resolve its future."""
@@ -453,16 +689,37 @@ class CodeRunner:
                 log.exception("code runner on_result listener failed")
         job.future.set_result(result)
 
-    def _reset_done(
-        self, pool: RLPool, free: queue.SimpleQueue[int], env: int, future: concurrent.futures.Future
-    ) -> None:
-        try:
-            _, _, failure = read_reset(future.result().result, pool.start_timeout)
-            if failure is not None:
-                log.error("code runner: env %d did not restart after a hard reset: %s", env, failure.reason)
-        except Exception:
-            log.exception("code runner lane could not hard-reset env %d", env)
-        free.put(env)  # (one that did not restart reports a sandbox error for its next program)
+    def _reset_done(self, lane: _Lane, env: int, future: concurrent.futures.Future) -> None:
+        lost = self._loss_of(lane, future)
+        if lost is not None:  # (the worker went while the env restarted)
+            self._mark_lost(lane, lost)
+        else:
+            try:
+                _, _, failure = read_reset(future.result().result, lane.pool.start_timeout)
+                if failure is not None:
+                    log.error("code runner: env %d did not restart after a hard reset: %s", env, failure.reason)
+            except Exception:
+                log.exception("code runner lane could not hard-reset env %d", env)
+        lane.free.put(env)  # (one that did not restart reports a sandbox error for its next program)
+
+    def _loss_of(self, lane: _Lane, future: concurrent.futures.Future) -> str | None:
+        """Why ``lane`` can run no more programs, seen from a call of it that ended: its pool failed
+        (a worker lost where losses raise, a local worker that died), or reports its worker lost;
+        ``None`` while it serves (and at close, when its calls stop)."""
+        if lane.lost is not None:
+            return lane.lost
+        if self._closed:
+            return None
+        error = future.exception()
+        if isinstance(error, WorkerError):
+            return str(error)  # (it names the worker)
+        if error is not None:
+            return f"its pool failed: {type(error).__name__}: {error}"
+        lost = lane.pool.lost_workers
+        if lost:
+            # The pool's reason ends in advice to its own user (replace, hard-reset): the runner does that.
+            return "; ".join(why.partition("; its envs are gone")[0] for why in lost.values())
+        return None
 
     def _read(self, pool: RLPool, env: int, future: concurrent.futures.Future) -> tuple[RunResult, bool]:
         """A program's result, and whether its env wiped itself clean after it."""
@@ -495,18 +752,17 @@ class CodeRunner:
     def close(self) -> None:
         """Stop the lanes (runs in flight finish first; queued ones are cancelled) and close the pools."""
         with self._stats_lock:
-            if self._closed and not self._pools:
+            if self._closed and not self._lanes:
                 return
             self._closed = True
+            lanes, self._lanes = self._lanes, []
         for job in self._queue.close():  # the lanes' waits end; a submit from now on is refused
             job.future.cancel()
-        for t in getattr(self, "_threads", ()):
-            t.join(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
-        for calls in getattr(self, "_calls", ()):
-            calls.close()
-        for pool in self._pools:
-            pool.close()
-        self._pools = []
+        for lane in lanes:
+            if lane.thread is not None:
+                lane.thread.join(timeout=self.max_run_timeout + self.max_compile_timeout + 30.0)
+        for lane in lanes:
+            _close_lane_pool(lane)
 
     def __enter__(self) -> CodeRunner:
         return self
@@ -515,8 +771,30 @@ class CodeRunner:
         self.close()
 
     def __repr__(self) -> str:
-        lanes, k = len(self._pools), self.envs_per_lane
+        lanes, k = self.capacity // self.envs_per_lane, self.envs_per_lane
         return f"CodeRunner(lanes={lanes}, envs_per_lane={k}, isolation={self._isolation_text!r})"
+
+
+def _close_lane_pool(lane: _Lane) -> None:
+    """Stop the calls on a lane's envs and close its pool."""
+    lane.calls.close()
+    if lane.lost is not None:
+        # Its calls to the lost worker never come back; that is known and was answered, and not
+        # worth the pool's warning about calls dropped unreceived.
+        lane.pool.async_steps.drop()
+    lane.pool.close()
+
+
+def _where(workers: Sequence[str] | WorkerSource | None) -> str:
+    """What a lane report says of a lane's workers: a source's own ``where`` (a pinned Ray worker
+    names its node), else their addresses; ``local`` for the lane's own worker."""
+    if workers is None:
+        return "local"
+    where = getattr(workers, "where", None)
+    if isinstance(where, str):
+        return where
+    addresses = workers.addresses if isinstance(workers, WorkerSource) else workers
+    return ", ".join(addresses)
 
 
 class RunnerSettings(PoolSettings, total=False):
@@ -536,6 +814,7 @@ class RunnerSettings(PoolSettings, total=False):
     max_queue_per_client: int | None
     on_result: Callable[[RunRequest, RunResult, float, float], None] | None
     wipe: bool
+    lane_workers: Sequence[Sequence[str] | WorkerSource | None] | None
 
 
 class AsyncCodeRunner:

@@ -1,7 +1,8 @@
-"""The code runner's fair queue alone: turns between clients, bounds, removal, closing, threads."""
+"""The code runner's fair queue alone: turns between clients, bounds, removal, giving back, closing, threads."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -67,6 +68,62 @@ def test_remove_takes_one_item_out_of_its_line_and_the_round():
     assert q.remove(lambda x: x == "b0") is None
     assert q.depths() == {"a": 2}
     assert drain(q) == ["a0", "a1"]
+
+
+def test_put_front_undoes_a_take_the_client_keeps_its_place_in_line_and_its_turn():
+    q: FairQueue[str] = FairQueue(max_total=3, max_per_client=2)
+    for client, item in (("a", "a0"), ("b", "b0"), ("a", "a1")):
+        q.put(client, item)
+    taken = q.get_nowait()
+    assert taken == "a0"  # a is now behind b in the round
+    q.put_front("a", taken)  # given back: at the head of a's line, a at the head of the round
+    assert q.depths() == {"a": 2, "b": 1} and len(q) == 3
+    assert drain(q) == ["a0", "b0", "a1"]  # as if it had never been taken
+    # a client whose line emptied with the take comes back at the head, ahead of those waiting
+    q.put("c", "c0")
+    q.put("b", "b1")
+    q.put("d", "d0")
+    assert q.get_nowait() == "c0"
+    q.put_front("c", "c0")
+    assert drain(q) == ["c0", "b1", "d0"]
+    # the bounds let a given-back item in: it was let in once
+    q.put("a", "a2")
+    q.put("a", "a3")
+    q.put("b", "b2")
+    q.put_front("a", "a1")
+    assert q.depths() == {"a": 3, "b": 1}
+    assert q.close() == ["a1", "b2", "a2", "a3"]
+    with pytest.raises(QueueClosedError):
+        q.put_front("a", "late")
+
+
+def test_put_front_wakes_a_taker_that_waits():
+    q: FairQueue[str] = FairQueue()
+    got: list = []
+    taker = threading.Thread(target=lambda: got.append(q.get()))
+    taker.start()
+    q.put_front("a", "a0")
+    taker.join(5)
+    assert got == ["a0"]
+
+
+def test_get_with_a_timeout_raises_empty_when_nothing_came_and_none_when_closed():
+    q: FairQueue[str] = FairQueue()
+    t0 = time.monotonic()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.05)
+    assert time.monotonic() - t0 >= 0.04
+    q.put("a", "a0")
+    assert q.get(timeout=0.05) == "a0"
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(q.get(timeout=30)))
+    waiter.start()
+    wait_until(lambda: waiter.is_alive())
+    time.sleep(0.05)
+    q.close()
+    waiter.join(5)
+    assert not waiter.is_alive() and got == [None]
+    assert q.get(timeout=0.01) is None  # closed: None at once, not Empty
 
 
 def test_close_hands_back_what_waited_wakes_the_waiting_and_refuses_more():
