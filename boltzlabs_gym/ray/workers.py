@@ -357,6 +357,12 @@ class RayWorkers:
             new = {i: self._new_actor(i, soft=True) for i in todo}
             try:
                 infos = self._start_actors(list(new.values()), todo)
+            except PlacementTimeout:
+                # No room for them now: left pending, they would start (and hold a node) whenever room
+                # came, in no position; a later replace_dead() makes new ones.
+                for actor in new.values():
+                    ray.kill(actor, no_restart=True)
+                raise
             except WorkerError as exc:
                 if attempt == 2 or not isinstance(exc.__cause__, ray.exceptions.ActorDiedError):
                     raise
