@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from ..errors import AuthConfigError, MissingExtraError
+from .code_server_lanes import add_lane_flags, describe_lanes, start_runner
 from .pool_flags import add_pool_flags, pool_settings_from
 
 __all__ = ["POOL_SETTINGS", "add_code_server_flags", "run_code_server"]
@@ -76,7 +78,10 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         "port can run code)",
     )
     p.add_argument(
-        "--workers", nargs="*", default=None, help="remote worker addresses (tcp://host:port); default: a local worker"
+        "--workers",
+        nargs="*",
+        default=None,
+        help="remote worker addresses (tcp://host:port), --lanes-per-worker lanes on each; default: a local worker",
     )
     p.add_argument("--memory-mb", type=int, default=2048, help="each sandbox's memory limit (MiB)")
     p.add_argument("--max-run-timeout", type=float, default=60.0, help="largest run_timeout accepted (s)")
@@ -86,6 +91,7 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
         "--no-wipe", action="store_true", help="hard-reset every sandbox after each run (no in-sandbox wipe)"
     )
     add_pool_flags(p, POOL_SETTINGS)
+    add_lane_flags(p)
     return p
 
 
@@ -99,7 +105,6 @@ def run_code_server(args: argparse.Namespace) -> int:
         raise MissingExtraError(
             f"boltzlabs-gym code-server needs the server extra ({exc}): pip install 'boltzlabs-gym[server]'", "server"
         ) from exc
-    from ..code import CodeRunner
     from ..wire.limits import Limits
 
     try:  # before any sandbox starts: a server that must not run does not start one
@@ -110,23 +115,17 @@ def run_code_server(args: argparse.Namespace) -> int:
         return 2
     settings = pool_settings_from(args, POOL_SETTINGS)
     settings["limits"] = Limits(memory_bytes=args.memory_mb << 20)
-    runner = CodeRunner(
-        envs_per_lane=args.envs_per_lane,
-        lanes=args.lanes,
-        workers=args.workers or None,
-        max_run_timeout=args.max_run_timeout,
-        max_output_bytes=args.max_output_bytes,
-        max_queue=args.max_queue,
-        max_queue_per_client=_per_client_bound(args.max_queue_per_client, args.max_queue, len(tokens)),
-        wipe=not args.no_wipe,
-        **settings,
-    )
+    runner_settings: dict[str, Any] = dict(settings)
+    runner_settings["max_queue_per_client"] = _per_client_bound(args.max_queue_per_client, args.max_queue, len(tokens))
+    runner, close = start_runner(args, runner_settings)  # local, --workers or --ray
     auth = f"{len(tokens)} client token(s)" if len(tokens) else "no token"
-    print(f"code server: {runner!r}; {runner.isolation}; {auth}", flush=True)
+    print(f"code server: {runner!r}; {runner.isolation}; {auth}\n{describe_lanes(runner)}", flush=True)
     app = create_app(runner, metrics=not args.no_metrics, owns_runner=True, tokens=tokens)
     loop, http = _fast_http()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=loop, http=http)
-    runner.close()
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", loop=loop, http=http)
+    finally:
+        close()
     return 0
 
 

@@ -110,6 +110,8 @@ def create_app(
             "cancelled": s.cancelled,
             "wipes": s.wipes,
             "hard_resets": s.hard_resets,
+            "lanes_lost": s.lanes_lost,
+            "lane_placement": [lane.to_json() for lane in runner.lanes()],  # where each lane runs
         }
 
     @app.get("/metrics")
