@@ -104,7 +104,7 @@ class RayLanes:
                 num_workers = len(nodes_with_cpus(cpus_per_worker))
                 if num_workers < 1:
                     raise ValueError(
-                        f"the Ray cluster has no live node with {cpus_per_worker:g} CPU(s) free to place a worker "
+                        f"the Ray cluster has no live node with {cpus_per_worker:g} CPU(s) to place a worker "
                         "on; add nodes, or ask for fewer CPUs per worker (--ray-cpus-per-worker)"
                     )
             if lanes_per_worker is None:
