@@ -48,6 +48,10 @@ LANGUAGES = ("python", "bash", "cpp", "nodejs")
 class RunRequest:
     """One program to run: its source, language, stdin, files (name -> base64) and limits.
 
+    ``files`` and ``fetch_files`` name paths as SandboxFusion does: relative ones in the workspace,
+    absolute ones (``/mnt/data/x.csv``) inside the sandbox's private places (``/mnt``, ``/data``,
+    ``/home``, ``/tmp``, ``/dev/shm``; the namespaces backend only); any other fails the run as a
+    ``SandboxError`` naming it (``docs/code-server.md``, "File paths").
     ``memory_limit_mb`` <= 0 means no per-program limit beyond the sandbox's own.
     """
 

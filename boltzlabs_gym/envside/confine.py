@@ -22,6 +22,12 @@ SANDBOX_ENV_DIR = "/env"
 SANDBOX_WORKSPACE = "/workspace"
 
 
+#: Writable places of a namespace sandbox besides ``/workspace``, ``/tmp`` and ``/dev/shm``: each a
+#: small private tmpfs (``Limits.tmpfs_bytes``), because SandboxFusion's requests name files there
+#: (``/mnt/data/x.csv``); an env forked from a boltz template gets fresh ones, as it gets a fresh /tmp.
+SANDBOX_PRIVATE_DIRS = ("/mnt", "/data", "/home")
+
+
 #: The library's own runtime (the env-side helper) is mounted here, read-only.
 SANDBOX_RUNTIME = "/opt/boltzlabs"
 

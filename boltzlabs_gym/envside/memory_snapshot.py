@@ -54,16 +54,16 @@ import gc
 import json
 import os
 import random
+import re
 import select
 import signal
 import socket
-import sys
 import time
 from typing import Any
 
 from ..wire.limits import Limits
 from . import obs_region, process_setup
-from .confine import CONTROL_FD, SANDBOX_WORKSPACE, python_paths
+from .confine import CONTROL_FD, SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE
 
 HOLDER_COMM = "boltz-holder"
 ENV_COMM = "boltz-env"  # as forkserver names a forked env
@@ -385,22 +385,42 @@ class CowForks:
 
 # ---------------------------------------------------------------------------------------------- helpers
 def mount_private_tmp(size: int) -> None:
-    """Fresh size-limited tmpfs ``/tmp`` and ``/dev/shm`` (a forked env's, and a memory snapshot copy's).
+    """Fresh size-limited tmpfs ``/tmp``, ``/dev/shm`` and :data:`SANDBOX_PRIVATE_DIRS` (``/mnt``,
+    ``/data``, ``/home``): a forked env's, and a memory snapshot copy's.
 
-    A fresh /tmp or /dev/shm would hide interpreter trees bound under it (a venv in /tmp): those
-    mounts are carried over onto the new tmpfs.
+    A fresh tmpfs would hide what the sandbox binds under its place (an interpreter's tree: a venv
+    in /tmp or /home/u, read-only at its own path): those mounts are carried over onto the new tmpfs.
+    A place the sandbox bound something over read-only (``LaunchSpec.ro_binds`` onto ``/data``) is
+    left as it is: nothing can be written there.
     """
     from . import syscalls as L
 
-    for place, flags in (("/tmp", L.MS_NOSUID | L.MS_NODEV), ("/dev/shm", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)):
-        under = [
-            (p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in python_paths(sys.executable) if p.startswith(place + "/")
-        ]
+    plain, no_exec = L.MS_NOSUID | L.MS_NODEV, L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
+    points = _mount_points()
+    for place, flags in (("/tmp", plain), ("/dev/shm", no_exec), *((d, plain) for d in SANDBOX_PRIVATE_DIRS)):
+        if os.statvfs(place).f_flag & os.ST_RDONLY:
+            continue  # a read-only bind over the whole place (a data set at /data): the env's, as it is
+        under = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _outermost_below(points, place)]
         L.mount("tmpfs", place, "tmpfs", flags, f"size={size},mode=1777")
         for path, held in under:  # bind the hidden tree back from the fd that still reaches it
             os.makedirs(path, exist_ok=True)
             L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
             os.close(held)
+
+
+def _mount_points() -> list[str]:
+    """This mount namespace's mount points (``/proc/self/mountinfo``'s fifth field, unescaped)."""
+    with open("/proc/self/mountinfo") as f:
+        fields = [line.split()[4] for line in f]
+    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in fields]  # octal escapes
+
+
+def _outermost_below(points: list[str], place: str) -> list[str]:
+    """The mount points strictly below ``place`` that no other such point holds (a recursive bind of
+    each carries what is mounted inside it): every mount the sandbox made there, not only the
+    interpreter's trees (a read-only bind of data under /mnt, say)."""
+    below = [p for p in dict.fromkeys(points) if p.startswith(place + "/")]
+    return [p for p in below if not any(p.startswith(q + "/") for q in below)]
 
 
 def _take_swap(nonce: bytes) -> int | None:

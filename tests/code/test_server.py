@@ -3,6 +3,7 @@ and verl's own client module (from the verl wheel that .ci/run downloads) agains
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -69,6 +70,26 @@ def test_sandboxfusion_answers_for_languages_and_bad_fields(server):
     assert post(url, code="x", language="python", run_timeout=31).status_code == 422
     bad = requests.post(url + "/run_code", data="{bad", headers={"Content-Type": "application/json"})
     assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_sandbox_fusion_fetch_files_relative_and_absolute(server):
+    """SandboxFusion's ``test_python_fetch_files`` over HTTP: a relative and an absolute file the
+    program wrote come back under the names asked for (absolute paths: the namespaces backend);
+    a request's files at SandboxFusion's absolute paths are there for the program; a path over the
+    system is a SandboxError naming it."""
+    url, runner = server
+    if runner.isolation.backend != "namespaces":
+        pytest.skip(f"absolute paths need the namespaces backend, not {runner.isolation.backend}")
+    code = 'open("a.txt", "w").write("secret"); open("/mnt/b", "w").write("sauce");'
+    r = post(url, code=code, language="python", run_timeout=5, fetch_files=["a.txt", "/mnt/b"]).json()
+    assert r["status"] == "Success" and r["run_result"]["status"] == "Finished", r
+    assert base64.b64decode(r["files"]["a.txt"]).decode() == "secret"
+    assert base64.b64decode(r["files"]["/mnt/b"]).decode() == "sauce"
+    given = {"/mnt/data/x.csv": base64.b64encode(b"a,b").decode()}
+    read = post(url, code="print(open('/mnt/data/x.csv').read())", language="python", files=given).json()
+    assert read["status"] == "Success" and read["run_result"]["stdout"] == "a,b\n", read
+    bad = post(url, code="print(1)", language="python", files={"/etc/x": "eA=="}).json()
+    assert bad["status"] == "SandboxError" and "'/etc/x'" in bad["message"] and "allowed" in bad["message"], bad
 
 
 def test_full_queue_answers_504_with_retry_after(server):

@@ -39,7 +39,7 @@ if os.fork() == 0:
 if os.fork() == 0:
     os.kill(os.getpid(), signal.SIGSTOP); os._exit(0)
 # files everywhere it can write, under directories it made unreadable
-for root in ("/workspace", "/tmp", "/dev/shm"):
+for root in ("/workspace", "/tmp", "/dev/shm", "/mnt", "/data", "/home"):
     os.makedirs(f"{root}/d/e", exist_ok=True)
     open(f"{root}/d/e/f", "w").write("left")
     open(f"{root}/.hidden", "w").write("left")
@@ -92,7 +92,7 @@ print(json.dumps({
     "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "me": os.getpid(),
     "workspace": tree("/workspace"), "workspace_mode": oct(os.stat("/workspace").st_mode & 0o777),
-    "tmp": tree("/tmp"), "shm": tree("/dev/shm"),
+    "tmp": tree("/tmp"), "shm": tree("/dev/shm"), "mnt": tree("/mnt"), "data": tree("/data"), "home": tree("/home"),
     "ipc": {k: ids(k) for k in ("shm", "msg", "sem")},
     "sockets": named,
     "umask": os.umask(0o22), "cwd": os.getcwd(),
@@ -133,6 +133,8 @@ def test_hostile_program_leaves_nothing_for_the_next_one(runner):
     assert s["workspace"] == ["main.py"] and s["workspace_mode"] == "0o700", s
     assert s["tmp"] == sorted([".boltzlabs_runner", ".boltzlabs_runner/stdin", *kept("/tmp")]), s
     assert s["shm"] == kept("/dev/shm"), s
+    for place in ("mnt", "data", "home"):  # SandboxFusion's places for a request's files
+        assert s[place] == kept(f"/{place}"), s
     assert s["ipc"] == {"shm": [], "msg": [], "sem": []} and s["sockets"] == [], s
     assert (s["umask"], s["cwd"], s["env"]) == (0o22, "/workspace", []), s
     after = runner.stats()

@@ -1,6 +1,7 @@
-"""The wipe wherever Python lives: the project run from an interpreter under ``/tmp``, ``/dev/shm``
-or a home directory, places the sandbox binds read-only at their own path, some of them inside
-the writable places the wipe empties.
+"""The wipe wherever Python lives: the project run from an interpreter under ``/tmp``, ``/dev/shm``,
+``/home`` or the home directory, places the sandbox binds read-only at their own path, some of them
+inside the writable places the wipe empties (``/home`` is one of the sandbox's private tmpfs places
+for SandboxFusion's absolute file paths, with ``/mnt`` and ``/data``).
 
 Each case makes a venv there (no pip: a ``.pth`` gives it this interpreter's packages), runs a
 code runner of one env from it in a subprocess, and has hostile programs write around, into and
@@ -27,7 +28,9 @@ PLACES = {
     "tmp": "/tmp",
     "dev-shm": "/dev/shm",
     "home": os.path.expanduser("~"),
+    "slash-home": "/home",  # (made for the test where the host has none)
 }
+PRIVATE = ("/tmp", "/dev/shm", "/mnt", "/data", "/home")
 
 # Run by the venv's interpreter: one env, so every program lands on it; prints one JSON line.
 DRIVER = r"""
@@ -44,7 +47,7 @@ with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max
         LOOK = (
             "import json, os, sys\n"
             f"passage = {passage!r}\n"
-            "lists = [sorted(os.listdir(p)) for p in (passage, '/tmp', '/dev/shm')]\n"
+            "lists = [sorted(os.listdir(p)) for p in (passage, '/tmp', '/dev/shm', '/mnt', '/data', '/home')]\n"
             "print(json.dumps([*lists, oct(os.stat(passage).st_mode & 0o7777), sys.prefix]))\n"
         )
         before = r.run(LOOK)
@@ -58,7 +61,7 @@ with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max
             "        open(target, 'w'); tried[target] = 'written'\n"
             "    except OSError as exc:\n"
             "        tried[target] = exc.errno\n"
-            "for root in ('/tmp', '/dev/shm', passage):\n"
+            "for root in ('/tmp', '/dev/shm', '/mnt', '/data', '/home', passage):\n"
             "    try:\n"
             "        os.makedirs(root + '/left/deep', exist_ok=True); open(root + '/left/deep/f', 'w').write('x')\n"
             "        os.chmod(root + '/left', 0)\n"
@@ -73,8 +76,11 @@ with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max
         out["hostile"] = [hostile.status, hostile.run_result.stdout, hostile.run_result.stderr[-500:]]
         look = r.run(LOOK)
         out["look"] = [look.status, look.run_result.stdout, look.run_result.stderr[-500:]]
+        # a request's file inside the interpreter's tree: refused (read-only), with the path in the message
+        into = r.run("print('ran')", files={venv_dir + "/bin/leak": "eA=="})
+        out["into_venv"] = [into.status, into.message]
         # a program that moves the way to the interpreter away gets its env hard-reset, and the next one runs
-        if passage not in ("/tmp", "/dev/shm") and passage.startswith(("/tmp/", "/dev/shm/")):
+        if passage not in ("/tmp", "/dev/shm", "/home") and passage.startswith(("/tmp/", "/dev/shm/", "/home/")):
             moved = r.run(f"import os; os.rename({passage!r}, {passage!r} + '-moved')")
             out["moved"] = [moved.status, moved.run_result.stderr[-300:]]
             out["after_moved"] = r.run("print('fine')").run_result.stdout
@@ -82,6 +88,17 @@ with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max
     out["wipes"], out["hard_resets"] = s.wipes, s.hard_resets
 print(json.dumps(out))
 """
+
+
+def _make_home(parent: str) -> bool:
+    """Make ``/home`` where the host has none (it is removed after the test); whether it was made."""
+    if parent != "/home" or os.path.exists(parent):
+        return False
+    try:
+        os.mkdir(parent, 0o755)
+    except OSError:
+        return False  # (then not writable: the test skips)
+    return True
 
 
 def _venv_in(parent: str) -> str:
@@ -104,6 +121,7 @@ def _venv_in(parent: str) -> str:
 @pytest.mark.parametrize("place", sorted(PLACES))
 def test_programs_are_wiped_with_the_interpreter_under(place):
     parent = PLACES[place]
+    made = _make_home(parent)
     if not os.access(parent, os.W_OK):
         pytest.skip(f"{parent} is not writable here")
     path = _venv_in(parent)
@@ -118,6 +136,8 @@ def test_programs_are_wiped_with_the_interpreter_under(place):
         )
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+        if made:
+            os.rmdir(parent)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     if out["unavailable"] is not None:
@@ -129,17 +149,20 @@ def test_programs_are_wiped_with_the_interpreter_under(place):
     status, stdout, stderr = out["look"]
     assert status == "Success", stderr
     assert stdout == out["before"][1]  # the passage's mode too: a chmod of it is undone
-    passage_list, tmp_list, shm_list, passage_mode, prefix = json.loads(stdout)
+    passage_list, *private_lists, passage_mode, prefix = json.loads(stdout)
     assert prefix == path
     assert passage_list == ["venv"], stdout  # the way to the interpreter, nothing a program left
-    in_tmp = [os.path.relpath(path, "/tmp").split("/")[0]] if path.startswith("/tmp/") else []
-    in_shm = [os.path.relpath(path, "/dev/shm").split("/")[0]] if path.startswith("/dev/shm/") else []
-    assert tmp_list == sorted([".boltzlabs_runner", *in_tmp]), stdout
-    assert shm_list == in_shm, stdout
+    for root, names in zip(PRIVATE, private_lists):  # each private place: only the way to the interpreter
+        way = [os.path.relpath(path, root).split("/")[0]] if path.startswith(root + "/") else []
+        assert names == sorted([".boltzlabs_runner", *way] if root == "/tmp" else way), (root, stdout)
+    status, message = out["into_venv"]
+    private = any(path.startswith(root + "/") for root in PRIVATE)  # (else refused for where it is)
+    why = "Read-only file system" if private else "outside the places a program may write"
+    assert status == "SandboxError" and repr(path + "/bin/leak") in message and why in message, out
     moved = out.get("moved", ["", ""])
     if moved[0] == "Success":  # the way to the interpreter moved: found, the env hard-reset
         assert out["after_moved"] == "fine\n", out
-        assert (out["wipes"], out["hard_resets"]) == (4, 1), out
+        assert (out["wipes"], out["hard_resets"]) == (5, 1), out
     else:
         assert "PermissionError" in moved[1] or not moved[0], out
-        assert (out["wipes"], out["hard_resets"]) == (3 + bool(moved[0]) * 2, 0), out
+        assert (out["wipes"], out["hard_resets"]) == (4 + bool(moved[0]) * 2, 0), out

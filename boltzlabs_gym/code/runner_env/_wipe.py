@@ -24,8 +24,11 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-#: the writable places of a boltz env's sandbox (the root, /dev, /env, /usr, ... are read-only mounts)
-ROOTS = ("/workspace", "/tmp", "/dev/shm")
+#: the writable places of a boltz env's sandbox (the root, /dev, /env, /usr, ... are read-only mounts):
+#: the workspace and the sandbox's own tmpfs mounts, ``/mnt``, ``/data`` and ``/home`` among them
+#: (``envside.confine.SANDBOX_PRIVATE_DIRS``: SandboxFusion's requests name files there). A request's
+#: files may be written to and fetched from these places only (``env._file_path``)
+ROOTS = ("/workspace", "/tmp", "/dev/shm", "/mnt", "/data", "/home")
 _RLIMITS = tuple(getattr(resource, n) for n in sorted(dir(resource)) if n.startswith("RLIMIT_"))
 _PR_SET_DUMPABLE = 4
 _IPC_RMID = 0
@@ -86,8 +89,9 @@ def record(keep: list[int]) -> Baseline:
     for pid in [os.getpid(), *keep]:
         base.processes[pid] = process_state(pid)
     for path in ROOTS:
-        base.roots[path] = root_state(path)
-    for mount in mounts_below(ROOTS):
+        if not _read_only(path):  # (a read-only bind over a whole place: nothing a program can write)
+            base.roots[path] = root_state(path)
+    for mount in mounts_below(tuple(base.roots)):
         st = os.lstat(mount)
         base.mounts[mount] = (st.st_dev, st.st_ino)
         for passage in _passages(mount):
@@ -105,6 +109,10 @@ def mounts_below(roots: tuple[str, ...]) -> list[str]:
             if any(point.startswith(root + "/") for root in roots) and point not in inside:
                 inside.append(point)
     return inside
+
+
+def _read_only(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def _unescape(field: str) -> str:
@@ -192,7 +200,7 @@ def _reap() -> None:
 
 
 def _empty_roots(base: Baseline) -> str | None:
-    for path in ROOTS:
+    for path in base.roots:
         _restore_mode(path, base.roots[path])  # a program chmod-ed the workspace itself
         _empty(path, base)
         left = set(os.listdir(path)) - base.kept_below(path)

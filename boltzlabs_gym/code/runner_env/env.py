@@ -15,6 +15,14 @@ and its observation is ``{"compile_result": ..., "run_result": ..., "files": {..
 ``{"status", "execution_time", "return_code", "stdout", "stderr", "truncated"}`` (status
 ``Finished``, ``Error`` or ``TimeLimitExceeded``).
 
+File paths (``files``, ``fetch_files``) are SandboxFusion's: relative ones in the workspace, and,
+where the env is PID 1 of its own namespaces, absolute ones in the sandbox's private writable places
+(``/mnt``, ``/data``, ``/home``, ``/tmp``, ``/dev/shm``: :data:`_wipe.ROOTS`), which the wipe or the
+hard reset empties after every program. Any other path (``/etc/x``, ``/usr/x``, ``/mnt/../etc/x``,
+``/env/x``), and any absolute one on the ``process`` backend (whose places would be the host's),
+fails the run with a ``SandboxError`` naming it; a fetched file reached by a symlink that leads out
+of those places is left out.
+
 Python programs run in a child forked from a warm interpreter (a fresh ``__main__``, the
 program's own stdin/stdout/stderr, ``random`` reseeded): where the env can be wiped, from its
 zygote (``_zygote``: forked before the first request, so no request ever passed through its
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import collections  # noqa: F401  (pre-imported: programs forked from the template find it warm)
+import errno
 import functools  # noqa: F401
 import heapq  # noqa: F401
 import itertools  # noqa: F401
@@ -40,11 +49,12 @@ import re  # noqa: F401
 import resource
 import select
 import signal
+import stat
 import string  # noqa: F401
 import sys
 import time
 import typing  # noqa: F401
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import _wipe  # type: ignore[import-not-found]  # (a sibling: the env dir is on sys.path)
@@ -145,6 +155,8 @@ def run_program(action: dict) -> dict:
     workspace = workspace_now()
     scratch = scratch_dir(workspace)
     os.makedirs(scratch, exist_ok=True)
+    for name in action.get("fetch_files") or []:  # a name it may never fetch fails the run before it runs
+        _file_path(workspace, name)
     _write_files(workspace, action.get("files") or {})
     language = action["language"]
     cap = int(action.get("max_output_bytes", 1 << 20))
@@ -179,20 +191,115 @@ def run_program(action: dict) -> dict:
 
 
 def _write_files(workspace: str, files: dict) -> None:
+    """Write the request's files (name -> base64), each where :func:`_file_path` puts it; a
+    ``ValueError`` naming the first that cannot be written (the run is then a SandboxError)."""
     for name, content in files.items():
         if not isinstance(content, str):
             continue  # SandboxFusion skips files given as null
-        path = _inside(workspace, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
+        path = _resolved(workspace, name)
+        try:
+            fd = _open_walking(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_dirs=True)
+        except OSError as exc:  # a read-only tree in a writable place (a venv under /home), a directory...
+            raise ValueError(f"file path {name!r} cannot be written: {exc.strerror}") from None
+        with open(fd, "wb") as f:
             f.write(base64.b64decode(content))
 
 
-def _inside(workspace: str, name: str) -> str:
-    path = os.path.abspath(os.path.join(workspace, name))
-    if not (path + os.sep).startswith(workspace.rstrip(os.sep) + os.sep):
-        raise ValueError(f"file path {name!r} leaves the workspace")
+def _fetch(workspace: str, action: dict) -> dict:
+    """The requested files that are regular files in the writable places after the program (name ->
+    base64); a name that is missing, not a regular file, or reached by a symlink that leaves those
+    places is left out, as SandboxFusion leaves out a missing file."""
+    files = {}
+    for name in action.get("fetch_files") or []:
+        try:
+            fd = _open_walking(_resolved(workspace, name), os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO: no wait)
+        except (ValueError, OSError):
+            continue
+        with open(fd, "rb") as f:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                files[name] = base64.b64encode(f.read(int(action.get("max_file_bytes", 16 << 20)))).decode()
+    return files
+
+
+def _file_path(workspace: str, name: str) -> str:
+    """Where the request's file ``name`` is, as SandboxFusion takes it: a relative name in the
+    workspace, an absolute one (``/mnt/data/x.csv``) as it is; ``..`` resolved by name. A
+    ``ValueError`` naming the path and what is allowed unless it lies strictly inside the
+    workspace or one of the sandbox's private writable places (:data:`_wipe.ROOTS`, which the wipe
+    empties after every program): never over the toolchains, the system or the env's own code."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise ValueError(f"file path {name!r} is not a path")
+    if not os.path.isabs(name):
+        path = os.path.normpath(os.path.join(workspace, name))
+        if _place_of(path, [workspace]) is None:
+            raise ValueError(f"file path {name!r} leaves the workspace ({workspace}); {_ALLOWED}")
+        return path
+    if os.getpid() != 1:
+        raise ValueError(
+            f"file path {name!r} is absolute, and this env has no private places for it: it is not PID 1 "
+            "of its own namespaces (the process isolation backend), so it would be the host's; only paths "
+            "relative to the workspace are allowed here (the namespaces backend takes absolute ones)"
+        )
+    path = os.path.normpath(name)
+    if _place_of(path, _wipe.ROOTS) is None:
+        raise ValueError(f"file path {name!r} is outside the places a program may write; {_ALLOWED}")
     return path
+
+
+_ALLOWED = f"allowed: paths relative to the workspace, and absolute ones inside {', '.join(_wipe.ROOTS)}"
+
+
+def _place_of(path: str, places: Iterable[str]) -> str | None:
+    """The place of ``places`` that ``path`` lies strictly inside (a file over a place itself: none)."""
+    return next((p for p in places if path.startswith(p.rstrip(os.sep) + os.sep)), None)
+
+
+def _resolved(workspace: str, name: str) -> str:
+    """:func:`_file_path` with its symlinks resolved (a program may have left some for the fetch): a
+    ``ValueError`` where they lead out of the places it may write."""
+    path = _file_path(workspace, name)
+    real = os.path.realpath(path)
+    # (in a namespaces sandbox the places are mount points, never symlinks; a host workspace may not be)
+    places = _wipe.ROOTS if os.getpid() == 1 else [os.path.realpath(workspace)]
+    if _place_of(real, places) is None:
+        raise ValueError(f"file path {name!r} leads to {real!r}, outside the places a program may write; {_ALLOWED}")
+    return real
+
+
+def _open_walking(path: str, flags: int, make_dirs: bool = False) -> int:
+    """Open ``path`` (absolute, its symlinks resolved) one component at a time from ``/``, following
+    no symlink: one a program's daemon swapped in since :func:`_resolved` looked fails the open
+    (``ELOOP``/``ENOTDIR``) instead of leading out. ``make_dirs``: make the missing directories."""
+    *dirs, last = [part for part in path.split(os.sep) if part]
+    fd = os.open(os.sep, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in dirs:
+            parent, fd = fd, -1
+            try:
+                fd = _into_directory(parent, part, make_dirs)
+            finally:
+                os.close(parent)
+        return os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _into_directory(parent: int, name: str, make: bool) -> int:
+    """An ``O_PATH`` fd of the directory ``name`` in ``parent`` (made if missing and ``make``); an
+    ``OSError`` where it is anything else, a symlink included (``O_NOFOLLOW`` opens the link itself)."""
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        if not make:
+            raise
+        os.mkdir(name, 0o777, dir_fd=parent)
+        fd = os.open(name, flags, dir_fd=parent)
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory (or a symlink)", name)
+    return fd
 
 
 def _source_path(workspace: str, suffix: str, code: str) -> tuple[int, str]:
@@ -207,19 +314,6 @@ def _source_path(workspace: str, suffix: str, code: str) -> tuple[int, str]:
 
 def _main_path(workspace: str, n: int, suffix: str) -> str:
     return os.path.join(workspace, f"main{n or ''}{suffix}")
-
-
-def _fetch(workspace: str, action: dict) -> dict:
-    files = {}
-    for name in action.get("fetch_files") or []:
-        try:
-            path = _inside(workspace, name)
-        except ValueError:
-            continue
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                files[name] = base64.b64encode(f.read(int(action.get("max_file_bytes", 16 << 20)))).decode()
-    return files
 
 
 # ------------------------------------------------------------------------------ starting programs

@@ -3,10 +3,11 @@
 Per env: its own mount, PID, network, IPC and UTS namespaces; a fresh tmpfs root holding
 read-only ``/usr`` (+ the ``bin``/``lib`` links), the Python prefix(es) at their host paths,
 the runtime packages at ``/opt/boltzlabs/<name>``, the env dir read-only at ``/env``, the
-workspace writable at ``/workspace``, size-limited tmpfs ``/tmp`` and ``/dev/shm``, a
-minimal ``/dev``, a few ``/etc`` files and its own ``/proc``; ``pivot_root`` into it
-(``MS_MOVE`` + ``chroot`` where ``pivot_root`` is refused); no capabilities,
-``no_new_privs``, a seccomp deny-list; limits by cgroup (root) or rlimits.
+workspace writable at ``/workspace``, size-limited tmpfs ``/tmp``, ``/dev/shm``, ``/mnt``,
+``/data`` and ``/home`` (SandboxFusion's requests write files there), a minimal ``/dev``, a few
+``/etc`` files and its own ``/proc``; ``pivot_root`` into it (``MS_MOVE`` + ``chroot`` where
+``pivot_root`` is refused); no capabilities, ``no_new_privs``, a seccomp deny-list; limits by
+cgroup (root) or rlimits.
 
 Two modes, probed once per process:
 
@@ -51,6 +52,7 @@ from typing import Any, NoReturn
 
 from ...envside import seccomp
 from ...envside import syscalls as L
+from ...envside.confine import SANDBOX_PRIVATE_DIRS
 from . import cgroups
 from .base import (
     CONTROL_FD,
@@ -266,13 +268,16 @@ def _build_root(plan: SandboxPlan) -> None:
     tmpfs_size = int(plan.limits.tmpfs_bytes)
     L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)  # no propagation to or from the host
     L.mount("tmpfs", R, "tmpfs", L.MS_NOSUID | L.MS_NODEV, "size=4m,mode=755")
-    for d in ("usr", "etc", "proc", "dev", "tmp", "env", "workspace", ".old", *plan.extra_mkdirs):
+    places = ("/tmp", *SANDBOX_PRIVATE_DIRS)
+    for d in ("usr", "etc", "proc", "dev", "env", "workspace", ".old", *places, *plan.extra_mkdirs):
         _mkdirs(R + "/" + d.lstrip("/"))
     for name, target in plan.symlinks.items():
         os.symlink(target, R + name)
-    # /tmp first: a bind below it (a venv in /tmp, say) must land on the tmpfs, not under it; binds
-    # below /dev (a venv in /dev/shm) wait for /dev and /dev/shm's own tmpfs mounts, which would hide them
-    L.mount("tmpfs", f"{R}/tmp", "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
+    # /tmp, /mnt, /data, /home first: a bind below one (a venv in /tmp or /home/u, say) must land on
+    # its tmpfs, not under it; binds below /dev (a venv in /dev/shm) wait for /dev and /dev/shm's own
+    # tmpfs mounts, which would hide them
+    for place in places:
+        L.mount("tmpfs", R + place, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={tmpfs_size},mode=1777")
     under_dev = [b for b in plan.binds if b[1] == "/dev" or b[1].startswith("/dev/")]
     for src, dst, ro in plan.binds:
         if (src, dst, ro) not in under_dev:
@@ -321,7 +326,7 @@ def _build_root(plan: SandboxPlan) -> None:
         L.mount(R, "/", None, L.MS_MOVE)
         os.chroot(".")
     os.chdir("/")
-    # the root tmpfs itself read-only (not recursive: /workspace, /tmp, /dev/shm stay writable)
+    # the root tmpfs itself read-only (not recursive: /workspace and the tmpfs places stay writable)
     L.mount(
         None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags("/")
     )
