@@ -4,7 +4,7 @@
     # ../shared/tools/sandboxfusion/setup.sh in /work/sf and started with `SF_HOME=/work/sf /work/sf/start.sh 8090`
     python benchmarks/code_server.py --sandboxfusion http://127.0.0.1:8090 --sandboxfusion-home /work/sf \\
         --record code-server-vs-sandboxfusion-DATE
-    # our server run by a venv under /tmp (where the wipe fails today: the table shows its hard resets)
+    # our server run by a venv under /tmp (the wipe works there too: the table shows its wipes and hard resets)
     python benchmarks/code_server.py --python /tmp/blg-venv/bin/python --sandboxfusion http://127.0.0.1:8090 \\
         --sandboxfusion-home /work/sf
     # a smoke run: seconds, not minutes
