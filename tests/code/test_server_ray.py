@@ -126,7 +126,9 @@ def test_code_server_ray_spreads_its_lanes_over_the_nodes_and_runs_programs(clus
     argv = [sys.executable, "-m", "boltzlabs_gym.cli", "code-server", "--ray", "--ray-address", cluster.address]
     argv += ["--port", str(port), "--lanes-per-worker", "1", "--envs-per-lane", "2", "--isolation", ISOLATION]
     argv += ["--max-run-timeout", "10", "--memory-mb", "512"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # the server finds the cluster by its flag, so not RAY_ADDRESS; it keeps the rest: RAY_AUTH_MODE is
+    # among them (ray.init sets it to "token", and a cluster started after that one wants the token)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
