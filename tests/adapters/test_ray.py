@@ -18,7 +18,6 @@ import zmq
 
 ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "boltzlabs-gym[ray]")')
 
-from ray.cluster_utils import Cluster  # noqa: E402
 
 import boltzlabs_gym  # noqa: E402
 from boltzlabs_gym import RLPool, WorkerError  # noqa: E402
@@ -27,6 +26,7 @@ from boltzlabs_gym.wire.keys import ClientKeys  # noqa: E402
 from boltzlabs_gym.ray import RayWorkers  # noqa: E402
 
 from conftest import COUNTER, ENVS, FAULTY, ISOLATION  # noqa: E402
+from ray_clusters import boltzlabs_processes, local_cluster  # noqa: E402
 from workers import pids_gone, wait_until  # noqa: E402
 
 ATTEST = os.path.join(ENVS, "boltz_attest")
@@ -36,30 +36,7 @@ NODES = 3
 @pytest.fixture(scope="module")
 def cluster(request):
     """Three Ray nodes on the local host (one CPU each), shut down whatever the tests did."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    request.addfinalizer(c.shutdown)
-    for _ in range(NODES - 1):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    request.addfinalizer(ray.shutdown)
-    return c
-
-
-def _ours() -> set[int]:
-    """Live boltzlabs workers and env processes among our descendants (Ray's own processes aside)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            cmd = " ".join(p.cmdline())
-            # env processes run `python -c "...BOLTZLABS_ENV_DIR..."` (spawned) or are named boltz-* (forked)
-            if "boltzlabs_gym.worker" in cmd or "BOLTZLABS_ENV_DIR" in cmd or "boltz" in p.name():
-                out.add(p.pid)
-        except psutil.Error:
-            pass
-    return out
+    return local_cluster(request, NODES)
 
 
 def _tree(pids) -> set[int]:
@@ -74,12 +51,12 @@ def _tree(pids) -> set[int]:
     return out
 
 
-
 @pytest.fixture
 def no_boltz_left(cluster):
-    before = _ours()
+    before = boltzlabs_processes()
     yield
-    assert wait_until(lambda: not (_ours() - before), 20), f"left behind: {_ours() - before}"
+    left = lambda: boltzlabs_processes() - before  # noqa: E731
+    assert wait_until(lambda: not left(), 20), f"left behind: {left()}"
 
 
 pytestmark = pytest.mark.usefixtures("no_boltz_left")

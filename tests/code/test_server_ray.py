@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
 
 ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "boltzlabs-gym[ray]")')
@@ -21,11 +20,10 @@ pytest.importorskip("fastapi", reason="the server extra is not installed (pip in
 requests = pytest.importorskip("requests")
 uvicorn = pytest.importorskip("uvicorn")
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from boltzlabs_gym.code.server import create_app  # noqa: E402
 from boltzlabs_gym.ray.code_lanes import RayLanes  # noqa: E402
 from conftest import ISOLATION  # noqa: E402
+from ray_clusters import boltzlabs_processes, local_cluster  # noqa: E402
 from workers import wait_until  # noqa: E402
 
 SLEEP = "import time; time.sleep({s}); print({i} * {i})"
@@ -34,33 +32,14 @@ SLEEP = "import time; time.sleep({s}); print({i} * {i})"
 @pytest.fixture(scope="module")
 def cluster(request):
     """Two Ray nodes on this host, one CPU each, shut down whatever the tests did."""
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    request.addfinalizer(c.shutdown)
-    c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    request.addfinalizer(ray.shutdown)
-    return c
-
-
-def _boltzlabs_processes() -> set[int]:
-    """Live boltzlabs workers and sandboxed envs among our descendants (Ray's own processes aside)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(p.cmdline())
-            if p.status() != psutil.STATUS_ZOMBIE and ("boltzlabs_gym.worker" in cmd or "boltz" in p.name()):
-                out.add(p.pid)
-        except psutil.Error:
-            pass
-    return out
+    return local_cluster(request, 2)
 
 
 @pytest.fixture
 def nothing_left(cluster):
-    before = _boltzlabs_processes()
+    before = boltzlabs_processes()
     yield
-    assert wait_until(lambda: not (_boltzlabs_processes() - before), 30), _boltzlabs_processes() - before
+    assert wait_until(lambda: not (boltzlabs_processes() - before), 30), boltzlabs_processes() - before
 
 
 def _free_port() -> int:
