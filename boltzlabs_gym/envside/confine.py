@@ -37,6 +37,16 @@ SANDBOX_RUNTIME = "/opt/boltzlabs"
 CONTROL_FD = 200
 
 
+def mount_points() -> list[str]:
+    """This mount namespace's mount points, in ``/proc/self/mountinfo``'s order (its fifth field;
+    the kernel writes a space, tab, newline or backslash in a path as an octal escape, undone here)."""
+    import re
+
+    with open("/proc/self/mountinfo") as f:
+        fields = [line.split()[4] for line in f]
+    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in fields]
+
+
 def apply_rlimits(limits: Limits, *, memory_via_rlimit: bool, pids_via_rlimit: bool) -> None:
     """Set the rlimits of the calling (child) process: FSIZE, NOFILE, CORE=0, CPU backstop, and
     AS / NPROC when no cgroup carries the memory / process limit."""

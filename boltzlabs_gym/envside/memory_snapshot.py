@@ -54,7 +54,6 @@ import gc
 import json
 import os
 import random
-import re
 import select
 import signal
 import socket
@@ -63,7 +62,7 @@ from typing import Any
 
 from ..wire.limits import Limits
 from . import obs_region, process_setup
-from .confine import CONTROL_FD, SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE
+from .confine import CONTROL_FD, SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE, mount_points
 
 HOLDER_COMM = "boltz-holder"
 ENV_COMM = "boltz-env"  # as forkserver names a forked env
@@ -396,7 +395,7 @@ def mount_private_tmp(size: int) -> None:
     from . import syscalls as L
 
     plain, no_exec = L.MS_NOSUID | L.MS_NODEV, L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
-    points = _mount_points()
+    points = mount_points()
     for place, flags in (("/tmp", plain), ("/dev/shm", no_exec), *((d, plain) for d in SANDBOX_PRIVATE_DIRS)):
         if os.statvfs(place).f_flag & os.ST_RDONLY:
             continue  # a read-only bind over the whole place (a data set at /data): the env's, as it is
@@ -406,13 +405,6 @@ def mount_private_tmp(size: int) -> None:
             os.makedirs(path, exist_ok=True)
             L.mount(f"/proc/self/fd/{held}", path, None, L.MS_BIND | L.MS_REC)
             os.close(held)
-
-
-def _mount_points() -> list[str]:
-    """This mount namespace's mount points (``/proc/self/mountinfo``'s fifth field, unescaped)."""
-    with open("/proc/self/mountinfo") as f:
-        fields = [line.split()[4] for line in f]
-    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in fields]  # octal escapes
 
 
 def _outermost_below(points: list[str], place: str) -> list[str]:

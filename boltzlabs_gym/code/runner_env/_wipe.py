@@ -9,7 +9,8 @@ space (and uid), so it is never wiped there, only hard-reset.
 :func:`protect` and :func:`record` (once, before the env's first request) make the env itself
 safe from its programs and record what the checks compare with; :func:`wipe` (after every program) returns
 ``None`` when nothing is left, else the reason, and the runner then hard-resets the env. What
-the wipe covers and why nothing else can persist: ``docs/code-server.md``. Standard library only.
+the wipe covers and why nothing else can persist: ``docs/code-server.md``. Standard library and
+the env side's own :mod:`boltzlabs_gym.envside.confine` (the sandbox's mount points) only.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import re
 import resource
 import signal
 import stat
 import time
 from dataclasses import dataclass, field
+
+from boltzlabs_gym.envside.confine import mount_points
 
 #: the writable places of a boltz env's sandbox (the root, /dev, /env, /usr, ... are read-only mounts):
 #: the workspace and the sandbox's own tmpfs mounts, ``/mnt``, ``/data`` and ``/home`` among them
@@ -100,24 +102,13 @@ def record(keep: list[int]) -> Baseline:
 
 
 def mounts_below(roots: tuple[str, ...]) -> list[str]:
-    """Mount points strictly inside ``roots`` (from ``/proc/self/mountinfo``): the sandbox binds an
-    interpreter that lives in a writable place (a venv under ``/tmp``) read-only at its own path."""
-    inside = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = _unescape(line.split()[4])
-            if any(point.startswith(root + "/") for root in roots) and point not in inside:
-                inside.append(point)
-    return inside
+    """Mount points strictly inside ``roots``: the sandbox binds an interpreter that lives in a
+    writable place (a venv under ``/tmp``) read-only at its own path."""
+    return [p for p in dict.fromkeys(mount_points()) if any(p.startswith(root + "/") for root in roots)]
 
 
 def _read_only(path: str) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path: spaces, tabs, newlines and backslashes are written as octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _passages(mount: str) -> list[str]:

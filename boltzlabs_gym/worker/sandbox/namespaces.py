@@ -52,7 +52,7 @@ from typing import Any, NoReturn
 
 from ...envside import seccomp
 from ...envside import syscalls as L
-from ...envside.confine import SANDBOX_PRIVATE_DIRS
+from ...envside.confine import SANDBOX_PRIVATE_DIRS, mount_points
 from . import cgroups
 from .base import (
     CONTROL_FD,
@@ -236,12 +236,7 @@ def _mkdirs(path: str) -> None:
 def _make_ro(path: str) -> None:
     if L.mount_setattr_recursive_ro(path):
         return
-    targets = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mp = line.split()[4]
-            if mp == path or mp.startswith(path.rstrip("/") + "/"):
-                targets.append(mp)
+    targets = [mp for mp in mount_points() if mp == path or mp.startswith(path.rstrip("/") + "/")]
     for mp in targets:
         L.mount(
             None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags(mp)
