@@ -84,9 +84,15 @@ SCRATCH = "/tmp/.boltzlabs_runner"
 STDIN_PATH = os.path.join(SCRATCH, "stdin")
 
 
+def has_private_places() -> bool:
+    """Whether this env has writable places of its own (``/tmp``, ``/mnt``... :data:`_wipe.ROOTS`):
+    where it is PID 1 of its own namespaces; on the ``process`` backend they are the host's."""
+    return os.getpid() == 1
+
+
 def scratch_dir(workspace: str) -> str:
     """Where this env keeps a program's stdin and binary: :data:`SCRATCH`, or in its workspace."""
-    return SCRATCH if os.getpid() == 1 else os.path.join(workspace, ".boltzlabs_runner")
+    return SCRATCH if has_private_places() else os.path.join(workspace, ".boltzlabs_runner")
 
 
 class _Wiping:
@@ -234,7 +240,7 @@ def _file_path(workspace: str, name: str) -> str:
         if _place_of(path, [workspace]) is None:
             raise ValueError(f"file path {name!r} leaves the workspace ({workspace}); {_ALLOWED}")
         return path
-    if os.getpid() != 1:
+    if not has_private_places():
         raise ValueError(
             f"file path {name!r} is absolute, and this env has no private places for it: it is not PID 1 "
             "of its own namespaces (the process isolation backend), so it would be the host's; only paths "
@@ -260,7 +266,7 @@ def _resolved(workspace: str, name: str) -> str:
     path = _file_path(workspace, name)
     real = os.path.realpath(path)
     # (in a namespaces sandbox the places are mount points, never symlinks; a host workspace may not be)
-    places = _wipe.ROOTS if os.getpid() == 1 else [os.path.realpath(workspace)]
+    places = _wipe.ROOTS if has_private_places() else [os.path.realpath(workspace)]
     if _place_of(real, places) is None:
         raise ValueError(f"file path {name!r} leads to {real!r}, outside the places a program may write; {_ALLOWED}")
     return real
@@ -449,10 +455,9 @@ def _zygote_prepare() -> None:
 def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int) -> int:
     """In a program forked by the zygote (prepared by :func:`_zygote_prepare`): its own session,
     limit and pipes, then ``main<n>.py``."""
-    workspace = workspace_now()
+    workspace = workspace_now()  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
     _wire_stdio(STDIN_PATH, out_w, err_w)
-    os.chdir(workspace)
     return _run_python_here(_main_path(workspace, n, ".py"), workspace, prepared=True)
 
 
