@@ -276,6 +276,12 @@ class CodeRunner:
         for lane in self._lanes:
             self._start_lane(lane)
 
+    @property
+    def wipe_in_force(self) -> bool:
+        """Whether programs are wiped away in place between runs: asked for (``wipe``) and possible
+        here (no :attr:`wipe_unavailable`); else every run is followed by a hard reset."""
+        return self.wipe and self.wipe_unavailable is None
+
     def _note_wipe(self, observations: Sequence[Any]) -> None:
         """Read the envs' start-up report; warn once where the wipe asked for cannot run."""
         if not self.wipe or self.wipe_unavailable is not None:

@@ -178,7 +178,7 @@ def _metrics_for(runner: CodeRunner):
     try:
         m = ServerMetrics(
             lambda: (runner.stats().queued, runner.stats().running),
-            wipe_in_force=runner.wipe and runner.wipe_unavailable is None,
+            wipe_in_force=lambda: runner.wipe_in_force,
         )
     except ImportError:
         return None
@@ -197,7 +197,7 @@ def _wipe_report(runner: CodeRunner) -> dict[str, Any]:
     """Whether programs are wiped away in place between runs, and why not where they are not."""
     if not runner.wipe:
         return {"in_force": False, "why_not": "turned off (--no-wipe): every run is followed by a hard reset"}
-    if runner.wipe_unavailable is not None:
+    if not runner.wipe_in_force:
         return {"in_force": False, "why_not": runner.wipe_unavailable}
     return {"in_force": True}
 

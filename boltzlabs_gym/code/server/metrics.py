@@ -26,9 +26,10 @@ __all__ = ["ServerMetrics"]
 
 
 class ServerMetrics:
-    """The families above in a registry of their own; ``depth()`` gives ``(queued, running)`` at scrape time."""
+    """The families above in a registry of their own; ``depth()`` gives ``(queued, running)`` and
+    ``wipe_in_force()`` whether the wipe is in force, each at scrape time."""
 
-    def __init__(self, depth: Callable[[], tuple[int, int]], *, wipe_in_force: bool = True):
+    def __init__(self, depth: Callable[[], tuple[int, int]], *, wipe_in_force: Callable[[], bool] = lambda: True):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -56,7 +57,7 @@ class ServerMetrics:
         queued = Gauge("boltzlabs_code_queued", "Runs waiting for a lane", registry=r)
         running = Gauge("boltzlabs_code_running", "Runs in a lane's batch", registry=r)
         wipe = Gauge("boltzlabs_code_wipe_in_force", "1: programs wiped in place; 0: hard reset after each", registry=r)
-        wipe.set(int(wipe_in_force))
+        wipe.set_function(lambda: int(wipe_in_force()))  # (read at scrape time: lanes may start later)
         queued.set_function(lambda: depth()[0])
         running.set_function(lambda: depth()[1])
 
