@@ -37,24 +37,13 @@ import time
 
 import psutil
 import requests
+from code_server import machine_busy_s, own_cpu_s  # (the fair benchmark's CPU accounting)
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def machine_cpu_s() -> float:
-    """All CPU time but idle and iowait since boot (``/proc/stat``), in seconds."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    t = psutil.Process().cpu_times()
-    return t.user + t.system
 
 
 def start_server(python: str, wipe: bool) -> tuple[subprocess.Popen, str]:
@@ -108,9 +97,9 @@ def measure(python: str, wipe: bool, runs: int, concurrency: int) -> dict[str, f
         send(url, 4 * concurrency, concurrency)  # warm-up
         root = psutil.Process(server.pid)
         worker_pids = {c.pid for c in root.children()}
-        before, m0, g0, t0 = tree_cpu(root), machine_cpu_s(), own_cpu_s(), time.perf_counter()
+        before, m0, g0, t0 = tree_cpu(root), machine_busy_s(), own_cpu_s(), time.perf_counter()
         send(url, runs, concurrency)
-        after, m1, g1, t1 = tree_cpu(root), machine_cpu_s(), own_cpu_s(), time.perf_counter()
+        after, m1, g1, t1 = tree_cpu(root), machine_busy_s(), own_cpu_s(), time.perf_counter()
         status = requests.get(url + "/v1/status", timeout=10).json()
     finally:
         server.terminate()
