@@ -11,6 +11,7 @@ program must have been wiped in place, not hard-reset.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -106,12 +107,7 @@ def _venv_in(parent: str) -> str:
     holder = tempfile.mkdtemp(prefix="blg-wipe-", dir=parent)
     path = os.path.join(holder, "venv")
     venv.create(path, system_site_packages=True, with_pip=False, symlinks=True)
-    (site_dir,) = [
-        os.path.join(d, n)
-        for d, _, names in os.walk(os.path.join(path, "lib"))
-        for n in names + ["."]
-        if d.endswith("site-packages") and n == "."
-    ]
+    (site_dir,) = glob.glob(os.path.join(path, "lib", "python*", "site-packages"))
     here = [p for p in sys.path if p and os.path.isdir(p)]
     with open(os.path.join(site_dir, "outer.pth"), "w") as f:
         f.write("\n".join([*site.getsitepackages(), *here]) + "\n")
