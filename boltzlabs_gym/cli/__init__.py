@@ -10,6 +10,8 @@ Commands, by example::
     boltzlabs-gym worker --bind tcp://0.0.0.0:5555 --keys ./keys --metrics-port 9100   with /metrics
     boltzlabs-gym isolation                           which sandbox this host gives, and why
     boltzlabs-gym code-server --port 8080             SandboxFusion's POST /run_code on sandboxed pools
+    boltzlabs-gym code-languages                      which of SandboxFusion's languages this host runs, and why not
+    boltzlabs-gym code-runtime install                what programs expect beyond toolchains (tsx, jest, a Python venv)
 """
 
 from __future__ import annotations
@@ -153,6 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("code-server", help="serve SandboxFusion's /run_code API on sandboxed pools")
     )
     p.set_defaults(func=_cmd_code_server)
+
+    from .code_languages import add_code_languages_flags, add_code_runtime_flags, run_code_languages, run_code_runtime
+
+    p = add_code_languages_flags(
+        sub.add_parser("code-languages", help="which of SandboxFusion's languages this host can run, and why not")
+    )
+    p.set_defaults(func=run_code_languages)
+    p = add_code_runtime_flags(
+        sub.add_parser("code-runtime", help="install what programs expect beyond toolchains (tsx, jest, a Python venv)")
+    )
+    p.set_defaults(func=run_code_runtime)
     return parser
 
 

@@ -76,6 +76,7 @@ from ..errors import SandboxUnavailable, WorkerError
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .fair_queue import DEFAULT_CLIENT, FairQueue, QueueClosedError, QueueFullError
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
+from .languages import NOT_SERVED, canonical
 from .runs import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("boltzlabs_gym.code")
@@ -259,6 +260,9 @@ class CodeRunner:
         #: wipe of a fresh sandbox failed), else ``None``. (Set before the lanes open: each
         #: lane's start-up reset, a lane added later too, reads the report.)
         self.wipe_unavailable: str | None = None
+        #: each language SandboxFusion names -> None where the envs can run it, else why not
+        #: (their toolchain is missing, say); read from the first lane's envs at start-up
+        self.languages: dict[str, str | None] = {}
         places = list(lane_workers) if lane_workers is not None else [workers] * lanes
         try:
             for where in places:
@@ -281,6 +285,21 @@ class CodeRunner:
         """Whether programs are wiped away in place between runs: asked for (``wipe``) and possible
         here (no :attr:`wipe_unavailable`); else every run is followed by a hard reset."""
         return self.wipe and self.wipe_unavailable is None
+
+    def _note_languages(self, observations: Sequence[Any]) -> None:
+        """Read which languages the first lane's envs can run (their sandbox's toolchains)."""
+        if self.languages:
+            return
+        for obs in observations:
+            if isinstance(obs, Mapping) and isinstance(obs.get("languages"), Mapping):
+                self.languages = {str(k): None if v is None else str(v) for k, v in obs["languages"].items()}
+                missing = sorted(k for k, v in self.languages.items() if v is not None and k not in NOT_SERVED)
+                if missing:
+                    log.info(
+                        "code runner: these languages cannot run here: %s (see `boltzlabs-gym code-languages`)",
+                        ", ".join(missing),
+                    )
+                return
 
     def _note_wipe(self, observations: Sequence[Any]) -> None:
         """Read the envs' start-up report; warn once where the wipe asked for cannot run."""
@@ -374,7 +393,12 @@ class CodeRunner:
         return judge_asserts(self.run_many(assert_requests(code, asserts, **fields)))
 
     def _check(self, request: RunRequest) -> RunRequest:
-        if request.language not in LANGUAGES:
+        # (a field of the wrong type would fail the lane's JSON encoding: refuse it here instead)
+        if not isinstance(request.code, str) or not isinstance(request.stdin, (str, type(None))):
+            raise TypeError(
+                f"code and stdin must be strings, got {type(request.code).__name__} and {type(request.stdin).__name__}"
+            )
+        if canonical(request.language) not in LANGUAGES:
             raise ValueError(f"language {request.language!r} is not supported; supported: {', '.join(LANGUAGES)}")
         if not 0 < float(request.run_timeout) <= self.max_run_timeout:
             raise ValueError(f"run_timeout must be in (0, {self.max_run_timeout:g}] s, got {request.run_timeout}")
@@ -466,7 +490,9 @@ class CodeRunner:
         """A lane's pool started, its envs reset, the calls on its envs running (no thread yet)."""
         pool = RLPool(RUNNER_ENV_DIR, self.envs_per_lane, workers=workers, options=self.pool_options)
         try:
-            self._note_wipe(pool.reset(options={"wipe": self.wipe}))
+            ready = pool.reset(options={"wipe": self.wipe, "languages": True})
+            self._note_wipe(ready)
+            self._note_languages(ready)
             calls = EnvCalls(pool, name=f"code-runner-calls-{id(pool):x}")
         except BaseException:
             pool.close()

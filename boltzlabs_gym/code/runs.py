@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .languages import SERVED
+
 __all__ = [
     "ERROR",
     "FAILED",
@@ -40,8 +42,9 @@ __all__ = [
 FINISHED, ERROR, TIME_LIMIT_EXCEEDED = "Finished", "Error", "TimeLimitExceeded"
 #: A run's status.
 SUCCESS, FAILED, SANDBOX_ERROR = "Success", "Failed", "SandboxError"
-#: The languages the runner's env runs (``cpp`` needs ``g++``, ``nodejs`` needs ``node`` on the host).
-LANGUAGES = ("python", "bash", "cpp", "nodejs")
+#: The languages the runner's env serves, in SandboxFusion's names (each needs its toolchain on the
+#: host: :func:`boltzlabs_gym.code.languages.availability` says which this one has).
+LANGUAGES = SERVED
 
 
 @dataclass

@@ -196,7 +196,7 @@ def test_cancelling_a_running_task_kills_its_program_at_once(runner):
 
 
 def test_bad_requests_are_refused_before_running(runner):
-    with pytest.raises(ValueError, match="supported: python, bash, cpp, nodejs"):
+    with pytest.raises(ValueError, match="supported: python, pytest, bash, cpp, nodejs, .*, verilog"):
         runner.submit({"code": "x", "language": "cobol"})
     with pytest.raises(ValueError, match="run_timeout"):
         runner.submit({"code": "x", "run_timeout": 11})

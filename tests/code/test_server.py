@@ -48,7 +48,11 @@ def test_ping_status_and_a_run(server):
     url, runner = server
     assert requests.get(url + "/v1/ping").json() == "pong"
     status = requests.get(url + "/v1/status").json()
-    assert status["isolation"]["backend"] == runner.isolation.backend and status["languages"][0] == "python"
+    assert status["isolation"]["backend"] == runner.isolation.backend and status["languages"]["python"] == {
+        "available": True,
+        "why_not": None,
+    }
+    assert status["languages"]["sql"] == {"available": False, "why_not": "SandboxFusion names it but has no runner for it"}
     # whether programs are wiped in place, and the cause where not, as the runner found it at start-up
     why_not = runner.wipe_unavailable
     assert status["wipe"] == ({"in_force": True} if why_not is None else {"in_force": False, "why_not": why_not})
@@ -63,8 +67,9 @@ def test_ping_status_and_a_run(server):
 
 def test_sandboxfusion_answers_for_languages_and_bad_fields(server):
     url, _ = server
-    go = post(url, code="package main", language="go").json()
-    assert go["status"] == "SandboxError" and "supported: python, bash, cpp, nodejs" in go["message"]
+    swift = post(url, code="print(1)", language="swift").json()
+    assert swift["status"] == "SandboxError" and "no Swift compiler in Debian 12" in swift["message"]
+    assert "supported: python, " in swift["message"] and "swift" not in swift["message"].split("supported: ")[1]
     assert post(url, code="x", language="cobol").status_code == 422
     assert post(url, language="python").status_code == 422
     assert post(url, code="x", language="python", run_timeout=31).status_code == 422

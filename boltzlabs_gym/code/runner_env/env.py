@@ -57,7 +57,8 @@ import typing  # noqa: F401
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import _wipe  # type: ignore[import-not-found]  # (a sibling: the env dir is on sys.path)
+import _languages  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
+import _wipe  # type: ignore[import-not-found]
 from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
@@ -72,12 +73,9 @@ PROGRAM_ENV = {
     "PYTHONUNBUFFERED": "",
 }
 FINISHED, ERROR, TIMEOUT = "Finished", "Error", "TimeLimitExceeded"
-SUBPROCESS_COMMANDS = {
-    "bash": (None, ["/bin/bash", "{src}"], ".sh"),
-    "nodejs": (None, ["node", "{src}"], ".js"),
-    "cpp": (["g++", "-std=c++17", "-O2", "{src}", "-o", "{exe}", "-lpthread"], ["{exe}"], ".cpp"),
-}
-#: stdin and the C++ binary, outside the workspace where the env has a /tmp of its own (PID 1 of its
+#: The code runtime programs see (``boltzlabs-gym code-runtime install``): Node.js packages, a Python venv.
+RUNTIME = os.environ.get("BOLTZLABS_CODE_RUNTIME") or _languages.DEFAULT_RUNTIME
+#: stdin and compiled binaries, outside the workspace where the env has a /tmp of its own (PID 1 of its
 #: own namespaces); on the ``process`` backend envs share the host's /tmp, so each keeps them in its
 #: own workspace, which the worker wipes with it (:func:`scratch_dir`)
 SCRATCH = "/tmp/.boltzlabs_runner"
@@ -114,7 +112,10 @@ def reset(seed, options=None):
     wanted = (options or {}).get("wipe", True)
     if wanted and _Wiping.zygote is None and _Wiping.unavailable is None:
         _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
-    return {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
+    ready = {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
+    if (options or {}).get("languages"):  # (asked at start-up only: not on every hard reset)
+        ready["languages"] = _languages.availability(RUNTIME)
+    return ready
 
 
 def _start_wiping() -> str | None:
@@ -170,30 +171,90 @@ def run_program(action: dict) -> dict:
     stdin_path = os.path.join(scratch, "stdin")
     with open(stdin_path, "wb") as f:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
-    compile_result = None
     if language == "python":
         n, src = _source_path(workspace, ".py", action["code"])
         if _Wiping.zygote is not None:
             started = _from_zygote(_Wiping.zygote, n, memory_mb)
         else:
             started = _fork_python(src, workspace, stdin_path, memory_mb)
-        run_result = _supervise(started, action["run_timeout"], cap)
-    elif language in SUBPROCESS_COMMANDS:
-        compile_cmd, run_cmd, suffix = SUBPROCESS_COMMANDS[language]
-        _, src = _source_path(workspace, suffix, action["code"])
-        names = {"src": src, "exe": os.path.join(scratch, "program")}
-        run_result = None
-        if compile_cmd is not None:
-            cmd = [part.format(**names) for part in compile_cmd]
-            compile_result = _supervise(
-                _spawn(cmd, workspace, os.devnull, memory_mb), action.get("compile_timeout", 10), cap
-            )
-        if compile_result is None or (compile_result["status"] == FINISHED and compile_result["return_code"] == 0):
-            cmd = [part.format(**names) for part in run_cmd]
-            run_result = _supervise(_spawn(cmd, workspace, stdin_path, memory_mb), action["run_timeout"], cap)
+        compile_result, run_result = None, _supervise(started, action["run_timeout"], cap)
     else:
-        run_result = _error(f"language {language!r} is not served here")
+        compile_result, run_result = _run_toolchain(language, action, workspace, scratch, stdin_path)
     return {"compile_result": compile_result, "run_result": run_result, "files": _fetch(workspace, action)}
+
+
+#: language -> why it cannot run here (None: it can), found once per env at its first program
+_missing: dict[str, str | None] = {}
+
+
+def _why_not(language: str) -> str | None:
+    """Why ``language`` cannot run in this sandbox (its toolchain or runtime is missing), or None."""
+    if language not in _missing:
+        spec = _languages.LANGUAGES.get(language)
+        if spec is None:
+            why = _languages.NOT_SERVED.get(language, "SandboxFusion has no such language")
+            _missing[language] = f"language {language!r} is not served here: {why}"
+        else:
+            gone = spec.missing(_languages.PATH, RUNTIME)
+            installs = f"install: {spec.installs()}"
+            _missing[language] = (
+                f"language {language!r} cannot run here: missing {', '.join(gone)} ({installs})" if gone else None
+            )
+    return _missing[language]
+
+
+def _run_toolchain(language: str, action: dict, workspace: str, scratch: str, stdin_path: str) -> tuple:
+    """Compile (where the language does) and run a program with its toolchain; the two results."""
+    why = _why_not(_languages.ALIASES.get(language, language))
+    if why is not None:
+        return None, _error(why)
+    spec = _languages.LANGUAGES[_languages.ALIASES.get(language, language)]
+    code = spec.rewrite(action["code"]) if spec.rewrite else action["code"]
+    main = spec.main_of(code)
+    if spec.find_main and main is None:  # SandboxFusion's answer to a Scala program without an object
+        return {**_error("Object name not found."), "return_code": 1}, None
+    names = _placeholders(spec, action, workspace, scratch, main or "Main")
+    names["src"] = _write_source(workspace, spec.source, code, main)
+    env = dict(PROGRAM_ENV, HOME=workspace, **{k: v.format(**names) for k, v in spec.env.items()})
+    cap = int(action.get("max_output_bytes", 1 << 20))
+    memory_mb = int(action.get("memory_limit_mb", -1))
+    data_only = spec.reserves_address_space
+    compile_result = None
+    if spec.compile is not None:
+        cmd = [part.format(**names) for part in spec.compile]
+        started = _spawn(cmd, workspace, os.devnull, memory_mb, env, data_only)
+        compile_result = _supervise(started, action.get("compile_timeout", 10), cap)
+        if compile_result["status"] != FINISHED or compile_result["return_code"] != 0:
+            return compile_result, None
+    cmd = [part.format(**names) for part in spec.run]
+    started = _spawn(cmd, workspace, stdin_path, memory_mb, env, data_only)
+    return compile_result, _supervise(started, action["run_timeout"], cap)
+
+
+def _placeholders(spec, action: dict, workspace: str, scratch: str, main: str) -> dict:
+    """The values of a language's command placeholders for this program (see ``_languages``)."""
+    files = action.get("files") or {}
+    brought = [os.path.join(workspace, n) for n in files if n.endswith(".jar") and not os.path.isabs(n)]
+    return {
+        "dir": workspace,
+        "scratch": scratch,
+        "exe": os.path.join(scratch, "program"),
+        "runtime": RUNTIME,
+        "python": os.path.join(RUNTIME, "python", "bin", "python"),
+        "main": main,
+        "cp": ":".join([workspace, *spec.class_path, *brought]),
+    }
+
+
+def _write_source(workspace: str, pattern: str, code: str, main: str | None) -> str:
+    """Write the program where its language wants it: ``main<n>.<ext>`` (``n`` avoiding a file the
+    request brought), or a fixed name (``Main.java``, ``<class>.java``, ``Program.cs``)."""
+    if "{n}" in pattern:
+        return _source_path(workspace, pattern.split("{n}", 1)[1], code)[1]
+    path = os.path.join(workspace, pattern.format(main=main))
+    with open(path, "wb") as f:
+        f.write(code.encode("utf-8", "surrogateescape"))
+    return path
 
 
 def _write_files(workspace: str, files: dict) -> None:
@@ -341,9 +402,11 @@ class _Started:
     reap: Callable[[], int | None]
 
 
-def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, err_w: int) -> None:
+def _enter_child(
+    workspace: str, stdin_path: str, memory_mb: int, out_w: int, err_w: int, data_only: bool = False
+) -> None:
     """In the forked child: its own session, the memory limit, stdio, cwd; every other fd closed."""
-    _own_session(memory_mb)
+    _own_session(memory_mb, data_only)
     os.umask(0o022)
     _wire_stdio(stdin_path, out_w, err_w)
     os.chdir(workspace)
@@ -353,13 +416,16 @@ def _enter_child(workspace: str, stdin_path: str, memory_mb: int, out_w: int, er
         seccomp.install(_Wiping.child_filter)
 
 
-def _own_session(memory_mb: int) -> None:
-    """A program's own session (process group), its own /proc files, its memory limit."""
+def _own_session(memory_mb: int, data_only: bool = False) -> None:
+    """A program's own session (process group), its own /proc files, its memory limit: on its
+    address space and data segment, or (``data_only``: runtimes that reserve far more address
+    space than they use, JVMs, Go, V8, Mono) on its data segment alone, which counts the memory
+    they commit (private writable mappings) and not what they only reserve."""
     os.setsid()
     _wipe.set_dumpable(True)  # (the env is not, where it is wiped): the program's own /proc/<pid> are its own
     if memory_mb > 0:
         limit = memory_mb << 20
-        for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        for which in (resource.RLIMIT_DATA,) if data_only else (resource.RLIMIT_AS, resource.RLIMIT_DATA):
             _, hard = resource.getrlimit(which)
             resource.setrlimit(which, (limit, hard))
 
@@ -373,14 +439,16 @@ def _wire_stdio(stdin_path: str, out_w: int, err_w: int) -> None:
     os.closerange(3, 65536)
 
 
-def _spawn(cmd: list[str], workspace: str, stdin_path: str, memory_mb: int) -> _Started:
-    """Fork and exec ``cmd``; its pid and the read ends of its stdout and stderr."""
+def _spawn(
+    cmd: list[str], workspace: str, stdin_path: str, memory_mb: int, env: dict, data_only: bool = False
+) -> _Started:
+    """Fork and exec ``cmd`` with environment ``env``; its pid and the read ends of its stdout and stderr."""
     out_r, out_w, err_r, err_w = _pipes()
     pid = os.fork()
     if pid == 0:
         try:
-            _enter_child(workspace, stdin_path, memory_mb, out_w, err_w)
-            os.execvpe(cmd[0], cmd, dict(PROGRAM_ENV, HOME=workspace))
+            _enter_child(workspace, stdin_path, memory_mb, out_w, err_w, data_only)
+            os.execvpe(cmd[0], cmd, env)
         except BaseException as exc:
             os.write(2, f"cannot run {cmd[0]}: {exc}\n".encode())
         os._exit(127)

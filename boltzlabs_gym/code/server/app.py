@@ -11,8 +11,9 @@ counts) and ``GET /metrics`` (Prometheus; see :mod:`boltzlabs_gym.code.server.me
   ``Retry-After``: the one status verl's ``call_sandbox_api`` retries (the ``sandbox-fusion``
   client retries any). Bad fields and malformed JSON ``422`` (FastAPI's shape); a
   ``run_timeout``/``compile_timeout`` over the server's maximum ``422``.
-* A language SandboxFusion knows but this server does not run: ``SandboxError`` naming the
-  supported ones (SandboxFusion answers its own missing runners with a ``SandboxError`` too).
+* A language SandboxFusion knows but this server does not run, or whose toolchain this host lacks:
+  ``SandboxError`` saying why (SandboxFusion answers its own missing runners with a ``SandboxError``
+  too); ``/v1/status`` ``languages`` lists each language and why it cannot run.
 * A client that disconnects cancels its run (:meth:`~boltzlabs_gym.code.CodeRunner.cancel`):
   queued, it is dropped; running, its sandbox is killed with the program's whole process tree
   and reset for the next request (found within :data:`DISCONNECT_POLL_S`).
@@ -30,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..fair_queue import DEFAULT_CLIENT, QueueFullError
+from ..languages import canonical
 from ..runner import CodeRunner
 from ..runs import LANGUAGES, RunRequest, RunResult
 from .auth import CLIENT_STATE_KEY, OPEN_PATHS, ClientTokens, TokenAuth
@@ -92,7 +94,7 @@ def create_app(
             ),
             "wipe": _wipe_report(runner),
             "memory_limit_per_request": _memory_limit_report(runner),
-            "languages": list(LANGUAGES),
+            "languages": _languages_report(runner),
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
             "max_queue": runner.max_queue,
@@ -124,11 +126,11 @@ def create_app(
     @app.post("/run_code", response_model=RunCodeResponse)
     async def run_code(body: RunCodeRequest, request: Request) -> Any:
         pod = os.environ.get("MY_POD_NAME")
-        if body.language not in LANGUAGES:
+        why_not = _why_not_runnable(runner, body.language)
+        if why_not is not None:
             if server_metrics is not None:
                 server_metrics.rejected.labels("language").inc()
-            message = f"language {body.language!r} is not supported by this server; supported: {', '.join(LANGUAGES)}"
-            return RunCodeResponse(status=RunStatus.SandboxError, message=message, executor_pod_name=pod)
+            return RunCodeResponse(status=RunStatus.SandboxError, message=why_not, executor_pod_name=pod)
         too_long = _over_maximum(body, runner)
         if too_long is not None:
             return JSONResponse({"detail": [too_long]}, status_code=422)
@@ -191,6 +193,25 @@ def _metrics_for(runner: CodeRunner):
 
     runner.on_result = observe
     return m
+
+
+def _languages_report(runner: CodeRunner) -> dict[str, dict[str, Any]]:
+    """Each language SandboxFusion names -> whether this server runs it, and why not."""
+    return {
+        name: {"available": why is None, "why_not": why}
+        for name, why in (runner.languages or {n: None for n in LANGUAGES}).items()
+    }
+
+
+def _why_not_runnable(runner: CodeRunner, language: str) -> str | None:
+    """Why this server cannot run ``language`` (not served, or its toolchain missing), or None."""
+    name = canonical(language)
+    if name not in LANGUAGES:
+        reason = runner.languages.get(name) or "no runner for it here"
+        served = ", ".join(n for n in LANGUAGES if runner.languages.get(n) is None)
+        return f"language {language!r} is not supported by this server ({reason}); supported: {served}"
+    why = runner.languages.get(name)
+    return None if why is None else f"language {language!r} cannot run on this server: {why}"
 
 
 def _wipe_report(runner: CodeRunner) -> dict[str, Any]:

@@ -36,6 +36,7 @@ callable instead of an argv: everything up to the exec runs in the forked child,
 
 from __future__ import annotations
 
+import glob
 import os
 import queue
 import select
@@ -87,6 +88,10 @@ from .probe import first_working_mode, probed_mode, working_mode
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
 _ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+#: Toolchains' own configuration under /etc (glob patterns), read-only where the host has it: Debian
+#: keeps the JVM's ``conf``, R's ``etc``, Mono's, PHP's, Racket's and LDC's configuration there, and
+#: the code runner's languages do not start without it. Configuration only: no keys, no passwords.
+_ETC_TOOLCHAINS = ("java-*-openjdk", "R", "mono", "php", "racket", "ldc2.conf")
 #: The top-level directories of the host's root a sandbox shows (a read-only bind, or the symlink it is).
 _ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
@@ -163,6 +168,9 @@ class HostLayout:
         for name in _ETC_BINDS:
             p = "/etc/" + name
             if os.path.exists(p):
+                etc.append((os.path.realpath(p), p, True))
+        for pattern in _ETC_TOOLCHAINS:
+            for p in sorted(glob.glob("/etc/" + pattern)):
                 etc.append((os.path.realpath(p), p, True))
         return cls(symlinks, [("/usr", "/usr", True)] + root_binds, etc)
 

@@ -1,0 +1,104 @@
+"""Installing the code runtime: what programs expect beyond the toolchains, as SandboxFusion's image
+provides it (its ``runtime/``): Node.js packages (tsx for TypeScript, jest with babel for ``jest``,
+and the libraries its node runtime lists) and a Python venv for ``pytest``.
+
+``boltzlabs-gym code-runtime install`` runs :func:`install`. The runtime goes under ``/usr``
+(:data:`~boltzlabs_gym.code.languages.DEFAULT_RUNTIME`), which every sandbox shows read-only; a
+runtime elsewhere would be invisible to the programs, so :func:`install` refuses one.
+
+>>> from boltzlabs_gym.code.code_runtime import NODE_PACKAGES
+>>> any(p.startswith("tsx@") for p in NODE_PACKAGES)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+
+from .languages import runtime_dir
+
+__all__ = ["NODE_PACKAGES", "RuntimeInstallError", "install", "install_node"]
+
+log = logging.getLogger(__name__)
+
+#: SandboxFusion's node runtime (``runtime/node/package.json``) and TypeScript tools (its image's
+#: ``npm install -g typescript tsx``), at the same major versions; puppeteer is left out: it
+#: downloads a browser at install time, which no registry serves.
+NODE_PACKAGES = (
+    "tsx@4",
+    "typescript@5",
+    "jest@29",
+    "babel-jest@29",
+    "@jest/globals@29",
+    "@babel/core@7",
+    "@babel/preset-env@7",
+    "@babel/preset-typescript@7",
+    "@testing-library/dom@10",
+    "@testing-library/jest-dom@6",
+    "jsdom@24",
+    "commander@12",
+    "js-md5@0.7",
+    "lodash@4",
+    "random-seed@0.3",
+    "seedrandom@3",
+)
+
+
+class RuntimeInstallError(RuntimeError):
+    """The code runtime could not be installed (what failed, and its output)."""
+
+
+def _check_visible(runtime: str) -> None:
+    real = os.path.realpath(runtime)
+    if not real.startswith("/usr/"):
+        raise RuntimeInstallError(
+            f"code runtime {runtime!r} is not under /usr: sandboxes show only /usr and the top-level bin/lib "
+            "directories of the host, so programs would not see it; pick a directory under /usr/local"
+        )
+
+
+def _run(cmd: list[str], what: str) -> None:
+    log.info("code runtime: %s: %s", what, " ".join(cmd))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeInstallError(f"{what} failed ({' '.join(cmd[:3])} ...): {done.stderr.strip()[-2000:]}")
+
+
+def install_node(runtime: str) -> str:
+    """Install :data:`NODE_PACKAGES` into ``<runtime>/node``; the directory."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeInstallError("npm is not installed (Debian: nodejs npm); TypeScript and jest need it")
+    where = os.path.join(runtime, "node")
+    os.makedirs(where, exist_ok=True)
+    package = os.path.join(where, "package.json")
+    if not os.path.exists(package):
+        with open(package, "w") as f:
+            json.dump({"name": "boltzlabs-code-runtime", "private": True, "version": "1.0.0"}, f)
+    quiet = ("--no-audit", "--no-fund", "--loglevel=error")
+    _run([npm, "install", "--prefix", where, *quiet, *NODE_PACKAGES], "npm install")
+    return where
+
+
+def install(runtime: str | None = None, *, node: bool = True, python: bool = True) -> dict[str, str]:
+    """Install the code runtime (default :func:`~boltzlabs_gym.code.languages.runtime_dir`); what
+    was installed where. Raises :class:`RuntimeInstallError` naming what failed."""
+    runtime = runtime or runtime_dir()
+    _check_visible(runtime)
+    done = {}
+    if node:
+        done["node"] = install_node(runtime)
+    if python:
+        from .python_runtime import install_python
+
+        done["python"] = install_python(runtime)
+    return done
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(install(sys.argv[1] if len(sys.argv) > 1 else None))
