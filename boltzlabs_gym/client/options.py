@@ -144,6 +144,13 @@ class PoolOptions:
     code anyway the randomization guards nothing outside it; the worker and the trainer keep
     theirs. In boltz mode it applies to the template, whose layout every forked env shares."""
 
+    env_python: str | None = None
+    """The Python interpreter env processes (and, in boltz mode, the template) run, by absolute
+    path: a venv's ``bin/python`` with the packages the envs need, say (the code runner's runtime
+    interpreter). It must lie under ``/usr`` or in the worker's own Python installation, which
+    every sandbox shows; the library's own env-side code comes from the worker (standard library
+    only). Default: the worker's own interpreter."""
+
     direct: bool = True
     """Let a local pool step idle envs on their own pipes (lent by its worker, see
     :mod:`boltzlabs_gym.client.direct_lane`) instead of through the worker: one process hop less
@@ -201,6 +208,8 @@ class PoolOptions:
             raise ValueError("heartbeat_timeout must be greater than heartbeat_interval > 0")
         keep("heartbeat_timeout", float(self.heartbeat_timeout))
         keep("busy_poll_us", check_poll_us("busy_poll_us", self.busy_poll_us))
+        if self.env_python is not None and (not isinstance(self.env_python, str) or not os.path.isabs(self.env_python)):
+            raise ValueError(f"env_python must be an absolute path to a Python interpreter, got {self.env_python!r}")
         for name in ("serialize_measurement", "env_aslr", "direct", "shared_obs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -298,6 +307,7 @@ class PoolOptions:
             "serialize_measurement": self.serialize_measurement,
             "env_vars": dict(self.env_vars),
             "env_aslr": self.env_aslr,
+            "env_python": self.env_python,
             "envs_per_sandbox": self.envs_per_sandbox,
             # A local worker dies with its pool's process; only remote ones need a lease.
             "lease_s": self.lease if remote else 86400.0,
@@ -330,6 +340,7 @@ class PoolSettings(TypedDict, total=False):
     lease: float
     busy_poll_us: float
     env_aslr: bool
+    env_python: str | None
     direct: bool
     shared_obs: bool
     envs_per_sandbox: int

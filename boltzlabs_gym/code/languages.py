@@ -26,6 +26,7 @@ __all__ = [
     "STAND_INS",
     "availability",
     "canonical",
+    "program_python",
     "runtime_dir",
 ]
 
@@ -74,4 +75,12 @@ def availability(runtime: str | None = None) -> dict[str, str | None]:
     toolchains (``/usr`` and the top-level ``bin``/``lib`` read-only), so the runner's envs see the
     same, and each env reports what it finds itself at start-up (``CodeRunner.languages``).
     """
-    return _TABLE.availability(runtime or runtime_dir())
+    runtime = runtime or runtime_dir()
+    return _TABLE.availability(runtime, python=program_python(runtime))
+
+
+def program_python(runtime: str | None = None) -> str | None:
+    """The code runtime's interpreter (``<runtime>/python/bin/python``), where it is installed: the
+    one Python programs run under; None where it is not (they run under the worker's own)."""
+    python = _TABLE.runtime_python(runtime or runtime_dir())
+    return python if os.path.exists(python) else None

@@ -76,7 +76,7 @@ from ..errors import SandboxUnavailable, WorkerError
 from ..wire.protocol import CALL_MEMORY_LIMIT, CALL_TAG
 from .fair_queue import DEFAULT_CLIENT, FairQueue, QueueClosedError, QueueFullError
 from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_requests
-from .languages import NOT_SERVED, canonical
+from .languages import NOT_SERVED, canonical, program_python, runtime_dir
 from .runs import LANGUAGES, RunRequest, RunResult
 
 log = logging.getLogger("boltzlabs_gym.code")
@@ -167,6 +167,20 @@ class RunnerStats:
     lanes_lost: int = 0  # lanes that lost their worker (or whose pool failed) and took no more requests
 
 
+def _program_python(python: str | None) -> str | None:
+    """The interpreter a runner's ``python`` argument names (see :class:`CodeRunner`)."""
+    if python != "auto":
+        return python
+    found = program_python()
+    if found is None:
+        log.info(
+            "code runner: Python programs run under the worker's own interpreter: no code runtime at %s "
+            "(boltzlabs-gym code-runtime install makes one, with its packages)",
+            runtime_dir(),
+        )
+    return found
+
+
 class CodeRunner:
     """Runs programs (python, bash, cpp, nodejs) in sandboxes of ``lanes`` pools; thread-safe.
 
@@ -190,6 +204,11 @@ class CodeRunner:
             after every run (seconds from submission to an env taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
             ``False`` hard-resets it after every program.
+        python: the interpreter Python programs (and ``pytest``) run under, by absolute path:
+            ``"auto"`` takes the code runtime's venv (``boltzlabs-gym code-runtime install``),
+            where this host has it, with its packages and a warm template of its own, else the
+            worker's own interpreter (saying so once in the log); ``None``: the worker's own. An
+            ``env_python`` pool setting wins over it.
         lane_workers: where each lane's pool runs, one entry per lane (addresses or a
             :class:`~boltzlabs_gym.client.sources.WorkerSource`), instead of ``lanes`` lanes on
             ``workers``: a lane on one worker is lost alone when that worker is
@@ -213,6 +232,7 @@ class CodeRunner:
         max_queue_per_client: int | None = None,
         on_result: Callable[[RunRequest, RunResult, float, float], None] | None = None,
         wipe: bool = True,
+        python: str | None = "auto",
         lane_workers: Sequence[Sequence[str] | WorkerSource | None] | None = None,
         **settings: Unpack[PoolSettings],
     ):
@@ -233,8 +253,12 @@ class CodeRunner:
         self.max_run_timeout = float(max_run_timeout)
         self.max_compile_timeout = float(max_compile_timeout)
         step_timeout = self.max_run_timeout + self.max_compile_timeout + 15.0
+        #: The interpreter Python programs run under (None: the worker's own).
+        self.python = pool_options.env_python or _program_python(python)
         #: The settings every lane's pool runs with.
-        self.pool_options = dataclasses.replace(pool_options, mode="boltz", step_timeout=step_timeout)
+        self.pool_options = dataclasses.replace(
+            pool_options, mode="boltz", step_timeout=step_timeout, env_python=self.python
+        )
         self.max_output_bytes = int(max_output_bytes)
         self.on_result = on_result
         self.wipe = bool(wipe)

@@ -73,6 +73,7 @@ def make_vec(
     lease: float | Unset = UNSET,
     busy_poll_us: float | Unset = UNSET,
     env_aslr: bool | Unset = UNSET,
+    env_python: str | None | Unset = UNSET,
     direct: bool | Unset = UNSET,
     shared_obs: bool | Unset = UNSET,
     envs_per_sandbox: int | Unset = UNSET,

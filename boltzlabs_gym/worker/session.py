@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class SessionConfig:
     lease_s: float = 600.0
     #: Whether env interpreters (boltz: the template) get a randomized address-space layout.
     env_aslr: bool = False
+    #: The interpreter env processes (boltz: the template) run; None: the worker's own.
+    env_python: str | None = None
     #: Envs each sandboxed process hosts (its slots); ``n`` envs make ``ceil(n / K)`` sandboxes.
     envs_per_sandbox: int = 1
 
@@ -64,6 +67,9 @@ class SessionConfig:
         env_aslr = h.get("env_aslr", False)
         if not isinstance(env_aslr, bool):
             raise ValueError(f"env_aslr must be true or false, got {env_aslr!r}")
+        env_python = h.get("env_python")
+        if env_python is not None:
+            env_python = check_env_python(env_python)
         k = h.get("envs_per_sandbox", 1)
         if type(k) is not int or not 1 <= k <= MAX_ENVS_PER_SANDBOX:
             raise ValueError(f"envs_per_sandbox must be an int in [1, {MAX_ENVS_PER_SANDBOX}], got {k!r}")
@@ -79,9 +85,28 @@ class SessionConfig:
             index_offset=int(h.get("index_offset", 0)),
             env_vars=env_vars,
             env_aslr=env_aslr,
+            env_python=env_python,
             envs_per_sandbox=k,
             **timeouts,
         )
+
+
+def check_env_python(path: object) -> str:
+    """``path`` if it names an executable Python interpreter a sandbox shows (under ``/usr``, or in
+    this worker's own Python installation); else a ``ValueError`` saying what is wrong. A client
+    may not have the worker bind other host directories into its sandboxes for an interpreter."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        raise ValueError(f"env_python must be an absolute path, got {path!r}")
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise ValueError(f"env_python {path!r} is not an executable file on this worker")
+    real = os.path.realpath(path)
+    shown = ["/usr", *{os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}]
+    if not any(real == p or real.startswith(p.rstrip("/") + "/") for p in shown):
+        raise ValueError(
+            f"env_python {path!r} lies outside /usr and this worker's Python ({sys.prefix}): "
+            "sandboxes do not show it; install it under /usr/local"
+        )
+    return path
 
 
 class SessionExpired(Exception):

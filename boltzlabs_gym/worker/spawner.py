@@ -201,9 +201,10 @@ class Spawner:
         self, session: Session, env: EnvProcess, stdin_fd: int, stdout_fd: int, stderr_fd: int
     ) -> LaunchSpec:
         self.fresh_workspace_if_pinned(env)
-        python_bin = os.path.dirname(sys.executable)
+        python = session.cfg.env_python or sys.executable
+        python_bin = os.path.dirname(python)
         return LaunchSpec(
-            argv=[sys.executable, "-B", "-s", "-c", ENV_BOOTSTRAP],
+            argv=[python, "-B", "-s", "-c", ENV_BOOTSTRAP],
             env_dir=session.env_dir,
             workspace=env.workspace,
             stdin_fd=stdin_fd,

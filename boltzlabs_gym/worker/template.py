@@ -104,7 +104,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import time
 from dataclasses import replace
 
@@ -320,7 +319,7 @@ class TemplateLauncher:
                 "VECLIB_MAXIMUM_THREADS": "1",
             }
         )
-        argv = [sys.executable, "-B", "-s", "-c", TEMPLATE_BOOTSTRAP, "boltzlabs-template"]
+        argv = [spec.argv[0], "-B", "-s", "-c", TEMPLATE_BOOTSTRAP, "boltzlabs-template"]  # (the session's Python)
         return replace(spec, argv=argv, env=env, workspace=ws, uid=ENV_INSIDE_UID, index=-1)
 
     def _start_template(self, spec: LaunchSpec) -> _Template:

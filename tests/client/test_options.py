@@ -46,6 +46,7 @@ REFUSED = [
     ("lease", 0, ValueError),
     ("busy_poll_us", -1, ValueError),
     ("env_aslr", "yes", ValueError),
+    ("env_python", "python3", ValueError),  # not an absolute path (the worker checks the rest)
     ("direct", None, ValueError),
     ("shared_obs", 0, ValueError),
     ("envs_per_sandbox", 0, ValueError),

@@ -41,7 +41,9 @@ from boltzlabs_gym.code import CodeRunner
 venv_dir = sys.argv[1]
 passage = os.path.dirname(venv_dir)  # the directory that leads to the interpreter's tree
 out = {}
-with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max_run_timeout=10) as r:
+# python=None: programs run under this venv's interpreter (the worker's own), wherever it lives,
+# not under the code runtime's (which lives under /usr)
+with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], max_run_timeout=10, python=None) as r:
     out["backend"] = r.isolation.backend
     out["unavailable"] = r.wipe_unavailable
     if r.wipe_unavailable is None:

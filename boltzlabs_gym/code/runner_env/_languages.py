@@ -24,9 +24,12 @@ Standard library only; runs inside the sandbox (and on the host, for ``boltzlabs
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -93,18 +96,34 @@ class Language:
         """The class or object ``code`` runs (``{main}``), or ``None``."""
         return self.find_main(code) if self.find_main else None
 
-    def missing(self, path: str, runtime: str) -> list[str]:
-        """What of the toolchain and runtime is not here (empty: the language runs)."""
+    def missing(self, path: str, runtime: str, python: str | None = None) -> list[str]:
+        """What of the toolchain and runtime is not here (empty: the language runs). A need
+        ``py:<module>`` is a module the programs' Python (``python``; default this one) imports."""
         gone = []
         for need in self.needs + self.runtime_needs:
             need = need.format(runtime=runtime)
-            found = os.path.exists(need) if os.path.isabs(need) else shutil.which(need, path=path)
+            if need.startswith("py:"):
+                found = _importable(need[3:], python)
+                need = f"the Python module {need[3:]} (in {python or sys.executable})"
+            elif os.path.isabs(need):
+                found = os.path.exists(need)
+            else:
+                found = shutil.which(need, path=path) is not None
             if not found:
                 gone.append(need)
         return gone
 
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _importable(module: str, python: str | None) -> bool:
+    """Whether ``python`` (default: this interpreter) finds ``module``: this one looks it up; another,
+    a venv's, is looked at in its ``site-packages`` (no interpreter started)."""
+    if python is None or python == sys.executable:
+        return importlib.util.find_spec(module) is not None
+    prefix = os.path.dirname(os.path.dirname(python))
+    return bool(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", module)))
 
 
 def _php_tag(code: str) -> str:
@@ -150,8 +169,8 @@ LANGUAGES: dict[str, Language] = {
             "pytest",
             "main{n}_test.py",
             ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "{src}"),
-            runtime_needs=("{runtime}/python/bin/python",),
-            hint=f"pytest in the code runtime's Python ({_RUNTIME_HINT})",
+            runtime_needs=("py:pytest",),
+            hint=f"pytest in the programs' Python, the code runtime's ({_RUNTIME_HINT})",
         ),
         Language("bash", "main{n}.sh", ("/bin/bash", "{src}"), needs=("/bin/bash",), debian=("bash",)),
         Language(
@@ -321,14 +340,20 @@ NOT_SERVED = {
 }
 
 
-def availability(runtime: str = DEFAULT_RUNTIME, path: str = PATH) -> dict[str, str | None]:
-    """Each language -> ``None`` where it runs here, else why not (the missing toolchain and what installs it)."""
+def runtime_python(runtime: str) -> str:
+    """The code runtime's interpreter, which programs run under where it is installed."""
+    return os.path.join(runtime, "python", "bin", "python")
+
+
+def availability(runtime: str = DEFAULT_RUNTIME, path: str = PATH, python: str | None = None) -> dict[str, str | None]:
+    """Each language -> ``None`` where it runs here, else why not (the missing toolchain and what
+    installs it). ``python``: the interpreter Python programs run under (default: this one)."""
     out: dict[str, str | None] = {}
     for name, language in LANGUAGES.items():
         if name == "python":
             out[name] = None
             continue
-        gone = language.missing(path, runtime)
+        gone = language.missing(path, runtime, python)
         out[name] = f"missing {', '.join(gone)} (install: {language.installs()})" if gone else None
     for name, why in NOT_SERVED.items():
         out[name] = why

@@ -240,7 +240,7 @@ def _placeholders(spec, action: dict, workspace: str, scratch: str, main: str) -
         "scratch": scratch,
         "exe": os.path.join(scratch, "program"),
         "runtime": RUNTIME,
-        "python": os.path.join(RUNTIME, "python", "bin", "python"),
+        "python": sys.executable,  # (the code runtime's, where the runner found one: CodeRunner's python)
         "main": main,
         "cp": ":".join([workspace, *spec.class_path, *brought]),
     }
