@@ -156,11 +156,9 @@ def test_other_languages(runner):
 
 @pytest.mark.skipif(not shutil.which("mcs"), reason="no Mono (mono-mcs)")
 def test_csharp_runs_as_sandboxfusions_dotnet_run(runner):
-    """A failed ``Debug.Assert`` ends the program as it does in dotnet's Debug build (C# test harnesses
-    assert with it)."""
-    bare = (
-        "using System;\nclass P { static void Main() { Console.WriteLine(Convert.ToInt32(Console.ReadLine()) + 1); } }"
-    )
+    """dotnet's implicit usings (``Console`` without ``using System;``), and a failed ``Debug.Assert``
+    ending the program as it does in dotnet's Debug build (C# test harnesses assert with it)."""
+    bare = "class P { static void Main() { Console.WriteLine(Convert.ToInt32(Console.ReadLine()) + 1); } }"
     asserting = 'using System.Diagnostics;\nclass P {\n static void Main() { Debug.Assert(1 == 2, "no"); }\n}'
     ok, failed = runner.run_many([RunRequest(bare, "csharp", stdin="41"), RunRequest(asserting, "csharp")])
     assert ok.ok and ok.stdout == "42\n"
