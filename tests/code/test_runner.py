@@ -154,6 +154,18 @@ def test_other_languages(runner):
         assert results[-1].ok and results[-1].stdout == "42\n"
 
 
+@pytest.mark.skipif(not shutil.which("mcs"), reason="no Mono (mono-mcs)")
+def test_csharp_runs_as_sandboxfusions_dotnet_run(runner):
+    """dotnet's implicit usings (``Console`` without ``using System;``), and a failed ``Debug.Assert``
+    ending the program as it does in dotnet's Debug build (C# test harnesses assert with it)."""
+    bare = "class P { static void Main() { Console.WriteLine(Convert.ToInt32(Console.ReadLine()) + 1); } }"
+    asserting = 'using System.Diagnostics;\nclass P {\n static void Main() { Debug.Assert(1 == 2, "no"); }\n}'
+    ok, failed = runner.run_many([RunRequest(bare, "csharp", stdin="41"), RunRequest(asserting, "csharp")])
+    assert ok.ok and ok.stdout == "42\n"
+    assert failed.status == "Failed" and failed.run_result.return_code == 134
+    assert "Assertion failed.\nno\n" in failed.stderr and "Program.cs:3" in failed.stderr
+
+
 def test_grading_helpers_and_async_face(runner):
     g = runner.grade_stdio("print(int(input()) * 2)", ["1", "2", "x"], ["2", "5", "0"])
     assert g.passed == [True, False, False] and g.score == pytest.approx(1 / 3)

@@ -86,6 +86,8 @@ class Language:
     runtime_needs: tuple[str, ...] = ()
     #: jars on a Java program's class path (``{cp}``: the workspace, these, then the request's jars)
     class_path: tuple[str, ...] = ()
+    #: files the toolchain reads beside the program (path with placeholders -> text), written before it compiles
+    support: Mapping[str, str] = field(default_factory=dict)
 
     def installs(self) -> str:
         """What installs this language's toolchain and runtime, in words."""
@@ -145,6 +147,61 @@ def _scala_object(code: str) -> str | None:
     """The first ``object`` ``code`` declares, as SandboxFusion's ``find_scala_classname`` finds it."""
     found = _SCALA_OBJECT.findall(code)
     return (found[0][0] or None) if found else None
+
+
+#: C#: what ``dotnet new console``'s ``ImplicitUsings`` imports into every program (SandboxFusion's
+#: programs may use ``Console`` without ``using System;``), less ``System.Net.Http`` (not installed for
+#: Mono, and the sandbox has no network); mcs has no ``global using``, so they head the source
+_CSHARP_USINGS = (
+    "using System; using System.Collections.Generic; using System.IO; using System.Linq;"
+    " using System.Threading; using System.Threading.Tasks;"
+)
+#: C#: ``dotnet run`` builds in Debug, where a failed ``Debug.Assert`` ends the program (``Process
+#: terminated. Assertion failed.``, exit code 134: test harnesses rely on it); Mono's default listener
+#: prints nothing and goes on. This listener, compiled in and named by the program's app config, fails as dotnet does.
+_CSHARP_ASSERT_LISTENER = """\
+public sealed class BoltzlabsAssertListener : System.Diagnostics.TraceListener
+{
+    public override void Write(string message) { }
+    public override void WriteLine(string message) { }
+    public override void Fail(string message, string detail)
+    {
+        System.Console.Out.Flush();
+        System.Console.Error.WriteLine("Process terminated. Assertion failed.");
+        System.Console.Error.WriteLine(message);
+        if (!string.IsNullOrEmpty(detail)) System.Console.Error.WriteLine(detail);
+        foreach (var frame in new System.Diagnostics.StackTrace(true).GetFrames())
+        {
+            var type = frame.GetMethod().DeclaringType;  // the program's frames: not this, not Debug's
+            if (type == null || type == typeof(BoltzlabsAssertListener) || type.Namespace == "System.Diagnostics")
+                continue;
+            System.Console.Error.WriteLine(new System.Diagnostics.StackTrace(frame).ToString().TrimEnd());
+        }
+        System.Environment.Exit(134);
+    }
+}
+"""
+_CSHARP_APP_CONFIG = """\
+<?xml version="1.0"?>
+<configuration><system.diagnostics><trace><listeners>
+  <clear/><add name="assert" type="BoltzlabsAssertListener, program"/>
+</listeners></trace></system.diagnostics></configuration>
+"""
+#: C#: SandboxFusion's ``dotnet run`` compiles within the run step: so do we (mcs's notes to stderr). As
+#: its Debug build: DEBUG defined, line numbers in stack traces (``-debug``); the implicit usings repeat a
+#: program's own (CS0105, which dotnet does not report); System.Numerics is referenced, as dotnet's is.
+#: ``$1`` the binary (named ``program``: the app config names its assembly), ``$2`` the source, ``$3`` the listener.
+_CSHARP_RUN = 'mcs -d:DEBUG -debug -nowarn:105 -r:System.Numerics.dll -out:"$1" "$2" "$3" >&2 && exec mono --debug "$1"'
+_CSHARP_PREAMBLE = re.compile(r"[ \t]*(?:#[ \t]*(?:define|undef)\b.*|//.*)?\n")
+
+
+def _csharp_implicit_usings(code: str) -> str:
+    """``code`` headed by :data:`_CSHARP_USINGS`: after its leading ``#define``/``#undef`` lines (which
+    must precede every token), then ``#line`` so that errors and stack traces keep the program's line numbers."""
+    at = 0
+    while found := _CSHARP_PREAMBLE.match(code, at):
+        at = found.end()
+    return f"{code[:at]}{_CSHARP_USINGS}\n#line {code.count(chr(10), 0, at) + 1}\n{code[at:]}"
 
 
 _JAVATUPLES = f"{JAVA_LIBS}/javatuples.jar"
@@ -264,11 +321,12 @@ LANGUAGES: dict[str, Language] = {
         Language(
             "csharp",
             "Program.cs",
-            # SandboxFusion's `dotnet run` compiles within the run step: so do we (mcs's notes to stderr)
-            ("/bin/sh", "-c", 'mcs -d:DEBUG -out:"$1" "$2" >&2 && exec mono --debug "$1"', "csharp", "{exe}", "{src}"),
-            needs=("/bin/sh", "mcs", "mono"),
+            ("/bin/sh", "-c", _CSHARP_RUN, "csharp", "{exe}", "{src}", "{scratch}/BoltzlabsAssert.cs"),
+            needs=("/bin/sh", "mcs", "mono", "/usr/lib/mono/4.5/System.Numerics.dll"),
             reserves_address_space=True,
-            debian=("mono-mcs", "mono-runtime"),
+            rewrite=_csharp_implicit_usings,
+            support={"{scratch}/BoltzlabsAssert.cs": _CSHARP_ASSERT_LISTENER, "{exe}.config": _CSHARP_APP_CONFIG},
+            debian=("mono-mcs", "mono-runtime", "libmono-system-numerics4.0-cil"),
         ),
         Language(
             "rust",

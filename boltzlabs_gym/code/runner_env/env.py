@@ -215,6 +215,7 @@ def _run_toolchain(language: str, action: dict, workspace: str, scratch: str, st
         return {**_error("Object name not found."), "return_code": 1}, None
     names = _placeholders(spec, action, workspace, scratch, main or "Main")
     names["src"] = _write_source(workspace, spec.source, code, main)
+    _write_support(spec, names)
     env = dict(PROGRAM_ENV, HOME=workspace, **{k: v.format(**names) for k, v in spec.env.items()})
     cap = int(action.get("max_output_bytes", 1 << 20))
     memory_mb = int(action.get("memory_limit_mb", -1))
@@ -244,6 +245,13 @@ def _placeholders(spec, action: dict, workspace: str, scratch: str, main: str) -
         "main": main,
         "cp": ":".join([workspace, *spec.class_path, *brought]),
     }
+
+
+def _write_support(spec, names: dict) -> None:
+    """Write the files a language's toolchain reads beside the program (C#'s assert listener, say)."""
+    for path, text in spec.support.items():
+        with open(path.format(**names), "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 def _write_source(workspace: str, pattern: str, code: str, main: str | None) -> str:
