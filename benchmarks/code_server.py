@@ -310,6 +310,7 @@ class Round:
     latencies_ms: list[float]
     tle_end_to_end_ms: list[float]
     tle_killed_after_ms: list[float]
+    timed_right: int = 0  # of the timed runs, those with the expected status (code_languages.py's rate)
 
     def to_json(self) -> dict:
         skip = {"programs_run", "latencies_ms", "tle_end_to_end_ms", "tle_killed_after_ms"}
@@ -414,6 +415,7 @@ def summarize_round(
         latencies_ms=[1000 * r[1] for r in timed],
         tle_end_to_end_ms=[1000 * r[1] for r in timed if r[2].killed_after_s is not None],
         tle_killed_after_ms=[1000 * r[2].killed_after_s for r in timed if r[2].killed_after_s is not None],
+        timed_right=sum(outcome.status == job.expect for _, _, outcome, job in timed),
     )
 
 
