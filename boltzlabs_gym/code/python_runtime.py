@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -179,6 +180,10 @@ def _base_python() -> str:
     return found
 
 
+#: A requirement by name alone, with or without versions (what a constraints file takes: no extras, paths or URLs).
+_PINNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(?:[<>=!~][^;@\[]*)?")
+
+
 def _name(requirement: str) -> str:
     for i, c in enumerate(requirement):
         if c in "<>=!~;[ ":
@@ -213,7 +218,7 @@ def install_python(runtime: str, packages: Sequence[str] = PACKAGES) -> str:
     )
     failed: dict[str, str] = {}
     with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="constraints-") as constraints:
-        constraints.write("\n".join(p for p in packages if "[" not in p) + "\n")
+        constraints.write("\n".join(p for p in packages if _PINNED.fullmatch(p)) + "\n")
         constraints.flush()
         for requirement in packages:
             one = subprocess.run([*pip, "-c", constraints.name, requirement], capture_output=True, text=True)
