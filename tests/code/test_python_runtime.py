@@ -10,8 +10,9 @@ import subprocess
 import pytest
 
 from boltzlabs_gym.code import CodeRunner
+from boltzlabs_gym.code.code_runtime import RuntimeInstallError
 from boltzlabs_gym.code.languages import availability, runtime_dir
-from boltzlabs_gym.code.python_runtime import CORE_PACKAGES, PACKAGE_SETS, PACKAGES
+from boltzlabs_gym.code.python_runtime import CORE_PACKAGES, PACKAGE_SETS, PACKAGES, install_python
 from conftest import ISOLATION
 
 RUNTIME_PYTHON = os.path.join(runtime_dir(), "python")
@@ -45,6 +46,17 @@ def test_package_sets_are_sandboxfusions_list():
     assert PACKAGE_SETS == {"core": CORE_PACKAGES, "full": PACKAGES}
     assert len(PACKAGES) == len(set(PACKAGES)) == 103  # SandboxFusion's 102, and setuptools<81
     assert set(CORE_PACKAGES) <= set(PACKAGES)
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="no /usr/bin/python3 to make the venv from")
+def test_a_package_that_fails_is_logged_by_name_and_pytest_failing_raises(tmp_path, caplog):
+    # local files that are not there: pip fails on them without asking a registry
+    caplog.set_level("WARNING")
+    where = install_python(str(tmp_path), ("/nonexistent/broken-1.0-py3-none-any.whl",))
+    assert os.path.exists(os.path.join(where, "bin", "python"))
+    assert "python package /nonexistent/broken-1.0-py3-none-any.whl not installed" in caplog.text
+    with pytest.raises(RuntimeInstallError, match="pip install pytest"):
+        install_python(str(tmp_path), ("pytest @ file:///nonexistent/pytest-7.4.4-py3-none-any.whl",))
 
 
 def test_pytest_program_imports_numpy_and_pandas_from_the_runtime():
