@@ -5,6 +5,8 @@ languages this host can run (and why not the others), and installing what progra
     boltzlabs-gym code-languages --json              the same as JSON (as /v1/status reports it)
     boltzlabs-gym code-languages --debian-packages   the Debian packages every served language needs
     boltzlabs-gym code-runtime install               tsx, jest and babel; the Python runtime venv
+    boltzlabs-gym code-runtime install --python-packages core
+                                                     the venv with pytest, numpy, pandas, scipy, ... only
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def add_code_runtime_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--runtime", default=None, help=f"where, under /usr (default {_RUNTIME_DEFAULT})")
     p.add_argument("--no-node", action="store_true", help="skip the Node.js packages")
     p.add_argument("--no-python", action="store_true", help="skip the Python runtime venv")
+    p.add_argument(
+        "--python-packages",
+        choices=["core", "full"],
+        default="full",
+        help="the Python venv's packages: full, SandboxFusion's Python runtime (about 6 GB), or core: "
+        "pytest, numpy, pandas, scipy, scikit-learn, matplotlib (default full)",
+    )
     return p
 
 
@@ -58,10 +67,12 @@ def run_code_runtime(args: argparse.Namespace) -> int:
     import logging
 
     from ..code.code_runtime import RuntimeInstallError, install
+    from ..code.python_runtime import PACKAGE_SETS
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    packages = PACKAGE_SETS[args.python_packages]
     try:
-        done = install(args.runtime, node=not args.no_node, python=not args.no_python)
+        done = install(args.runtime, node=not args.no_node, python=not args.no_python, python_packages=packages)
     except RuntimeInstallError as exc:
         print(f"code runtime: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from .languages import runtime_dir
 
@@ -85,18 +86,22 @@ def install_node(runtime: str) -> str:
     return where
 
 
-def install(runtime: str | None = None, *, node: bool = True, python: bool = True) -> dict[str, str]:
+def install(
+    runtime: str | None = None, *, node: bool = True, python: bool = True, python_packages: Sequence[str] | None = None
+) -> dict[str, str]:
     """Install the code runtime (default :func:`~boltzlabs_gym.code.languages.runtime_dir`); what
-    was installed where. Raises :class:`RuntimeInstallError` naming what failed."""
+    was installed where. ``python_packages``: what the Python venv gets (default
+    :data:`~boltzlabs_gym.code.python_runtime.PACKAGES`, SandboxFusion's list). Raises
+    :class:`RuntimeInstallError` naming what failed."""
     runtime = runtime or runtime_dir()
     _check_visible(runtime)
     done = {}
     if node:
         done["node"] = install_node(runtime)
     if python:
-        from .python_runtime import install_python
+        from .python_runtime import PACKAGES, install_python
 
-        done["python"] = install_python(runtime)
+        done["python"] = install_python(runtime, PACKAGES if python_packages is None else python_packages)
     return done
 
 
