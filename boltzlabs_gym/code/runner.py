@@ -870,6 +870,7 @@ class RunnerSettings(PoolSettings, total=False):
     max_queue_per_client: int | None
     on_result: Callable[[RunRequest, RunResult, float, float], None] | None
     wipe: bool
+    python: str | None
     lane_workers: Sequence[Sequence[str] | WorkerSource | None] | None
 
 

@@ -268,6 +268,7 @@ def test_the_worker_config_comes_from_the_options():
         "serialize_measurement": False,
         "env_vars": {"A": "1"},
         "env_aslr": False,
+        "env_python": None,
         "envs_per_sandbox": 1,
         "lease_s": 86400.0,
     }
