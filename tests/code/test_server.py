@@ -52,6 +52,7 @@ def test_ping_status_and_a_run(server):
         "available": True,
         "why_not": None,
     }
+    assert status["python"] == runner.python
     assert status["languages"]["sql"] == {"available": False, "why_not": "SandboxFusion names it but has no runner for it"}
     # whether programs are wiped in place, and the cause where not, as the runner found it at start-up
     why_not = runner.wipe_unavailable

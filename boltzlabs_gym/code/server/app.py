@@ -95,6 +95,8 @@ def create_app(
             "wipe": _wipe_report(runner),
             "memory_limit_per_request": _memory_limit_report(runner),
             "languages": _languages_report(runner),
+            # the interpreter Python programs run under (the code runtime's venv; null: the worker's own)
+            "python": runner.python,
             "lanes": runner.capacity // runner.envs_per_lane,
             "envs_per_lane": runner.envs_per_lane,
             "max_queue": runner.max_queue,
