@@ -1,5 +1,6 @@
-"""The Python runtime programs run under for ``pytest``: a venv of its own, separate from the
-project's interpreter, made from the system's Python under ``/usr`` (which every sandbox shows).
+"""The Python runtime programs run under (``python`` and ``pytest``): a venv of its own, separate
+from the project's interpreter, made from the system's Python under ``/usr`` (which every sandbox
+shows); the code runner's envs and their warm template run under it (``CodeRunner(python="auto")``).
 
 :data:`PACKAGES` is what it gets by default: SandboxFusion's Python runtime (its
 ``runtime/python/requirements.txt``), as it installs on Debian 12's Python 3.11.
