@@ -42,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -379,7 +380,7 @@ def sandboxfusion_cannot_run(suite: Suite, sf_path: str, sf_home: str | None) ->
 
 def compare_suite(name: str, args, ours_url: str, sf_url: str, import_lines: dict, sf_path: str) -> dict:
     suite = SUITES[name]
-    rows = read_samples(name, args)[: args.limit]
+    rows = read_samples(name, args)[: args.limits.get(name, args.limit)]
     requests = [
         {
             "language": suite.run,
@@ -394,6 +395,8 @@ def compare_suite(name: str, args, ours_url: str, sf_url: str, import_lines: dic
     ours, ours_wall = run_batch(ours_url, requests, args.concurrency)
     bench.log(f"  ours {sum(a.passed for a in ours)}/{len(ours)} passed in {ours_wall:.1f} s; SandboxFusion ...")
     theirs, sf_wall = run_batch(sf_url, requests, args.concurrency)
+    if all(a.status.startswith("HTTP error") for a in theirs):
+        raise SystemExit(f"SandboxFusion at {sf_url} stopped answering: {theirs[0].status}")
     bench.log(f"  SandboxFusion {sum(a.passed for a in theirs)}/{len(theirs)} passed in {sf_wall:.1f} s")
     differ = [i for i in range(len(rows)) if ours[i].passed != theirs[i].passed]
     disagreements = []
@@ -464,17 +467,28 @@ def report(args, result: dict) -> str:
     lines += [f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in result["sandboxfusion"]]
     lines += [f"- not sent: {reason}" for reason in NOT_SENT.values()]
     lines += ["", "## Verdicts", ""]
-    lines += ["| MultiPL-E | language | programs | passed ours | passed SF | same verdict | wall ours s | wall SF s |"]
-    lines += ["|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| MultiPL-E | language | programs | passed ours | passed SF | same verdict | same once resent alone "
+        "| wall ours s | wall SF s |"
+    ]
+    lines += ["|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for s in result["suites"]:
-        mark = "" if not s["sf_statuses"] else " (SF: no toolchain)"
+        mark = "" if not s["sf_statuses"] else " (SF cannot run it here)"
         lines.append(
             f"| {s['suite']} | {s['language']}{mark} | {s['programs']} | {s['passed_ours']} | {s['passed_sf']} | "
-            f"{s['same']} | {s['wall_ours_s']} | {s['wall_sf_s']} |"
+            f"{s['same']} | {same_alone(s)} | {s['wall_ours_s']} | {s['wall_sf_s']} |"
         )
     both = [s for s in result["suites"] if not s["sf_statuses"]]
     n, same = sum(s["programs"] for s in both), sum(s["same"] for s in both)
-    lines += ["", f"Where both have the toolchain: {same} of {n} verdicts the same.", "", "## Disagreements", ""]
+    alone = sum(same_alone(s) for s in both)
+    lines += [
+        "",
+        f"Where SandboxFusion can run the language here: {same} of {n} verdicts the same at concurrency "
+        f"{args.concurrency}; {alone} of {n} once each disagreement was sent again to both, alone.",
+        "",
+        "## Disagreements",
+        "",
+    ]
     if not any(s["disagreements"] for s in result["suites"]):
         lines += ["None.", ""]
     for s in result["suites"]:
@@ -508,6 +522,13 @@ def report(args, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def same_alone(suite: dict) -> int | str:
+    """Verdicts the same once every disagreement was sent again to both, one at a time."""
+    if suite["sf_statuses"] or any("alone" not in d for d in suite["disagreements"]):
+        return "-"
+    return suite["same"] + sum(not d["alone"]["differ"] for d in suite["disagreements"])
+
+
 def stderr_note(text: str) -> str:
     """``: `first lines / of stderr``` on one line, or nothing."""
     flat = " / ".join(x.strip() for x in text.splitlines()).replace("`", "'")[:300]
@@ -524,7 +545,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--samples-dir", help="a folder of <dataset>-<lang>.jsonl files instead of the mirror's")
     p.add_argument("--dataset", default="humaneval", choices=("humaneval", "mbpp"))
     slowest_last = sorted(SUITES, key=lambda name: name == "scala")  # scalac: seconds of CPU per program
-    p.add_argument("--languages", default=",".join(slowest_last), help=f"MultiPL-E names, of {','.join(SUITES)}")
+    p.add_argument(
+        "--languages",
+        default=",".join(slowest_last),
+        help=f"MultiPL-E names, of {','.join(SUITES)}; NAME:N sends that language's first N rows only",
+    )
     p.add_argument("--limit", type=int, help="only the first N rows of each language")
     p.add_argument("--smoke", action="store_true", help=f"{' and '.join(SMOKE)}, 3 programs each")
     p.add_argument("--concurrency", type=int, default=8)
@@ -537,10 +562,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sandboxfusion-home", metavar="DIR", help="the folder setup.sh made for it: its setup is printed")
     p.add_argument("--record", metavar="NAME", help="write NAME.md and NAME.json into --record-dir")
     p.add_argument("--record-dir", default=os.path.join(HERE, "results"))
+    p.add_argument("--render", metavar="JSON", help="only write a recorded run's markdown again (beside its JSON)")
     args = p.parse_args(argv)
     if args.smoke:
         args.languages, args.limit = ",".join(SMOKE), 3
-    wanted = args.languages.split(",")
+    wanted, args.limits = [], {}
+    for item in args.languages.split(","):
+        name, _, n = item.partition(":")
+        wanted.append(name)
+        if n:
+            args.limits[name] = int(n)
     unknown = [w for w in wanted if w not in SUITES]
     if unknown:
         p.error(f"--languages: {unknown} not sent ({'; '.join(NOT_SENT.get(u, 'unknown') for u in unknown)})")
@@ -550,6 +581,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # a kill (timeout's SIGTERM) unwinds like an exception, so that our server is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.render:
+        with open(args.render) as f:
+            result = json.load(f)
+        with open(os.path.splitext(args.render)[0] + ".md", "w") as f:
+            f.write(report(args, result))
+        return 0
     source = args.samples_dir or f"{args.mirror} at {mirror_commit(args.mirror)}"
     import_lines = read_import_lines(args.mirror)
     sf, why = bench.sandboxfusion_target(argparse.Namespace(sandboxfusion=args.sandboxfusion))
