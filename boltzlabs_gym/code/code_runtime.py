@@ -14,18 +14,15 @@ True
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 
+from .install_step import RuntimeInstallError, run_step
 from .languages import runtime_dir
 
 __all__ = ["NODE_PACKAGES", "RuntimeInstallError", "install", "install_node"]
-
-log = logging.getLogger(__name__)
 
 #: SandboxFusion's node runtime (``runtime/node/package.json``) and TypeScript tools (its image's
 #: ``npm install -g typescript tsx``), at the same major versions; puppeteer is left out: it
@@ -50,10 +47,6 @@ NODE_PACKAGES = (
 )
 
 
-class RuntimeInstallError(RuntimeError):
-    """The code runtime could not be installed (what failed, and its output)."""
-
-
 def _check_visible(runtime: str) -> None:
     real = os.path.realpath(runtime)
     if not real.startswith("/usr/"):
@@ -61,13 +54,6 @@ def _check_visible(runtime: str) -> None:
             f"code runtime {runtime!r} is not under /usr: sandboxes show only /usr and the top-level bin/lib "
             "directories of the host, so programs would not see it; pick a directory under /usr/local"
         )
-
-
-def _run(cmd: list[str], what: str) -> None:
-    log.info("code runtime: %s: %s", what, " ".join(cmd))
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeInstallError(f"{what} failed ({' '.join(cmd[:3])} ...): {done.stderr.strip()[-2000:]}")
 
 
 def install_node(runtime: str) -> str:
@@ -82,7 +68,7 @@ def install_node(runtime: str) -> str:
         with open(package, "w") as f:
             json.dump({"name": "boltzlabs-code-runtime", "private": True, "version": "1.0.0"}, f)
     quiet = ("--no-audit", "--no-fund", "--loglevel=error")
-    _run([npm, "install", "--prefix", where, *quiet, *NODE_PACKAGES], "npm install")
+    run_step([npm, "install", "--prefix", where, *quiet, *NODE_PACKAGES], "npm install")
     return where
 
 

@@ -23,6 +23,8 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 
+from .install_step import RuntimeInstallError, run_step
+
 __all__ = ["CORE_PACKAGES", "NOT_INSTALLED", "PACKAGES", "PACKAGE_SETS", "install_python"]
 
 log = logging.getLogger(__name__)
@@ -173,8 +175,6 @@ def _base_python() -> str:
             return candidate
     found = shutil.which("python3", path="/usr/local/bin:/usr/bin")
     if found is None:
-        from .code_runtime import RuntimeInstallError
-
         raise RuntimeInstallError(
             "no python3 under /usr (Debian: python3 python3-venv): the runtime venv needs one the sandbox shows"
         )
@@ -198,15 +198,13 @@ def install_python(runtime: str, packages: Sequence[str] = PACKAGES) -> str:
 
     All in one pip call; should that fail, each package alone (the others' pins as constraints, so
     none moves them), logging each that fails by name and pip's last words. Raises
-    :class:`~boltzlabs_gym.code.code_runtime.RuntimeInstallError` where the venv cannot be made,
+    :class:`~boltzlabs_gym.code.install_step.RuntimeInstallError` where the venv cannot be made,
     or pytest (which the ``pytest`` language runs) does not install.
     """
-    from .code_runtime import RuntimeInstallError, _run
-
     where = os.path.join(runtime, "python")
     python = os.path.join(where, "bin", "python")
     if not os.path.exists(python):
-        _run([_base_python(), "-m", "venv", where], "python -m venv")
+        run_step([_base_python(), "-m", "venv", where], "python -m venv")
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     log.info("code runtime: pip install of %d packages into %s", len(packages), where)
     whole = subprocess.run([*pip, *packages], capture_output=True, text=True)
