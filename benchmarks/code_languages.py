@@ -73,6 +73,10 @@ import code_workloads as workloads  # noqa: E402
 from boltzlabs_gym.code.languages import _TABLE  # noqa: E402  (the table ours runs: commands, env, file names)
 
 SERVERS = ("ours", "sandboxfusion", "subprocess")
+#: ours runs Python programs (python, pytest) under the benchmark's interpreter, as the subprocess
+#: baseline does and as SandboxFusion's runtime venv here does (the same pyenv build): by default it
+#: would take the code runtime's venv (Debian's Python), and the rows would compare interpreter builds
+SAME_PYTHON = ["--python", "worker"]
 SMOKE_LANGUAGES = ("python", "bash", "verilog")  # verilog: a compile step that takes ms, not seconds
 RUN_TIMEOUT = 20.0  # per step: generous, so that a JVM under load is not cut off
 COMPILE_TIMEOUT = 30.0
@@ -241,7 +245,7 @@ def via_subprocess(runtime: str, detail: dict | None = None) -> cs.RunFn:
                 "scratch": scratch,
                 "exe": os.path.join(scratch, "program"),
                 "runtime": runtime,
-                "python": os.path.join(runtime, "python", "bin", "python"),
+                "python": sys.executable,  # (as ours and SandboxFusion here: see SAME_PYTHON)
                 "main": main,
                 "cp": ":".join([workspace, *spec.class_path]),
             }
@@ -290,11 +294,13 @@ class System:
 
 
 def start_ours(python: str, port: int, log_dir: str) -> cs.Target:
-    """``boltzlabs-gym code-server`` from ``python``'s environment, as its users start it (cwd ``/``)."""
+    """``boltzlabs-gym code-server`` from ``python``'s environment, as its users start it (cwd ``/``),
+    but for ``--python worker`` (:data:`SAME_PYTHON`)."""
     script = os.path.join(os.path.dirname(python), "boltzlabs-gym")
     cmd = [script, "code-server", "--port", str(port)] if os.path.exists(script) else None
     if cmd is None:
         cmd = [python, "-m", "boltzlabs_gym.cli", "code-server", "--port", str(port)]
+    cmd += SAME_PYTHON
     log_path = os.path.join(log_dir, "ours.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd="/", stdout=log, stderr=subprocess.STDOUT)

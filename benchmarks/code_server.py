@@ -234,6 +234,7 @@ def start_our_server(args, name: str, port: int, wipe: bool, log_dir: str) -> Ta
     cmd = [
         args.python, "-c", LAUNCH_WITH_UNCLEAN_LOG, "code-server", "--port", str(port),
         "--lanes", str(args.lanes), "--envs-per-lane", str(args.envs_per_lane), "--memory-mb", "1024",
+        "--python", "worker",  # programs under --python's interpreter, the one the baselines run
         *([] if wipe else ["--no-wipe"]),
     ]  # fmt: skip
     log_path = os.path.join(log_dir, f"{name}.log")

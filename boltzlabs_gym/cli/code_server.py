@@ -90,6 +90,13 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument(
         "--no-wipe", action="store_true", help="hard-reset every sandbox after each run (no in-sandbox wipe)"
     )
+    p.add_argument(
+        "--python",
+        default="auto",
+        metavar="auto|worker|PATH",
+        help="the interpreter Python programs run under: the code runtime's venv where installed (auto, the "
+        "default), the worker's own (worker), or an interpreter under /usr",
+    )
     add_pool_flags(p, POOL_SETTINGS)
     add_lane_flags(p)
     return p

@@ -58,6 +58,7 @@ def start_runner(args: argparse.Namespace, settings: dict[str, Any]) -> tuple[Co
         max_output_bytes=args.max_output_bytes,
         max_queue=args.max_queue,
         wipe=not args.no_wipe,
+        python=None if getattr(args, "python", "auto") == "worker" else getattr(args, "python", "auto"),
         **settings,
     )
     on_ray = args.ray or args.ray_address is not None
