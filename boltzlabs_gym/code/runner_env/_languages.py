@@ -94,6 +94,11 @@ class Language:
         parts = [f"Debian's {' '.join(self.debian)}"] if self.debian else []
         return "; ".join(parts + ([self.hint] if self.hint else []))
 
+    def why_not(self, path: str, runtime: str, python: str | None = None) -> str | None:
+        """Why this language cannot run here (what is missing, and what installs it), or None."""
+        gone = self.missing(path, runtime, python)
+        return f"missing {', '.join(gone)} (install: {self.installs()})" if gone else None
+
     def main_of(self, code: str) -> str | None:
         """The class or object ``code`` runs (``{main}``), or ``None``."""
         return self.find_main(code) if self.find_main else None
@@ -411,8 +416,7 @@ def availability(runtime: str = DEFAULT_RUNTIME, path: str = PATH, python: str |
         if name == "python":
             out[name] = None
             continue
-        gone = language.missing(path, runtime, python)
-        out[name] = f"missing {', '.join(gone)} (install: {language.installs()})" if gone else None
+        out[name] = language.why_not(path, runtime, python)
     for name, why in NOT_SERVED.items():
         out[name] = why
     return out

@@ -195,11 +195,8 @@ def _why_not(language: str) -> str | None:
             why = _languages.NOT_SERVED.get(language, "SandboxFusion has no such language")
             _missing[language] = f"language {language!r} is not served here: {why}"
         else:
-            gone = spec.missing(_languages.PATH, RUNTIME)
-            installs = f"install: {spec.installs()}"
-            _missing[language] = (
-                f"language {language!r} cannot run here: missing {', '.join(gone)} ({installs})" if gone else None
-            )
+            why = spec.why_not(_languages.PATH, RUNTIME)
+            _missing[language] = None if why is None else f"language {language!r} cannot run here: {why}"
     return _missing[language]
 
 
