@@ -88,6 +88,15 @@ class Language:
     class_path: tuple[str, ...] = ()
     #: files the toolchain reads beside the program (path with placeholders -> text), written before it compiles
     support: Mapping[str, str] = field(default_factory=dict)
+    #: ``run`` is ``{python} -m <module> <args>``, which the env runs in a child forked from its warm
+    #: interpreter (the module preloaded in the template, ``_preload``) rather than in a new one
+    warm: bool = False
+
+    def warm_module(self) -> tuple[str, tuple[str, ...]]:
+        """The module and arguments of a ``warm`` language's ``{python} -m <module> <args>``."""
+        if not self.warm or self.run[:2] != ("{python}", "-m"):
+            raise ValueError(f"{self.name} does not run as {{python}} -m <module>")
+        return self.run[2], self.run[3:]
 
     def installs(self) -> str:
         """What installs this language's toolchain and runtime, in words."""
@@ -232,6 +241,7 @@ LANGUAGES: dict[str, Language] = {
             "main{n}_test.py",
             ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "{src}"),
             runtime_needs=("py:pytest",),
+            warm=True,
             hint=f"pytest in the programs' Python, the code runtime's ({_RUNTIME_HINT})",
         ),
         Language("bash", "main{n}.sh", ("/bin/bash", "{src}"), needs=("/bin/bash",), debian=("bash",)),

@@ -3,7 +3,8 @@
 The runner's env handles requests (their code, stdin, files and outputs pass through its heap),
 so a program forked from the env itself would inherit a copy of what earlier requests left in
 freed memory. The zygote is forked from the env before its first request and never sees one:
-per program it receives two integers (which ``main<N>.py`` to run, the memory limit) and the
+per program it receives three integers (which ``main<N>`` to run, the memory limit, the
+program's kind: a Python script or a warm language's module, ``env.WARM``) and the
 program's stdout/stderr pipes, forks the program, hands the env a pidfd of it, reaps it and
 reports its wait status. Whatever a program does, its memory starts as the zygote's, and the
 zygote's heap holds nothing of any request.
@@ -26,7 +27,7 @@ import socket
 import struct
 from collections.abc import Callable
 
-_REQUEST = struct.Struct("!ii")  # main<N>.py, memory limit in MiB (-1: none)
+_REQUEST = struct.Struct("!iii")  # main<N>, memory limit in MiB (-1: none), the program's kind
 _STATUS = struct.Struct("!i")  # the program's wait status
 #: signals the zygote blocks (SIGKILL and SIGSTOP cannot be): a program that signals it leaves a
 #: pending signal that is never delivered, and each program unblocks them with one call (where
@@ -39,12 +40,12 @@ class ZygoteGone(RuntimeError):
 
 
 class Zygote:
-    """Fork the zygote now (call before the env's first request); ``body(n, memory_mb, out_w, err_w)``
-    runs in each forked program and returns its exit status. ``prepare()``, if given, runs once in
+    """Fork the zygote now (call before the env's first request); ``body(n, memory_mb, out_w, err_w,
+    kind)`` runs in each forked program and returns its exit status. ``prepare()``, if given, runs once in
     the zygote before its first program: the state every program shares (set there once, inherited
     by each fork, rather than set up again by every program)."""
 
-    def __init__(self, body: Callable[[int, int, int, int], int], prepare: Callable[[], None] | None = None):
+    def __init__(self, body: Callable[[int, int, int, int, int], int], prepare: Callable[[], None] | None = None):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote process
@@ -62,9 +63,11 @@ class Zygote:
         """Whether the zygote still runs (its pidfd is readable once it exits)."""
         return not select.select([self.pidfd], [], [], 0)[0]
 
-    def start(self, n: int, memory_mb: int, out_w: int, err_w: int, timeout: float = 5.0) -> tuple[int, int]:
+    def start(
+        self, n: int, memory_mb: int, out_w: int, err_w: int, kind: int = 0, timeout: float = 5.0
+    ) -> tuple[int, int]:
         """Fork a program; its pid and a pidfd of it (the caller closes it)."""
-        socket.send_fds(self._sock, [_REQUEST.pack(n, memory_mb)], [out_w, err_w])
+        socket.send_fds(self._sock, [_REQUEST.pack(n, memory_mb, kind)], [out_w, err_w])
         msg, fds = self._recv(timeout)
         if len(msg) != 1 + _STATUS.size or msg[:1] != b"p" or len(fds) != 1:
             for fd in fds:
@@ -100,7 +103,7 @@ class Zygote:
 
 
 def _serve(  # pragma: no cover
-    sock: socket.socket, body: Callable[[int, int, int, int], int], prepare: Callable[[], None] | None
+    sock: socket.socket, body: Callable[[int, int, int, int, int], int], prepare: Callable[[], None] | None
 ) -> None:
     """The zygote's loop: nothing but the socket open, every signal blocked; one program at a time."""
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
@@ -125,7 +128,7 @@ def _serve(  # pragma: no cover
                 os.close(fd)
             sock.send(b"!")
             continue
-        n, memory_mb = _REQUEST.unpack(msg)
+        n, memory_mb, kind = _REQUEST.unpack(msg)
         out_w, err_w = fds
         pid = os.fork()
         if pid == 0:
@@ -133,7 +136,7 @@ def _serve(  # pragma: no cover
             try:
                 sock.close()
                 signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
-                code = body(n, memory_mb, out_w, err_w)
+                code = body(n, memory_mb, out_w, err_w, kind)
             except BaseException:
                 pass
             os._exit(code)

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import _languages  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
+import _preload  # type: ignore[import-not-found]
 import _wipe  # type: ignore[import-not-found]
 from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
@@ -73,6 +74,9 @@ PROGRAM_ENV = {
     "PYTHONUNBUFFERED": "",
 }
 FINISHED, ERROR, TIMEOUT = "Finished", "Error", "TimeLimitExceeded"
+#: Languages run in a child of the warm interpreter as ``{python} -m <module>`` (pytest); a program's
+#: kind, as the zygote is told it: 0 a Python script, ``i + 1`` the i-th of these
+WARM = tuple(name for name, language in _languages.LANGUAGES.items() if language.warm)
 #: The code runtime programs see (``boltzlabs-gym code-runtime install``): Node.js packages, a Python venv.
 RUNTIME = os.environ.get("BOLTZLABS_CODE_RUNTIME") or _languages.DEFAULT_RUNTIME
 #: stdin and compiled binaries, outside the workspace where the env has a /tmp of its own (PID 1 of its
@@ -171,12 +175,14 @@ def run_program(action: dict) -> dict:
     stdin_path = os.path.join(scratch, "stdin")
     with open(stdin_path, "wb") as f:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
-    if language == "python":
-        n, src = _source_path(workspace, ".py", action["code"])
+    if language == "python" or (language in WARM and _preload.not_preloaded is None and _why_not(language) is None):
+        kind = WARM.index(language) + 1 if language in WARM else 0
+        spec = _languages.LANGUAGES[language]
+        n, src = _source_path(workspace, spec.source.split("{n}", 1)[1], action["code"])
         if _Wiping.zygote is not None:
-            started = _from_zygote(_Wiping.zygote, n, memory_mb)
+            started = _from_zygote(_Wiping.zygote, n, memory_mb, kind)
         else:
-            started = _fork_python(src, workspace, stdin_path, memory_mb)
+            started = _fork_python(_program_argv(kind, src), workspace, stdin_path, memory_mb)
         compile_result, run_result = None, _supervise(started, action["run_timeout"], cap)
     else:
         compile_result, run_result = _run_toolchain(language, action, workspace, scratch, stdin_path)
@@ -466,15 +472,24 @@ def _child_started(pid: int, out_r: int, err_r: int) -> _Started:
     return _Started(pid, os.pidfd_open(pid), out_r, err_r, lambda: os.waitpid(pid, 0)[1])
 
 
-def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> _Started:
-    """Fork this warm interpreter and run ``src`` in the child as ``python src`` would."""
+def _program_argv(kind: int, src: str) -> list[str]:
+    """What a program of ``kind`` runs, as ``python``'s arguments: ``[src]`` (a Python script), or
+    ``["-m", module, *args]`` (a warm language's)."""
+    if kind == 0:
+        return [src]
+    module, args = _languages.LANGUAGES[WARM[kind - 1]].warm_module()
+    return ["-m", module, *(arg.format(src=src) for arg in args)]
+
+
+def _fork_python(argv: list[str], workspace: str, stdin_path: str, memory_mb: int) -> _Started:
+    """Fork this warm interpreter and run ``python <argv>`` in the child as the interpreter would."""
     out_r, out_w, err_r, err_w = _pipes()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             _enter_child(workspace, stdin_path, memory_mb, out_w, err_w)
-            code = _run_python_here(src, workspace)
+            code = _run_python_here(argv, workspace)
         except BaseException:
             pass
         os._exit(code)
@@ -483,11 +498,12 @@ def _fork_python(src: str, workspace: str, stdin_path: str, memory_mb: int) -> _
     return _child_started(pid, out_r, err_r)
 
 
-def _from_zygote(zygote: Zygote, n: int, memory_mb: int) -> _Started:
-    """Have the zygote fork the program ``main<n>.py``; it reaps it and reports its status."""
+def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Started:
+    """Have the zygote fork the program ``main<n>`` of ``kind`` (:data:`WARM`); it reaps it and
+    reports its status."""
     out_r, out_w, err_r, err_w = _pipes()
     try:
-        pid, pidfd = zygote.start(n, memory_mb, out_w, err_w)
+        pid, pidfd = zygote.start(n, memory_mb, out_w, err_w, kind)
     finally:
         os.close(out_w)
         os.close(err_w)
@@ -525,13 +541,15 @@ def _zygote_prepare() -> None:
     _wipe.set_dumpable(False)  # (it is already: this resolves the call each program makes)
 
 
-def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int) -> int:
+def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -> int:
     """In a program forked by the zygote (prepared by :func:`_zygote_prepare`): its own session,
-    limit and pipes, then ``main<n>.py``."""
+    limit and pipes, then ``main<n>`` of its ``kind``."""
     workspace = workspace_now()  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
     _wire_stdio(STDIN_PATH, out_w, err_w)
-    return _run_python_here(_main_path(workspace, n, ".py"), workspace, prepared=True)
+    language = WARM[kind - 1] if 0 < kind <= len(WARM) else "python"
+    suffix = _languages.LANGUAGES[language].source.split("{n}", 1)[1]
+    return _run_python_here(_program_argv(kind, _main_path(workspace, n, suffix)), workspace, prepared=True)
 
 
 def _program_environment(workspace: str) -> None:
@@ -555,33 +573,29 @@ def _program_streams() -> None:
         setattr(sys, f"__{name}__", stream)
 
 
-def _run_python_here(src: str, workspace: str, prepared: bool = False) -> int:
-    """The forked child's program: a fresh ``__main__`` running ``src``; its exit status. ``prepared``:
-    forked from a zygote that made the streams and the environment already."""
+def _run_python_here(argv: list[str], workspace: str, prepared: bool = False) -> int:
+    """The forked child's program, as ``python <argv>`` runs it: a script (``[src]``) in a fresh
+    ``__main__``, or a module (``["-m", module, *args]``) as ``runpy`` runs it; its exit status.
+    ``prepared``: forked from a zygote that made the streams and the environment already."""
     import random
     import traceback
-    import types
 
     if not prepared:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         _program_streams()
         _program_environment(workspace)
     random.seed()  # the template's state would repeat in every program
-    sys.argv = [src]
-    sys.path[0] = workspace
-    main = types.ModuleType("__main__")
-    main.__file__ = src
-    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
-    with open(src, "rb") as f:
-        source = f.read()
+    sys.path[0] = workspace  # (the script's directory; for -m the working directory, the same here)
     status = 0
     try:
-        exec(compile(source, src, "exec"), main.__dict__)
+        if argv[0] == "-m":
+            _run_module(argv[1], argv[2:])
+        else:
+            _run_script(argv[0])
     except SystemExit as exc:
         status = _exit_status(exc, sys.stderr)
     except BaseException as exc:
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
+        traceback.print_exception(type(exc), exc, _program_frames(exc.__traceback__))
         status = 1
     _exit_as_python_does()
     for out in (sys.stdout, sys.stderr):
@@ -590,6 +604,34 @@ def _run_python_here(src: str, workspace: str, prepared: bool = False) -> int:
         except BaseException:
             status = status or 1  # as the interpreter exits when its stdout cannot be flushed
     return status
+
+
+def _program_frames(tb):
+    """A traceback without this file's frames (the program's own start where the interpreter's would)."""
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _run_script(src: str) -> None:
+    import types
+
+    sys.argv = [src]
+    main = types.ModuleType("__main__")
+    main.__file__ = src
+    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+    sys.modules["__main__"] = main
+    with open(src, "rb") as f:
+        source = f.read()
+    exec(compile(source, src, "exec"), main.__dict__)
+
+
+def _run_module(module: str, args: list[str]) -> None:
+    import runpy
+
+    _preload.expose()
+    sys.argv = ["-m", *args]  # (runpy puts the module's file in sys.argv[0], as python -m does)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def _exit_as_python_does() -> None:
@@ -692,4 +734,5 @@ def _return_code(status: int | None) -> int | None:
     return os.WEXITSTATUS(status)
 
 
+_preload.preload_pytest({**PROGRAM_ENV, "HOME": "/"})  # (in the template, before any env or request)
 serve(reset=reset, step=step)
