@@ -53,6 +53,7 @@ def add_code_runtime_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--runtime", default=None, help=f"where, under /usr (default {_RUNTIME_DEFAULT})")
     p.add_argument("--no-node", action="store_true", help="skip the Node.js packages")
     p.add_argument("--no-python", action="store_true", help="skip the Python runtime venv")
+    p.add_argument("--no-jvm", action="store_true", help="skip the JVM toolchains' class-data-sharing archives")
     p.add_argument(
         "--python-packages",
         choices=["core", "full"],
@@ -72,7 +73,13 @@ def run_code_runtime(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     packages = PACKAGE_SETS[args.python_packages]
     try:
-        done = install(args.runtime, node=not args.no_node, python=not args.no_python, python_packages=packages)
+        done = install(
+            args.runtime,
+            node=not args.no_node,
+            python=not args.no_python,
+            python_packages=packages,
+            jvm=not args.no_jvm,
+        )
     except RuntimeInstallError as exc:
         print(f"code runtime: {exc}", file=sys.stderr)
         return 1

@@ -73,15 +73,26 @@ def install_node(runtime: str) -> str:
 
 
 def install(
-    runtime: str | None = None, *, node: bool = True, python: bool = True, python_packages: Sequence[str] | None = None
+    runtime: str | None = None,
+    *,
+    node: bool = True,
+    python: bool = True,
+    python_packages: Sequence[str] | None = None,
+    jvm: bool = True,
 ) -> dict[str, str]:
     """Install the code runtime (default :func:`~boltzlabs_gym.code.languages.runtime_dir`); what
     was installed where. ``python_packages``: what the Python venv gets (default
-    :data:`~boltzlabs_gym.code.python_runtime.PACKAGES`, SandboxFusion's list). Raises
-    :class:`RuntimeInstallError` naming what failed."""
+    :data:`~boltzlabs_gym.code.python_runtime.PACKAGES`, SandboxFusion's list). ``jvm``: dump the
+    JVM toolchains' class-data-sharing archives (:mod:`~boltzlabs_gym.code.jvm_archives`; those
+    whose toolchain is installed). Raises :class:`RuntimeInstallError` naming what failed."""
     runtime = runtime or runtime_dir()
     _check_visible(runtime)
     done = {}
+    if jvm:
+        from .jvm_archives import build
+
+        for name, made in build(runtime).items():
+            done[f"jvm {name}"] = made
     if node:
         done["node"] = install_node(runtime)
     if python:

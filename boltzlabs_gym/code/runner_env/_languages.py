@@ -218,6 +218,24 @@ def _csharp_implicit_usings(code: str) -> str:
     return f"{code[:at]}{_CSHARP_USINGS}\n#line {code.count(chr(10), 0, at) + 1}\n{code[at:]}"
 
 
+#: Class-data-sharing archives of the JVM tools' own classes, one per tool (``{runtime}/jvm/<name>.jsa``):
+#: dumped once by ``boltzlabs-gym code-runtime install`` (``code/jvm_archives.py``) from the commands
+#: below, then mapped read-only by every run. They hold the tools' parsed classes and nothing of any
+#: program, so they carry nothing from one request to the next. Where one is missing or stale the JVM
+#: loads the classes itself, silently (``-Xshare:auto``, its cds logging off).
+JVM_ARCHIVES = ("javac", "junit", "scalac", "scala", "kotlinc")
+
+
+def _jvm(archive: str, *, launcher: bool, c1: bool = False) -> tuple[str, ...]:
+    """The JVM flags that map ``archive`` (:data:`JVM_ARCHIVES`); ``launcher``: as a launcher script
+    takes them (``-J<flag>``: javac, scalac, kotlinc). ``c1``: a compiler's JVM, which lives a second
+    or two, compiles with C1 alone (C2 would spend most of that compiling the compiler, for nothing a
+    program can tell apart); a program's own JVM keeps both tiers."""
+    flags = (f"-XX:SharedArchiveFile={{runtime}}/jvm/{archive}.jsa", "-Xlog:cds*=off")
+    flags += ("-XX:TieredStopAtLevel=1",) if c1 else ()
+    return tuple("-J" + flag for flag in flags) if launcher else flags
+
+
 _JAVATUPLES = f"{JAVA_LIBS}/javatuples.jar"
 _JUNIT = f"{JAVA_LIBS}/junit-platform-console-standalone.jar"
 _GO_ENV = {"GO111MODULE": "off", "GOPATH": DEBIAN_GOPATH, "GOCACHE": "{scratch}/go-cache", "GOFLAGS": "-buildvcs=false"}
@@ -307,7 +325,7 @@ LANGUAGES: dict[str, Language] = {
             "java",
             "Main.java",
             ("java", "-cp", "{cp}", "-ea", "Main"),
-            compile=("javac", "-cp", "{cp}", "-d", "{dir}", "{src}"),
+            compile=("javac", *_jvm("javac", launcher=True, c1=True), "-cp", "{cp}", "-d", "{dir}", "{src}"),
             needs=("javac", "java", _JAVATUPLES),
             class_path=(_JAVATUPLES,),
             reserves_address_space=True,
@@ -316,9 +334,9 @@ LANGUAGES: dict[str, Language] = {
         Language(
             "junit",
             "{main}.java",
-            ("java", "-jar", _JUNIT, "--disable-banner", "--disable-ansi-colors", "--class-path", "{cp}")
-            + ("--scan-class-path",),
-            compile=("javac", "-cp", "{cp}", "-d", "{dir}", "{src}"),
+            ("java", *_jvm("junit", launcher=False), "-jar", _JUNIT, "--disable-banner", "--disable-ansi-colors")
+            + ("--class-path", "{cp}", "--scan-class-path"),
+            compile=("javac", *_jvm("javac", launcher=True, c1=True), "-cp", "{cp}", "-d", "{dir}", "{src}"),
             needs=("javac", "java", _JUNIT),
             class_path=(_JUNIT,),
             find_main=lambda code: _java_public_class(code) or "Main",
@@ -372,8 +390,8 @@ LANGUAGES: dict[str, Language] = {
         Language(
             "scala",
             "main{n}.scala",
-            ("scala", "-nc", "-cp", "{dir}", "{main}"),
-            compile=("scalac", "-d", "{dir}", "{src}"),
+            ("scala", *_jvm("scala", launcher=True), "-nc", "-cp", "{dir}", "{main}"),
+            compile=("scalac", *_jvm("scalac", launcher=True, c1=True), "-d", "{dir}", "{src}"),
             needs=("scalac", "scala"),
             find_main=_scala_object,
             reserves_address_space=True,
@@ -382,7 +400,7 @@ LANGUAGES: dict[str, Language] = {
         Language(
             "kotlin_script",
             "main{n}.kts",
-            ("kotlinc", "-script", "{src}"),
+            ("kotlinc", *_jvm("kotlinc", launcher=True), "-script", "{src}"),
             needs=("kotlinc",),
             reserves_address_space=True,
             debian=("kotlin",),
