@@ -365,7 +365,9 @@ LANGUAGES: dict[str, Language] = {
             "rust",
             "main{n}.rs",
             ("{exe}",),
-            compile=("rustc", "{src}", "-o", "{exe}"),
+            # linked against Debian's libstd-rust .so (the same std): half the compile's CPU, which
+            # with a static std is mostly ld.bfd copying it in (rustup's newer rustc links with lld)
+            compile=("rustc", "{src}", "-o", "{exe}", "-C", "prefer-dynamic"),
             needs=("rustc",),
             debian=("rustc",),
         ),
