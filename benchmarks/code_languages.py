@@ -50,13 +50,11 @@ import http.client
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -252,6 +250,9 @@ def via_subprocess(runtime: str, detail: dict | None = None) -> cs.RunFn:
             names["src"] = os.path.join(workspace, spec.source.format(n="", main=main))
             with open(names["src"], "w") as f:
                 f.write(code)
+            for path, text in spec.support.items():  # (C#'s assert listener, as the env writes it)
+                with open(path.format(**names), "w") as f:
+                    f.write(text)
             env = {"PATH": _TABLE.PATH, "LANG": "C.UTF-8", "HOME": workspace}
             env.update({k: v.format(**names) for k, v in spec.env.items()})
             steps = ([(spec.compile, COMPILE_TIMEOUT)] if spec.compile else []) + [(spec.run, RUN_TIMEOUT)]
@@ -301,21 +302,8 @@ def start_ours(python: str, port: int, log_dir: str) -> cs.Target:
     if cmd is None:
         cmd = [python, "-m", "boltzlabs_gym.cli", "code-server", "--port", str(port)]
     cmd += SAME_PYTHON
-    log_path = os.path.join(log_dir, "ours.log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd="/", stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"ours exited at start-up ({shlex.join(cmd)}):\n{cs.tail(log_path, 30)}")
-        try:
-            cs.get_json(url + "/v1/ping", timeout=1)
-            return cs.Target("ours", None, url=url, wipe=True, proc=proc, log_path=log_path)
-        except OSError:
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"ours did not answer /v1/ping within 180 s:\n{cs.tail(log_path, 30)}")
+    url, proc, log_path = cs.launch_server(cmd, "ours", port, log_dir, cwd="/", timeout=180)
+    return cs.Target("ours", None, url=url, wipe=True, proc=proc, log_path=log_path)
 
 
 def why_failed(system: System, language: str, verdict: str) -> str:

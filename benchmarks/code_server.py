@@ -237,21 +237,31 @@ def start_our_server(args, name: str, port: int, wipe: bool, log_dir: str) -> Ta
         "--python", "worker",  # programs under --python's interpreter, the one the baselines run
         *([] if wipe else ["--no-wipe"]),
     ]  # fmt: skip
+    url, proc, log_path = launch_server(cmd, name, port, log_dir, cwd=ROOT, timeout=120)
+    return Target(name, via_server(url), url=url, wipe=wipe, proc=proc, log_path=log_path)
+
+
+def launch_server(
+    cmd: list[str], name: str, port: int, log_dir: str, cwd: str, timeout: float
+) -> tuple[str, subprocess.Popen, str]:
+    """Start a code server (``cmd``, its output in ``<log_dir>/<name>.log``) and wait until it
+    answers ``/v1/ping``; its URL, process and log. Exits the benchmark, with the log's end, if the
+    server dies or stays silent for ``timeout`` seconds."""
     log_path = os.path.join(log_dir, f"{name}.log")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{name} exited at start-up ({shlex.join(cmd)}):\n{tail(log_path, 30)}")
         try:
             get_json(url + "/v1/ping", timeout=1)
-            return Target(name, via_server(url), url=url, wipe=wipe, proc=proc, log_path=log_path)
+            return url, proc, log_path
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit(f"{name} did not answer /v1/ping within 120 s:\n{tail(log_path, 30)}")
+    raise SystemExit(f"{name} did not answer /v1/ping within {timeout:g} s:\n{tail(log_path, 30)}")
 
 
 def tail(path: str, lines: int) -> str:
