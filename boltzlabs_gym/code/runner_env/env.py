@@ -734,5 +734,4 @@ def _return_code(status: int | None) -> int | None:
     return os.WEXITSTATUS(status)
 
 
-_preload.preload_pytest({**PROGRAM_ENV, "HOME": "/"})  # (in the template, before any env or request)
 serve(reset=reset, step=step)
