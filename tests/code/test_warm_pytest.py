@@ -1,5 +1,5 @@
-"""pytest programs run in a child of the warm interpreter (runner_env/_preload.py), as ``python -m
-pytest`` would run them, and Python programs see nothing of that preload."""
+"""pytest programs run in a child of a warm zygote (runner_env/_warm.py, _zygote.py), as ``python -m
+pytest`` would run them; Python programs see nothing of it; the wipe keeps and checks it."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def test_a_failing_test_reports_pytests_assertion_introspection(runner):
 
 
 def test_conftest_fixtures_and_modules_in_the_workspace_are_found(runner):
-    files = _files(**{"conftest.py": "import pytest\n@pytest.fixture\ndef seven():\n    return 7\n", "helper.py": "X = 7\n"})
+    conftest = "import pytest\n@pytest.fixture\ndef seven():\n    return 7\n"
+    files = _files(**{"conftest.py": conftest, "helper.py": "X = 7\n"})
     code = "import helper\ndef test_it(seven, tmp_path, capsys):\n    print('out')\n    assert helper.X == seven\n"
     result = runner.run(code, language="pytest", files=files)
     assert result.status == "Success", result.stdout + result.stderr
@@ -62,7 +63,7 @@ def test_installed_plugins_are_loaded_as_pytest_loads_them(runner):
     assert "cannot be rewritten" not in result.stdout + result.stderr
 
 
-def test_python_programs_do_not_see_the_preloaded_pytest(runner):
+def test_python_programs_do_not_see_the_warm_pytest(runner):
     code = (
         "import sys, atexit\n"
         "print(sorted(m for m in ('pytest', '_pytest', 'pluggy', 'iniconfig') if m in sys.modules))\n"
@@ -78,7 +79,7 @@ def test_python_programs_do_not_see_the_preloaded_pytest(runner):
         text=True,
         check=True,
     )
-    assert int(callbacks) <= int(fresh.stdout), "the preload's atexit functions run in Python programs"
+    assert int(callbacks) <= int(fresh.stdout), "pytest's plugins' atexit functions run in Python programs"
     assert runner.run("import pytest\nprint(pytest.__name__)").stdout == "pytest\n"
 
 
@@ -95,12 +96,45 @@ def test_a_pytest_program_exits_as_python_m_pytest_does(runner):
     empty = runner.run("x = 1\n", language="pytest")
     assert empty.status == "Failed" and empty.run_result.return_code == 5
     assert "no tests ran" in empty.stdout
-    argv = runner.run("import sys\ndef test_argv():\n    assert sys.argv[0].endswith('pytest/__main__.py'), sys.argv\n", language="pytest")
+    code = "import sys\ndef test_argv():\n    assert sys.argv[0].endswith('pytest/__main__.py'), sys.argv\n"
+    argv = runner.run(code, language="pytest")
     assert argv.status == "Success", argv.stdout
 
 
 def test_pytest_programs_run_in_a_child_of_the_warm_interpreter(runner):
     """Not a new ``python -m pytest`` process: the interpreter started once, for the template."""
+    runner.run("def test_first():\n    pass\n", language="pytest")  # (the env's first makes the warm zygote)
     code = "import sys\ndef test_warm():\n    assert sys.orig_argv[1:3] != ['-m', 'pytest'], sys.orig_argv\n"
     result = runner.run(code, language="pytest")
     assert result.status == "Success", result.stdout
+
+
+def test_a_requests_files_never_reach_the_warm_zygote():
+    """The warm zygote is made at an env's first pytest program, whose files are in the workspace
+    by then: a module there named like one pytest imports is not what the warm zygote imports, so
+    the next program (its own workspace, the same warm zygote) finds pytest's own."""
+    with CodeRunner(envs_per_lane=1, lanes=1) as r:
+        if r.languages.get("pytest") is not None:
+            pytest.skip(f"pytest programs cannot run on this host: {r.languages['pytest']}")
+        poison = _files(**{"iniconfig.py": "raise SystemExit('poisoned iniconfig')\n"})
+        first = r.run("def test_a():\n    pass\n", language="pytest", files=poison)
+        check = "import iniconfig\ndef test_b():\n    assert 'poison' not in open(iniconfig.__file__).read()\n"
+        second = r.run(check, language="pytest")
+        stats = r.stats()
+    assert "poisoned" not in first.stdout + first.stderr
+    assert second.status == "Success", second.stdout + second.stderr
+    assert stats.hard_resets == 0 and stats.wipes >= 2
+
+
+def test_a_program_that_kills_its_warm_zygote_is_followed_by_a_hard_reset():
+    with CodeRunner(envs_per_lane=1, lanes=1) as r:
+        if r.languages.get("pytest") is not None:
+            pytest.skip(f"pytest programs cannot run on this host: {r.languages['pytest']}")
+        killer = "import os, signal\ndef test_kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+        r.run(killer, language="pytest")
+        after = r.run("def test_ok():\n    assert True\n", language="pytest")
+        python = r.run("print(7)")
+        stats = r.stats()
+    assert after.status == "Success" and "1 passed" in after.stdout, after.stdout + after.stderr
+    assert python.stdout == "7\n"
+    assert stats.hard_resets >= 1

@@ -88,8 +88,8 @@ class Language:
     class_path: tuple[str, ...] = ()
     #: files the toolchain reads beside the program (path with placeholders -> text), written before it compiles
     support: Mapping[str, str] = field(default_factory=dict)
-    #: ``run`` is ``{python} -m <module> <args>``, which the env runs in a child forked from its warm
-    #: interpreter (the module preloaded in the template, ``_preload``) rather than in a new one
+    #: ``run`` is ``{python} -m <module> <args>``, which the env runs in a child of a warm zygote
+    #: (``_warm``: the module started once there) rather than in a new interpreter
     warm: bool = False
 
     def warm_module(self) -> tuple[str, tuple[str, ...]]:

@@ -15,6 +15,12 @@ sandbox's seccomp filter too), it blocks every signal but SIGKILL and SIGSTOP, a
 program that it is alive, not stopped, and that its rlimits, nice value, CPU affinity,
 scheduling policy, I/O priority and OOM score are as they were (see ``_wipe``).
 
+A zygote can also fork a **warm zygote** for one kind of program (:meth:`Zygote.fork_warm`): a
+child that first runs ``warm(kind)`` (pytest and its plugins imported, say) and then forks that
+kind's programs the same way. Python programs keep forking from the lean zygote, so what a warm
+zygote imports never weighs on their fork and exit; and since the warm zygote comes from the
+zygote, not the env, it has seen no request either: it receives integers, like its parent.
+
 Standard library only; runs inside the sandbox.
 """
 
@@ -45,19 +51,47 @@ class Zygote:
     the zygote before its first program: the state every program shares (set there once, inherited
     by each fork, rather than set up again by every program)."""
 
-    def __init__(self, body: Callable[[int, int, int, int, int], int], prepare: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        body: Callable[[int, int, int, int, int], int],
+        prepare: Callable[[], None] | None = None,
+        warm: Callable[[int], None] | None = None,
+    ):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote process
             try:
                 ours.close()
-                _serve(theirs, body, prepare)
+                _serve(theirs, body, prepare, warm)
             finally:
                 os._exit(0)
         theirs.close()
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
         self._sock = ours
+
+    @classmethod
+    def _adopt(cls, pid: int, pidfd: int, sock: socket.socket) -> Zygote:
+        zygote = cls.__new__(cls)
+        zygote.pid, zygote.pidfd, zygote._sock = pid, pidfd, sock
+        return zygote
+
+    def fork_warm(self, kind: int, timeout: float = 60.0) -> Zygote:
+        """A warm zygote for programs of ``kind`` (> 0), forked by this one: it runs the ``warm``
+        this zygote was made with, then forks ``kind``'s programs (:meth:`start`)."""
+        socket.send_fds(self._sock, [_REQUEST.pack(0, -1, -kind)], [])
+        msg, fds = self._recv(timeout, max_fds=2)
+        if len(msg) != 1 + _STATUS.size or msg[:1] != b"z" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteGone(f"the zygote could not fork a warm zygote ({msg!r})")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fds[0])
+        warm = Zygote._adopt(_STATUS.unpack(msg[1:])[0], fds[1], sock)
+        msg, fds = warm._recv(timeout)  # (its warm-up done: it is ready for programs)
+        if msg != b"r":
+            warm.close()
+            raise ZygoteGone(f"the warm zygote did not get ready ({msg!r})")
+        return warm
 
     def alive(self) -> bool:
         """Whether the zygote still runs (its pidfd is readable once it exits)."""
@@ -84,10 +118,10 @@ class Zygote:
             raise ZygoteGone("the zygote did not report the program's exit status")
         return _STATUS.unpack(msg)[0]
 
-    def _recv(self, timeout: float) -> tuple[bytes, list[int]]:
+    def _recv(self, timeout: float, max_fds: int = 1) -> tuple[bytes, list[int]]:
         if not select.select([self._sock], [], [], timeout)[0]:
             raise ZygoteGone(f"the zygote did not answer in {timeout:g} s")
-        msg, fds, _flags, _addr = socket.recv_fds(self._sock, 64, 1)
+        msg, fds, _flags, _addr = socket.recv_fds(self._sock, 64, max_fds)
         if not msg:
             raise ZygoteGone("the zygote closed its socket")
         return msg, fds
@@ -103,9 +137,12 @@ class Zygote:
 
 
 def _serve(  # pragma: no cover
-    sock: socket.socket, body: Callable[[int, int, int, int, int], int], prepare: Callable[[], None] | None
+    sock: socket.socket,
+    body: Callable[[int, int, int, int, int], int],
+    prepare: Callable[[], None] | None,
+    warm: Callable[[int], None] | None,
 ) -> None:
-    """The zygote's loop: nothing but the socket open, every signal blocked; one program at a time."""
+    """The zygote: nothing but the socket open, every signal blocked; then its loop."""
     unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -119,11 +156,22 @@ def _serve(  # pragma: no cover
                 pass
     if prepare is not None:
         prepare()
+    _serve_programs(sock, body, unblocked, warm)
+
+
+def _serve_programs(  # pragma: no cover
+    sock: socket.socket, body: Callable, unblocked: set, warm: Callable[[int], None] | None
+) -> None:
+    """Fork one program at a time (or, asked with a negative kind, a warm zygote), as asked on ``sock``."""
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
         if not msg:
             os._exit(0)
-        if len(msg) != _REQUEST.size or len(fds) != 2:
+        kind = _REQUEST.unpack(msg)[2] if len(msg) == _REQUEST.size else 0
+        if kind < 0 and warm is not None and not fds:
+            _fork_warm(sock, body, unblocked, warm, -kind)
+            continue
+        if len(msg) != _REQUEST.size or len(fds) != 2 or kind < 0:
             for fd in fds:
                 os.close(fd)
             sock.send(b"!")
@@ -152,3 +200,36 @@ def _serve(  # pragma: no cover
             except InterruptedError:
                 continue
         sock.send(_STATUS.pack(status))
+
+
+def _fork_warm(  # pragma: no cover
+    sock: socket.socket, body: Callable, unblocked: set, warm: Callable[[int], None], kind: int
+) -> None:
+    """Fork a warm zygote for ``kind`` through an intermediate that exits at once, so that it is the
+    env's child (PID 1 of the namespace adopts it), which reaps it should it die: this zygote
+    waits for its programs only. The intermediate hands the env the warm zygote's socket and a
+    pidfd; the warm zygote warms up, says it is ready, and serves programs."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    middle = os.fork()
+    if middle == 0:
+        try:
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                ours.close()
+                warm(kind)
+                theirs.send(b"r")
+                _serve_programs(theirs, body, unblocked, None)
+            else:
+                pidfd = os.pidfd_open(pid)
+                socket.send_fds(sock, [b"z" + _STATUS.pack(pid)], [ours.fileno(), pidfd])
+        finally:
+            os._exit(0)
+    ours.close()
+    theirs.close()
+    while True:
+        try:
+            os.waitpid(middle, 0)
+            break
+        except InterruptedError:
+            continue

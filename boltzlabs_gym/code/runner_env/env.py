@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import _languages  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
-import _preload  # type: ignore[import-not-found]
+import _warm  # type: ignore[import-not-found]
 import _wipe  # type: ignore[import-not-found]
 from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
@@ -101,6 +101,10 @@ class _Wiping:
     """This env's wipe between programs: its zygote, the baseline, the programs' extra filter."""
 
     zygote: Zygote | None = None
+    #: warm zygotes (:data:`WARM` kind -> zygote), forked by the zygote at a kind's first program
+    warm: dict[int, Zygote] = {}
+    #: kind -> why it has no warm zygote here (its programs then start the interpreter)
+    not_warm: dict[int, str] = {}
     baseline: _wipe.Baseline | None = None
     #: why programs are not wiped away here (each is then followed by a hard reset), or None
     unavailable: str | None = None
@@ -130,7 +134,7 @@ def _start_wiping() -> str | None:
     try:
         _Wiping.child_filter = seccomp.build_filter(deny=("mq_open",))
         _wipe.protect()
-        zygote = Zygote(_zygote_program, prepare=_zygote_prepare)
+        zygote = Zygote(_zygote_program, prepare=_zygote_prepare, warm=_zygote_warm)
         baseline = _wipe.record([zygote.pid])
         trial = _wipe.wipe(baseline, [zygote.pid])
         if trial is not None:
@@ -150,9 +154,10 @@ def step(action):
         result = {"compile_result": None, "run_result": _error(f"{type(exc).__name__}: {exc}"), "files": {}}
     result["clean"], result["unclean"] = False, "not wiped (hard reset)"
     if action.get("wipe", True) and _Wiping.zygote is not None and _Wiping.baseline is not None:
-        reason = _wipe.wipe(_Wiping.baseline, [_Wiping.zygote.pid])
-        if reason is None and not _Wiping.zygote.alive():
-            reason = "the zygote died"
+        zygotes = [_Wiping.zygote, *_Wiping.warm.values()]
+        reason = _wipe.wipe(_Wiping.baseline, [z.pid for z in zygotes])
+        if reason is None and not all(z.alive() for z in zygotes):
+            reason = "a zygote died"
         result["clean"], result["unclean"] = reason is None, reason
     return result, 0.0, True, {}
 
@@ -175,12 +180,13 @@ def run_program(action: dict) -> dict:
     stdin_path = os.path.join(scratch, "stdin")
     with open(stdin_path, "wb") as f:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
-    if language == "python" or (language in WARM and _preload.not_preloaded is None and _why_not(language) is None):
+    zygote = _zygote_for(language)
+    if language == "python" or zygote is not None:
         kind = WARM.index(language) + 1 if language in WARM else 0
         spec = _languages.LANGUAGES[language]
         n, src = _source_path(workspace, spec.source.split("{n}", 1)[1], action["code"])
-        if _Wiping.zygote is not None:
-            started = _from_zygote(_Wiping.zygote, n, memory_mb, kind)
+        if zygote is not None:
+            started = _from_zygote(zygote, n, memory_mb, kind)
         else:
             started = _fork_python(_program_argv(kind, src), workspace, stdin_path, memory_mb)
         compile_result, run_result = None, _supervise(started, action["run_timeout"], cap)
@@ -498,6 +504,34 @@ def _fork_python(argv: list[str], workspace: str, stdin_path: str, memory_mb: in
     return _child_started(pid, out_r, err_r)
 
 
+def _zygote_for(language: str) -> Zygote | None:
+    """The zygote that forks ``language``'s programs: the zygote for Python, a warm one (forked at
+    the language's first program, :data:`WARM`) for pytest; None where there is none (no wipe: the
+    env forks Python programs itself; a warm language then starts the interpreter)."""
+    if _Wiping.zygote is None or language == "python":
+        return _Wiping.zygote
+    if language not in WARM or _why_not(language) is not None:
+        return None
+    kind = WARM.index(language) + 1
+    if kind not in _Wiping.warm and kind not in _Wiping.not_warm:
+        try:
+            warm = _Wiping.zygote.fork_warm(kind)
+        except (ZygoteGone, OSError) as exc:
+            _Wiping.not_warm[kind] = f"{type(exc).__name__}: {exc}"
+            return None
+        assert _Wiping.baseline is not None
+        _Wiping.baseline.processes[warm.pid] = _wipe.process_state(warm.pid)  # (checked after each program)
+        _Wiping.warm[kind] = warm
+    return _Wiping.warm.get(kind)
+
+
+def _zygote_warm(kind: int) -> None:
+    """In a warm zygote, forked by the zygote: what every program of ``kind`` needs, done once
+    (``_warm``). Where it fails, the programs still run: each starts what the warm-up would have."""
+    if WARM[kind - 1] == "pytest":
+        _warm.start_pytest({**PROGRAM_ENV, "HOME": "/"})
+
+
 def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Started:
     """Have the zygote fork the program ``main<n>`` of ``kind`` (:data:`WARM`); it reaps it and
     reports its status."""
@@ -629,7 +663,6 @@ def _run_script(src: str) -> None:
 def _run_module(module: str, args: list[str]) -> None:
     import runpy
 
-    _preload.expose()
     sys.argv = ["-m", *args]  # (runpy puts the module's file in sys.argv[0], as python -m does)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
