@@ -231,7 +231,7 @@ def _jvm(archive: str, *, launcher: bool, c1: bool = False) -> tuple[str, ...]:
     takes them (``-J<flag>``: javac, scalac, kotlinc). ``c1``: a compiler's JVM, which lives a second
     or two, compiles with C1 alone (C2 would spend most of that compiling the compiler, for nothing a
     program can tell apart); a program's own JVM keeps both tiers."""
-    flags = (f"-XX:SharedArchiveFile={{runtime}}/jvm/{archive}.jsa", "-Xlog:cds*=off")
+    flags: tuple[str, ...] = (f"-XX:SharedArchiveFile={{runtime}}/jvm/{archive}.jsa", "-Xlog:cds*=off")
     flags += ("-XX:TieredStopAtLevel=1",) if c1 else ()
     return tuple("-J" + flag for flag in flags) if launcher else flags
 
