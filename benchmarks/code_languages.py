@@ -238,15 +238,8 @@ def via_subprocess(runtime: str, detail: dict | None = None) -> cs.RunFn:
         with tempfile.TemporaryDirectory(prefix="lang-bench-") as workspace:
             scratch = os.path.join(workspace, ".scratch")
             os.mkdir(scratch)
-            names = {
-                "dir": workspace,
-                "scratch": scratch,
-                "exe": os.path.join(scratch, "program"),
-                "runtime": runtime,
-                "python": sys.executable,  # (as ours and SandboxFusion here: see SAME_PYTHON)
-                "main": main,
-                "cp": ":".join([workspace, *spec.class_path]),
-            }
+            # (python: the benchmark's, as ours and SandboxFusion here: see SAME_PYTHON)
+            names = spec.placeholders(workspace, scratch, runtime, sys.executable, main)
             names["src"] = os.path.join(workspace, spec.source.format(n="", main=main))
             with open(names["src"], "w") as f:
                 f.write(code)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterable
 
@@ -92,15 +93,7 @@ def _filled(step: tuple[str, ...], spec, work: str, runtime: str, program: str) 
     source = os.path.join(work, spec.source.format(n="", main=main))
     with open(source, "w") as f:
         f.write(program)
-    names = {
-        "src": source,
-        "dir": work,
-        "scratch": work,
-        "exe": os.path.join(work, "program"),
-        "runtime": runtime,
-        "main": main,
-        "cp": ":".join([work, *spec.class_path]),
-    }
+    names = {**spec.placeholders(work, work, runtime, sys.executable, main), "src": source}
     return [part.format(**names) for part in step]
 
 

@@ -8,7 +8,7 @@ and ``minor.py``): the same file names, the same split between a compile step (i
 Debian does not ship, the nearest Debian one stands in (:data:`STAND_INS`, ``docs/code-server.md``
 "Languages").
 
-Commands are argument lists with placeholders, filled per program by :func:`Language.commands`:
+Commands are argument lists with placeholders, filled per program from :meth:`Language.placeholders`:
 ``{src}`` the source file, ``{exe}`` a binary in the env's scratch directory, ``{dir}`` the
 workspace, ``{scratch}`` the scratch directory, ``{cp}`` a Java class path, ``{main}`` the class
 or object to run, ``{python}`` the interpreter programs run under, ``{runtime}`` the code runtime
@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 #: Where ``boltzlabs-gym code-runtime install`` puts what programs expect beyond the toolchains
@@ -111,6 +111,21 @@ class Language:
     def main_of(self, code: str) -> str | None:
         """The class or object ``code`` runs (``{main}``), or ``None``."""
         return self.find_main(code) if self.find_main else None
+
+    def placeholders(
+        self, workspace: str, scratch: str, runtime: str, python: str, main: str, jars: Iterable[str] = ()
+    ) -> dict[str, str]:
+        """The values of the commands' placeholders but ``{src}``, for a program in ``workspace``
+        (``jars``: the ones its request brought, on a Java class path after the table's)."""
+        return {
+            "dir": workspace,
+            "scratch": scratch,
+            "exe": os.path.join(scratch, "program"),
+            "runtime": runtime,
+            "python": python,
+            "main": main,
+            "cp": ":".join([workspace, *self.class_path, *jars]),
+        }
 
     def missing(self, path: str, runtime: str, python: str | None = None) -> list[str]:
         """What of the toolchain and runtime is not here (empty: the language runs). A need

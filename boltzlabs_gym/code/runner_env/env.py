@@ -245,15 +245,8 @@ def _placeholders(spec, action: dict, workspace: str, scratch: str, main: str) -
     """The values of a language's command placeholders for this program (see ``_languages``)."""
     files = action.get("files") or {}
     brought = [os.path.join(workspace, n) for n in files if n.endswith(".jar") and not os.path.isabs(n)]
-    return {
-        "dir": workspace,
-        "scratch": scratch,
-        "exe": os.path.join(scratch, "program"),
-        "runtime": RUNTIME,
-        "python": sys.executable,  # (the code runtime's, where the runner found one: CodeRunner's python)
-        "main": main,
-        "cp": ":".join([workspace, *spec.class_path, *brought]),
-    }
+    # (sys.executable: the code runtime's, where the runner found one: CodeRunner's python)
+    return spec.placeholders(workspace, scratch, RUNTIME, sys.executable, main, brought)
 
 
 def _write_support(spec, names: dict) -> None:
