@@ -167,7 +167,7 @@ def _serve_programs(  # pragma: no cover
         msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
         if not msg:
             os._exit(0)
-        kind = _REQUEST.unpack(msg)[2] if len(msg) == _REQUEST.size else 0
+        n, memory_mb, kind = _REQUEST.unpack(msg) if len(msg) == _REQUEST.size else (0, 0, 0)
         if kind < 0 and warm is not None and not fds:
             _fork_warm(sock, body, unblocked, warm, -kind)
             continue
@@ -176,7 +176,6 @@ def _serve_programs(  # pragma: no cover
                 os.close(fd)
             sock.send(b"!")
             continue
-        n, memory_mb, kind = _REQUEST.unpack(msg)
         out_w, err_w = fds
         pid = os.fork()
         if pid == 0:
@@ -193,13 +192,7 @@ def _serve_programs(  # pragma: no cover
         pidfd = os.pidfd_open(pid)
         socket.send_fds(sock, [b"p" + _STATUS.pack(pid)], [pidfd])
         os.close(pidfd)
-        while True:
-            try:
-                _, status = os.waitpid(pid, 0)
-                break
-            except InterruptedError:
-                continue
-        sock.send(_STATUS.pack(status))
+        sock.send(_STATUS.pack(_wait(pid)))
 
 
 def _fork_warm(  # pragma: no cover
@@ -227,9 +220,13 @@ def _fork_warm(  # pragma: no cover
             os._exit(0)
     ours.close()
     theirs.close()
+    _wait(middle)
+
+
+def _wait(pid: int) -> int:  # pragma: no cover
+    """The wait status of this process's child ``pid``, once it has ended."""
     while True:
         try:
-            os.waitpid(middle, 0)
-            break
+            return os.waitpid(pid, 0)[1]
         except InterruptedError:
             continue
