@@ -74,9 +74,10 @@ PROGRAM_ENV = {
     "PYTHONUNBUFFERED": "",
 }
 FINISHED, ERROR, TIMEOUT = "Finished", "Error", "TimeLimitExceeded"
-#: Languages run in a child of the warm interpreter as ``{python} -m <module>`` (pytest); a program's
-#: kind, as the zygote is told it: 0 a Python script, ``i + 1`` the i-th of these
+#: Languages run in a child of a warm zygote as ``{python} -m <module>`` (pytest)
 WARM = tuple(name for name, language in _languages.LANGUAGES.items() if language.warm)
+#: The languages a zygote forks programs of: a program's kind, as the zygote is told it, is its index
+KINDS = ("python", *WARM)
 #: The code runtime programs see (``boltzlabs-gym code-runtime install``): Node.js packages, a Python venv.
 RUNTIME = os.environ.get("BOLTZLABS_CODE_RUNTIME") or _languages.DEFAULT_RUNTIME
 #: stdin and compiled binaries, outside the workspace where the env has a /tmp of its own (PID 1 of its
@@ -101,7 +102,7 @@ class _Wiping:
     """This env's wipe between programs: its zygote, the baseline, the programs' extra filter."""
 
     zygote: Zygote | None = None
-    #: warm zygotes (:data:`WARM` kind -> zygote), forked by the zygote at a kind's first program
+    #: warm zygotes (:data:`KINDS` kind -> zygote), forked by the zygote at a kind's first program
     warm: dict[int, Zygote] = {}
     #: kind -> why it has no warm zygote here (its programs then start the interpreter)
     not_warm: dict[int, str] = {}
@@ -182,9 +183,8 @@ def run_program(action: dict) -> dict:
         f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
     zygote = _zygote_for(language)
     if language == "python" or zygote is not None:
-        kind = WARM.index(language) + 1 if language in WARM else 0
-        spec = _languages.LANGUAGES[language]
-        n, src = _source_path(workspace, spec.source.split("{n}", 1)[1], action["code"])
+        kind = KINDS.index(language)
+        n, src = _source_path(workspace, _numbered_suffix(_languages.LANGUAGES[language].source), action["code"])
         if zygote is not None:
             started = _from_zygote(zygote, n, memory_mb, kind)
         else:
@@ -260,7 +260,7 @@ def _write_source(workspace: str, pattern: str, code: str, main: str | None) -> 
     """Write the program where its language wants it: ``main<n>.<ext>`` (``n`` avoiding a file the
     request brought), or a fixed name (``Main.java``, ``<class>.java``, ``Program.cs``)."""
     if "{n}" in pattern:
-        return _source_path(workspace, pattern.split("{n}", 1)[1], code)[1]
+        return _source_path(workspace, _numbered_suffix(pattern), code)[1]
     path = os.path.join(workspace, pattern.format(main=main))
     with open(path, "wb") as f:
         f.write(code.encode("utf-8", "surrogateescape"))
@@ -379,6 +379,11 @@ def _into_directory(parent: int, name: str, make: bool) -> int:
     return fd
 
 
+def _numbered_suffix(pattern: str) -> str:
+    """What follows the number in a numbered source file name (``main{n}_test.py``: ``_test.py``)."""
+    return pattern.split("{n}", 1)[1]
+
+
 def _source_path(workspace: str, suffix: str, code: str) -> tuple[int, str]:
     """Write ``code`` to ``main<suffix>`` (``main<n><suffix>`` if the request brought that name); ``(n, path)``."""
     n = 0
@@ -474,9 +479,9 @@ def _child_started(pid: int, out_r: int, err_r: int) -> _Started:
 def _program_argv(kind: int, src: str) -> list[str]:
     """What a program of ``kind`` runs, as ``python``'s arguments: ``[src]`` (a Python script), or
     ``["-m", module, *args]`` (a warm language's)."""
-    if kind == 0:
+    if KINDS[kind] == "python":
         return [src]
-    module, args = _languages.LANGUAGES[WARM[kind - 1]].warm_module()
+    module, args = _languages.LANGUAGES[KINDS[kind]].warm_module()
     return ["-m", module, *(arg.format(src=src) for arg in args)]
 
 
@@ -505,7 +510,7 @@ def _zygote_for(language: str) -> Zygote | None:
         return _Wiping.zygote
     if language not in WARM or _why_not(language) is not None:
         return None
-    kind = WARM.index(language) + 1
+    kind = KINDS.index(language)
     if kind not in _Wiping.warm and kind not in _Wiping.not_warm:
         try:
             warm = _Wiping.zygote.fork_warm(kind)
@@ -521,12 +526,12 @@ def _zygote_for(language: str) -> Zygote | None:
 def _zygote_warm(kind: int) -> None:
     """In a warm zygote, forked by the zygote: what every program of ``kind`` needs, done once
     (``_warm``). Where it fails, the programs still run: each starts what the warm-up would have."""
-    if WARM[kind - 1] == "pytest":
+    if KINDS[kind] == "pytest":
         _warm.start_pytest({**PROGRAM_ENV, "HOME": "/"})
 
 
 def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Started:
-    """Have the zygote fork the program ``main<n>`` of ``kind`` (:data:`WARM`); it reaps it and
+    """Have the zygote fork the program ``main<n>`` of ``kind`` (:data:`KINDS`); it reaps it and
     reports its status."""
     out_r, out_w, err_r, err_w = _pipes()
     try:
@@ -574,8 +579,8 @@ def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -
     workspace = workspace_now()  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
     _wire_stdio(STDIN_PATH, out_w, err_w)
-    language = WARM[kind - 1] if 0 < kind <= len(WARM) else "python"
-    suffix = _languages.LANGUAGES[language].source.split("{n}", 1)[1]
+    kind = kind if 0 <= kind < len(KINDS) else 0
+    suffix = _numbered_suffix(_languages.LANGUAGES[KINDS[kind]].source)
     return _run_python_here(_program_argv(kind, _main_path(workspace, n, suffix)), workspace, prepared=True)
 
 
