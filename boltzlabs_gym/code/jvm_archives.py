@@ -84,7 +84,12 @@ def build(runtime: str, languages: Iterable[str] | None = None, timeout: float =
 
 def _archives_of(spec) -> list[str]:
     commands = [c for c in (spec.compile, spec.run) if c is not None]
-    return [part.split("/jvm/")[1][: -len(".jsa")] for c in commands for part in c if _ARCHIVE_FLAG in part]
+    return [_archive_name(part.partition(_ARCHIVE_FLAG)[2]) for c in commands for part in c if _ARCHIVE_FLAG in part]
+
+
+def _archive_name(path: str) -> str:
+    """The archive's name (:data:`JVM_ARCHIVES`) from its path in a command (``{runtime}/jvm/javac.jsa``)."""
+    return os.path.basename(path).removesuffix(".jsa")
 
 
 def _filled(step: tuple[str, ...], spec, work: str, runtime: str, program: str) -> list[str]:
@@ -104,7 +109,7 @@ def _run_dumping(cmd: list[str], work: str, done: dict[str, str], timeout: float
         if not flag[1]:
             continue
         path = flag[2]
-        name = os.path.basename(path)[: -len(".jsa")]
+        name = _archive_name(path)
         if name in done:
             continue
         partial = f"{path}.partial"
