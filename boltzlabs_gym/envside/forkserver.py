@@ -192,13 +192,40 @@ def template_main() -> None:
 
 
 def _fork_spare(ctl: socket.socket, ns: bool):
-    """Double-fork a spare env. In the template: returns the socket that hands it its request.
-    In the spare: waits for the request and returns ``(request, fds)``."""
+    """Fork a spare env, a child of the worker (a subreaper) and, with namespaces, PID 1 of its own
+    PID namespace. In the template: returns the socket that hands it its request. In the spare:
+    waits for the request and returns ``(request, fds)``."""
+    global _double_fork_cause
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if _double_fork_cause is None:
+        try:
+            from . import syscalls as L
+
+            pid = L.fork_sibling(L.CLONE_NEWPID if ns else 0)
+        except OSError as exc:
+            _double_fork_cause = f"{exc}"  # every env forked from now on tells the worker (see _become_env)
+        else:
+            if pid == 0:
+                try:
+                    os.close(ours.detach())
+                    return _spare_wait(ctl, theirs, ns)
+                except BaseException:  # noqa: BLE001 - the template sees a dead spare and forks another
+                    os._exit(0)
+            theirs.close()
+            return ours
+    return _double_fork_spare(ctl, ns, ours, theirs)
+
+
+#: Why spares are double-forked (:func:`_double_fork_spare`), once a clone was refused; None before.
+_double_fork_cause: str | None = None
+
+
+def _double_fork_spare(ctl: socket.socket, ns: bool, ours: socket.socket, theirs: socket.socket):
+    """:func:`_fork_spare` where a clone with ``CLONE_PARENT`` is refused: an intermediate child
+    forks the spare (after ``unshare(CLONE_NEWPID)``, so the spare is PID 1 of its namespace) and
+    exits at once, so the spare is re-parented to the worker."""
     pid = os.fork()
     if pid == 0:
-        # the intermediate child: the spare becomes PID 1 of its own namespace; exit at once so the
-        # spare is re-parented to the worker (a subreaper)
         try:
             os.close(ours.detach())
             if ns:
@@ -248,6 +275,14 @@ def _spare_wait(ctl: socket.socket, sock: socket.socket, ns: bool):
     return json.loads(msg), fds
 
 
+def _first_message() -> bytes:
+    """A forked env's first message to the worker, which the kernel stamps with the env's host pid
+    (``SO_PASSCRED`` on the worker's end): ``p``, or ``p:`` and why it took a double fork (the
+    worker logs it once)."""
+    cause = _double_fork_cause
+    return b"p" if cause is None else b"p:" + cause.encode("utf-8", "replace")[:500]
+
+
 def _set_name(name: str) -> None:
     try:
         import ctypes
@@ -272,7 +307,7 @@ def _become_env(
     tree = fds[4] if ns and len(fds) > 4 else -1
     _set_name(ENV_COMM)
     try:
-        os.write(csock_fd, b"p")  # the kernel stamps our host pid on it (SO_PASSCRED on the worker's end)
+        os.write(csock_fd, _first_message())
         if os.read(csock_fd, 16) != b"go":
             os._exit(0)
         limits = Limits.from_json(req.get("limits"))

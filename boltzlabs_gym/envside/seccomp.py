@@ -173,6 +173,7 @@ def build_filter(
     unshare_deny_flags: int = 0,
     notify: tuple[str, ...] = (),
     unshare_notify_flags: int = 0,
+    clone_allow_flags: int = 0,
 ):
     """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
 
@@ -184,6 +185,10 @@ def build_filter(
     ``unshare_deny_flags``: when ``unshare`` is not in ``deny``, an ``unshare`` whose flags
     (arg0) include any of these fails with EPERM (the boltz template may create PID, mount,
     net, IPC and UTS namespaces for the envs it forks, but no nested user namespace).
+
+    ``clone_allow_flags``: namespace flags a ``clone`` may carry (the boltz template clones each
+    spare env into a new PID namespace, which it could make with ``unshare`` and a fork as well);
+    any other namespace flag fails with EPERM.
     """
     if not supported():
         return None
@@ -216,7 +221,7 @@ def build_filter(
     ins += [
         (_JEQ_K, 0, 4, NR_X86_64["clone"]),
         (_LD_W_ABS, 0, 0, _OFF_ARG0_LO),
-        (_JSET_K, 0, 1, _CLONE_NS_FLAGS),
+        (_JSET_K, 0, 1, _CLONE_NS_FLAGS & ~clone_allow_flags),
         (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
         (_RET_K, 0, 0, _RET_ALLOW),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 
 MACHINE = os.uname().machine  # (what platform.machine() reads, without importing platform)
@@ -25,6 +26,7 @@ _SYSCALLS = {
         "seccomp": 317,
         "open_tree": 428,
         "move_mount": 429,
+        "clone": 56,
     },
     "aarch64": {
         "pivot_root": 41,
@@ -36,11 +38,13 @@ _SYSCALLS = {
         "seccomp": 277,
         "open_tree": 428,
         "move_mount": 429,
+        "clone": 220,
     },
 }
 SUPPORTED = MACHINE in _SYSCALLS
 _NR = _SYSCALLS.get(MACHINE, {})
 
+CLONE_PARENT = 0x00008000
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
@@ -71,6 +75,8 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 
+SIGCHLD = 17
+
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
@@ -98,6 +104,13 @@ _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_u
 _libc.syscall.restype = ctypes.c_long
 
 
+# The same libc, called with the GIL held (a PyDLL): a clone must not let another thread run Python
+# between Python's fork bookkeeping and the fork itself (the template is single-threaded; this keeps it so).
+_libc_gil = ctypes.PyDLL(_libc._name, use_errno=True)
+_libc_gil.syscall.restype = ctypes.c_long
+_libc_gil.syscall.argtypes = [ctypes.c_long, ctypes.c_ulong] + [ctypes.c_void_p] * 4
+
+
 def _err(what: str) -> OSError:
     e = ctypes.get_errno()
     return OSError(e, f"{what}: {os.strerror(e)}")
@@ -110,6 +123,52 @@ def _b(s: str | None) -> bytes | None:
 def unshare(flags: int) -> None:
     if _libc.unshare(flags) != 0:
         raise _err(f"unshare({flags:#x})")
+
+
+def _glibc() -> bool:
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, OSError):
+        return False
+
+
+_GLIBC = _glibc()
+
+
+def fork_sibling(flags: int = 0) -> int:
+    """``os.fork()`` whose child is a child of this process's parent (``CLONE_PARENT``), with
+    ``flags`` added (``CLONE_NEWPID``: the child is PID 1 of a new PID namespace); returns 0 in the
+    child and its pid in this process, as ``os.fork`` does.
+
+    One process instead of two: without it a child of the parent takes a fork that forks again
+    and exits (a double fork), and a new PID namespace takes ``unshare`` in that middle process.
+    Python's own fork bookkeeping runs around the clone as ``os.fork`` runs it (the at-fork hooks,
+    the import lock, the runtime's re-initialisation in the child). glibc's is skipped: the caller
+    must be single-threaded (no lock another thread holds can be copied), and in the child glibc's
+    cached thread id stays the parent's (glibc >= 2.25 asks the kernel for pids and, to signal
+    itself, for the thread id). Raises :class:`OSError` where the kernel refuses (``EINVAL`` for
+    the init of a PID namespace, ``EPERM`` without ``CAP_SYS_ADMIN`` for a namespace flag) or
+    the architecture or the libc is not one this was checked with (``ENOSYS``); the caller falls
+    back to the double fork."""
+    nr = _NR.get("clone")
+    if nr is None:
+        raise OSError(errno.ENOSYS, f"clone: no syscall number known for {MACHINE}")
+    if not _GLIBC:
+        # musl signals itself with the cached thread id, which would name the parent in the child
+        raise OSError(errno.ENOSYS, "clone: only with glibc (this libc's raise() uses a cached thread id)")
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    # x86_64 and aarch64 take (flags, stack, parent_tid, child_tid or tls, tls or child_tid): stack
+    # 0 is "this stack, copied", as fork's; no tid is written anywhere
+    pid = _libc_gil.syscall(nr, flags | CLONE_PARENT | SIGCHLD, None, None, None, None)
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    err = ctypes.get_errno()
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(err, f"clone(CLONE_PARENT | {flags:#x}): {os.strerror(err)}")
+    return int(pid)
 
 
 def setns(fd: int, nstype: int) -> None:

@@ -20,10 +20,13 @@ single-threaded, ``gc.freeze()``-es its heap and says ``ready``. Per launch the 
 ``SOCK_SEQPACKET`` message carrying the env's JSON parameters and, with ``SCM_RIGHTS``, the
 env's three pipe ends, a fresh socketpair end for this one env and (namespaces) its workspace.
 
-The template double-forks each env *ahead of its request* (a "spare", named ``boltz-spare``; the
+The template forks each env *ahead of its request* (a "spare", named ``boltz-spare``; the
 worker asks for the next one as soon as it has the current env's pid, so the template's next fork
-overlaps this env's last set-up steps: see ``SPARE_EARLY``): the intermediate child exits at once,
-so the spare is re-parented to the worker (a child subreaper), and the spare already makes its own
+overlaps this env's last set-up steps: see ``SPARE_EARLY``) as a child of the worker (a child
+subreaper): one ``clone(CLONE_PARENT)``, in a new PID namespace with namespaces
+(:func:`~boltzlabs_gym.envside.syscalls.fork_sibling`). Where the kernel refuses that clone, a
+double fork does the same with one process more (an intermediate child that exits at once, so the
+spare is re-parented to the worker), and the worker logs why once. The spare already makes its own
 PID/mount/net/IPC/UTS namespaces and ``/proc``, then blocks. A launch hands the request to the
 spare, so a start or hard reset waits for no fork. The worker ``waitpid``-s its envs, sees their
 real exit status, and they outlive a dead template (a spare exits when its template's socket
@@ -49,8 +52,9 @@ Nesting with the ``namespaces`` backend (root mode)
   (the env deny-list, except that mount/umount/move_mount/mount_setattr and ``unshare`` of
   non-user namespaces are allowed: no nested user namespace, no setns, ptrace, bpf, ...),
   arms PDEATHSIG and execs Python, which imports the env.
-* Each forked env: the intermediate child ``unshare(CLONE_NEWPID)``-s, so the env is PID 1 of its
-  own PID namespace (SIGKILL to ``Launched.pid`` kills its whole tree; the worker also kills its
+* Each forked env: cloned with ``CLONE_NEWPID`` (which the template's filter allows in ``clone``
+  as it allows it in ``unshare``; the double fork's intermediate child ``unshare``-s instead), so the
+  env is PID 1 of its own PID namespace (SIGKILL to ``Launched.pid`` kills its whole tree; the worker also kills its
   cgroup). The spare unshares mount (a copy owned by the template's user namespace, so every
   inherited mount is locked: it cannot be unmounted or made writable), net (only ``lo``), IPC
   and UTS namespaces and mounts its own ``/proc``; once launched and moved into its cgroup it
@@ -252,6 +256,8 @@ class TemplateLauncher:
         self._closed = False
         self.template_starts = 0
         self.template_start_ms: list[float] = []
+        #: why its envs are double-forked (the kernel refused ``clone(CLONE_PARENT)``); "" while they are not
+        self.double_fork_cause = ""
         self._dir = os.path.join(root, "template")
         os.makedirs(self._dir, exist_ok=True)
         self._outer_uid = _TEMPLATE_UID_LO + 2 * secrets.randbelow(_TEMPLATE_UID_SPAN // 2)
@@ -281,6 +287,8 @@ class TemplateLauncher:
         base = self.backend.report()
         props = dict(base.properties)
         props["boltz_template"] = True
+        # how its envs are forked, once one was (see _note_double_fork)
+        props["boltz_env_fork"] = f"double fork ({self.double_fork_cause})" if self.double_fork_cause else "clone"
         notes = list(base.notes)
         if self.kind == "ns":
             props["dedicated_uid"] = "per session (envs share one uid, distinct from the template's)"
@@ -424,6 +432,7 @@ class TemplateLauncher:
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
                 ),
                 unshare_notify_flags=L.CLONE_NEWUSER,
+                clone_allow_flags=L.CLONE_NEWPID,  # a spare: PID 1 of its own PID namespace
             )
             if backend.use_seccomp
             else None
@@ -519,6 +528,17 @@ class TemplateLauncher:
         except (TemplateError, _TemplateGone) as exc:
             return _failed_launch(spec, str(exc), start)
 
+    def _note_double_fork(self, cause: str) -> None:
+        """Warn once that this template's envs take two forks each: the kernel refused to clone them
+        as the worker's children (``cause``). They work as before, at one more fork's CPU per env."""
+        if not self.double_fork_cause:
+            log.warning(
+                "boltz template: the kernel refused to clone envs as the worker's children (%s); each "
+                "env is forked through a process that exits instead (one fork more per start or hard reset)",
+                cause,
+            )
+        self.double_fork_cause = cause
+
     def _fork(self, tpl: _Template, spec: LaunchSpec, start: float) -> Launched:
         from ..envside import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
         from .sandbox import cgroups
@@ -574,6 +594,8 @@ class TemplateLauncher:
             t_forked = time.perf_counter()
             if msg.startswith(b"!"):
                 raise TemplateError(msg[1:].decode("utf-8", "replace"))
+            if msg.startswith(b"p:"):
+                self._note_double_fork(msg[2:].decode("utf-8", "replace"))
             if pid is None or pid <= 0 or pid == tpl.pid or pid == os.getpid():
                 raise TemplateError(f"the template reported an impossible env pid {pid}")
             if SPARE_EARLY:
@@ -720,7 +742,8 @@ def _recv_with_pid(sock: socket.socket, tpl: _Template) -> tuple[bytes, int | No
 
 
 def _wait_reparented(pid: int, timeout: float = 5.0) -> None:
-    """The double fork's intermediate child exits at once; wait until ``pid`` is our child."""
+    """``pid`` is our child from its clone, or, double-forked, once the intermediate child exited
+    (at once); wait until it is."""
     me = os.getpid()
     deadline = time.monotonic() + timeout
     while True:

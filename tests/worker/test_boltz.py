@@ -210,6 +210,7 @@ def test_forked_env_sandbox_matches_a_spawned_one():
         ws = [o["workspace"] for o in obs]
         assert ws == [[f"mine-{i}"] for i in range(3)]  # private workspaces, not shared
         assert report.properties.get("boltz_template") is True
+        assert report.properties.get("boltz_env_fork") == "clone"  # one clone per env, no double fork
         if report.backend != "namespaces":
             pytest.skip(f"no namespace sandbox here ({report}): boltz mode is plain fork")
         for o in obs:
@@ -236,6 +237,30 @@ def test_template_with_threads_is_a_clear_error():
     with pytest.raises(EnvStartError) as info:
         RLPool(os.path.join(ENVS, "boltz_threads"), n=2, isolation=ISOLATION, mode="boltz")
     assert "threads" in info.value.stderr_tail and "mode='default'" in info.value.stderr_tail
+
+
+def test_a_double_forking_template_is_reported_once(tmp_path, caplog):
+    from boltzlabs_gym.worker.template import TemplateLauncher
+
+    class Process:
+        name = "process"
+
+        def report(self):
+            from boltzlabs_gym.wire.limits import IsolationReport
+
+            return IsolationReport(backend="process", properties={})
+
+    launcher = TemplateLauncher(Process(), env_dir=str(tmp_path), root=str(tmp_path), runtime={})
+    try:
+        assert launcher.report().properties["boltz_env_fork"] == "clone"
+        with caplog.at_level("WARNING", logger="boltzlabs_gym.worker.template"):
+            for _ in range(3):  # what each env's first message says (forkserver._first_message)
+                launcher._note_double_fork("[Errno 1] clone(CLONE_PARENT): refused")
+        warnings = [r for r in caplog.records if "refused to clone envs" in r.getMessage()]
+        assert len(warnings) == 1 and "[Errno 1] clone(CLONE_PARENT): refused" in warnings[0].getMessage()
+        assert launcher.report().properties["boltz_env_fork"] == "double fork ([Errno 1] clone(CLONE_PARENT): refused)"
+    finally:
+        launcher.close()
 
 
 def test_boltz_mode_never_falls_back_silently():
