@@ -1,7 +1,8 @@
 """Where a code server request's CPU goes: the server, its worker, the envs and their zygotes, the programs.
 
 Starts ``boltzlabs-gym code-server`` (with ``--python``'s interpreter, so another tree's server can
-be measured beside this one's), sends ``--runs`` ``print(1)`` requests from ``--concurrency``
+be measured beside this one's), sends ``--runs`` ``print(1)`` requests (or ``--language``'s trivial
+program from ``code_languages.py``) from ``--concurrency``
 client threads after a warm-up, and reads the CPU time of every process of the server's tree
 before and after (psutil: user + system of each live process, plus what each reaped of its
 children). Per run, in ms:
@@ -76,11 +77,20 @@ def tree_cpu(root: psutil.Process) -> dict[int, tuple[int, str, float, float]]:
     return out
 
 
-def send(url: str, runs: int, concurrency: int) -> None:
+def request_body(language: str) -> dict:
+    """The trivial program of ``language``: ``print(1)`` for python, else code_languages.py's."""
+    if language == "python":
+        return {"code": "print(1)", "language": "python"}
+    from code_languages import PROGRAMS
+
+    return {"code": PROGRAMS[language].code, "language": language, "run_timeout": 20, "compile_timeout": 30}
+
+
+def send(url: str, runs: int, concurrency: int, body: dict) -> None:
     def client(k: int) -> None:
         with requests.Session() as s:
             for _ in range(k):
-                r = s.post(url + "/run_code", json={"code": "print(1)", "language": "python"}, timeout=60).json()
+                r = s.post(url + "/run_code", json=body, timeout=120).json()
                 if r.get("status") != "Success":
                     raise SystemExit(f"a run failed: {r}")
 
@@ -91,14 +101,14 @@ def send(url: str, runs: int, concurrency: int) -> None:
         t.join()
 
 
-def measure(python: str, wipe: bool, runs: int, concurrency: int) -> dict[str, float]:
+def measure(python: str, wipe: bool, runs: int, concurrency: int, body: dict) -> dict[str, float]:
     server, url = start_server(python, wipe)
     try:
-        send(url, 4 * concurrency, concurrency)  # warm-up
+        send(url, 4 * concurrency, concurrency, body)  # warm-up
         root = psutil.Process(server.pid)
         worker_pids = {c.pid for c in root.children()}
         before, m0, g0, t0 = tree_cpu(root), machine_busy_s(), own_cpu_s(), time.perf_counter()
-        send(url, runs, concurrency)
+        send(url, runs, concurrency, body)
         after, m1, g1, t1 = tree_cpu(root), machine_busy_s(), own_cpu_s(), time.perf_counter()
         status = requests.get(url + "/v1/status", timeout=10).json()
     finally:
@@ -130,6 +140,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=800)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--language", default="python", help="the trivial program of this language (code_languages.py's)")
     ap.add_argument("--no-wipe", action="store_true", help="only the hard-reset path")
     ap.add_argument("--wipe-only", action="store_true", help="only the wipe path")
     args = ap.parse_args()
@@ -141,7 +152,7 @@ def main() -> int:
     for r in range(args.rounds):
         for python in args.python:
             for wipe in paths:
-                row = measure(python, wipe, args.runs, args.concurrency)
+                row = measure(python, wipe, args.runs, args.concurrency, request_body(args.language))
                 cells = " | ".join(f"{row.get(c, 0.0):.2f}" for c in columns)
                 path = "wipe" if wipe else "hard reset"
                 print(
