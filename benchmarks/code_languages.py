@@ -3,7 +3,7 @@
     # SandboxFusion set up by ../shared/tools/sandboxfusion/setup.sh in /work/sf, started beforehand:
     #   cd / && SF_HOME=/work/sf /work/sf/start.sh 8090
     python benchmarks/code_languages.py --sandboxfusion http://127.0.0.1:8090 --sandboxfusion-home /work/sf \\
-        --record code-languages-DATE
+        --mirror-sandboxfusion-runtime --record code-languages-DATE
     # some languages, shorter
     python benchmarks/code_languages.py --languages python,cpp,java --seconds 5 --sandboxfusion http://127.0.0.1:8090
     # a smoke run (seconds): python, bash and verilog (a compile step), one 1.5 s round each
@@ -37,6 +37,12 @@ rotated every round (code_server.py's ``measure_cell``):
   subprocess     a thread per client running the same toolchain commands as ours (the language table,
                  runner_env/_languages.py) with ``subprocess.run``, in a fresh temp dir per run: no
                  sandbox, no HTTP, no memory limit
+Python programs (python, pytest) run on the server's own interpreter by default (``--python worker``),
+with every package the project's extras installed there; pytest's cost per run grows with every installed
+plugin and with the distributions its entry-point scan reads. ``--mirror-sandboxfusion-runtime`` makes a
+venv with SandboxFusion's runtime venv's interpreter and ``pip freeze`` (under /usr/local/lib, which a
+worker accepts and every sandbox shows) and runs ours' Python programs on it: the same packages on
+both sides. ``--programs-python PATH`` names such an interpreter directly.
 Before it is timed, every system gets one run of the language: a system that cannot run it (its
 toolchain missing, a wrong answer) is not timed there, and the table says why.
 
@@ -75,6 +81,9 @@ SERVERS = ("ours", "sandboxfusion", "subprocess")
 #: baseline does and as SandboxFusion's runtime venv here does (the same pyenv build): by default it
 #: would take the code runtime's venv (Debian's Python), and the rows would compare interpreter builds
 SAME_PYTHON = ["--python", "worker"]
+#: where ``--mirror-sandboxfusion-runtime`` makes its venv: under /usr, which a worker accepts for
+#: programs and every sandbox shows (read-only)
+MIRROR_VENV = "/usr/local/lib/boltzlabs-bench/sandboxfusion-runtime-mirror"
 SMOKE_LANGUAGES = ("python", "bash", "verilog")  # verilog: a compile step that takes ms, not seconds
 RUN_TIMEOUT = 20.0  # per step: generous, so that a JVM under load is not cut off
 COMPILE_TIMEOUT = 30.0
@@ -228,8 +237,9 @@ def via_server(url: str, detail: dict | None = None) -> cs.RunFn:
     return run
 
 
-def via_subprocess(runtime: str, detail: dict | None = None) -> cs.RunFn:
-    """The language table's compile and run commands, by ``subprocess.run``, in a fresh temp dir per run."""
+def via_subprocess(runtime: str, detail: dict | None = None, python: str = sys.executable) -> cs.RunFn:
+    """The language table's compile and run commands, by ``subprocess.run``, in a fresh temp dir per run
+    (Python programs on ``python``: the benchmark's, or ours' programs' interpreter when one is named)."""
 
     def run(job: workloads.Job) -> cs.Outcome:
         spec = _TABLE.LANGUAGES[job.name]
@@ -238,8 +248,7 @@ def via_subprocess(runtime: str, detail: dict | None = None) -> cs.RunFn:
         with tempfile.TemporaryDirectory(prefix="lang-bench-") as workspace:
             scratch = os.path.join(workspace, ".scratch")
             os.mkdir(scratch)
-            # (python: the benchmark's, as ours and SandboxFusion here: see SAME_PYTHON)
-            names = spec.placeholders(workspace, scratch, runtime, sys.executable, main)
+            names = spec.placeholders(workspace, scratch, runtime, python, main)
             names["src"] = os.path.join(workspace, spec.source.format(n="", main=main))
             with open(names["src"], "w") as f:
                 f.write(code)
@@ -287,14 +296,14 @@ class System:
     detail: dict
 
 
-def start_ours(python: str, port: int, log_dir: str) -> cs.Target:
+def start_ours(python: str, port: int, log_dir: str, programs_python: str | None = None) -> cs.Target:
     """``boltzlabs-gym code-server`` from ``python``'s environment, as its users start it (cwd ``/``),
-    but for ``--python worker`` (:data:`SAME_PYTHON`)."""
+    but for ``--python worker`` (:data:`SAME_PYTHON`), or ``--python programs_python`` when given."""
     script = os.path.join(os.path.dirname(python), "boltzlabs-gym")
     cmd = [script, "code-server", "--port", str(port)] if os.path.exists(script) else None
     if cmd is None:
         cmd = [python, "-m", "boltzlabs_gym.cli", "code-server", "--port", str(port)]
-    cmd += SAME_PYTHON
+    cmd += ["--python", programs_python] if programs_python else SAME_PYTHON
     url, proc, log_path = cs.launch_server(cmd, "ours", port, log_dir, cwd="/", timeout=180)
     return cs.Target("ours", None, url=url, wipe=True, proc=proc, log_path=log_path)
 
@@ -466,6 +475,30 @@ def report(args, result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mirror_sandboxfusion_runtime(home: str, target: str = MIRROR_VENV) -> str:
+    """A venv at ``target`` with what SandboxFusion's runtime venv (``home``/runtime-venv) has: the
+    same base interpreter and the same ``pip freeze``, so that ours runs Python programs (python,
+    pytest) with the packages SandboxFusion's run with (pytest's cost per run depends on every
+    installed plugin and on how many distributions its entry-point scan reads). Made afresh each
+    time; returns its python."""
+    runtime = os.path.join(home, "runtime-venv", "bin", "python")
+    base = subprocess.run(
+        [runtime, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    freeze = subprocess.run(
+        [runtime, "-m", "pip", "freeze", "--all", "--exclude", "pip", "--exclude", "setuptools"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run([base, "-m", "venv", target], check=True, timeout=300)
+    python = os.path.join(target, "bin", "python")
+    if freeze:
+        subprocess.run([python, "-m", "pip", "install", "-q", *freeze], check=True, timeout=900)
+    return python
+
+
 def setup_lines(args, ours_status: dict | None, sf: dict | None, sf_tools: dict | None) -> list[str]:
     lines = []
     if ours_status is not None:
@@ -475,6 +508,21 @@ def setup_lines(args, ours_status: dict | None, sf: dict | None, sf_tools: dict 
             f" sandbox), cwd /, from {os.path.dirname(args.python)} (Python {interp.version}); isolation"
             f" {(ours_status.get('isolation') or {}).get('backend')}; code runtime {_TABLE.DEFAULT_RUNTIME}"
         )
+        programs = ours_status.get("python")
+        if args.programs_python:
+            mirror = setups.probe_interpreter(args.programs_python)
+            lines.append(
+                f"ours' Python programs (python, pytest): {programs}, Python {mirror.version}, packages"
+                f" {' '.join(sorted(mirror.packages)) or 'none'}"
+                + (
+                    " (made by --mirror-sandboxfusion-runtime: SandboxFusion's runtime venv's base"
+                    " interpreter and pip freeze)"
+                    if args.mirror_sandboxfusion_runtime
+                    else ""
+                )
+            )
+        else:
+            lines.append(f"ours' Python programs (python, pytest): {programs} (--python worker: the server's own)")
     if sf is not None:
         lines += [line.strip() for line in sf.get("lines") or []] or [
             "SandboxFusion: its setup is not described (no --sandboxfusion-home)"
@@ -494,7 +542,8 @@ def setup_lines(args, ours_status: dict | None, sf: dict | None, sf_tools: dict 
         lines.append(
             "subprocess: a thread per client, `subprocess.run` of the language table's compile and run commands"
             f" (the same as ours, code runtime {_TABLE.DEFAULT_RUNTIME}) in a fresh temp dir per run, PATH"
-            f" {_TABLE.PATH}; no sandbox, no memory limit, no HTTP"
+            f" {_TABLE.PATH}, Python programs on {args.programs_python or sys.executable}; no sandbox, no memory"
+            " limit, no HTTP"
         )
     lines.append(f"run_timeout {RUN_TIMEOUT:g} s, compile_timeout {COMPILE_TIMEOUT:g} s, memory_limit_MB not sent")
     return lines
@@ -517,6 +566,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=18191)
     p.add_argument("--sandboxfusion", metavar="URL", help="SandboxFusion's server, started beforehand")
     p.add_argument("--sandboxfusion-home", metavar="DIR", help="the folder setup.sh made for it: its setup is printed")
+    p.add_argument(
+        "--programs-python",
+        metavar="PATH",
+        help="ours runs Python programs (python, pytest) on this interpreter (under /usr or the worker's"
+        " own installation; default: the server's own, --python worker)",
+    )
+    p.add_argument(
+        "--mirror-sandboxfusion-runtime",
+        action="store_true",
+        help=f"make {MIRROR_VENV} with SandboxFusion's runtime venv's interpreter and packages (needs"
+        " --sandboxfusion-home, and root) and run ours' Python programs on it",
+    )
     p.add_argument("--record", metavar="NAME", help="write NAME.md and NAME.json into --record-dir")
     p.add_argument("--record-dir", default=os.path.join(HERE, "results"))
     args = p.parse_args(argv)
@@ -528,6 +589,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [x for x in args.language_list if x not in PROGRAMS]
     if unknown:
         p.error(f"--languages: unknown {unknown}; served: {','.join(PROGRAMS)}")
+    if args.mirror_sandboxfusion_runtime and not args.sandboxfusion_home:
+        p.error("--mirror-sandboxfusion-runtime needs --sandboxfusion-home")
     bad = set(args.servers.split(",")) - set(SERVERS)
     if bad:
         p.error(f"--servers: unknown {sorted(bad)}; expected a subset of {','.join(SERVERS)}")
@@ -545,8 +608,10 @@ def main(argv=None) -> int:
     flags: list[str] = []
     keep_logs = False
     try:
+        if args.mirror_sandboxfusion_runtime:
+            args.programs_python = mirror_sandboxfusion_runtime(args.sandboxfusion_home)
         if "ours" in wanted:
-            target = start_ours(args.python, args.port, log_dir)
+            target = start_ours(args.python, args.port, log_dir, args.programs_python)
             systems.append(System(target, {}))
             target.run = via_server(target.url, systems[-1].detail)
             ours_status = cs.get_json(target.url + "/v1/status")
@@ -566,7 +631,8 @@ def main(argv=None) -> int:
         if "subprocess" in wanted:
             detail: dict = {}
             runtime = _TABLE.DEFAULT_RUNTIME
-            target = cs.Target("subprocess", via_subprocess(runtime, detail), subtract_client_cpu=False)
+            python = args.programs_python or sys.executable  # (as ours' Python programs: see SAME_PYTHON)
+            target = cs.Target("subprocess", via_subprocess(runtime, detail, python), subtract_client_cpu=False)
             systems.append(System(target, detail))
         lines = setup_lines(args, ours_status, sf, sf_tools)
         for line in lines:
