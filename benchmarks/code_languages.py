@@ -511,9 +511,12 @@ def setup_lines(args, ours_status: dict | None, sf: dict | None, sf_tools: dict 
         programs = ours_status.get("python")
         if args.programs_python:
             mirror = setups.probe_interpreter(args.programs_python)
+            freeze = subprocess.run(
+                [args.programs_python, "-m", "pip", "freeze"], capture_output=True, text=True
+            ).stdout.split()
             lines.append(
-                f"ours' Python programs (python, pytest): {programs}, Python {mirror.version}, packages"
-                f" {' '.join(sorted(mirror.packages)) or 'none'}"
+                f"ours' Python programs (python, pytest): {programs}, Python {mirror.version}, pip freeze:"
+                f" {' '.join(freeze) or 'nothing'}"
                 + (
                     " (made by --mirror-sandboxfusion-runtime: SandboxFusion's runtime venv's base"
                     " interpreter and pip freeze)"
