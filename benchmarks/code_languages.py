@@ -24,7 +24,9 @@ Concurrency per language (:data:`CONCURRENCY`), the number of client threads pos
   4   JVM and .NET languages (java, junit, scala, kotlin_script, csharp): a JVM compiler and a JVM run,
       0.2-0.5 GiB and seconds of CPU each; 4 of them fill 2 cores, 64 would only swap.
 Each language runs for its own window (:data:`SECONDS`, ``--seconds`` overrides it), longer where
-runs take seconds, so that a window holds tens of runs.
+runs take seconds, so that a window holds tens of runs, and several per client: 30 s for the
+interpreters of 0.2 s of CPU or more per run (pytest, typescript, R, racket), whose answers take 6-15 s
+at 64 at once.
 
 Systems (``--servers``), each measured in ``--rounds`` rounds per language, taking turns in an order
 rotated every round (code_server.py's ``measure_cell``):
@@ -180,6 +182,10 @@ CONCURRENCY: dict[str, int] = {
     **dict.fromkeys(("java", "junit", "scala", "kotlin_script", "csharp"), JVM),
 }
 SECONDS: dict[str, float] = {lang: {INTERPRETED: 8.0, COMPILED: 15.0, JVM: 30.0}[c] for lang, c in CONCURRENCY.items()}
+# Interpreters whose trivial run takes 0.2 s of CPU or more: at 64 at once on 2 cores an answer takes
+# 6-15 s, so an 8 s window holds about one answer per client, all in phase (the window opens once every
+# client has had its first), and counts runs in multiples of 64. 30 s holds several per client.
+SECONDS.update(dict.fromkeys(("pytest", "typescript", "R", "racket"), 30.0))
 # What SandboxFusion's runners call (sandbox/runners/major.py, minor.py), asked of its own bash runner.
 SF_TOOLS = (
     "python", "pytest", "g++", "node", "tsx", "npm", "go", "javac", "java", "php", "dotnet", "rustc", "lua",
