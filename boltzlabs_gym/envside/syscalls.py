@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import signal
 
 MACHINE = os.uname().machine  # (what platform.machine() reads, without importing platform)
 
@@ -74,8 +75,6 @@ ST_NOATIME, ST_NODIRATIME, ST_RELATIME = 1024, 2048, 4096
 AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
-
-SIGCHLD = 17
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -160,7 +159,7 @@ def fork_sibling(flags: int = 0) -> int:
     api.PyOS_BeforeFork()
     # x86_64 and aarch64 take (flags, stack, parent_tid, child_tid or tls, tls or child_tid): stack
     # 0 is "this stack, copied", as fork's; no tid is written anywhere
-    pid = _libc_gil.syscall(nr, flags | CLONE_PARENT | SIGCHLD, None, None, None, None)
+    pid = _libc_gil.syscall(nr, flags | CLONE_PARENT | signal.SIGCHLD, None, None, None, None)
     if pid == 0:
         api.PyOS_AfterFork_Child()
         return 0
