@@ -10,14 +10,13 @@ env also uses its two block-wise calls, :meth:`BatchCalls.send_steps` and
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import AsyncStateError, PoolClosedError
-from ..wire.protocol import ERROR, STRAGGLER
+from ..wire.protocol import ERROR, OK, STRAGGLER
 from .results import EnvResult
 from .routes import Items, Route
 from .sandbox_replies import SandboxResult
@@ -60,16 +59,11 @@ class BatchCalls:
         if self.closed:
             raise PoolClosedError("this pool is closed; create a new RLPool")
 
-    @contextmanager
-    def lending_obs_views(self) -> Iterator[None]:
+    def lending_obs_views(self) -> _LendingViews:
         """Within the block, observations from shared regions come as read-only views of their
         slots, not copies (:meth:`~boltzlabs_gym.client.obs_regions.ObsRegions.lending_views`):
         for a caller that copies each into its own batch and keeps no result past the block."""
-        with ExitStack() as stack:
-            for link in self.links:
-                if link.regions is not None:
-                    stack.enter_context(link.regions.lending_views())
-            yield
+        return _LendingViews([link.regions for link in self.links if link.regions is not None])
 
     def _check_idle(self) -> None:
         self.check_open()
@@ -141,10 +135,35 @@ class BatchCalls:
         return sandboxes, results
 
     def _record(self, sandboxes: list[SandboxResult], results: list[EnvResult], per_worker_ms: dict) -> None:
-        failed = [f for sandbox in sandboxes for f in sandbox.failures()] + results if sandboxes else results
-        stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
-        errors = tuple(r.index for r in failed if r.status == ERROR)
-        calls = sum(len(sandbox.plan.indices) for sandbox in sandboxes) + len(results)
+        failed = results
+        calls = len(results)
+        for sandbox in sandboxes:
+            calls += len(sandbox.plan.indices)
+            if sandbox.result.status != OK:
+                failed = failed + sandbox.failures()
+        stragglers: tuple[int, ...] = ()
+        errors: tuple[int, ...] = ()
+        if failed:
+            stragglers = tuple(r.index for r in failed if r.status == STRAGGLER)
+            errors = tuple(r.index for r in failed if r.status == ERROR)
         seconds = time.perf_counter() - self._sent_at
         self.recorder.batch(calls, seconds, len(stragglers), len(errors))
         self.timing = self.timing.after_batch(per_worker_ms, seconds * 1e3, stragglers, errors, calls)
+
+
+class _LendingViews:
+    """:meth:`BatchCalls.lending_obs_views`'s block: each region lends views inside it (a plain
+    class, not a generator's context: it is entered once per step)."""
+
+    __slots__ = ("regions",)
+
+    def __init__(self, regions: list):
+        self.regions = regions
+
+    def __enter__(self) -> None:
+        for regions in self.regions:
+            regions.views = True
+
+    def __exit__(self, *exc: object) -> None:
+        for regions in self.regions:
+            regions.views = False

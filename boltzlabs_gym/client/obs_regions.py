@@ -290,11 +290,11 @@ class ObsRegions:
                 return self._arrays_step(region, step_line)
             if step_line is not None:
                 return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
+        known = region.known_sandbox_line if region is not None else None
+        if region is not None and known is not None and line == known[0]:  # the usual sandbox reply
+            return known[2], None, self._rows_as_payloads(region, known[1], payloads)
         if _SHM_KEY not in line:
             return line, None, payloads
-        known = region.known_sandbox_line if region is not None else None
-        if region is not None and known is not None and line == known[0]:
-            return known[2], None, self._rows_as_payloads(region, known[1], payloads)
         try:
             reply = parse_json(line)
         except ValueError:
@@ -350,11 +350,15 @@ class ObsRegions:
         """A sandbox reply's payloads with its first ``rows`` rows of each array read from the region
         in place of the empty payloads it sent for them (one array's, or a Dict/Tuple's each)."""
         spans = region.spans
-        taken = len(spans) if spans is not None else 1
+        if spans is None:  # one array's rows
+            if not payloads or len(payloads[0]):
+                raise RegionFault("its sandbox reply refers to its region but sends the observations' bytes too")
+            payloads = list(payloads)
+            payloads[0] = region.view_rows(rows) if self.views else region.copy_rows(rows)
+            return payloads
+        taken = len(spans)
         if len(payloads) < taken or any(len(p) for p in payloads[:taken]):
             raise RegionFault("its sandbox reply refers to its region but sends the observations' bytes too")
-        if spans is None:
-            return [region.view_rows(rows) if self.views else region.copy_rows(rows), *payloads[1:]]
         m, data = region.slots, region.view if self.views else region.map
         return [data[m * start : m * start + rows * size] for start, size in spans] + payloads[len(spans) :]
 

@@ -60,6 +60,7 @@ from ..wire.protocol import (
     SANDBOX_REPLIES,
     SANDBOX_REWARD,
     SANDBOX_SLOTS,
+    encode_once,
     sandbox_op_name,
 )
 from ..wire.slot_layout import array_refs, copy_skeleton, map_array_refs
@@ -95,11 +96,13 @@ def check_envs_per_sandbox(value: object) -> int:
 class SandboxLayout:
     """Which sandbox and slot each of a pool's ``n`` envs has, ``k`` envs per sandbox."""
 
-    __slots__ = ("n", "k", "sandboxes")
+    __slots__ = ("n", "k", "sandboxes", "steady")
 
     def __init__(self, n: int, k: int):
         self.n, self.k = n, k
         self.sandboxes = -(-n // k)
+        #: The requests and plans of steady step batches, made once per kind (see :func:`pack_action_rows`).
+        self.steady: dict[tuple, list] = {}
 
     def envs(self, sandbox: int) -> range:
         """The pool indices of the envs of ``sandbox``."""
@@ -225,6 +228,8 @@ def _pack_whole(
     out = []
     plans = []
     reset_at = np.flatnonzero(resets).tolist() if resets.any() else []
+    if rows is not None and not reset_at:
+        return _steady_action_rows(layout, rows, autoreset)
     cursor = 0
     for sandbox in range(layout.sandboxes):
         envs = layout.envs(sandbox)
@@ -249,6 +254,40 @@ def _pack_whole(
         out.append((sandbox, request, frames))
         plans.append(SandboxPlan(sandbox, list(envs), list(envs), name, whole=True))
     return out, plans
+
+
+def _steady_action_rows(layout: SandboxLayout, rows: np.ndarray, autoreset: bool) -> tuple[list, list[SandboxPlan]]:
+    """:func:`_pack_whole` of a batch of array actions with no reset in it, the commonest batch of
+    continuous control: every sandbox's request is the same each step but for its payload's
+    bytes, so the request (with its line encoded once: :func:`~boltzlabs_gym.wire.protocol.encode_once`)
+    and the plan are made once per kind of batch and reused (both are only ever read)."""
+    key = (rows.dtype.str, rows.shape, autoreset)
+    steady = layout.steady.get(key)
+    if steady is None:
+        steady = []
+        for sandbox in range(layout.sandboxes):
+            envs = layout.envs(sandbox)
+            m = len(envs)
+            request: dict = {"op": "step", SANDBOX_SLOTS: _slots(m), SANDBOX_OPS: [None] * m}
+            request[SANDBOX_ACTIONS] = {ND: [0, rows.dtype.str, [m, *rows.shape[1:]]]}
+            if autoreset:
+                request[SANDBOX_AUTORESET] = True
+            encoded = encode_once(request, [m * rows[0].nbytes])
+            steady.append(
+                (
+                    sandbox,
+                    envs.start,
+                    envs.stop,
+                    encoded,
+                    SandboxPlan(sandbox, list(envs), list(envs), "step", whole=True),
+                )
+            )
+        if len(layout.steady) >= 8:
+            layout.steady.clear()
+        layout.steady[key] = steady
+    # Each sandbox's rows are a copy: the caller may change its array once step_async returns.
+    out = [(sandbox, request, [rows[lo:hi].tobytes()]) for sandbox, lo, hi, request, _ in steady]
+    return out, [plan for *_, plan in steady]
 
 
 _SLOTS: dict[int, list[int]] = {}
@@ -308,7 +347,7 @@ def _sandbox_request(
 class SandboxReply:
     """One sandbox reply, validated: plain positions as arrays, the others as env results."""
 
-    __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others", "info")
+    __slots__ = ("plain", "leaves", "skeleton", "reward", "flags", "others", "info", "all_plain")
 
     def __init__(
         self,
@@ -319,6 +358,7 @@ class SandboxReply:
         flags: np.ndarray | None,
         others: dict,
         info: InfoRows | None = None,
+        all_plain: bool | None = None,
     ):
         #: Positions answered plainly (bool per position).
         self.plain = plain
@@ -335,6 +375,8 @@ class SandboxReply:
         self.others = others
         #: The plain positions' infos as typed columns (:mod:`~boltzlabs_gym.wire.info_layout`), or None.
         self.info = info
+        #: Whether every position was answered plainly (worked out when not told).
+        self.all_plain = all_plain if all_plain is not None else not others and bool(plain.all())
 
     @property
     def obs(self) -> np.ndarray | None:
@@ -607,19 +649,36 @@ def _with_arrays(layout: _Layout, payloads: list, npos: int, plain: np.ndarray, 
         np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
         for payload, (dtype, shape) in zip(payloads, layout.declared)
     ]
-    reward = np.frombuffer(payloads[count], dtype="<f8")
+    reward = np.frombuffer(payloads[count], dtype=_F8)
     flags = np.frombuffer(payloads[count + 1], dtype=np.uint8)
     info = layout.info.rows(payloads[count + 2 : len(sizes)]) if layout.info is not None else None
-    return SandboxReply(plain, leaves, layout.skeleton, reward, flags, others, info)
+    all_plain = plain is _ALL_PLAIN.get(npos)
+    return SandboxReply(plain, leaves, layout.skeleton, reward, flags, others, info, all_plain)
+
+
+_F8 = np.dtype("<f8")
 
 
 def _read_known_line(layout: _Layout, payloads: list, row_skeleton: Any, npos: int) -> SandboxReply:
     """A sandbox reply whose line was read before (:class:`_KnownLines`): all positions plain,
     its arrays as ``layout`` says, its payloads those arrays' and nothing more."""
-    _check_rows_of(layout.skeleton, row_skeleton)
+    if row_skeleton is not None and layout.skeleton is not row_skeleton:
+        _check_rows_of(layout.skeleton, row_skeleton)
     if len(payloads) != len(layout.sizes):
         raise BadSandboxReply(f"{len(payloads) - len(layout.sizes)} payloads follow that no position claims")
-    return _with_arrays(layout, payloads, npos, np.ones(npos, dtype=bool), {})
+    return _with_arrays(layout, payloads, npos, _all_plain(npos), {})
+
+
+def _all_plain(npos: int) -> np.ndarray:
+    """``np.ones(npos, dtype=bool)``, one read-only array per size (only ever read)."""
+    plain = _ALL_PLAIN.get(npos)
+    if plain is None:
+        plain = _ALL_PLAIN[npos] = np.ones(npos, dtype=bool)
+        plain.flags.writeable = False
+    return plain
+
+
+_ALL_PLAIN: dict[int, np.ndarray] = {}
 
 
 def _position_key(key: str, npos: int) -> int:

@@ -238,6 +238,12 @@ class SandboxRows:
         #: is decoded against its own space).
         self.batch_rows = observations is not None or leaves is not None
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+        #: The info columns of whole, plain sandboxes of this batch not yet in its infos, in the
+        #: order they were read: ``(first env, InfoRows)`` (see :meth:`add_pending_info`).
+        self.pending_info: list[tuple[int, InfoRows]] = []
+        #: Each info layout's columns' native dtypes, by the layout's identity (a known line's
+        #: layout is one object for as long as the line is known).
+        self._native_dtypes: dict[int, tuple[InfoLayout, tuple]] = {}
 
     def read(self, sandbox: SandboxResult):
         """A sandbox's reply, read against the observation space (see :meth:`SandboxResult.read`)."""
@@ -283,6 +289,69 @@ class SandboxRows:
             infos = take_reset(r, infos, reset_timeout)
         return infos
 
+    def take_steady(self, sandbox: SandboxResult, same_step: bool) -> bool:
+        """Store the commonest sandbox reply of a step batch with no reset in it: every env of the
+        sandbox stepped and answered plainly, and (in SAME_STEP mode) none ended. Its rows go into
+        the batch as whole blocks; its info columns wait in :attr:`pending_info`. False, storing
+        nothing, for any other reply."""
+        plan = sandbox.plan
+        if not (plan.whole and self.batch_rows):
+            return False
+        read = self.read(sandbox)
+        if type(read) is not SandboxReply or not read.all_plain or read.leaves is None:
+            return False
+        flags = read.flags
+        assert flags is not None
+        if same_step and flags.any():
+            return False  # an episode ended without the env resetting itself: take_step says what happened
+        first = plan.indices[0]
+        rows = slice(first, first + len(plan.indices))
+        if self.observations is not None:
+            self.observations[rows] = read.leaves[0]
+        else:
+            for batch, leaf in zip(self.leaves or (), read.leaves):
+                batch[rows] = leaf
+        self.rewards[rows] = read.reward
+        self.terminations[rows] = flags & FLAG_TERMINATED
+        self.truncations[rows] = flags & FLAG_TRUNCATED
+        if read.info is not None:
+            self.pending_info.append((first, read.info))
+        return True
+
+    def add_pending_info(self, infos: dict, n: int) -> dict:
+        """Add the info columns :meth:`take_steady` kept to ``infos``. When they are the whole batch
+        (every env, in order, one layout, every key present: the usual step), each key's array is
+        one concatenation of the sandboxes' columns and its mask all True, the arrays
+        ``_add_info`` would build env by env; otherwise each sandbox's are added as
+        :func:`add_info_rows` adds them, in the order they were read."""
+        pending, self.pending_info = self.pending_info, []
+        if not pending:
+            return infos
+        layout = pending[0][1].layout
+        expected = 0
+        tiles = not infos
+        for first, info in pending:
+            tiles = tiles and first == expected and info.layout is layout and info.every
+            expected = first + len(info.has)
+        if tiles and expected == n:
+            dtypes = self.native_dtypes(layout)
+            for c, key in enumerate(layout.keys):
+                infos[key] = np.concatenate([info.cols[c] for _, info in pending], dtype=dtypes[c])
+                infos[f"_{key}"] = np.ones(n, dtype=np.bool_)
+            return infos
+        for first, info in pending:
+            infos = add_info_rows(infos, info, slice(first, first + len(info.has)), slice(None), n)
+        return infos
+
+    def native_dtypes(self, layout: InfoLayout) -> tuple:
+        """:attr:`InfoLayout.native_dtypes`, worked out once per layout."""
+        known = self._native_dtypes.get(id(layout))
+        if known is None or known[0] is not layout:
+            if len(self._native_dtypes) >= 64:
+                self._native_dtypes.clear()
+            known = self._native_dtypes[id(layout)] = (layout, layout.native_dtypes)
+        return known[1]
+
     def take_step(
         self,
         sandbox: SandboxResult,
@@ -296,6 +365,9 @@ class SandboxRows:
         """Store a sandbox's results of a step batch: its plain positions as whole blocks of
         observations, rewards and flags (by slicing; no per-env work), the rest one by one
         (``take_step``)."""
+        # Infos go in in the order replies were read (Gymnasium's _add_info casts a later value into
+        # the array an earlier one made): those of steady sandboxes read before this one first.
+        infos = self.add_pending_info(infos, len(self.rewards))
         read = self.read(sandbox)
         one_by_one = self.one_by_one(sandbox, read)
         if one_by_one is not None:

@@ -327,10 +327,15 @@ class StepBatch:
         plain, arrays, sandbox_rows, take_step = self.plain_steps, self.arrays_steps, self.sandbox_rows, self.take_step
         # Observations in shared regions are read in place: the one copy of each is the one
         # into this batch (every result is taken in this block, and none is kept past it).
+        steady = not reset_ops.any()  # the usual step batch: no env resets in it
         with pool.batch_calls.lending_obs_views():
             sandboxes, results = self.wait(timeout, raw=True)
             for sandbox in sandboxes:
+                if steady and sandbox_rows.take_steady(sandbox, same_step):
+                    continue
                 infos = sandbox_rows.take_step(sandbox, reset_ops, same_step, failed, infos, limits, take_step)
+            if results:
+                infos = sandbox_rows.add_pending_info(infos, self.num_envs)
             for r in results:
                 i = r.index
                 if plain is not None and r.status == OK and not reset_ops[i] and plain.take(r, same_step):
@@ -338,6 +343,7 @@ class StepBatch:
                 if arrays is not None and not reset_ops[i] and arrays.take(r, same_step):
                     continue
                 infos = take_step(r, bool(reset_ops[i]), same_step, failed, infos, limits)
+            infos = sandbox_rows.add_pending_info(infos, self.num_envs)
             if plain is not None and plain.pending_infos:
                 infos = plain.add_pending_infos(infos, self.num_envs)
             del sandboxes, results

@@ -78,12 +78,25 @@ class InfoLayout(NamedTuple):
         rows (default: the layout's), e.g. the one row of several one-env replies joined."""
         if npos is None:
             npos = self.sizes[0] // len(self.keys)
-        has = np.frombuffer(payloads[0], dtype=np.bool_).reshape(npos, len(self.keys))
+        # The usual case, told by one compare of the presence bytes: every position has every key.
+        every = payloads[0] == _present(len(payloads[0]))
+        if every:
+            has = _all_present(npos, len(self.keys))
+        else:
+            has = np.frombuffer(payloads[0], dtype=np.bool_).reshape(npos, len(self.keys))
         cols = [
-            np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
+            np.frombuffer(payload, dtype=dtype)
+            if not shape
+            else np.frombuffer(payload, dtype=dtype).reshape(npos, *shape)
             for payload, (dtype, shape) in zip(payloads[1:], self.columns)
         ]
-        return InfoRows(self, has, cols)
+        return InfoRows(self, has, cols, every)
+
+    @property
+    def native_dtypes(self) -> tuple[np.dtype, ...]:
+        """Each column's dtype in this machine's byte order: the dtype of the batched info array that
+        Gymnasium's ``_add_info`` builds for the key."""
+        return tuple(dtype.newbyteorder("=") for dtype, _ in self.columns)
 
 
 def numeric_rows(ref: Any, npos: int) -> tuple[Any, np.dtype, tuple[int, ...]] | None:
@@ -121,15 +134,40 @@ def _column(col: Any, tag: Any, ref: int, npos: int) -> tuple[np.dtype, tuple[in
     return dtype, row_shape
 
 
+def _present(size: int) -> bytes:
+    """Presence bytes of ``size`` positions and keys, every one present."""
+    ones = _PRESENT.get(size)
+    if ones is None:
+        ones = _PRESENT[size] = b"\x01" * size
+    return ones
+
+
+_PRESENT: dict[int, bytes] = {}
+
+
+def _all_present(npos: int, count: int) -> np.ndarray:
+    """``has`` of ``npos`` positions that all have ``count`` keys: one read-only array per shape."""
+    has = _ALL_PRESENT.get((npos, count))
+    if has is None:
+        has = _ALL_PRESENT[(npos, count)] = np.ones((npos, count), dtype=np.bool_)
+        has.flags.writeable = False
+    return has
+
+
+_ALL_PRESENT: dict[tuple[int, int], np.ndarray] = {}
+
+
 class InfoRows:
-    """One reply's info columns: ``has[p, c]`` and ``cols[c][p]`` for position ``p``, key ``c``."""
+    """One reply's info columns: ``has[p, c]`` and ``cols[c][p]`` for position ``p``, key ``c``;
+    ``every``: whether every position has every key."""
 
-    __slots__ = ("layout", "has", "cols")
+    __slots__ = ("layout", "has", "cols", "every")
 
-    def __init__(self, layout: InfoLayout, has: np.ndarray, cols: list[np.ndarray]):
+    def __init__(self, layout: InfoLayout, has: np.ndarray, cols: list[np.ndarray], every: bool = False):
         self.layout = layout
         self.has = has
         self.cols = cols
+        self.every = every
 
     def info_of(self, p: int) -> dict:
         """Position ``p``'s info as the env returned it (Python scalars, numpy scalars, arrays)."""

@@ -442,12 +442,43 @@ STEP_REPLY_HEAD_PATTERN = re.compile(
 INFO_COLS_MARK = b',"info":{"__cols__":'
 
 
+#: Request lines encoded once, by the op object they carry (see :func:`encode_once`): the op itself
+#: is kept with its line, so that its id is never reused while the entry is there.
+_ENCODED_LINES: dict[int, tuple[dict, list[int], bytes]] = {}
+_MAX_ENCODED_LINES = 256
+
+
+def encode_once(op: dict, sizes: list[int]) -> dict:
+    """``op``, with its request line for payloads of ``sizes`` bytes encoded now, once: every later
+    :func:`env_request_line` of this very object (with payloads of those sizes) is that line. For
+    the requests a steady step batch sends every step, the same but for their payloads' bytes.
+    The op must never change after this.
+
+    >>> op = encode_once({"op": "step", "slots": [0, 1], "ops": [None, None]}, [8])
+    >>> env_request_line(op, [bytes(8)]) == env_request_line(dict(op), [bytes(8)])
+    True
+    """
+    if len(_ENCODED_LINES) >= _MAX_ENCODED_LINES:
+        _ENCODED_LINES.clear()
+    _ENCODED_LINES[id(op)] = (op, list(sizes), _encode_line(op, list(sizes)))
+    return op
+
+
+def _encode_line(op: dict, sizes: list[int]) -> bytes:
+    if sizes:
+        op = dict(op, _bin=sizes)
+    return _encode_json(op).encode() + b"\n"
+
+
 def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     """The line the worker writes to an env's stdin (payloads follow it).
 
     >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
     b'{"op":"step","action":3,"autoreset":true}\\n'
     """
+    encoded = _ENCODED_LINES.get(id(op))
+    if encoded is not None and encoded[0] is op and encoded[1] == [len(p) for p in payloads]:
+        return encoded[2]
     if not payloads and type(op.get("action")) is int and op.get("op") == "step":
         # A Discrete action, the commonest request of all, without the JSON encoder.
         if len(op) == 2:
@@ -465,9 +496,7 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
                 return array_step_line(ref[1], tuple(ref[2]), len(payloads[0]), autoreset)
             except TypeError:  # an unhashable dtype or shape: not one of ours; encoded as it is
                 pass
-    if payloads:
-        op = dict(op, _bin=[len(p) for p in payloads])
-    return _encode_json(op).encode() + b"\n"
+    return _encode_line(op, [len(p) for p in payloads])
 
 
 @functools.lru_cache(maxsize=64)
