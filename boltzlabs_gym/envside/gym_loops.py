@@ -14,6 +14,7 @@ step would show.
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import partial
 from math import isfinite
@@ -258,13 +259,22 @@ def _action_batch(actions: tuple[str, list, bytes]) -> np.ndarray | str:
     """A request's batch of actions as one writable array (each env steps with a view of its row,
     as SyncVectorEnv hands its envs rows of the batch), or why it is not one."""
     dtype_str, shape, data = actions
-    try:
-        dtype = np.dtype(dtype_str)
-    except (TypeError, ValueError):
-        return f"the batch of actions has the dtype {dtype_str[:40]!r}"
-    if dtype.kind not in "biuf" or dtype.itemsize * int(np.prod(shape, dtype=np.int64)) != len(data):
+    dtype = _ACTION_DTYPES.get(dtype_str)
+    if dtype is None:
+        try:
+            dtype = np.dtype(dtype_str)
+        except (TypeError, ValueError):
+            return f"the batch of actions has the dtype {dtype_str[:40]!r}"
+        if len(_ACTION_DTYPES) < 64:
+            _ACTION_DTYPES[dtype_str] = dtype
+    # (shape: ints checked by check_sandbox_request; math.prod of Python ints cannot wrap around)
+    if dtype.kind not in "biuf" or dtype.itemsize * math.prod(shape) != len(data):
         return f"the batch of actions is not {shape} of {dtype} in {len(data)} bytes"
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+#: Action batch dtypes by their wire spelling, parsed once.
+_ACTION_DTYPES: dict[str, np.dtype] = {}
 
 
 def _action_row(host: GymHost, batch: np.ndarray | str | None, p: int) -> Any:

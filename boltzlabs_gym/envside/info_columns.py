@@ -73,6 +73,8 @@ class InfoColumns:
         self.has = np.zeros((m, 0), dtype=np.uint8)
         #: Bumped when a column is added: the reply line changes then.
         self.version = 0
+        #: The plans of :meth:`put` by an info's keys, in order: ``(columns, types, dtypes, has row)``.
+        self._known: dict[tuple, tuple[list[int], list[Any], list[Any], np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -80,6 +82,49 @@ class InfoColumns:
     def put(self, p: int, info: dict) -> bool:
         """Write the info of position ``p`` (a non-empty dict) into its row, and ``True``; ``False``,
         writing nothing, when a value is not of its key's column kind (or cannot have a column)."""
+        # The usual info: the same keys in the same order as a step before, each value of its
+        # column's Python type (and, for a numpy scalar, the very dtype object): one check per
+        # value, one store per value and one for the presence row.
+        known = self._known.get(tuple(info))
+        if known is not None:
+            columns, types, dtypes, has_row = known
+            values = info.values()
+            value: Any
+            for value, typ, dtype in zip(values, types, dtypes):
+                if type(value) is not typ or (dtype is not None and value.dtype is not dtype):
+                    break
+            else:
+                cols = self.cols
+                for c, value in zip(columns, values):
+                    cols[c][p] = value
+                self.has[p] = has_row
+                return True
+        if not self._put(p, info):
+            return False
+        self._remember(info)
+        return True
+
+    def _remember(self, info: dict) -> None:
+        """Keep the plan :meth:`put` takes for infos of ``info``'s keys and types: those whose values
+        need no check but their type (Python scalars; numpy scalars of the same dtype object)."""
+        index, kinds = self._index, self._kinds
+        columns, types, dtypes = [], [], []
+        for key, value in info.items():
+            c = index[key]
+            tag = kinds[c][0]
+            if tag == "nd" or (tag == "int" and type(value) is int):
+                return  # an array's shape, or an int's range, is checked per value: the general path
+            columns.append(c)
+            types.append(type(value))
+            dtypes.append(value.dtype if tag == "np" else None)
+        has_row = np.zeros(len(self.keys), dtype=np.uint8)
+        has_row[columns] = 1
+        if len(self._known) >= 64:
+            self._known.clear()
+        self._known[tuple(info)] = (columns, types, dtypes, has_row)
+
+    def _put(self, p: int, info: dict) -> bool:
+        """:meth:`put`, every value checked against its column's kind."""
         index, types, kinds = self._index, self._types, self._kinds
         value: Any
         for key, value in info.items():
@@ -133,6 +178,7 @@ class InfoColumns:
         has[:, :-1] = self.has
         self.has = has
         self.version += 1
+        self._known.clear()  # their presence rows are one byte short now
         return True
 
     def member(self, n: int, first_ref: int) -> bytes:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from ..errors import ProtocolError
 from .framing import STILL_IN_SYNC, FdReader, MessageReader, MessageWriter, read_message, write_message
 from .sandbox_slots import SandboxRequest, check_sandbox_request
+from .steady_requests import SteadyRequests
 
 __all__ = ["Ending", "Answer", "QuickAnswer", "serve_requests", "serve_sandbox_requests"]
 
@@ -127,4 +128,17 @@ def serve_sandbox_requests(
             return True
         return answer_sandbox(request)
 
-    return serve_requests(reader, writer, answer, serve_past_bad_lines=serve_past_bad_lines)
+    if not isinstance(reader, FdReader):
+        return serve_requests(reader, writer, answer, serve_past_bad_lines=serve_past_bad_lines)
+    steady = SteadyRequests(count)
+
+    def quick(data: bytes) -> bool:
+        # The request of a steady step batch, known by its bytes: no JSON to parse, nothing to check
+        # again (every op steps, so it never closes the process).
+        request = steady.match(data)
+        if request is None:
+            return False
+        answer_sandbox(request)
+        return True
+
+    return serve_requests(reader, writer, answer, serve_past_bad_lines=serve_past_bad_lines, quick=quick)

@@ -69,6 +69,44 @@ def test_a_key_whose_kind_changes_is_refused_and_nothing_is_written():
     assert not columns.put(1, {"a": np.zeros(2)}) and columns.has[1].tolist() == [0, 0]
 
 
+def test_an_info_like_one_before_is_written_as_the_general_path_writes_it():
+    # The second put of the same keys takes the remembered plan; what it writes must be what a
+    # first put would, and a value whose type or dtype moved must still be refused.
+    planned, fresh = InfoColumns(2), InfoColumns(2)
+    first = {"x": np.float64(0.5), "ok": True, "r": np.float32(-1)}
+    second = {"x": np.float64(-2.0), "ok": False, "r": np.float32(3)}
+    assert planned.put(0, first) and planned.put(1, second)
+    assert fresh.put(0, first) and fresh._put(1, second)
+    assert written(planned, 2)[1] == written(fresh, 2)[1]
+    assert not planned.put(1, {"x": np.float32(1), "ok": True, "r": np.float32(3)})  # x's dtype moved
+    assert not planned.put(1, {"x": np.float64(1), "ok": 1, "r": np.float32(3)})  # ok is no bool now
+    assert planned.has[1].tolist() == [1, 1, 1] and planned.cols[0][1] == -2.0  # nothing was written
+
+
+def test_a_remembered_plan_follows_keys_in_another_order_or_with_fewer_keys():
+    columns = InfoColumns(3)
+    assert columns.put(0, {"a": 1.0, "b": True})
+    assert columns.put(1, {"b": False, "a": 2.0}) and columns.put(2, {"b": True})
+    assert columns.put(2, {"b": True})  # its plan, remembered the line before
+    layout, payloads = written(columns, 3)
+    rows = layout.rows(payloads)
+    assert [rows.info_of(p) for p in range(3)] == [{"a": 1.0, "b": True}, {"a": 2.0, "b": False}, {"b": True}]
+    assert not rows.every  # position 2 has no "a"
+
+
+def test_ints_are_range_checked_on_every_put():
+    columns = InfoColumns(1)
+    assert columns.put(0, {"lives": 3}) and columns.put(0, {"lives": 2})
+    assert not columns.put(0, {"lives": 1 << 64}) and columns.cols[0][0] == 2
+
+
+def test_a_new_key_makes_room_in_the_remembered_presence_rows():
+    columns = InfoColumns(2)
+    assert columns.put(0, {"a": 1.0}) and columns.put(1, {"a": 2.0})
+    assert columns.put(0, {"a": 3.0, "b": 4.0}) and columns.put(1, {"a": 5.0})
+    assert columns.has.tolist() == [[1, 1], [1, 0]]
+
+
 def test_columns_stop_at_their_limit():
     columns = InfoColumns(1)
     assert columns.put(0, {f"k{i}": i for i in range(MAX_COLUMNS)})
