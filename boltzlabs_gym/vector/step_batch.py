@@ -23,6 +23,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 from ..client.pool import OK, RLPool
 from ..client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step
 from ..wire import codec, slot_layout
+from ..wire.protocol import encode_once
 from ..wire.spaces import JsonSpace
 from .env_spaces import EnvSpaces, zero_observation
 from .fast_paths import ArraysSteps, PlainSteps, SandboxRows
@@ -91,6 +92,8 @@ class StepBatch:
         #: :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.send_steps`).
         self.sandboxed = pool.envs_per_sandbox > 1
         self.pending_reset_ops: np.ndarray | None = None
+        #: The shared step op of each kind of batch of array actions (:meth:`row_items`).
+        self.row_ops: dict[tuple, dict] = {}
         self.pending_reset_mask: np.ndarray | None = None
         self.add_info = InfoBatch(n)._add_info
 
@@ -251,6 +254,12 @@ class StepBatch:
             if rows is not None and self.pool.batch_calls.send_action_rows(rows, reset_ops, autoreset=same_step):
                 self.pending_reset_ops = reset_ops
                 return
+        if ints is None and not self.sandboxed:
+            rows = self.action_rows(actions)
+            if rows is not None and (mode != AutoresetMode.DISABLED or not self.autoreset_envs.any()):
+                self.pool.batch_async(self.row_items(rows, mode))
+                self.pending_reset_ops = self.autoreset_envs.copy()
+                return
         per_env = ints if ints is not None else self.split_actions(actions)
         items: list[tuple[int, dict[str, Any], Sequence[Any]]] = []
         reset_ops = np.zeros(self.num_envs, dtype=np.bool_)
@@ -269,6 +278,32 @@ class StepBatch:
             items.append(self.step_item(i, obj, payloads, mode))
         self.pool.batch_async(items)
         self.pending_reset_ops = reset_ops
+
+    def row_items(self, rows: np.ndarray, mode: AutoresetMode) -> list:
+        """Per-env items of a batch of array actions (:meth:`action_rows`): env ``i`` steps with its
+        row, in the batch's dtype (what :func:`~boltzlabs_gym.wire.codec.encode_action` makes of the
+        row: what SyncVectorEnv hands the env), or resets where it is due an autoreset. Every step
+        item shares one op, its request line encoded once
+        (:func:`~boltzlabs_gym.wire.protocol.encode_once`)."""
+        row_bytes = rows[0].nbytes if len(rows) else 0
+        key = (rows.dtype.str, rows.shape[1:], mode == AutoresetMode.SAME_STEP)
+        op = self.row_ops.get(key)
+        if op is None:
+            op = {"op": "step", "action": {codec.ND: [0, rows.dtype.str, list(rows.shape[1:])]}}
+            if mode == AutoresetMode.SAME_STEP:
+                op["autoreset"] = True
+            if len(self.row_ops) >= 8:
+                self.row_ops.clear()
+            op = self.row_ops[key] = encode_once(op, [row_bytes])
+        data = rows.tobytes()  # a copy: the caller may change its array once step_async returns
+        due = self.autoreset_envs
+        items: list = []
+        for i in range(self.num_envs):
+            if due[i]:
+                items.append((i, {"op": "reset", "seed": None}, ()))
+            else:
+                items.append((i, op, [data[i * row_bytes : (i + 1) * row_bytes]]))
+        return items
 
     def discrete_actions(self, actions: Any) -> list | None:
         """A Discrete env's batch of actions as plain ints, when it is an integer array of
