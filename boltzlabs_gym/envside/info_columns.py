@@ -38,6 +38,8 @@ MAX_COLUMNS = 64
 #: The largest array value (bytes) a column takes; a larger one goes in its own reply.
 MAX_CELL_BYTES = 4096
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+#: In a plan of :meth:`InfoColumns.put`: the value is a Python int, checked against :data:`_INT64`.
+_IN_RANGE = object()
 #: A Python scalar's tag and its column's dtype (the reader holds its columns to the same dtypes).
 _PY_TAGS: dict[type, tuple[str, np.dtype]] = {
     py: (tag, cast(np.dtype, TAG_DTYPES[tag])) for py, tag in ((int, "int"), (float, "float"), (bool, "bool"))
@@ -83,15 +85,26 @@ class InfoColumns:
         """Write the info of position ``p`` (a non-empty dict) into its row, and ``True``; ``False``,
         writing nothing, when a value is not of its key's column kind (or cannot have a column)."""
         # The usual info: the same keys in the same order as a step before, each value of its
-        # column's Python type (and, for a numpy scalar, the very dtype object): one check per
-        # value, one store per value and one for the presence row.
-        known = self._known.get(tuple(info))
+        # column's Python type and (a numpy value) the very dtype object, an int in range, an
+        # array of its shape: one check per value, one store per value, one for the presence row.
+        keys = tuple(info)
+        known = self._known.get(keys)
         if known is not None:
-            columns, types, dtypes, has_row = known
+            columns, types, checks, has_row = known
             values = info.values()
             value: Any
-            for value, typ, dtype in zip(values, types, dtypes):
-                if type(value) is not typ or (dtype is not None and value.dtype is not dtype):
+            for value, typ, check in zip(values, types, checks):
+                if type(value) is not typ:
+                    break
+                if check is None:
+                    continue
+                if check is _IN_RANGE:
+                    if not _INT64[0] <= value <= _INT64[1]:
+                        break
+                elif type(check) is tuple:
+                    if value.dtype is not check[0] or value.shape != check[1]:
+                        break
+                elif value.dtype is not check:
                     break
             else:
                 cols = self.cols
@@ -101,27 +114,31 @@ class InfoColumns:
                 return True
         if not self._put(p, info):
             return False
-        self._remember(info)
+        if known is None:
+            self._remember(keys, info)
         return True
 
-    def _remember(self, info: dict) -> None:
-        """Keep the plan :meth:`put` takes for infos of ``info``'s keys and types: those whose values
-        need no check but their type (Python scalars; numpy scalars of the same dtype object)."""
+    def _remember(self, keys: tuple, info: dict) -> None:
+        """Keep the plan :meth:`put` takes for infos of ``info``'s keys, in order, and of its values'
+        types: per column, what a value must be besides its type (see :meth:`put`)."""
         index, kinds = self._index, self._kinds
-        columns, types, dtypes = [], [], []
+        columns, types, checks = [], [], []
         for key, value in info.items():
             c = index[key]
             tag = kinds[c][0]
-            if tag == "nd" or (tag == "int" and type(value) is int):
-                return  # an array's shape, or an int's range, is checked per value: the general path
             columns.append(c)
             types.append(type(value))
-            dtypes.append(value.dtype if tag == "np" else None)
+            if tag == "np":
+                checks.append(value.dtype)
+            elif tag == "nd":
+                checks.append((value.dtype, value.shape))
+            else:
+                checks.append(_IN_RANGE if tag == "int" else None)
         has_row = np.zeros(len(self.keys), dtype=np.uint8)
         has_row[columns] = 1
         if len(self._known) >= 64:
             self._known.clear()
-        self._known[tuple(info)] = (columns, types, dtypes, has_row)
+        self._known[keys] = (columns, types, checks, has_row)
 
     def _put(self, p: int, info: dict) -> bool:
         """:meth:`put`, every value checked against its column's kind."""

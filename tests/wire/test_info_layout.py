@@ -100,6 +100,14 @@ def test_ints_are_range_checked_on_every_put():
     assert not columns.put(0, {"lives": 1 << 64}) and columns.cols[0][0] == 2
 
 
+def test_arrays_keep_their_shape_and_dtype_on_every_put():
+    columns = InfoColumns(1)
+    assert columns.put(0, {"v": np.zeros(3, np.float32)}) and columns.put(0, {"v": np.ones(3, np.float32)})
+    assert not columns.put(0, {"v": np.ones(4, np.float32)})  # another shape
+    assert not columns.put(0, {"v": np.ones(3, np.float64)})  # another dtype
+    assert columns.cols[0][0].tolist() == [1.0, 1.0, 1.0]
+
+
 def test_a_new_key_makes_room_in_the_remembered_presence_rows():
     columns = InfoColumns(2)
     assert columns.put(0, {"a": 1.0}) and columns.put(1, {"a": 2.0})
