@@ -286,7 +286,11 @@ def _steady_action_rows(layout: SandboxLayout, rows: np.ndarray, autoreset: bool
             layout.steady.clear()
         layout.steady[key] = steady
     # Each sandbox's rows are a copy: the caller may change its array once step_async returns.
-    out = [(sandbox, request, [rows[lo:hi].tobytes()]) for sandbox, lo, hi, request, _ in steady]
+    row_bytes = rows[0].nbytes
+    out = [
+        (sandbox, encode_once(request, [(hi - lo) * row_bytes]), [rows[lo:hi].tobytes()])
+        for sandbox, lo, hi, request, _ in steady
+    ]
     return out, [plan for *_, plan in steady]
 
 

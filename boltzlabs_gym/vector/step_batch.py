@@ -294,7 +294,8 @@ class StepBatch:
                 op["autoreset"] = True
             if len(self.row_ops) >= 8:
                 self.row_ops.clear()
-            op = self.row_ops[key] = encode_once(op, [row_bytes])
+            self.row_ops[key] = op
+        op = encode_once(op, [row_bytes])  # (a lookup once encoded: see encode_once)
         data = rows.tobytes()  # a copy: the caller may change its array once step_async returns
         due = self.autoreset_envs
         items: list = []

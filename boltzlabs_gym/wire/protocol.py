@@ -445,19 +445,24 @@ INFO_COLS_MARK = b',"info":{"__cols__":'
 #: Request lines encoded once, by the op object they carry (see :func:`encode_once`): the op itself
 #: is kept with its line, so that its id is never reused while the entry is there.
 _ENCODED_LINES: dict[int, tuple[dict, list[int], bytes]] = {}
-_MAX_ENCODED_LINES = 256
+_MAX_ENCODED_LINES = 1024
 
 
 def encode_once(op: dict, sizes: list[int]) -> dict:
     """``op``, with its request line for payloads of ``sizes`` bytes encoded now, once: every later
     :func:`env_request_line` of this very object (with payloads of those sizes) is that line. For
     the requests a steady step batch sends every step, the same but for their payloads' bytes.
-    The op must never change after this.
+    The op must never change after this. Calling it again for the same op and sizes costs a
+    lookup: a holder of such ops calls it each time it sends one, so that an op whose entry was
+    dropped (the cache is bounded: other pools' ops came and went) is encoded once again.
 
     >>> op = encode_once({"op": "step", "slots": [0, 1], "ops": [None, None]}, [8])
     >>> env_request_line(op, [bytes(8)]) == env_request_line(dict(op), [bytes(8)])
     True
     """
+    encoded = _ENCODED_LINES.get(id(op))
+    if encoded is not None and encoded[0] is op and encoded[1] == sizes:
+        return op
     if len(_ENCODED_LINES) >= _MAX_ENCODED_LINES:
         _ENCODED_LINES.clear()
     _ENCODED_LINES[id(op)] = (op, list(sizes), _encode_line(op, list(sizes)))
