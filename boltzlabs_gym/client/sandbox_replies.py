@@ -60,7 +60,6 @@ from ..wire.protocol import (
     SANDBOX_REPLIES,
     SANDBOX_REWARD,
     SANDBOX_SLOTS,
-    encode_once,
     sandbox_op_name,
 )
 from ..wire.slot_layout import array_refs, copy_skeleton, map_array_refs
@@ -259,8 +258,8 @@ def _pack_whole(
 def _steady_action_rows(layout: SandboxLayout, rows: np.ndarray, autoreset: bool) -> tuple[list, list[SandboxPlan]]:
     """:func:`_pack_whole` of a batch of array actions with no reset in it, the commonest batch of
     continuous control: every sandbox's request is the same each step but for its payload's
-    bytes, so the request (with its line encoded once: :func:`~boltzlabs_gym.wire.protocol.encode_once`)
-    and the plan are made once per kind of batch and reused (both are only ever read)."""
+    bytes (its line is encoded once: :func:`~boltzlabs_gym.wire.protocol.sandbox_step_line`), so the
+    request and the plan are made once per kind of batch and reused (both are only ever read)."""
     key = (rows.dtype.str, rows.shape, autoreset)
     steady = layout.steady.get(key)
     if steady is None:
@@ -272,25 +271,13 @@ def _steady_action_rows(layout: SandboxLayout, rows: np.ndarray, autoreset: bool
             request[SANDBOX_ACTIONS] = {ND: [0, rows.dtype.str, [m, *rows.shape[1:]]]}
             if autoreset:
                 request[SANDBOX_AUTORESET] = True
-            encoded = encode_once(request, [m * rows[0].nbytes])
-            steady.append(
-                (
-                    sandbox,
-                    envs.start,
-                    envs.stop,
-                    encoded,
-                    SandboxPlan(sandbox, list(envs), list(envs), "step", whole=True),
-                )
-            )
+            plan = SandboxPlan(sandbox, list(envs), list(envs), "step", whole=True)
+            steady.append((sandbox, envs.start, envs.stop, request, plan))
         if len(layout.steady) >= 8:
             layout.steady.clear()
         layout.steady[key] = steady
     # Each sandbox's rows are a copy: the caller may change its array once step_async returns.
-    row_bytes = rows[0].nbytes
-    out = [
-        (sandbox, encode_once(request, [(hi - lo) * row_bytes]), [rows[lo:hi].tobytes()])
-        for sandbox, lo, hi, request, _ in steady
-    ]
+    out = [(sandbox, request, [rows[lo:hi].tobytes()]) for sandbox, lo, hi, request, _ in steady]
     return out, [plan for *_, plan in steady]
 
 

@@ -3,7 +3,7 @@
 A pool stepping a sandbox of several envs with a batch of array actions (continuous control: a
 Box action per env) sends the same request line every step: the same slots, every op ``None``
 (each env steps with its row), the same dtype and shape of the batch; only the payload's bytes
-change (the trainer encodes that line once, :func:`boltzlabs_gym.wire.protocol.encode_once`). Its
+change (the trainer encodes that line once, :func:`boltzlabs_gym.wire.protocol.sandbox_step_line`). Its
 JSON would be parsed and checked again every step. :class:`SteadyRequests` parses and checks the
 first one as the general path does (:func:`~.sandbox_slots.check_sandbox_request`), then knows
 the next by comparing bytes: its line the same, its payload the size the line announces. Any

@@ -23,7 +23,6 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 from ..client.pool import OK, RLPool
 from ..client.results import EnvResult, ResetOutcome, Transition, parse_result, read_reset, read_step
 from ..wire import codec, slot_layout
-from ..wire.protocol import encode_once
 from ..wire.spaces import JsonSpace
 from .env_spaces import EnvSpaces, zero_observation
 from .fast_paths import ArraysSteps, PlainSteps, SandboxRows
@@ -92,8 +91,6 @@ class StepBatch:
         #: :meth:`~boltzlabs_gym.client.batch_calls.BatchCalls.send_steps`).
         self.sandboxed = pool.envs_per_sandbox > 1
         self.pending_reset_ops: np.ndarray | None = None
-        #: The shared step op of each kind of batch of array actions (:meth:`row_items`).
-        self.row_ops: dict[tuple, dict] = {}
         self.pending_reset_mask: np.ndarray | None = None
         self.add_info = InfoBatch(n)._add_info
 
@@ -283,19 +280,12 @@ class StepBatch:
         """Per-env items of a batch of array actions (:meth:`action_rows`): env ``i`` steps with its
         row, in the batch's dtype (what :func:`~boltzlabs_gym.wire.codec.encode_action` makes of the
         row: what SyncVectorEnv hands the env), or resets where it is due an autoreset. Every step
-        item shares one op, its request line encoded once
-        (:func:`~boltzlabs_gym.wire.protocol.encode_once`)."""
+        item shares one op, whose line is encoded once per kind
+        (:func:`~boltzlabs_gym.wire.protocol.array_step_line`)."""
         row_bytes = rows[0].nbytes if len(rows) else 0
-        key = (rows.dtype.str, rows.shape[1:], mode == AutoresetMode.SAME_STEP)
-        op = self.row_ops.get(key)
-        if op is None:
-            op = {"op": "step", "action": {codec.ND: [0, rows.dtype.str, list(rows.shape[1:])]}}
-            if mode == AutoresetMode.SAME_STEP:
-                op["autoreset"] = True
-            if len(self.row_ops) >= 8:
-                self.row_ops.clear()
-            self.row_ops[key] = op
-        op = encode_once(op, [row_bytes])  # (a lookup once encoded: see encode_once)
+        op: dict[str, Any] = {"op": "step", "action": {codec.ND: [0, rows.dtype.str, list(rows.shape[1:])]}}
+        if mode == AutoresetMode.SAME_STEP:
+            op["autoreset"] = True
         data = rows.tobytes()  # a copy: the caller may change its array once step_async returns
         due = self.autoreset_envs
         items: list = []

@@ -442,33 +442,6 @@ STEP_REPLY_HEAD_PATTERN = re.compile(
 INFO_COLS_MARK = b',"info":{"__cols__":'
 
 
-#: Request lines encoded once, by the op object they carry (see :func:`encode_once`): the op itself
-#: is kept with its line, so that its id is never reused while the entry is there.
-_ENCODED_LINES: dict[int, tuple[dict, list[int], bytes]] = {}
-_MAX_ENCODED_LINES = 1024
-
-
-def encode_once(op: dict, sizes: list[int]) -> dict:
-    """``op``, with its request line for payloads of ``sizes`` bytes encoded now, once: every later
-    :func:`env_request_line` of this very object (with payloads of those sizes) is that line. For
-    the requests a steady step batch sends every step, the same but for their payloads' bytes.
-    The op must never change after this. Calling it again for the same op and sizes costs a
-    lookup: a holder of such ops calls it each time it sends one, so that an op whose entry was
-    dropped (the cache is bounded: other pools' ops came and went) is encoded once again.
-
-    >>> op = encode_once({"op": "step", "slots": [0, 1], "ops": [None, None]}, [8])
-    >>> env_request_line(op, [bytes(8)]) == env_request_line(dict(op), [bytes(8)])
-    True
-    """
-    encoded = _ENCODED_LINES.get(id(op))
-    if encoded is not None and encoded[0] is op and encoded[1] == sizes:
-        return op
-    if len(_ENCODED_LINES) >= _MAX_ENCODED_LINES:
-        _ENCODED_LINES.clear()
-    _ENCODED_LINES[id(op)] = (op, list(sizes), _encode_line(op, list(sizes)))
-    return op
-
-
 def _encode_line(op: dict, sizes: list[int]) -> bytes:
     if sizes:
         op = dict(op, _bin=sizes)
@@ -481,9 +454,6 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
     >>> env_request_line({"op": "step", "action": 3, "autoreset": True})
     b'{"op":"step","action":3,"autoreset":true}\\n'
     """
-    encoded = _ENCODED_LINES.get(id(op))
-    if encoded is not None and encoded[0] is op and encoded[1] == [len(p) for p in payloads]:
-        return encoded[2]
     if not payloads and type(op.get("action")) is int and op.get("op") == "step":
         # A Discrete action, the commonest request of all, without the JSON encoder.
         if len(op) == 2:
@@ -501,6 +471,9 @@ def env_request_line(op: dict, payloads: Sequence[bytes] = ()) -> bytes:
                 return array_step_line(ref[1], tuple(ref[2]), len(payloads[0]), autoreset)
             except TypeError:  # an unhashable dtype or shape: not one of ours; encoded as it is
                 pass
+        line = _steady_sandbox_line(op, len(payloads[0])) if SANDBOX_ACTIONS in op else None
+        if line is not None:
+            return line
     return _encode_line(op, [len(p) for p in payloads])
 
 
@@ -517,6 +490,47 @@ def array_step_line(dtype: str, shape: tuple, nbytes: int, autoreset: bool) -> b
         op["autoreset"] = True
     op["_bin"] = [nbytes]
     return _encode_json(op).encode() + b"\n"
+
+
+def _steady_sandbox_line(op: dict, nbytes: int) -> bytes | None:
+    """The line of a sandbox's steady step (every slot in order, each stepping with its row of the
+    batch of actions, ``nbytes`` of rows): what :func:`env_request_line` writes, from
+    :func:`sandbox_step_line`; ``None`` for any other op."""
+    slots, ops, actions = op.get(SANDBOX_SLOTS), op.get(SANDBOX_OPS), op.get(SANDBOX_ACTIONS)
+    autoreset = op.get(SANDBOX_AUTORESET) is True
+    if len(op) != (5 if autoreset else 4) or type(slots) is not list or type(ops) is not list:
+        return None
+    m = len(slots)
+    ref = actions.get(ND) if type(actions) is dict and len(actions) == 1 else None
+    if type(ref) is not list or len(ref) != 3 or ref[0] != 0 or type(ref[2]) is not list or ref[2][:1] != [m]:
+        return None
+    if len(ops) != m or ops.count(None) != m or slots != list(range(m)):
+        return None
+    try:
+        return sandbox_step_line(m, ref[1], tuple(ref[2][1:]), nbytes, autoreset)
+    except TypeError:  # an unhashable dtype or shape: not one of ours; encoded as it is
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def sandbox_step_line(m: int, dtype: str, row_shape: tuple, nbytes: int, autoreset: bool) -> bytes:
+    """The request line of a step of every slot of a sandbox of ``m`` with its row of a batch of
+    actions of ``dtype`` and ``row_shape`` (their one payload of ``nbytes``): the request a steady
+    step batch sends every step, encoded once per kind (:func:`array_step_line`'s twin for a
+    sandbox of several envs).
+
+    >>> sandbox_step_line(2, "<f4", (1,), 8, False)
+    b'{"op":"step","slots":[0,1],"ops":[null,null],"actions":{"__nd__":[0,"<f4",[2,1]]},"_bin":[8]}\\n'
+    """
+    op: dict[str, Any] = {
+        "op": "step",
+        SANDBOX_SLOTS: list(range(m)),
+        SANDBOX_OPS: [None] * m,
+        SANDBOX_ACTIONS: {ND: [0, dtype, [m, *row_shape]]},
+    }
+    if autoreset:
+        op[SANDBOX_AUTORESET] = True
+    return _encode_line(op, [nbytes])
 
 
 def env_request(op: dict, payloads: Sequence[bytes] = ()) -> bytes:

@@ -1,27 +1,48 @@
-"""Request lines encoded once (wire/protocol.encode_once): the line an op carries is the line the
-general encoder writes, for as long as the op lives, whatever other ops came and went."""
+"""Request lines encoded once per kind (wire/protocol.sandbox_step_line, array_step_line's twin): a
+steady sandbox step's line is the line the general encoder writes; any other op is encoded as it is."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from boltzlabs_gym.wire import protocol
-from boltzlabs_gym.wire.protocol import encode_once, env_request_line
+from boltzlabs_gym.wire.protocol import env_request_line
 
 
-def steady_op(m: int) -> dict:
-    return {"op": "step", "slots": list(range(m)), "ops": [None] * m, "actions": {"__nd__": [0, "<f4", [m, 6]]}}
+def general(op: dict, payloads: list) -> bytes:
+    return (json.dumps(dict(op, _bin=[len(p) for p in payloads]), separators=(",", ":")) + "\n").encode()
 
 
-def test_an_encoded_op_writes_what_the_encoder_writes():
-    op = encode_once(steady_op(8), [192])
-    assert env_request_line(op, [bytes(192)]) == env_request_line(dict(op), [bytes(192)])
-    # Payloads of other sizes than the line announces: encoded as they are, never the stored line.
-    assert env_request_line(op, [bytes(10)]) == env_request_line(dict(op), [bytes(10)])
+def steady_op(m: int, autoreset: bool = False) -> dict:
+    op = {"op": "step", "slots": list(range(m)), "ops": [None] * m, "actions": {"__nd__": [0, "<f4", [m, 6]]}}
+    return dict(op, autoreset=True) if autoreset else op
 
 
-def test_an_op_dropped_from_the_bounded_cache_is_encoded_again_on_its_next_use():
-    op = encode_once(steady_op(4), [96])
-    others = [encode_once(steady_op(2), [48]) for _ in range(protocol._MAX_ENCODED_LINES + 1)]
-    assert protocol._ENCODED_LINES.get(id(op), (None,))[0] is not op  # dropped with the rest
-    assert encode_once(op, [96]) is op and protocol._ENCODED_LINES[id(op)][0] is op
-    assert env_request_line(op, [bytes(96)]) == env_request_line(dict(op), [bytes(96)])
-    del others
+@pytest.mark.parametrize("autoreset", [False, True])
+def test_a_steady_sandbox_step_is_written_as_the_encoder_writes_it(autoreset):
+    protocol.sandbox_step_line.cache_clear()
+    op = steady_op(8, autoreset)
+    assert env_request_line(op, [bytes(192)]) == general(op, [bytes(192)])
+    assert protocol.sandbox_step_line.cache_info().misses == 1
+    assert env_request_line(steady_op(8, autoreset), [bytes(192)]) == general(op, [bytes(192)])
+    assert protocol.sandbox_step_line.cache_info().hits == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"slots": [1, 0, 2, 3]},  # slots out of order
+        {"ops": [None, None, {"op": "reset", "seed": None}, None]},  # an env resets
+        {"ops": [None, None, 0, None]},  # an int op
+        {"actions": {"__nd__": [0, "<f4", [3, 6]]}},  # rows for another number of slots
+        {"actions": {"__nd__": [0, ["<f4"], [4, 6]]}},  # an unhashable dtype
+        {"deadline": 5.0},  # a member more
+        {"autoreset": False},
+    ],
+    ids=["order", "reset", "int-op", "rows", "unhashable", "deadline", "autoreset-false"],
+)
+def test_any_other_sandbox_op_is_encoded_as_it_is(change):
+    op = dict(steady_op(4), **change)
+    assert env_request_line(op, [bytes(96)]) == general(op, [bytes(96)])
