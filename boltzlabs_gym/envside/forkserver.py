@@ -20,7 +20,7 @@ import socket
 import sys
 
 from ..wire.limits import Limits
-from . import process_setup
+from . import fork_hooks, process_setup
 from .confine import (
     CONTROL_FD,
     SANDBOX_ENV_DIR,
@@ -128,6 +128,9 @@ def template_main() -> None:
             "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode()
         )
         os._exit(4)
+    # one thread, and no fork happens while another runs (checked before each): the spares need no
+    # thread bookkeeping from the standard library's at-fork hooks (each restores them first)
+    fork_hooks.suspend()
     ctl.send(b"ready")
     spare: socket.socket | None = None
     want_spare = True
@@ -251,6 +254,7 @@ def _double_fork_spare(ctl: socket.socket, ns: bool, ours: socket.socket, theirs
 
 def _spare_wait(ctl: socket.socket, sock: socket.socket, ns: bool):
     """In the spare: the request-independent part of the sandbox, then block for a request."""
+    fork_hooks.restore()
     fd = ctl.detach()
     os.close(fd)
     _set_name(SPARE_COMM)

@@ -72,6 +72,38 @@ def test_a_python_program_starts_as_a_fresh_interpreter_would_and_exits_as_one(r
         assert rest == ["thread joined", "atexit ran"], r.run_result.stdout
 
 
+THREADS_AND_FORKS = """
+import logging, os, threading
+print(threading.active_count(), threading.current_thread() is threading.main_thread())
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, str(threading.active_count()).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(threading.active_count(), os.read(r, 10).decode())
+stop.set(); t.join()
+logging.warning("logged")
+print(threading.active_count())
+"""
+
+
+def test_a_python_program_runs_threads_and_forks_as_under_a_fresh_interpreter(runner):
+    """Programs are forked without the standard library's thread bookkeeping (their zygote or env
+    has one thread); each puts it back first, so a fork it makes while a thread runs rebuilds the
+    registry (the child sees one thread) as under ``python main.py``."""
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, wipe=False) as hard_reset:
+        # forked by the zygote (wiped envs), and by the env itself (a hard reset after each program)
+        for which in (runner, runner, hard_reset, hard_reset):
+            r = which.run(THREADS_AND_FORKS)
+            assert r.ok, r
+            assert r.run_result.stdout.splitlines() == ["1 True", "2 1", "1"], r.run_result.stdout
+            assert "WARNING:root:logged" in r.run_result.stderr, r.run_result.stderr
+
+
 def test_timeout_kills_the_tree_and_the_next_program_finds_nothing_left(runner):
     r = runner.run(
         "import subprocess, time\n"

@@ -63,7 +63,7 @@ import _wipe  # type: ignore[import-not-found]
 from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
-from boltzlabs_gym.envside import seccomp
+from boltzlabs_gym.envside import fork_hooks, seccomp
 from boltzlabs_gym.envside.process_setup import workspace_now
 
 #: Programs' environment: nothing of the env process's own (its variables name the worker's paths).
@@ -459,7 +459,7 @@ def _spawn(
 ) -> _Started:
     """Fork and exec ``cmd`` with environment ``env``; its pid and the read ends of its stdout and stderr."""
     out_r, out_w, err_r, err_w = _pipes()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         try:
             _enter_child(workspace, stdin_path, memory_mb, out_w, err_w, data_only)
@@ -470,6 +470,17 @@ def _spawn(
     os.close(out_w)
     os.close(err_w)
     return _child_started(pid, out_r, err_r)
+
+
+def _fork() -> int:
+    """``os.fork()`` from this env, without the thread bookkeeping of the standard library's
+    at-fork hooks where the env has one thread (:mod:`~boltzlabs_gym.envside.fork_hooks`)."""
+    fork_hooks.suspend()
+    try:
+        pid = os.fork()
+    finally:
+        fork_hooks.restore()  # (the child's first act too: its own forks run the hooks)
+    return pid
 
 
 def _child_started(pid: int, out_r: int, err_r: int) -> _Started:
@@ -488,7 +499,7 @@ def _program_argv(kind: int, src: str) -> list[str]:
 def _fork_python(argv: list[str], workspace: str, stdin_path: str, memory_mb: int) -> _Started:
     """Fork this warm interpreter and run ``python <argv>`` in the child as the interpreter would."""
     out_r, out_w, err_r, err_w = _pipes()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         code = 1
         try:
@@ -526,8 +537,10 @@ def _zygote_for(language: str) -> Zygote | None:
 def _zygote_warm(kind: int) -> None:
     """In a warm zygote, forked by the zygote: what every program of ``kind`` needs, done once
     (``_warm``). Where it fails, the programs still run: each starts what the warm-up would have."""
+    fork_hooks.restore()
     if KINDS[kind] == "pytest":
         _warm.start_pytest({**PROGRAM_ENV, "HOME": "/"})
+    fork_hooks.suspend()  # (unless the warm-up left a thread running)
 
 
 def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Started:
@@ -571,11 +584,13 @@ def _zygote_prepare() -> None:
     if _Wiping.child_filter is not None:
         seccomp.install(_Wiping.child_filter)
     _wipe.set_dumpable(False)  # (it is already: this resolves the call each program makes)
+    fork_hooks.suspend()  # (each program restores them first)
 
 
 def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -> int:
     """In a program forked by the zygote (prepared by :func:`_zygote_prepare`): its own session,
     limit and pipes, then ``main<n>`` of its ``kind``."""
+    fork_hooks.restore()
     workspace = workspace_now()  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
     _wire_stdio(STDIN_PATH, out_w, err_w)
