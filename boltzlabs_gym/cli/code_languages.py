@@ -54,6 +54,7 @@ def add_code_runtime_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParse
     p.add_argument("--no-node", action="store_true", help="skip the Node.js packages")
     p.add_argument("--no-python", action="store_true", help="skip the Python runtime venv")
     p.add_argument("--no-jvm", action="store_true", help="skip the JVM toolchains' class-data-sharing archives")
+    p.add_argument("--no-cpp", action="store_true", help="skip the precompiled C++ standard headers")
     p.add_argument(
         "--python-packages",
         choices=["core", "full"],
@@ -79,6 +80,7 @@ def run_code_runtime(args: argparse.Namespace) -> int:
             python=not args.no_python,
             python_packages=packages,
             jvm=not args.no_jvm,
+            cpp=not args.no_cpp,
         )
     except RuntimeInstallError as exc:
         print(f"code runtime: {exc}", file=sys.stderr)

@@ -79,12 +79,15 @@ def install(
     python: bool = True,
     python_packages: Sequence[str] | None = None,
     jvm: bool = True,
+    cpp: bool = True,
 ) -> dict[str, str]:
     """Install the code runtime (default :func:`~boltzlabs_gym.code.languages.runtime_dir`); what
     was installed where. ``python_packages``: what the Python venv gets (default
     :data:`~boltzlabs_gym.code.python_runtime.PACKAGES`, SandboxFusion's list). ``jvm``: dump the
     JVM toolchains' class-data-sharing archives (:mod:`~boltzlabs_gym.code.jvm_archives`; those
-    whose toolchain is installed). Raises :class:`RuntimeInstallError` naming what failed."""
+    whose toolchain is installed). ``cpp``: precompile the C++ standard headers programs include first
+    (:mod:`~boltzlabs_gym.code.cpp_headers`; where g++ is installed). Raises
+    :class:`RuntimeInstallError` naming what failed."""
     runtime = runtime or runtime_dir()
     _check_visible(runtime)
     done = {}
@@ -93,6 +96,11 @@ def install(
 
         for name, made in build(runtime).items():
             done[f"jvm {name}"] = made
+    if cpp:
+        from .cpp_headers import build as build_headers
+
+        for header, made in build_headers(runtime).items():
+            done[f"cpp <{header}>"] = made
     if node:
         done["node"] = install_node(runtime)
     if python:

@@ -17,7 +17,7 @@ or object to run, ``{python}`` the interpreter programs run under, ``{runtime}``
 Standard library only; runs inside the sandbox (and on the host, for ``boltzlabs-gym code-languages``).
 
 >>> LANGUAGES["cpp"].compile
-('g++', '-std=c++17', '-O2', '{src}', '-o', '{exe}', '-lpthread')
+('g++', '-std=c++17', '-O2', '-I{runtime}/cpp', '{src}', '-o', '{exe}', '-lpthread')
 >>> LANGUAGES["scala"].main_of("object Hello { def main(a: Array[String]) = () }")
 'Hello'
 """
@@ -233,6 +233,13 @@ def _csharp_implicit_usings(code: str) -> str:
     return f"{code[:at]}{_CSHARP_USINGS}\n#line {code.count(chr(10), 0, at) + 1}\n{code[at:]}"
 
 
+#: Standard headers precompiled once by ``boltzlabs-gym code-runtime install`` (``code/cpp_headers.py``)
+#: into ``{runtime}/cpp/<header>.gch`` with the C++ compile's own flags; the compile searches that
+#: directory first (``-I``), and GCC reads one where a program's first ``#include`` names its header
+#: (and parses the header itself otherwise, or where the file is missing or stale). Read-only, and
+#: holding nothing of any program: they carry nothing from one request to the next.
+CPP_HEADERS = ("bits/stdc++.h", "iostream")
+
 #: Class-data-sharing archives of the JVM tools' own classes, one per tool (``{runtime}/jvm/<name>.jsa``):
 #: dumped once by ``boltzlabs-gym code-runtime install`` (``code/jvm_archives.py``) from the commands
 #: below, then mapped read-only by every run. They hold the tools' parsed classes and nothing of any
@@ -282,7 +289,7 @@ LANGUAGES: dict[str, Language] = {
             "cpp",
             "main{n}.cpp",
             ("{exe}",),
-            compile=("g++", "-std=c++17", "-O2", "{src}", "-o", "{exe}", "-lpthread"),
+            compile=("g++", "-std=c++17", "-O2", "-I{runtime}/cpp", "{src}", "-o", "{exe}", "-lpthread"),
             needs=("g++", "/usr/include/boost/any.hpp"),
             debian=("g++", "libboost-dev"),
         ),
