@@ -128,8 +128,8 @@ def template_main() -> None:
             "OMP/OPENBLAS/MKL_NUM_THREADS=1), or use mode='default'".encode()
         )
         os._exit(4)
-    # one thread, and no fork happens while another runs (checked before each): the spares need no
-    # thread bookkeeping from the standard library's at-fork hooks (each restores them first)
+    # one thread (checked here, and again before each launch's fork): the spares need no thread
+    # bookkeeping from the standard library's at-fork hooks (each restores them first)
     fork_hooks.suspend()
     ctl.send(b"ready")
     spare: socket.socket | None = None
