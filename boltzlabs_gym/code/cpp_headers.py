@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import tempfile
 
-from .install_step import RuntimeInstallError
+from .install_step import RuntimeInstallError, publish_read_only, run_toolchain
 from .languages import _TABLE
 
 __all__ = ["CPP_HEADERS", "build", "header_path"]
@@ -61,12 +60,11 @@ def build(runtime: str, timeout: float = 300.0) -> dict[str, str]:
                 f.write(f"#include <{header}>\n")
             partial = f"{path}.partial"
             cmd = [spec.compile[0], *flags, "-x", "c++-header", wrapper, "-o", partial]
-            env = {"PATH": _TABLE.PATH, "LANG": "C.UTF-8", "HOME": work}  # (as the env runs g++)
-            ran = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout, env=env)
-            if ran.returncode != 0 or not os.path.exists(partial):
-                raise RuntimeInstallError(f"g++ could not precompile <{header}>: {ran.stderr.strip()[-2000:]}")
-            os.chmod(partial, 0o444)
-            os.replace(partial, path)
+            failed = f"g++ could not precompile <{header}>"
+            run_toolchain(cmd, work, timeout, failed)
+            if not os.path.exists(partial):
+                raise RuntimeInstallError(f"{failed}: it wrote no {partial}")
+            publish_read_only(partial, path)
             done[header] = path
             log.info("code runtime: precompiled <%s>: %s", header, path)
     return done
@@ -76,8 +74,7 @@ def _write_read_only(path: str, text: str) -> None:
     partial = f"{path}.partial"
     with open(partial, "w") as f:
         f.write(text)
-    os.chmod(partial, 0o444)
-    os.replace(partial, path)
+    publish_read_only(partial, path)
 
 
 def compile_flags(compile_cmd: tuple[str, ...]) -> list[str]:

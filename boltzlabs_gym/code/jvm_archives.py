@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
 
-from .install_step import RuntimeInstallError
+from .install_step import RuntimeInstallError, publish_read_only, run_toolchain
 from .languages import _TABLE
 
 __all__ = ["JVM_ARCHIVES", "archive_path", "build"]
@@ -117,8 +116,7 @@ def _run_dumping(cmd: list[str], work: str, done: dict[str, str], timeout: float
         _run(cmd, work, timeout)
         if not os.path.exists(partial):
             raise RuntimeInstallError(f"the JVM made no class-data-sharing archive for {name} ({' '.join(cmd)})")
-        os.chmod(partial, 0o444)
-        os.replace(partial, path)
+        publish_read_only(partial, path)
         done[name] = path
         log.info("code runtime: JVM archive %s: %s", name, path)
         return
@@ -126,7 +124,4 @@ def _run_dumping(cmd: list[str], work: str, done: dict[str, str], timeout: float
 
 
 def _run(cmd: list[str], work: str, timeout: float) -> None:
-    env = {"PATH": _TABLE.PATH, "LANG": "C.UTF-8", "HOME": work}  # (as the env runs it: its PROGRAM_ENV)
-    done = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout, env=env)
-    if done.returncode != 0:
-        raise RuntimeInstallError(f"{' '.join(cmd[:2])} ... failed on a trivial program: {done.stderr.strip()[-2000:]}")
+    run_toolchain(cmd, work, timeout, f"{' '.join(cmd[:2])} ... failed on a trivial program")
