@@ -104,6 +104,17 @@ def test_a_python_program_runs_threads_and_forks_as_under_a_fresh_interpreter(ru
             assert "WARNING:root:logged" in r.run_result.stderr, r.run_result.stderr
 
 
+def test_each_program_draws_its_own_random_numbers_as_a_fresh_interpreter_does(runner):
+    """Programs are forked from one warm interpreter, so they would all repeat its random state;
+    ``random``'s own at-fork hook gives each a fresh one (the runner does not seed it again)."""
+    code = "import random; print(random.getrandbits(64), random.random())"
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, wipe=False) as hard_reset:
+        for which in (runner, hard_reset):  # forked by the zygote, and by a fresh env itself
+            draws = [r.run_result.stdout for r in which.run_many([code] * 6)]
+            assert all(d.count(" ") == 1 for d in draws), draws
+            assert len(set(draws)) == len(draws), draws
+
+
 def test_timeout_kills_the_tree_and_the_next_program_finds_nothing_left(runner):
     r = runner.run(
         "import subprocess, time\n"

@@ -26,6 +26,7 @@ Standard library only; runs inside the sandbox.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (typeshed has no stub; CPython has had it since 3.0)
 import os
 import select
 import signal
@@ -143,7 +144,9 @@ def _serve(  # pragma: no cover
     warm: Callable[[int], None] | None,
 ) -> None:
     """The zygote: nothing but the socket open, every signal blocked; then its loop."""
-    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED)
+    # (_signal's own call: signal's wrapper makes an enum of each signal of the mask it returns,
+    # which in a forked program would copy the pages of some sixty enum members)
+    unblocked = tuple(_signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED))
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
@@ -160,9 +163,15 @@ def _serve(  # pragma: no cover
 
 
 def _serve_programs(  # pragma: no cover
-    sock: socket.socket, body: Callable, unblocked: set, warm: Callable[[int], None] | None
+    sock: socket.socket, body: Callable, unblocked: tuple[int, ...], warm: Callable[[int], None] | None
 ) -> None:
-    """Fork one program at a time (or, asked with a negative kind, a warm zygote), as asked on ``sock``."""
+    """Fork one program at a time (or, asked with a negative kind, a warm zygote), as asked on ``sock``.
+
+    What a program runs before its body is kept to plain calls: in a forked CPython each object it
+    touches copies its page (reference counts), so ``socket.close`` (a Python method) or
+    ``signal.pthread_sigmask`` (which turns the old mask into enum members) cost a program tens of
+    copied pages where ``os.close`` and ``_signal.pthread_sigmask`` cost one or two."""
+    sock_fd = sock.fileno()
     while True:
         msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 2)
         if not msg:
@@ -181,8 +190,8 @@ def _serve_programs(  # pragma: no cover
         if pid == 0:
             code = 1
             try:
-                sock.close()
-                signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+                os.close(sock_fd)  # (the socket object is never used again: the child ends in _exit)
+                _signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
                 code = body(n, memory_mb, out_w, err_w, kind)
             except BaseException:
                 pass
@@ -196,7 +205,7 @@ def _serve_programs(  # pragma: no cover
 
 
 def _fork_warm(  # pragma: no cover
-    sock: socket.socket, body: Callable, unblocked: set, warm: Callable[[int], None], kind: int
+    sock: socket.socket, body: Callable, unblocked: tuple[int, ...], warm: Callable[[int], None], kind: int
 ) -> None:
     """Fork a warm zygote for ``kind`` through an intermediate that exits at once, so that it is the
     env's child (PID 1 of the namespace adopts it), which reaps it should it die: this zygote

@@ -36,6 +36,7 @@ env that is not clean.
 
 from __future__ import annotations
 
+import atexit  # (here, as every module a program's path uses: a first import in a program copies ~70 pages)
 import base64
 import collections  # noqa: F401  (pre-imported: programs forked from the template find it warm)
 import errno
@@ -45,6 +46,7 @@ import itertools  # noqa: F401
 import json  # noqa: F401
 import math  # noqa: F401
 import os
+import random  # noqa: F401  (imported before any fork: its at-fork hook reseeds every program)
 import re  # noqa: F401
 import resource
 import select
@@ -52,7 +54,10 @@ import signal
 import stat
 import string  # noqa: F401
 import sys
+import threading
 import time
+import traceback
+import types
 import typing  # noqa: F401
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -109,6 +114,8 @@ class _Wiping:
     baseline: _wipe.Baseline | None = None
     #: why programs are not wiped away here (each is then followed by a hard reset), or None
     unavailable: str | None = None
+    #: the workspace, as the zygote found it (its programs' environment has no BOLTZLABS_WORKSPACE)
+    workspace = ""
     #: stacked on every program where the env is wiped: POSIX message queues cannot be listed
     #: (no mqueue mount), so they cannot be wiped; programs cannot make one
     child_filter = None
@@ -566,7 +573,7 @@ def _zygote_prepare() -> None:
     """Once, in the zygote: what every program it forks shares, inherited instead of set up by
     each program (its working directory, umask, environment, signal handlers, std streams and the
     programs' seccomp filter); then a program's own set-up is its session, its pipes and its seed."""
-    workspace = workspace_now()
+    workspace = _Wiping.workspace = workspace_now()
     os.chdir(workspace)
     os.umask(0o022)
     _program_environment(workspace)
@@ -591,12 +598,15 @@ def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -
     """In a program forked by the zygote (prepared by :func:`_zygote_prepare`): its own session,
     limit and pipes, then ``main<n>`` of its ``kind``."""
     fork_hooks.restore()
-    workspace = workspace_now()  # (the zygote's working directory already: it chdir-ed there)
+    workspace = _Wiping.workspace  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
     _wire_stdio(STDIN_PATH, out_w, err_w)
     kind = kind if 0 <= kind < len(KINDS) else 0
-    suffix = _numbered_suffix(_languages.LANGUAGES[KINDS[kind]].source)
-    return _run_python_here(_program_argv(kind, _main_path(workspace, n, suffix)), workspace, prepared=True)
+    return _run_python_here(_program_argv(kind, _main_path(workspace, n, _SUFFIXES[kind])), workspace, prepared=True)
+
+
+#: What follows the number in each kind's source file name (``main<n>.py``: ``.py``)
+_SUFFIXES = tuple(_numbered_suffix(_languages.LANGUAGES[kind].source) for kind in KINDS)
 
 
 def _program_environment(workspace: str) -> None:
@@ -624,14 +634,11 @@ def _run_python_here(argv: list[str], workspace: str, prepared: bool = False) ->
     """The forked child's program, as ``python <argv>`` runs it: a script (``[src]``) in a fresh
     ``__main__``, or a module (``["-m", module, *args]``) as ``runpy`` runs it; its exit status.
     ``prepared``: forked from a zygote that made the streams and the environment already."""
-    import random
-    import traceback
-
     if not prepared:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh interpreter
         _program_streams()
         _program_environment(workspace)
-    random.seed()  # the template's state would repeat in every program
+    # (no random.seed() here: random reseeds itself in every child of os.fork, its at-fork hook)
     sys.path[0] = workspace  # (the script's directory; for -m the working directory, the same here)
     status = 0
     try:
@@ -661,8 +668,6 @@ def _program_frames(tb):
 
 
 def _run_script(src: str) -> None:
-    import types
-
     sys.argv = [src]
     main = types.ModuleType("__main__")
     main.__file__ = src
@@ -683,9 +688,6 @@ def _run_module(module: str, args: list[str]) -> None:
 def _exit_as_python_does() -> None:
     """Join the program's threads and run its ``atexit`` functions, as the interpreter does at exit
     (each only where the program started a thread or registered a function: both cost)."""
-    import atexit
-    import threading
-
     try:
         if threading.active_count() > 1 or getattr(threading, "_threading_atexits", None):
             threading._shutdown()  # type: ignore[attr-defined]
