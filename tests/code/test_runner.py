@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -102,6 +105,30 @@ def test_a_python_program_runs_threads_and_forks_as_under_a_fresh_interpreter(ru
             assert r.ok, r
             assert r.run_result.stdout.splitlines() == ["1 True", "2 1", "1"], r.run_result.stdout
             assert "WARNING:root:logged" in r.run_result.stderr, r.run_result.stderr
+
+
+UNCAUGHT = {
+    "chained": "try:\n    1/0\nexcept ZeroDivisionError as e:\n    raise KeyError('k') from e\n",
+    "own hook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v, file=sys.stderr)\nraise OSError(5)\n",
+    "failing hook": "import sys\ndef hook(t, v, tb):\n    raise TypeError('hook broke')\nsys.excepthook = hook\nraise OSError(5)\n",
+}
+
+
+def test_an_uncaught_exception_is_reported_as_the_interpreter_reports_it(runner, tmp_path):
+    """Through ``sys.excepthook`` (the program's own where it set one) and from the program's own
+    first frame: the same stderr, byte for byte, as ``python main.py`` in a directory of its own."""
+    results = runner.run_many(list(UNCAUGHT.values()))
+    for (name, code), r in zip(UNCAUGHT.items(), results):
+        script = tmp_path / name.replace(" ", "_") / "main.py"
+        script.parent.mkdir()
+        script.write_text(code)
+        python = subprocess.run(
+            [runner.python or sys.executable, "main.py"], cwd=script.parent, capture_output=True, text=True
+        )
+        ours = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', r.run_result.stderr)
+        theirs = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', python.stderr)
+        assert (r.run_result.return_code, ours) == (python.returncode, theirs), name
+    assert "hook OSError 5" in results[1].run_result.stderr
 
 
 def test_each_program_draws_its_own_random_numbers_as_a_fresh_interpreter_does(runner):

@@ -56,7 +56,6 @@ import string  # noqa: F401
 import sys
 import threading
 import time
-import traceback
 import types
 import typing  # noqa: F401
 from collections.abc import Callable, Iterable
@@ -649,7 +648,7 @@ def _run_python_here(argv: list[str], workspace: str, prepared: bool = False) ->
     except SystemExit as exc:
         status = _exit_status(exc, sys.stderr)
     except BaseException as exc:
-        traceback.print_exception(type(exc), exc, _program_frames(exc.__traceback__))
+        _print_uncaught(exc)
         status = 1
     _exit_as_python_does()
     for out in (sys.stdout, sys.stderr):
@@ -658,6 +657,23 @@ def _run_python_here(argv: list[str], workspace: str, prepared: bool = False) ->
         except BaseException:
             status = status or 1  # as the interpreter exits when its stdout cannot be flushed
     return status
+
+
+def _print_uncaught(exc: BaseException) -> None:
+    """Report an exception the program did not catch as the interpreter does at its top level:
+    through ``sys.excepthook`` (the C default, or the program's own), from the program's first
+    frame. (The ``traceback`` module would format the same text at the cost of a few hundred more
+    copied pages in a forked program, and would pass over a hook the program set.)"""
+    tb = exc.__traceback__ = _program_frames(exc.__traceback__)
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException as hook_failed:  # as the interpreter: the hook's own error, then the original
+        print("Error in sys.excepthook:", file=sys.stderr)
+        hook_failed.__context__ = None  # (raised while ``exc`` was handled here, not in the interpreter)
+        failed_tb = hook_failed.__traceback__ = _program_frames(hook_failed.__traceback__)
+        sys.__excepthook__(type(hook_failed), hook_failed, failed_tb)
+        print("\nOriginal exception was:", file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, tb)
 
 
 def _program_frames(tb):
