@@ -607,8 +607,7 @@ class TemplateLauncher:
             t_reparented = time.perf_counter()
             if cg is not None:
                 for path in cg.join_files:
-                    with open(path, "w") as f:
-                        f.write(str(pid))
+                    cgroups.write_file(path, pid)
             ours.send(b"go")
             msg = ours.recv(65536)
             keep_control = msg == b"ok"  # ("ok-": no control socket kept, so no memory snapshots)

@@ -25,14 +25,13 @@ _probe: tuple[str | None, str] | None = None
 
 def _own_paths() -> dict[str, str]:
     own: dict[str, str] = {}
-    with open("/proc/self/cgroup") as f:
-        for line in f:
-            _, ctrls, path = line.rstrip("\n").split(":", 2)
-            if ctrls == "":
-                own["<v2>"] = path
-            for c in ctrls.split(","):
-                if c:
-                    own[c] = path
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if ctrls == "":
+            own["<v2>"] = path
+        for c in ctrls.split(","):
+            if c:
+                own[c] = path
     return own
 
 
@@ -49,9 +48,26 @@ def _v2_root() -> str | None:
     return None
 
 
-def _write(path: str, value) -> None:
-    with open(path, "w") as f:
-        f.write(str(value))
+def write_file(path: str, value) -> None:
+    """Write ``value`` to a cgroup (or /proc) file, in plain calls: every env start and end writes
+    and reads a handful of these, and a text-mode ``open`` costs several times the call itself."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str:
+    """A small cgroup (or /proc) file's text, in plain calls (see :func:`write_file`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
 
 
 def probe() -> tuple[str | None, str]:
@@ -119,7 +135,7 @@ def _make_v2_parent(parent: str) -> str:
         have = set(f.read().split())
     need = [c for c in ("memory", "pids") if c not in have]
     if need:
-        _write(f"{parent}/cgroup.subtree_control", " ".join("+" + c for c in need))
+        write_file(f"{parent}/cgroup.subtree_control", " ".join("+" + c for c in need))
     return parent
 
 
@@ -143,13 +159,13 @@ class EnvCgroup:
                 p = f"{parent}/{name}"
                 os.mkdir(p)
                 self.paths = [p]
-                _write(f"{p}/memory.max", memory_bytes if memory_bytes else "max")
+                write_file(f"{p}/memory.max", memory_bytes if memory_bytes else "max")
                 for fname, val in (("memory.swap.max", 0), ("memory.oom.group", 1)):
                     try:
-                        _write(f"{p}/{fname}", val)
+                        write_file(f"{p}/{fname}", val)
                     except OSError:
                         pass
-                _write(f"{p}/pids.max", pids if pids else "max")
+                write_file(f"{p}/pids.max", pids if pids else "max")
             else:
                 mem = os.path.join(_CG, "memory") + (own.get("memory", "/") if own.get("memory", "/") != "/" else "")
                 pid = os.path.join(_CG, "pids") + (own.get("pids", "/") if own.get("pids", "/") != "/" else "")
@@ -159,17 +175,17 @@ class EnvCgroup:
                 os.mkdir(pp)
                 self.paths.append(pp)
                 if memory_bytes:
-                    _write(f"{pm}/memory.limit_in_bytes", int(memory_bytes))
+                    write_file(f"{pm}/memory.limit_in_bytes", int(memory_bytes))
                     try:  # no swap either (only where swap accounting is on)
-                        _write(f"{pm}/memory.memsw.limit_in_bytes", int(memory_bytes))
+                        write_file(f"{pm}/memory.memsw.limit_in_bytes", int(memory_bytes))
                     except OSError:
                         pass
                 try:
-                    _write(f"{pm}/memory.swappiness", 0)
+                    write_file(f"{pm}/memory.swappiness", 0)
                 except OSError:
                     pass
                 if pids:
-                    _write(f"{pp}/pids.max", int(pids))
+                    write_file(f"{pp}/pids.max", int(pids))
         except BaseException:
             self.remove()
             raise
@@ -193,8 +209,7 @@ class EnvCgroup:
         out: list[int] = []
         for path in self.procs_files:
             try:
-                with open(path) as f:
-                    out.extend(int(x) for x in f.read().split())
+                out.extend(int(x) for x in _read(path).split())
             except OSError:
                 pass
         return sorted(set(out))
@@ -213,7 +228,7 @@ class EnvCgroup:
             return
         if self.kind == "v2" and os.path.exists(f"{self.paths[0]}/cgroup.kill"):
             try:
-                _write(f"{self.paths[0]}/cgroup.kill", 1)
+                write_file(f"{self.paths[0]}/cgroup.kill", 1)
                 return
             except OSError:
                 pass
@@ -242,7 +257,7 @@ class EnvCgroup:
         group holds makes the kernel reclaim first (and fail if it cannot: ``False``)."""
         name = "memory.max" if self.kind == "v2" else "memory.limit_in_bytes"
         try:
-            _write(f"{self.paths[0]}/{name}", int(limit) if limit else ("max" if self.kind == "v2" else -1))
+            write_file(f"{self.paths[0]}/{name}", int(limit) if limit else ("max" if self.kind == "v2" else -1))
         except (OSError, IndexError):
             return False
         return True
@@ -292,8 +307,15 @@ class EnvCgroup:
         self.paths = left
 
     def try_remove(self) -> bool:
-        """One non-blocking attempt to empty and remove the group(s); True when they are gone."""
+        """One non-blocking attempt to remove the group(s), True when they are gone; where some
+        process is left, one more pass of SIGKILL over them, for the next attempt. (``rmdir``
+        first: a group whose processes are all gone needs no look at its members.)"""
+        if self._rmdir_all():
+            return True
         self.signal_all()
+        return False
+
+    def _rmdir_all(self) -> bool:
         left = []
         for path in self.paths:
             try:
