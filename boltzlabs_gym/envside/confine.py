@@ -37,6 +37,20 @@ SANDBOX_RUNTIME = "/opt/boltzlabs"
 CONTROL_FD = 200
 
 
+def set_comm(name: str) -> None:
+    """Name the calling process (its ``comm``, what ``ps`` and psutil show) by writing
+    ``/proc/self/comm``: plain calls, where ``prctl(PR_SET_NAME)`` through ctypes cost every forked
+    env a ``CDLL`` of its own (about 0.1 ms). Cosmetic: a failure is ignored."""
+    try:
+        fd = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, name.encode()[:15])
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def mount_points() -> list[str]:
     """This mount namespace's mount points, in ``/proc/self/mountinfo``'s order (its fifth field;
     the kernel writes a space, tab, newline or backslash in a path as an octal escape, undone here)."""

@@ -27,6 +27,7 @@ from .confine import (
     SANDBOX_WORKSPACE,
     apply_rlimits,
     readable,
+    set_comm,
     vacate_fd,
 )
 from .memory_snapshot import mount_private_tmp
@@ -92,7 +93,7 @@ def template_main() -> None:
 
     kind = os.environ.get("BOLTZLABS_TEMPLATE", "process")
     ctl = socket.socket(fileno=CTL_FD)
-    _set_name(TEMPLATE_COMM)  # forks share the template's argv; the name tells them apart in ps
+    set_comm(TEMPLATE_COMM)  # forks share the template's argv; the name tells them apart in ps
     ns = kind == "ns"
     filt = None
     if ns:
@@ -257,7 +258,7 @@ def _spare_wait(ctl: socket.socket, sock: socket.socket, ns: bool):
     fork_hooks.restore()
     fd = ctl.detach()
     os.close(fd)
-    _set_name(SPARE_COMM)
+    set_comm(SPARE_COMM)
     try:
         if ns:
             from . import syscalls as L
@@ -287,15 +288,6 @@ def _first_message() -> bytes:
     return b"p" if cause is None else b"p:" + cause.encode("utf-8", "replace")[:500]
 
 
-def _set_name(name: str) -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME (the comm in ps / psutil)
-    except Exception:  # noqa: BLE001 - cosmetic
-        pass
-
-
 def _send_fd(fd: int, data: bytes) -> None:
     try:
         os.write(fd, data)
@@ -309,7 +301,7 @@ def _become_env(
     """In the forked env: finish its sandbox, then become an ordinary env process."""
     stdin_fd, stdout_fd, stderr_fd, csock_fd = fds[:4]
     tree = fds[4] if ns and len(fds) > 4 else -1
-    _set_name(ENV_COMM)
+    set_comm(ENV_COMM)
     try:
         os.write(csock_fd, _first_message())
         if os.read(csock_fd, 16) != b"go":

@@ -62,7 +62,7 @@ from typing import Any
 
 from ..wire.limits import Limits
 from . import obs_region, process_setup
-from .confine import CONTROL_FD, SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE, mount_points
+from .confine import CONTROL_FD, SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE, mount_points, set_comm
 
 HOLDER_COMM = "boltz-holder"
 ENV_COMM = "boltz-env"  # as forkserver names a forked env
@@ -259,7 +259,7 @@ class CowForks:
     # no enum conversions) and what they need to read (cap_last_cap) is read at install.
     def _hold(self) -> str:
         """Serve the worker's fork requests until released; returns only in a copy."""
-        _set_name(HOLDER_COMM)
+        set_comm(HOLDER_COMM)
         null = os.open(os.devnull, os.O_RDWR)
         for name in os.listdir("/proc/self/fd"):  # the slot's pipes are the continued source's now:
             fd = int(name)  # every fd but the control socket goes to /dev/null (its number stays valid)
@@ -336,7 +336,7 @@ class CowForks:
         """In C, PID 1 of its own namespaces: the spare's last steps, then an env of the target slot."""
         from . import syscalls as L
 
-        _set_name(self._comm)  # (forked from the holder, whose name it had)
+        set_comm(self._comm)  # (forked from the holder, whose name it had)
         try:
             _announce(csock)  # who the copy is (its pid, stamped by the kernel)
             L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
@@ -520,17 +520,6 @@ def _write(fd: int, data: bytes) -> None:
     try:
         os.write(fd, data)
     except OSError:
-        pass
-
-
-def _set_name(name: str) -> None:
-    try:
-        fd = os.open("/proc/self/comm", os.O_WRONLY)
-        try:
-            os.write(fd, name.encode())
-        finally:
-            os.close(fd)
-    except OSError:  # cosmetic
         pass
 
 
