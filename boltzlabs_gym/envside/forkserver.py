@@ -26,6 +26,7 @@ from .confine import (
     SANDBOX_ENV_DIR,
     SANDBOX_WORKSPACE,
     apply_rlimits,
+    mount_points,
     readable,
     set_comm,
     vacate_fd,
@@ -119,6 +120,9 @@ def template_main() -> None:
             import_std[fd] = std_ids[(st.st_dev, st.st_ino)]
             import_fds.discard(fd)
     bindings = _per_env_bindings()
+    global _MOUNT_POINTS
+    # (every fork's mount namespace starts as a copy of this one: read its mount table once, here)
+    _MOUNT_POINTS = mount_points() if ns else None
     gc.collect()
     gc.freeze()
     n = _threads()
@@ -313,7 +317,7 @@ def _become_env(
             # (the spare already has its own mount, net, IPC and UTS namespaces and /proc)
             if req.get("cgroup"):
                 L.unshare(L.CLONE_NEWCGROUP)  # after the worker moved us: rooted at our own cgroup
-            mount_private_tmp(int(limits.tmpfs_bytes))
+            mount_private_tmp(int(limits.tmpfs_bytes), _MOUNT_POINTS)
             L.move_mount_fd(tree, SANDBOX_WORKSPACE)
             os.close(tree)
             tree = -1
@@ -378,9 +382,8 @@ def _become_env(
             os.close(fd)
         except OSError:
             pass
+    _set_environment(req["env"])
     env = req["env"]
-    os.environ.clear()
-    os.environ.update(env)
     _rebind(
         bindings,
         int(req["index"]),
@@ -393,6 +396,21 @@ def _become_env(
         from . import memory_snapshot as cowfork
 
         cowfork.install(ENV_INSIDE_UID)
+
+
+def _set_environment(env: dict[str, str]) -> None:
+    """Make ``os.environ`` exactly ``env``, changing only what differs from the template's (most of
+    it is the same): ``clear()`` then ``update()`` cost every env a few hundred microseconds."""
+    environ = os.environ
+    for key in [key for key in environ if key not in env]:
+        del environ[key]
+    for key, value in env.items():
+        if environ.get(key) != value:
+            environ[key] = value
+
+
+#: The template's mount points (namespaces kind), read once before it forks (see template_main).
+_MOUNT_POINTS: list[str] | None = None
 
 
 def _fd_open(fd: int) -> bool:

@@ -383,19 +383,21 @@ class CowForks:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def mount_private_tmp(size: int) -> None:
+def mount_private_tmp(size: int, points: list[str] | None = None) -> None:
     """Fresh size-limited tmpfs ``/tmp``, ``/dev/shm`` and :data:`SANDBOX_PRIVATE_DIRS` (``/mnt``,
     ``/data``, ``/home``): a forked env's, and a memory snapshot copy's.
 
     A fresh tmpfs would hide what the sandbox binds under its place (an interpreter's tree: a venv
     in /tmp or /home/u, read-only at its own path): those mounts are carried over onto the new tmpfs.
     A place the sandbox bound something over read-only (``LaunchSpec.ro_binds`` onto ``/data``) is
-    left as it is: nothing can be written there.
+    left as it is: nothing can be written there. ``points``: this mount namespace's mount points
+    (:func:`~boltzlabs_gym.envside.confine.mount_points`), where the caller has them already.
     """
     from . import syscalls as L
 
     plain, no_exec = L.MS_NOSUID | L.MS_NODEV, L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC
-    points = mount_points()
+    if points is None:
+        points = mount_points()
     for place, flags in (("/tmp", plain), ("/dev/shm", no_exec), *((d, plain) for d in SANDBOX_PRIVATE_DIRS)):
         if os.statvfs(place).f_flag & os.ST_RDONLY:
             continue  # a read-only bind over the whole place (a data set at /data): the env's, as it is

@@ -225,6 +225,9 @@ def test_forked_env_sandbox_matches_a_spawned_one():
             assert o["status"]["Threads"] == "1"
             assert o["fds"] == ref["fds"]  # nothing of the template's leaks in
             assert o["env_keys"] == ref["env_keys"]
+            # the values too (the fork rewrites only what differs from the template's): all but its index
+            assert {**o["environ"], "BOLTZLABS_ENV_INDEX": "0"} == ref["environ"], o["index"]
+            assert o["environ"]["BOLTZLABS_ENV_INDEX"] == str(o["index"])
             assert o["mounts_ws"][-1] == "/workspace"  # its own, over the template's (covered, locked)
         # a sibling's workspace and the template's are nowhere to be seen
         obs, *_ = pool.step(["/workspace", "/proc/1/root/workspace", "/sys/fs/cgroup"])

@@ -43,6 +43,7 @@ def reset(seed, options=None):
         "fds": sorted(int(x) for x in os.listdir("/proc/self/fd")),
         "status": _status(),
         "env_keys": sorted(os.environ),
+        "environ": dict(os.environ),
         "mounts_ws": [l.split()[4] for l in open("/proc/self/mountinfo") if l.split()[4] == "/workspace"],
     }
 
