@@ -12,6 +12,8 @@ import resource
 import sys
 from typing import TYPE_CHECKING
 
+from .plain_files import write_text
+
 if TYPE_CHECKING:
     from ..wire.limits import Limits
 
@@ -42,11 +44,7 @@ def set_comm(name: str) -> None:
     ``/proc/self/comm``: plain calls, where ``prctl(PR_SET_NAME)`` through ctypes cost every forked
     env a ``CDLL`` of its own (about 0.1 ms). Cosmetic: a failure is ignored."""
     try:
-        fd = os.open("/proc/self/comm", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, name.encode()[:15])
-        finally:
-            os.close(fd)
+        write_text("/proc/self/comm", name[:15])
     except OSError:
         pass
 

@@ -112,6 +112,7 @@ import time
 from dataclasses import replace
 
 from ..envside.forkserver import ENV_INSIDE_UID, TEMPLATE_BOOTSTRAP
+from ..envside.plain_files import write_text
 from .memory_snapshots.gate import Gate, parent_of, shared_gate
 from .memory_snapshots.launcher import SnapshotLauncher
 from .sandbox.base import (
@@ -607,7 +608,7 @@ class TemplateLauncher:
             t_reparented = time.perf_counter()
             if cg is not None:
                 for path in cg.join_files:
-                    cgroups.write_file(path, pid)
+                    write_text(path, pid)
             ours.send(b"go")
             msg = ours.recv(65536)
             keep_control = msg == b"ok"  # ("ok-": no control socket kept, so no memory snapshots)

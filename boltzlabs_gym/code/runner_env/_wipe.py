@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from boltzlabs_gym.envside.confine import mount_points
+from boltzlabs_gym.envside.plain_files import read_bytes
 
 #: the writable places of a boltz env's sandbox (the root, /dev, /env, /usr, ... are read-only mounts):
 #: the workspace and the sandbox's own tmpfs mounts, ``/mnt``, ``/data`` and ``/home`` among them
@@ -258,7 +259,7 @@ def _remove_sysv_ipc() -> str | None:
 
 
 def _sysv_ids(kind: str) -> list[int]:
-    return [int(line.split()[1]) for line in _read_bytes(f"/proc/sysvipc/{kind}").splitlines()[1:] if line.strip()]
+    return [int(line.split()[1]) for line in read_bytes(f"/proc/sysvipc/{kind}").splitlines()[1:] if line.strip()]
 
 
 def _check(base: Baseline) -> str | None:
@@ -282,22 +283,9 @@ def _check(base: Baseline) -> str | None:
 
 def _named_unix_sockets() -> list[str]:
     """Bound unix socket names (paths and abstract ones) in this env's network namespace."""
-    rows = _read_bytes("/proc/net/unix").splitlines()[1:]
+    rows = read_bytes("/proc/net/unix").splitlines()[1:]
     return [os.fsdecode(row.split()[7]) for row in rows if len(row.split()) > 7]
 
 
 def _read(path: str) -> str:
-    return _read_bytes(path).decode().strip()
-
-
-def _read_bytes(path: str) -> bytes:
-    """A (/proc) file's bytes, read with plain calls: every wipe reads six, and a text-mode ``open``
-    (a file, a buffer, a decoder) costs several times the reads themselves."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return read_bytes(path).decode().strip()  # (plain calls: every wipe reads six /proc files)

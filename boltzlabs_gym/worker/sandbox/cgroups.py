@@ -18,6 +18,8 @@ import secrets
 import signal
 import time
 
+from ...envside.plain_files import read_bytes, write_text
+
 _CG = "/sys/fs/cgroup"
 _counter = itertools.count()
 _probe: tuple[str | None, str] | None = None
@@ -25,7 +27,7 @@ _probe: tuple[str | None, str] | None = None
 
 def _own_paths() -> dict[str, str]:
     own: dict[str, str] = {}
-    for line in _read("/proc/self/cgroup").splitlines():
+    for line in read_bytes("/proc/self/cgroup").decode().splitlines():
         _, ctrls, path = line.split(":", 2)
         if ctrls == "":
             own["<v2>"] = path
@@ -46,28 +48,6 @@ def _v2_root() -> str | None:
             if fstype == "cgroup2":
                 return parts[4]
     return None
-
-
-def write_file(path: str, value) -> None:
-    """Write ``value`` to a cgroup (or /proc) file, in plain calls: every env start and end writes
-    and reads a handful of these, and a text-mode ``open`` costs several times the call itself."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, str(value).encode())
-    finally:
-        os.close(fd)
-
-
-def _read(path: str) -> str:
-    """A small cgroup (or /proc) file's text, in plain calls (see :func:`write_file`)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-        return b"".join(chunks).decode()
-    finally:
-        os.close(fd)
 
 
 def probe() -> tuple[str | None, str]:
@@ -135,7 +115,7 @@ def _make_v2_parent(parent: str) -> str:
         have = set(f.read().split())
     need = [c for c in ("memory", "pids") if c not in have]
     if need:
-        write_file(f"{parent}/cgroup.subtree_control", " ".join("+" + c for c in need))
+        write_text(f"{parent}/cgroup.subtree_control", " ".join("+" + c for c in need))
     return parent
 
 
@@ -159,13 +139,13 @@ class EnvCgroup:
                 p = f"{parent}/{name}"
                 os.mkdir(p)
                 self.paths = [p]
-                write_file(f"{p}/memory.max", memory_bytes if memory_bytes else "max")
+                write_text(f"{p}/memory.max", memory_bytes if memory_bytes else "max")
                 for fname, val in (("memory.swap.max", 0), ("memory.oom.group", 1)):
                     try:
-                        write_file(f"{p}/{fname}", val)
+                        write_text(f"{p}/{fname}", val)
                     except OSError:
                         pass
-                write_file(f"{p}/pids.max", pids if pids else "max")
+                write_text(f"{p}/pids.max", pids if pids else "max")
             else:
                 mem = os.path.join(_CG, "memory") + (own.get("memory", "/") if own.get("memory", "/") != "/" else "")
                 pid = os.path.join(_CG, "pids") + (own.get("pids", "/") if own.get("pids", "/") != "/" else "")
@@ -175,17 +155,17 @@ class EnvCgroup:
                 os.mkdir(pp)
                 self.paths.append(pp)
                 if memory_bytes:
-                    write_file(f"{pm}/memory.limit_in_bytes", int(memory_bytes))
+                    write_text(f"{pm}/memory.limit_in_bytes", int(memory_bytes))
                     try:  # no swap either (only where swap accounting is on)
-                        write_file(f"{pm}/memory.memsw.limit_in_bytes", int(memory_bytes))
+                        write_text(f"{pm}/memory.memsw.limit_in_bytes", int(memory_bytes))
                     except OSError:
                         pass
                 try:
-                    write_file(f"{pm}/memory.swappiness", 0)
+                    write_text(f"{pm}/memory.swappiness", 0)
                 except OSError:
                     pass
                 if pids:
-                    write_file(f"{pp}/pids.max", int(pids))
+                    write_text(f"{pp}/pids.max", int(pids))
         except BaseException:
             self.remove()
             raise
@@ -199,17 +179,13 @@ class EnvCgroup:
     def join(self) -> None:
         """Move the calling, single-threaded process into the group (in the child, as root, first thing)."""
         for path in self.join_files:
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+            write_text(path, 0)
 
     def pids(self) -> list[int]:
         out: list[int] = []
         for path in self.procs_files:
             try:
-                out.extend(int(x) for x in _read(path).split())
+                out.extend(int(x) for x in read_bytes(path).split())
             except OSError:
                 pass
         return sorted(set(out))
@@ -228,7 +204,7 @@ class EnvCgroup:
             return
         if self.kind == "v2" and os.path.exists(f"{self.paths[0]}/cgroup.kill"):
             try:
-                write_file(f"{self.paths[0]}/cgroup.kill", 1)
+                write_text(f"{self.paths[0]}/cgroup.kill", 1)
                 return
             except OSError:
                 pass
@@ -257,7 +233,7 @@ class EnvCgroup:
         group holds makes the kernel reclaim first (and fail if it cannot: ``False``)."""
         name = "memory.max" if self.kind == "v2" else "memory.limit_in_bytes"
         try:
-            write_file(f"{self.paths[0]}/{name}", int(limit) if limit else ("max" if self.kind == "v2" else -1))
+            write_text(f"{self.paths[0]}/{name}", int(limit) if limit else ("max" if self.kind == "v2" else -1))
         except (OSError, IndexError):
             return False
         return True
