@@ -111,6 +111,8 @@ UNCAUGHT = {
     "chained": "try:\n    1/0\nexcept ZeroDivisionError as e:\n    raise KeyError('k') from e\n",
     "own hook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook', t.__name__, v, file=sys.stderr)\nraise OSError(5)\n",
     "failing hook": "import sys\ndef hook(t, v, tb):\n    raise TypeError('hook broke')\nsys.excepthook = hook\nraise OSError(5)\n",
+    # (its traceback counts the repeated frames: as many as python main.py's only at the same depth)
+    "endless recursion": "def r(n):\n    return r(n + 1)\nr(0)\n",
 }
 
 
@@ -119,16 +121,66 @@ def test_an_uncaught_exception_is_reported_as_the_interpreter_reports_it(runner,
     first frame: the same stderr, byte for byte, as ``python main.py`` in a directory of its own."""
     results = runner.run_many(list(UNCAUGHT.values()))
     for (name, code), r in zip(UNCAUGHT.items(), results):
-        script = tmp_path / name.replace(" ", "_") / "main.py"
-        script.parent.mkdir()
-        script.write_text(code)
-        python = subprocess.run(
-            [runner.python or sys.executable, "main.py"], cwd=script.parent, capture_output=True, text=True
-        )
-        ours = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', r.run_result.stderr)
-        theirs = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', python.stderr)
-        assert (r.run_result.return_code, ours) == (python.returncode, theirs), name
+        expected = _as_python_runs_it(runner.python or sys.executable, code, tmp_path / name.replace(" ", "_"))
+        assert _as_ran(r) == expected, name
     assert "hook OSError 5" in results[1].run_result.stderr
+
+
+RECURSION = "n = 0\ndef r():\n    global n\n    n += 1\n    r()\ntry:\n    r()\nexcept RecursionError:\n    pass\n"
+#: programs whose output depends on how deep they start: the runner's frames below them must not count
+DEPTH = {
+    "deepest": "import sys\n" + RECURSION + "print(n, sys.getrecursionlimit())\n",
+    "own limit": "import sys\nsys.setrecursionlimit(50)\n" + RECURSION + "print(n, sys.getrecursionlimit())\n",
+    "limit too low": "import sys\ndef f(k):\n    if k:\n        return f(k - 1)\n    sys.setrecursionlimit(5)\nf(20)\n",
+    "bad limits": "import sys\nfor bad in (0, 2.5, 'x'):\n    try:\n        sys.setrecursionlimit(bad)\n"
+    "    except Exception as e:\n        print(type(e).__name__, e)\nprint(sys.getrecursionlimit())\n",
+}
+
+
+def _as_python_runs_it(python: str, code: str, where, name: str = "main.py", *args: str) -> tuple[int, str, str]:
+    """``python [args] main.py``'s exit status, stdout and stderr, in a directory of its own."""
+    where.mkdir()
+    (where / name).write_text(code)
+    ran = subprocess.run([python, *args, name], cwd=where, capture_output=True, text=True)
+    return ran.returncode, ran.stdout, re.sub(r'File "[^"]*main\.py"', 'File "main.py"', ran.stderr)
+
+
+def _as_ran(r) -> tuple[int, str, str]:
+    """A run's exit status, stdout and stderr, its script named as :func:`_as_python_runs_it` names it."""
+    return (
+        r.run_result.return_code,
+        r.run_result.stdout,
+        re.sub(r'File "[^"]*main\.py"', 'File "main.py"', r.run_result.stderr),
+    )
+
+
+def test_a_program_recurses_as_deep_as_under_python_main_py_on_both_paths(runner, tmp_path):
+    """The runner's own frames below a program (about twenty levels: its env's, its zygote's) do not
+    count against the program's recursion limit, forked by the zygote or by a fresh env: how deep it
+    gets, the limit it reads and sets, and what the interpreter says, as under ``python main.py``."""
+    python = runner.python or sys.executable
+    expected = [_as_python_runs_it(python, code, tmp_path / name.replace(" ", "_")) for name, code in DEPTH.items()]
+    assert expected[0][1].split()[1] == "1000"
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, wipe=False) as hard_reset:
+        for which in (runner, hard_reset):
+            for name, r, theirs in zip(DEPTH, which.run_many(list(DEPTH.values())), expected):
+                assert _as_ran(r) == theirs, name
+
+
+def test_a_pytest_program_recurses_as_deep_as_under_python_m_pytest(runner, tmp_path):
+    """The same for a program run as a module (``python -m pytest``), from a warm zygote."""
+    if runner.languages.get("pytest") is not None:
+        pytest.skip(f"pytest cannot run on this host: {runner.languages['pytest']}")
+    code = (
+        "n = 0\ndef r():\n    global n\n    n += 1\n    r()\n"
+        "def test_deep():\n    try:\n        r()\n    except RecursionError:\n        pass\n"
+        "    assert n < 0, f'depth {n}'\n"
+    )
+    python = runner.python or sys.executable
+    _, expected, _ = _as_python_runs_it(python, code, tmp_path / "t", "main_test.py", "-m", "pytest")
+    assert re.search(r"depth \d+", expected), expected
+    r = runner.run(code, language="pytest")
+    assert re.findall(r"depth \d+", r.run_result.stdout) == re.findall(r"depth \d+", expected)
 
 
 def test_each_program_draws_its_own_random_numbers_as_a_fresh_interpreter_does(runner):

@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 _REQUEST = struct.Struct("!iii")  # main<N>, memory limit in MiB (-1: none), the program's kind
 _STATUS = struct.Struct("!i")  # the program's wait status
+_ADJUST = -(1 << 30)  # the kind of a request to adjust the zygote itself (Zygote.adjust)
 #: signals the zygote blocks (SIGKILL and SIGSTOP cannot be): a program that signals it leaves a
 #: pending signal that is never delivered, and each program unblocks them with one call (where
 #: ignoring them would cost each program a call per signal to restore its handlers)
@@ -57,13 +58,14 @@ class Zygote:
         body: Callable[[int, int, int, int, int], int],
         prepare: Callable[[], None] | None = None,
         warm: Callable[[int], None] | None = None,
+        adjust: Callable[[int], None] | None = None,
     ):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote process
             try:
                 ours.close()
-                _serve(theirs, body, prepare, warm)
+                _serve(theirs, body, prepare, warm, adjust)
             finally:
                 os._exit(0)
         theirs.close()
@@ -93,6 +95,16 @@ class Zygote:
             warm.close()
             raise ZygoteGone(f"the warm zygote did not get ready ({msg!r})")
         return warm
+
+    def adjust(self, value: int, timeout: float = 5.0) -> None:
+        """Have the zygote run the ``adjust`` it was made with on ``value``, in itself: what every
+        program it forks from now on inherits (an integer, like its other requests)."""
+        self._sock.send(_REQUEST.pack(value, -1, _ADJUST))
+        msg, fds = self._recv(timeout)
+        for fd in fds:
+            os.close(fd)
+        if msg != b"a":
+            raise ZygoteGone(f"the zygote did not adjust ({msg!r})")
 
     def alive(self) -> bool:
         """Whether the zygote still runs (its pidfd is readable once it exits)."""
@@ -142,6 +154,7 @@ def _serve(  # pragma: no cover
     body: Callable[[int, int, int, int, int], int],
     prepare: Callable[[], None] | None,
     warm: Callable[[int], None] | None,
+    adjust: Callable[[int], None] | None = None,
 ) -> None:
     """The zygote: nothing but the socket open, every signal blocked; then its loop."""
     # (_signal's own call: signal's wrapper makes an enum of each signal of the mask it returns,
@@ -159,11 +172,15 @@ def _serve(  # pragma: no cover
                 pass
     if prepare is not None:
         prepare()
-    _serve_programs(sock, body, unblocked, warm)
+    _serve_programs(sock, body, unblocked, warm, adjust)
 
 
 def _serve_programs(  # pragma: no cover
-    sock: socket.socket, body: Callable, unblocked: tuple[int, ...], warm: Callable[[int], None] | None
+    sock: socket.socket,
+    body: Callable,
+    unblocked: tuple[int, ...],
+    warm: Callable[[int], None] | None,
+    adjust: Callable[[int], None] | None = None,
 ) -> None:
     """Fork one program at a time (or, asked with a negative kind, a warm zygote), as asked on ``sock``.
 
@@ -177,8 +194,13 @@ def _serve_programs(  # pragma: no cover
         if not msg:
             os._exit(0)
         n, memory_mb, kind = _REQUEST.unpack(msg) if len(msg) == _REQUEST.size else (0, 0, 0)
+        if kind == _ADJUST and not fds:
+            if adjust is not None:
+                adjust(n)
+            sock.send(b"a" if adjust is not None else b"!")
+            continue
         if kind < 0 and warm is not None and not fds:
-            _fork_warm(sock, body, unblocked, warm, -kind)
+            _fork_warm(sock, body, unblocked, warm, -kind, adjust)
             continue
         if len(msg) != _REQUEST.size or len(fds) != 2 or kind < 0:
             for fd in fds:
@@ -205,7 +227,12 @@ def _serve_programs(  # pragma: no cover
 
 
 def _fork_warm(  # pragma: no cover
-    sock: socket.socket, body: Callable, unblocked: tuple[int, ...], warm: Callable[[int], None], kind: int
+    sock: socket.socket,
+    body: Callable,
+    unblocked: tuple[int, ...],
+    warm: Callable[[int], None],
+    kind: int,
+    adjust: Callable[[int], None] | None,
 ) -> None:
     """Fork a warm zygote for ``kind`` through an intermediate that exits at once, so that it is the
     env's child (PID 1 of the namespace adopts it), which reaps it should it die: this zygote
@@ -221,7 +248,7 @@ def _fork_warm(  # pragma: no cover
                 ours.close()
                 warm(kind)
                 theirs.send(b"r")
-                _serve_programs(theirs, body, unblocked, None)
+                _serve_programs(theirs, body, unblocked, None, adjust)
             else:
                 pidfd = os.pidfd_open(pid)
                 socket.send_fds(sock, [b"z" + _STATUS.pack(pid)], [ours.fileno(), pidfd])

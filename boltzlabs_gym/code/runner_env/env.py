@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import _languages  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
+import _recursion  # type: ignore[import-not-found]
 import _warm  # type: ignore[import-not-found]
 import _wipe  # type: ignore[import-not-found]
 from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
@@ -141,7 +142,8 @@ def _start_wiping() -> str | None:
     try:
         _Wiping.child_filter = seccomp.build_filter(deny=("mq_open",))
         _wipe.protect()
-        zygote = Zygote(_zygote_program, prepare=_zygote_prepare, warm=_zygote_warm)
+        zygote = Zygote(_zygote_program, prepare=_zygote_prepare, warm=_zygote_warm, adjust=_recursion.hide)
+        _calibrate_recursion(zygote, 0)
         baseline = _wipe.record([zygote.pid])
         trial = _wipe.wipe(baseline, [zygote.pid])
         if trial is not None:
@@ -534,10 +536,33 @@ def _zygote_for(language: str) -> Zygote | None:
         except (ZygoteGone, OSError) as exc:
             _Wiping.not_warm[kind] = f"{type(exc).__name__}: {exc}"
             return None
+        _calibrate_recursion(warm, kind)
         assert _Wiping.baseline is not None
         _Wiping.baseline.processes[warm.pid] = _wipe.process_state(warm.pid)  # (checked after each program)
         _Wiping.warm[kind] = warm
     return _Wiping.warm.get(kind)
+
+
+#: What a program forked to read its recursion depth runs instead of ``main<n>`` (its ``n``; see
+#: :func:`_calibrate_recursion`)
+_PROBE_N = -1
+
+
+def _calibrate_recursion(zygote: Zygote, kind: int) -> None:
+    """Have ``zygote`` hide the runner's levels below its programs of ``kind`` (:mod:`_recursion`):
+    a probe forked as they are reads its depth where their code would start; the zygote takes
+    the levels to hide as an integer. Where this fails, each program reads its depth itself."""
+    try:
+        started = _from_zygote(zygote, _PROBE_N, -1, kind)
+        result = _supervise(started, 5.0, 64)
+        probed = {"depth": int(result["stdout"])} if result["return_code"] == 0 else {}
+        module = KINDS[kind] != "python"
+        top = _recursion.TOP_OF_MODULE if module else _recursion.TOP_OF_SCRIPT
+        hidden = _recursion.hidden_below(probed, top, _recursion.RUN_MODULE_LEVELS if module else 0)
+        if hidden is not None:
+            zygote.adjust(hidden)
+    except (ZygoteGone, OSError, ValueError):
+        pass
 
 
 def _zygote_warm(kind: int) -> None:
@@ -599,8 +624,11 @@ def _zygote_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -
     fork_hooks.restore()
     workspace = _Wiping.workspace  # (the zygote's working directory already: it chdir-ed there)
     _own_session(memory_mb)
-    _wire_stdio(STDIN_PATH, out_w, err_w)
     kind = kind if 0 <= kind < len(KINDS) else 0
+    if n == _PROBE_N:  # (no program: reads its depth where one would start; see _calibrate_recursion)
+        _wire_stdio(os.devnull, out_w, err_w)
+        return _run_python_here(["-m", _PROBE] if kind else [_PROBE], workspace, prepared=True)
+    _wire_stdio(STDIN_PATH, out_w, err_w)
     return _run_python_here(_program_argv(kind, _main_path(workspace, n, _SUFFIXES[kind])), workspace, prepared=True)
 
 
@@ -677,13 +705,32 @@ def _print_uncaught(exc: BaseException) -> None:
 
 
 def _program_frames(tb):
-    """A traceback without this file's frames (the program's own start where the interpreter's would)."""
+    """A traceback without the runner's frames: this file's below the program (its own start where
+    the interpreter's would), and the last one where the error was raised in the program's
+    ``sys.setrecursionlimit`` (:mod:`_recursion`'s, a builtin's under ``python main.py``)."""
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
+    last = tb
+    while last is not None and last.tb_next is not None:
+        if last.tb_next.tb_next is None and last.tb_next.tb_frame.f_code.co_filename == _recursion.__file__:
+            last.tb_next = None
+        else:
+            last = last.tb_next
     return tb
 
 
+#: The name a probe program runs under (:func:`_calibrate_recursion`)
+_PROBE = "<recursion probe>"
+
+
 def _run_script(src: str) -> None:
+    if src == _PROBE or not _recursion.calibrated:  # (a probe; or forked by an env: no zygote hid the levels)
+        probed = _recursion.probe()
+        exec(_recursion.PROBE, probed)  # (as the program, from this frame: its depth is the program's)
+        if src == _PROBE:
+            print(probed["depth"])
+            return
+        _recursion.start_at_top_level(probed)
     sys.argv = [src]
     main = types.ModuleType("__main__")
     main.__file__ = src
@@ -697,6 +744,13 @@ def _run_script(src: str) -> None:
 def _run_module(module: str, args: list[str]) -> None:
     import runpy
 
+    if module == _PROBE or not _recursion.calibrated:
+        probed = _recursion.probe()
+        exec(_recursion.PROBE, probed)
+        if module == _PROBE:
+            print(probed["depth"])
+            return
+        _recursion.start_at_top_level(probed, _recursion.TOP_OF_MODULE, _recursion.RUN_MODULE_LEVELS)
     sys.argv = ["-m", *args]  # (runpy puts the module's file in sys.argv[0], as python -m does)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
