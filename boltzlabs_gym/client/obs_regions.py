@@ -31,10 +31,12 @@ are a Dict/Tuple of arrays only keeps its sandbox reply's rows in its region, ea
 back to back (``m`` of them), one array after the other; its reply's ``obs`` is their skeleton
 with ``"__shm__"`` leaves (:func:`~boltzlabs_gym.wire.slot_layout.rows_skeleton`).
 
-Replies that carry anything else (infos, autoreset's ``reset_obs``, errors, other spaces) stay
-bytes. A process the pool learns was replaced (a failure, a hard reset, a restore) loses its
-mapping here and is asked again before its next call; until then it answers with bytes. Remote
-pools never ask: their wire is unchanged.
+A one-env step whose info is typed columns (:mod:`~boltzlabs_gym.wire.info_layout`: numbers, the
+same keys step after step, as ALE's and MuJoCo's) refers to its slot the same way, its columns'
+payloads after the (empty) observation's. Replies that carry anything else (other infos,
+autoreset's ``reset_obs``, errors, other spaces) stay bytes. A process the pool learns was
+replaced (a failure, a hard reset, a restore) loses its mapping here and is asked again before
+its next call; until then it answers with bytes. Remote pools never ask: their wire is unchanged.
 """
 
 from __future__ import annotations
@@ -284,12 +286,17 @@ class ObsRegions:
         not make."""
         region = self._regions.get(index)
         # (a one-env step line only from a process of one env: a sandbox of several answers in sandbox replies)
-        if region is not None and region.slots == 1 and region.leaf is not None and len(payloads) == 1:
-            step_line = region.leaf.shm_to_step_line(line) if not len(payloads[0]) else None
-            if step_line is not None and region.skeleton is not None:
-                return self._arrays_step(region, step_line)
+        if region is not None and region.slots == 1 and region.leaf is not None and payloads and not len(payloads[0]):
+            if len(payloads) == 1:
+                step_line = region.leaf.shm_to_step_line(line)
+                if step_line is not None and region.skeleton is not None:
+                    return self._arrays_step(region, step_line)
+            elif region.skeleton is None:  # a step whose info is typed columns, after the observation
+                step_line = region.leaf.shm_to_info_step_line(line)
+            else:
+                step_line = None
             if step_line is not None:
-                return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1)]
+                return step_line, None, [region.view_rows(1) if self.views else region.copy_rows(1), *payloads[1:]]
         known = region.known_sandbox_line if region is not None else None
         if region is not None and known is not None and line == known[0]:  # the usual sandbox reply
             return known[2], None, self._rows_as_payloads(region, known[1], payloads)

@@ -134,7 +134,9 @@ class GymHost:
         self._action_leaf = ArrayLeaf.of(self.action_space)
         #: A step's info of numbers as one row of typed columns, and its line's end (by column version).
         self._info_columns: InfoColumns | None = None
-        self._info_suffix: tuple[int, bytes] = (-1, b"")
+        #: the info columns' version, and a step line's end for them: with the observation as
+        #: bytes, and in the shared region
+        self._info_suffix: tuple[int, tuple[bytes, bytes]] = (-1, (b"", b""))
         self._discrete = None
         #: A Discrete space's actions as the numpy scalars the env is given, by ``action - start``
         #: (made once: a scalar per step cost a constructor call on the hot path of a sandbox request).
@@ -360,19 +362,23 @@ class GymHost:
     def _info_step_reply(
         self, leaf: ArrayLeaf, obs: Any, reward: float, terminated: bool, truncated: bool, info: dict
     ) -> bytes | None:
-        """A step reply whose info of numbers goes as one row of typed columns (its observation as
-        bytes, not in a shared region); ``None`` (the generic path) when the info or the observation
-        does not fit."""
+        """A step reply whose info of numbers goes as one row of typed columns (its observation in
+        the shared region where there is one, else as bytes); ``None`` (the generic path) when the
+        info or the observation does not fit."""
         columns = self._info_columns
         if columns is None:
             columns = self._info_columns = InfoColumns(1)
         if not columns.put(0, info):
             return None
-        version, suffix = self._info_suffix
+        version, ends = self._info_suffix
         if version != columns.version:
-            suffix = leaf.info_step_suffix(columns.member_json(1, 1), columns.sizes(1))
-            self._info_suffix = (columns.version, suffix)
-        return leaf.step_reply(obs, reward, terminated, truncated, suffix, columns.payloads(1))
+            member, sizes = columns.member_json(1, 1), columns.sizes(1)
+            ends = (leaf.info_step_suffix(member, sizes), leaf.info_step_suffix(member, sizes, shm=True))
+            self._info_suffix = (columns.version, ends)
+        slot = self.shm_slot
+        if slot is not None:
+            return leaf.shm_info_step_reply(obs, reward, terminated, truncated, slot, ends[1], columns.payloads(1))
+        return leaf.step_reply(obs, reward, terminated, truncated, ends[0], columns.payloads(1))
 
     def _transition(
         self,

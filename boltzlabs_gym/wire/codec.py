@@ -470,6 +470,11 @@ def _decode_graph(space: gs.Graph, obj: Any, payloads: Payloads, copy: bool, pat
     return gs.GraphInstance(nodes, edges, links.copy() if copy else links)
 
 
+#: Where the payload sizes of a shared-region step line with typed-column info begin (its first, the
+#: observation's, empty)
+_SHM_INFO_BINS = b',"_bin":[0,'
+
+
 class ArrayLeaf:
     """The one skeleton a top-level array space's values always have, for hot paths.
 
@@ -557,16 +562,19 @@ class ArrayLeaf:
             )
         )
 
-    def info_step_suffix(self, member: bytes, sizes: list[int]) -> bytes:
+    def info_step_suffix(self, member: bytes, sizes: list[int], shm: bool = False) -> bytes:
         """The end of a step reply line whose info is typed columns (``{"__cols__": member}``, its
         payloads of ``sizes`` after the observation's; :mod:`~boltzlabs_gym.wire.info_layout`):
-        what :meth:`step_reply` writes after the flags in place of the empty info's.
+        what :meth:`step_reply` writes after the flags in place of the empty info's. ``shm``: the
+        observation is in the env's shared region (:meth:`shm_info_step_reply`), its payload empty.
 
         >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
         >>> leaf.info_step_suffix(b'{"keys":[]}', [1, 8])
         b',"info":{"__cols__":{"keys":[]}},"_bin":[8,1,8]}\\n'
+        >>> leaf.info_step_suffix(b'{"keys":[]}', [1, 8], shm=True)
+        b',"info":{"__cols__":{"keys":[]}},"_bin":[0,1,8]}\\n'
         """
-        bins = b",".join(b"%d" % s for s in (self.nbytes, *sizes))
+        bins = b",".join(b"%d" % s for s in (0 if shm else self.nbytes, *sizes))
         return b',"info":{"%s":%s},"_bin":[%s]}\n' % (COLS.encode(), member, bins)
 
     def step_reply(
@@ -619,6 +627,36 @@ class ArrayLeaf:
             (self.shm_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated], self.shm_suffix)
         )
 
+    def shm_info_step_reply(
+        self,
+        obs: Any,
+        reward: float,
+        terminated: bool,
+        truncated: bool,
+        slot: Any,
+        info_suffix: bytes,
+        info_payloads: Sequence[Any],
+    ) -> bytes | None:
+        """:meth:`shm_step_reply` of a step whose info is typed columns: the observation copied into
+        ``slot``, the line ending in ``info_suffix`` (:meth:`info_step_suffix` with ``shm``), the
+        info's payloads after it; ``None`` as for :meth:`step_reply`."""
+        if (
+            type(obs) is not np.ndarray
+            or obs.dtype != self.dtype
+            or obs.shape != self.shape
+            or not math.isfinite(reward)
+        ):
+            return None
+        slot[...] = obs
+        parts: tuple[Any, ...] = (
+            self.shm_prefix,
+            repr(reward).encode(),
+            _STEP_FLAGS_BYTES[terminated, truncated],
+            info_suffix,
+            *info_payloads,
+        )
+        return b"".join(parts)
+
     def shm_line(self, reward: float, terminated: bool, truncated: bool) -> bytes:
         """The line of :meth:`shm_step_reply` alone (the observation already in its slot)."""
         return b"".join(
@@ -632,6 +670,33 @@ class ArrayLeaf:
         if not (line.startswith(prefix) and line.endswith(suffix)):
             return None
         return b"".join((self.step_prefix, line[len(prefix) : len(line) - len(suffix)], self.step_suffix))
+
+    def shm_to_info_step_line(self, line: bytes) -> bytes | None:
+        """The step line with typed-column info (:meth:`info_step_suffix`) that a shared-region one
+        (:meth:`shm_info_step_reply`'s) stands for: the same line with the observation as its first
+        payload. ``None`` when ``line`` is not one (the reference then goes the general way). The
+        rest of the line is left for the reader to check, as it checks an env's own.
+
+        >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
+        >>> end = leaf.info_step_suffix(b'{"keys":[]}', [1, 8], shm=True)
+        >>> leaf.shm_to_info_step_line(leaf.shm_line(0.5, True, False).replace(leaf.shm_suffix, end))
+        b'{"obs":{"__nd__":[0,"<f4",[2]]},"reward":0.5,"terminated":true,"truncated":false,"info":{"__cols__":{"keys":[]}},"_bin":[8,1,8]}\\n'
+        """
+        prefix = self.shm_prefix
+        if not line.startswith(prefix):
+            return None
+        cut = line.find(INFO_COLS_MARK, len(prefix))
+        bins = line.rfind(_SHM_INFO_BINS)
+        if cut < 0 or bins < cut or not line.endswith(b"]}\n"):
+            return None
+        return b"".join(
+            (
+                self.step_prefix,
+                line[len(prefix) : bins],
+                b',"_bin":[%d,' % self.nbytes,
+                line[bins + len(_SHM_INFO_BINS) :],
+            )
+        )
 
     def parse_info_step_line(self, line: bytes) -> tuple[float, bool, bool, bytes] | None:
         """``(reward, terminated, truncated, end)`` of a step line whose info is typed columns (its

@@ -26,6 +26,7 @@ from conftest import ISOLATION
 
 MEMFD = "memfd:boltzlabs-obs"
 SHAPE = (6, 5, 3)
+INFO_SHAPE = (64, 64, 3)
 
 
 class FrameEnv(gym.Env):
@@ -83,6 +84,39 @@ def make_wrong_dtype():
 def make_wrong_shape():
     _patch_step_line(lambda line: line.replace(b"[6,5,3]", b"[5,6,3]"))
     return FrameEnv()
+
+
+class InfoFrameEnv(FrameEnv):
+    """FrameEnv whose every step has an info of numbers, as ALE's (``lives``, frame counters), and
+    frames large enough (12 KiB) for their bytes to show beside the reply lines'."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = spaces.Box(0, 255, INFO_SHAPE, np.uint8)
+
+    def _obs(self, action: int = 0):
+        return ((self.np_random.integers(0, 256, INFO_SHAPE) + action) % 256).astype(np.uint8)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, {"lives": np.int64(3 - self.t % 3), "frame": self.t * 4}
+
+
+def make_info_frames():
+    return InfoFrameEnv()
+
+
+def make_wrong_slot_with_info():
+    from boltzlabs_gym.wire import codec
+
+    honest = codec.ArrayLeaf.shm_info_step_reply
+
+    def lying(self, *args):
+        line = honest(self, *args)
+        return line.replace(b'"__shm__":[0,', b'"__shm__":[1,') if line is not None else None
+
+    codec.ArrayLeaf.shm_info_step_reply = lying
+    return InfoFrameEnv()
 
 
 def make_reference_without_region():
@@ -218,8 +252,10 @@ def _detach(venv: BoltzLabsVecEnv) -> None:
     venv.closed = True
 
 
-def _compare(ours: BoltzLabsVecEnv, mode: AutoresetMode, copy: bool, n: int, steps: int = 24) -> None:
-    ref = gym.vector.SyncVectorEnv([make_frames] * n, autoreset_mode=mode, copy=copy)
+def _compare(
+    ours: BoltzLabsVecEnv, mode: AutoresetMode, copy: bool, n: int, steps: int = 24, factory=make_frames
+) -> None:
+    ref = gym.vector.SyncVectorEnv([factory] * n, autoreset_mode=mode, copy=copy)
     try:
         got, want = ours.reset(seed=11), ref.reset(seed=11)
         np.testing.assert_array_equal(got[0], want[0])
@@ -232,6 +268,9 @@ def _compare(ours: BoltzLabsVecEnv, mode: AutoresetMode, copy: bool, n: int, ste
             for name, a, b in zip(("obs", "reward", "terminated", "truncated"), got[:4], want[:4]):
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} differs at step {t} ({mode}, copy={copy})")
             assert got[4].keys() == want[4].keys(), t
+            for key in ("lives", "_lives", "frame", "_frame"):
+                if key in want[4]:
+                    assert data_equivalence(got[4][key], want[4][key], exact=True), (key, t)
             if "final_obs" in want[4]:
                 for i in np.flatnonzero(want[4]["_final_obs"]):
                     np.testing.assert_array_equal(got[4]["final_obs"][i], want[4]["final_obs"][i])
@@ -328,6 +367,39 @@ def test_nothing_returned_views_a_region(frames_pool):
                 _detach(venv)
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["lane", "worker"])
+def test_a_step_with_an_info_of_numbers_brings_its_observation_through_the_region(direct, tmp_path_factory):
+    """An env whose every step has an info of numbers (ALE's, MuJoCo's) still writes its observation
+    into its slot, not down its pipe: SyncVectorEnv's results in every autoreset mode, and far
+    fewer bytes read by this process per step than the observations it got."""
+    pool = _pool(make_info_frames, N, tmp_path_factory, direct=direct)
+    try:
+        for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
+            venv = _vec(pool, autoreset_mode=mode)
+            try:
+                _compare(venv, mode, True, N, factory=make_info_frames)
+            finally:
+                _detach(venv)
+        venv = _vec(pool)
+        try:
+            venv.reset(seed=1)
+            read_before, steps = _bytes_read(), 40
+            for _ in range(steps):
+                venv.step(np.zeros(N, dtype=np.int64))
+            read, obs_bytes = _bytes_read() - read_before, steps * N * int(np.prod(INFO_SHAPE))
+            assert read < obs_bytes / 4, (read, obs_bytes)
+        finally:
+            _detach(venv)
+    finally:
+        pool.close()
+
+
+def _bytes_read() -> int:
+    """What this process has read through read system calls (``/proc/self/io``'s ``rchar``)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
 def test_same_results_without_regions(tmp_path_factory, mapped, memfds):
     """``shared_obs=False``: bytes on the pipes, the same results."""
     pool = _pool(make_frames, N, tmp_path_factory, envs_per_sandbox=2, shared_obs=False)
@@ -367,6 +439,7 @@ def test_hard_reset_maps_a_fresh_region_and_close_leaks_nothing(tmp_path_factory
         make_wrong_dtype,
         make_wrong_shape,
         make_reference_without_region,
+        make_wrong_slot_with_info,
         "make_dict_wrong_count",
         "make_dict_marker_and_bytes",
         "make_dict_marker_without_region",
@@ -390,7 +463,7 @@ def test_a_wrong_reference_is_the_envs_fault(factory, tmp_path_factory):
         if isinstance(factory, str):  # the Dict liars lie in their resets' replies too: caught again
             assert "broke the protocol" in info["boltzlabs_error"]["reason"][0], info
         else:
-            assert obs.shape == (1, *SHAPE) and "boltzlabs_error" not in info, info
+            assert obs.shape == (1, *venv.single_observation_space.shape) and "boltzlabs_error" not in info, info
     finally:
         venv.close()
 
