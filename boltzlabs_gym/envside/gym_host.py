@@ -377,7 +377,7 @@ class GymHost:
             self._info_suffix = (columns.version, ends)
         slot = self.shm_slot
         if slot is not None:
-            return leaf.shm_info_step_reply(obs, reward, terminated, truncated, slot, ends[1], columns.payloads(1))
+            return leaf.shm_step_reply(obs, reward, terminated, truncated, slot, ends[1], columns.payloads(1))
         return leaf.step_reply(obs, reward, terminated, truncated, ends[0], columns.payloads(1))
 
     def _transition(

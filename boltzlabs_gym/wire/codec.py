@@ -566,7 +566,7 @@ class ArrayLeaf:
         """The end of a step reply line whose info is typed columns (``{"__cols__": member}``, its
         payloads of ``sizes`` after the observation's; :mod:`~boltzlabs_gym.wire.info_layout`):
         what :meth:`step_reply` writes after the flags in place of the empty info's. ``shm``: the
-        observation is in the env's shared region (:meth:`shm_info_step_reply`), its payload empty.
+        observation is in the env's shared region (:meth:`shm_step_reply`), its payload empty.
 
         >>> leaf = ArrayLeaf.of(gs.Box(-1, 1, (2,), np.float32))
         >>> leaf.info_step_suffix(b'{"keys":[]}', [1, 8])
@@ -611,35 +611,21 @@ class ArrayLeaf:
         )
         return b"".join(parts)
 
-    def shm_step_reply(self, obs: Any, reward: float, terminated: bool, truncated: bool, slot: Any) -> bytes | None:
-        """:meth:`step_reply` for an env with a shared observation region: the observation is copied
-        into ``slot`` (an array of the space's dtype and shape on the region) and the line refers to
-        it (``{"__shm__": [0, dtype, shape]}``, ``"_bin":[0]``); ``None`` as for :meth:`step_reply`."""
-        if (
-            type(obs) is not np.ndarray
-            or obs.dtype != self.dtype
-            or obs.shape != self.shape
-            or not math.isfinite(reward)
-        ):
-            return None
-        slot[...] = obs
-        return b"".join(
-            (self.shm_prefix, repr(reward).encode(), _STEP_FLAGS_BYTES[terminated, truncated], self.shm_suffix)
-        )
-
-    def shm_info_step_reply(
+    def shm_step_reply(
         self,
         obs: Any,
         reward: float,
         terminated: bool,
         truncated: bool,
         slot: Any,
-        info_suffix: bytes,
-        info_payloads: Sequence[Any],
+        info_suffix: bytes | None = None,
+        info_payloads: Sequence[Any] = (),
     ) -> bytes | None:
-        """:meth:`shm_step_reply` of a step whose info is typed columns: the observation copied into
-        ``slot``, the line ending in ``info_suffix`` (:meth:`info_step_suffix` with ``shm``), the
-        info's payloads after it; ``None`` as for :meth:`step_reply`."""
+        """:meth:`step_reply` for an env with a shared observation region: the observation is copied
+        into ``slot`` (an array of the space's dtype and shape on the region) and the line refers to
+        it (``{"__shm__": [0, dtype, shape]}``, ``"_bin":[0]``); ``None`` as for :meth:`step_reply`.
+        With ``info_suffix`` (:meth:`info_step_suffix` with ``shm``), its info is typed columns,
+        whose payloads ``info_payloads`` follow the line."""
         if (
             type(obs) is not np.ndarray
             or obs.dtype != self.dtype
@@ -652,7 +638,7 @@ class ArrayLeaf:
             self.shm_prefix,
             repr(reward).encode(),
             _STEP_FLAGS_BYTES[terminated, truncated],
-            info_suffix,
+            self.shm_suffix if info_suffix is None else info_suffix,
             *info_payloads,
         )
         return b"".join(parts)
@@ -673,7 +659,7 @@ class ArrayLeaf:
 
     def shm_to_info_step_line(self, line: bytes) -> bytes | None:
         """The step line with typed-column info (:meth:`info_step_suffix`) that a shared-region one
-        (:meth:`shm_info_step_reply`'s) stands for: the same line with the observation as its first
+        (:meth:`shm_step_reply`'s) stands for: the same line with the observation as its first
         payload. ``None`` when ``line`` is not one (the reference then goes the general way). The
         rest of the line is left for the reader to check, as it checks an env's own.
 

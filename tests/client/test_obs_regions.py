@@ -64,8 +64,8 @@ def _patch_step_line(rewrite):
 
     honest = codec.ArrayLeaf.shm_step_reply
 
-    def lying(self, obs, reward, terminated, truncated, slot):
-        line = honest(self, obs, reward, terminated, truncated, slot)
+    def lying(self, *args):
+        line = honest(self, *args)
         return rewrite(line) if line is not None else None
 
     codec.ArrayLeaf.shm_step_reply = lying
@@ -107,15 +107,7 @@ def make_info_frames():
 
 
 def make_wrong_slot_with_info():
-    from boltzlabs_gym.wire import codec
-
-    honest = codec.ArrayLeaf.shm_info_step_reply
-
-    def lying(self, *args):
-        line = honest(self, *args)
-        return line.replace(b'"__shm__":[0,', b'"__shm__":[1,') if line is not None else None
-
-    codec.ArrayLeaf.shm_info_step_reply = lying
+    _patch_step_line(lambda line: line.replace(b'"__shm__":[0,', b'"__shm__":[1,'))
     return InfoFrameEnv()
 
 
