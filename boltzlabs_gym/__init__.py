@@ -103,17 +103,42 @@ def _register_gymnasium_envs() -> None:
     """Register the example envs with Gymnasium (1.x loads no plugin entry points).
 
     Skipped inside env processes (``BOLTZLABS_ENV_INDEX`` is set there): the env side
-    must stay cheap to import and may run without Gymnasium.
+    must stay cheap to import and may run without Gymnasium. Skipped in a worker process
+    (``python -m boltzlabs_gym.worker``, how every pool starts one) too: it makes no env, and
+    Gymnasium with NumPy would be most of its memory.
     """
     import os
+    import sys
 
-    if "BOLTZLABS_ENV_INDEX" in os.environ:
+    if "BOLTZLABS_ENV_INDEX" in os.environ or _running_module(sys.orig_argv) == "boltzlabs_gym.worker":
         return
     try:
         from .vector.make import register_envs
     except ImportError:  # gymnasium missing: nothing to register with
         return
     register_envs()
+
+
+def _running_module(argv: list[str]) -> str | None:
+    """The module the interpreter was started to run (``python [options] -m module``), or None.
+
+    >>> _running_module(["python", "-X", "importtime", "-B", "-m", "boltzlabs_gym.worker", "--bind", "x"])
+    'boltzlabs_gym.worker'
+    >>> _running_module(["python", "train.py", "-m", "boltzlabs_gym.worker"]) is None
+    True
+    """
+    i = 1
+    while i < len(argv) - 1:
+        arg = argv[i]
+        if arg == "-m":
+            return argv[i + 1]
+        if arg in ("-X", "-W"):  # (the options whose value is the next argument)
+            i += 2
+            continue
+        if arg == "-c" or not arg.startswith("-"):
+            return None  # a command, or a script
+        i += 1
+    return None
 
 
 _register_gymnasium_envs()

@@ -12,8 +12,7 @@ from __future__ import annotations
 import collections
 import errno
 import os
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .protocol import (
     INFO_COLS_MARK,
@@ -24,6 +23,9 @@ from .protocol import (
     STEP_REPLY_PATTERN,
     parse_json,
 )
+
+if TYPE_CHECKING:  # (NumPy is imported where a large reply needs it: a worker may never load it)
+    import numpy as np
 
 __all__ = ["EnvFault", "EnvPipe"]
 
@@ -246,6 +248,8 @@ class EnvPipe:
                 if total >= _DIRECT_READ_MIN:
                     # The rest goes straight into a buffer of its own (see _read_body); uninitialised:
                     # zeroing a megabyte first cost more than reading it.
+                    import numpy as np  # (here: a worker that never reads such a reply never loads it)
+
                     try:
                         self._body = np.empty(total, dtype=np.uint8)
                     except MemoryError:

@@ -28,7 +28,6 @@ import stat
 from collections.abc import Callable
 
 from ..wire.protocol import OK, parse_json
-from ..wire.slot_layout import layout_spans, skeleton_fits
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +77,9 @@ def _described(reply: bytes, count: int) -> dict:
     if fd < 0 or slots != count or slot_bytes < 1 or not slots * slot_bytes <= size <= MAX_REGION_BYTES:
         raise RegionRefused(f"a region of {size} bytes for {slots} slots of {slot_bytes} (it hosts {count} envs)")
     if "layout" in region:  # a Dict/Tuple observation's arrays, back to back
+        # (imported here: it parses dtypes with NumPy, which a worker loads only for such envs)
+        from ..wire.slot_layout import layout_spans, skeleton_fits
+
         spans = layout_spans(region["layout"])
         if spans is None or slot_bytes != sum(size for _, size in spans):
             raise RegionRefused(f"its layout {str(region['layout'])[:120]} is not {slot_bytes} bytes of arrays")

@@ -63,3 +63,39 @@ def test_a_sweep_cut_short_is_finished_by_the_next_worker(tmp_path):
     in_progress = _worker_dir(workdir, f"b.swept-by-{os.getpid()}", _dead_pid(), files=50)
     sweep_stale_workers(workdir)
     assert os.listdir(workdir) == [os.path.basename(in_progress)]
+
+
+def test_a_local_pools_worker_loads_neither_numpy_nor_gymnasium(tmp_path):
+    """The worker process (``python -m boltzlabs_gym.worker``) makes no env and decodes no
+    observation: it registers no Gymnasium envs and imports neither library, which would be most of
+    its memory, while its pool steps envs whose observations and infos are arrays."""
+    import gymnasium as gym
+    import numpy as np
+    import psutil
+
+    from boltzlabs_gym import BoltzLabsVecEnv
+
+    env = BoltzLabsVecEnv([lambda: gym.make("CartPole-v1")] * 4, envs_per_sandbox=2)
+    try:
+        env.reset(seed=0)
+        for _ in range(20):
+            env.step(np.zeros(4, dtype=np.int64))
+        workers = [
+            p for p in psutil.Process().children(recursive=True) if "boltzlabs_gym.worker" in " ".join(p.cmdline())
+        ]
+        assert len(workers) == 1, workers
+        mapped = {os.path.basename(m.path) for m in workers[0].memory_maps()}
+        # (NumPy's core extension: Gymnasium cannot be imported without it)
+        assert not any("_multiarray_umath" in name for name in mapped), sorted(mapped)
+    finally:
+        env.close()
+
+
+def test_the_worker_is_known_by_the_module_the_interpreter_runs():
+    from boltzlabs_gym import _running_module
+
+    assert _running_module(["python", "-m", "boltzlabs_gym.worker"]) == "boltzlabs_gym.worker"
+    assert _running_module(["python", "-X", "importtime", "-W", "ignore", "-B", "-m", "x.y", "-v"]) == "x.y"
+    assert _running_module(["python", "script.py", "-m", "boltzlabs_gym.worker"]) is None
+    assert _running_module(["python", "-c", "import x", "-m", "y"]) is None
+    assert _running_module(["python"]) is None
