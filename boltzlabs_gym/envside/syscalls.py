@@ -304,11 +304,44 @@ class _Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_TSYNC = 1
+#: (Linux 4.17) installing the filter does not make the kernel force its speculation mitigations
+#: (Speculative Store Bypass Disable, and STIBP/IBPB) on the process. Kernels before 5.16 force them
+#: on every process with a filter by default (``spec_store_bypass_disable=seccomp``,
+#: ``spectre_v2_user=seccomp``), which can make CPU-bound Python run up to twice as slow; runc and
+#: crun pass this flag by default for the same reason. A host that wants the mitigations everywhere
+#: sets them ``=on`` on the kernel command line, which this flag does not override.
+SECCOMP_FILTER_FLAG_SPEC_ALLOW = 4
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 8
+PR_GET_SPECULATION_CTRL = 52
+PR_SPEC_STORE_BYPASS = 0
+#: Set once a kernel refused :data:`SECCOMP_FILTER_FLAG_SPEC_ALLOW` (older than 4.17): later filters
+#: in this process go without it.
+spec_allow_refused = False
+
+
+def _seccomp_filter(flags: int, fprog: _Fprog) -> int:
+    """``seccomp(SECCOMP_SET_MODE_FILTER, flags | SPEC_ALLOW, fprog)``; without SPEC_ALLOW where the
+    kernel does not know it. The call's result (-1 with errno set on failure)."""
+    global spec_allow_refused
+    if not spec_allow_refused:
+        with_spec_allow = flags | SECCOMP_FILTER_FLAG_SPEC_ALLOW
+        r = _libc.syscall(_NR["seccomp"], SECCOMP_SET_MODE_FILTER, with_spec_allow, ctypes.byref(fprog))
+        if r >= 0 or ctypes.get_errno() != errno.EINVAL:
+            return int(r)
+        # EINVAL: an unknown flag (or a bad filter, which the retry below refuses again)
+    r = _libc.syscall(_NR["seccomp"], SECCOMP_SET_MODE_FILTER, flags, ctypes.byref(fprog))
+    if r >= 0:
+        spec_allow_refused = True
+    return int(r)
+
+
 def seccomp_set_filter(prog: bytes, n_instructions: int) -> None:
+    """Install the filter on every thread of the process (TSYNC), forcing no speculation mitigation."""
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = _Fprog(n_instructions, ctypes.cast(buf, ctypes.c_void_p))
-    # SECCOMP_SET_MODE_FILTER = 1, flags SECCOMP_FILTER_FLAG_TSYNC = 1
-    if _libc.syscall(_NR["seccomp"], 1, 1, ctypes.byref(fprog)) != 0:
+    if _seccomp_filter(SECCOMP_FILTER_FLAG_TSYNC, fprog) != 0:
         raise _err("seccomp(SET_MODE_FILTER)")
 
 
@@ -316,12 +349,19 @@ def seccomp_set_filter_listener(prog: bytes, n_instructions: int) -> int:
     """Install a filter with ``SECCOMP_FILTER_FLAG_NEW_LISTENER``; return the listener fd (CLOEXEC)."""
     buf = ctypes.create_string_buffer(prog, len(prog))
     fprog = _Fprog(n_instructions, ctypes.cast(buf, ctypes.c_void_p))
-    # SECCOMP_SET_MODE_FILTER = 1, flags SECCOMP_FILTER_FLAG_NEW_LISTENER = 8 (no TSYNC: the caller is
-    # single-threaded, and TSYNC with a listener needs TSYNC_ESRCH)
-    fd = _libc.syscall(_NR["seccomp"], 1, 8, ctypes.byref(fprog))
+    # (no TSYNC: the caller is single-threaded, and TSYNC with a listener needs TSYNC_ESRCH)
+    fd = _seccomp_filter(SECCOMP_FILTER_FLAG_NEW_LISTENER, fprog)
     if fd < 0:
         raise _err("seccomp(SET_MODE_FILTER, NEW_LISTENER)")
-    return int(fd)
+    return fd
+
+
+def store_bypass_control() -> int:
+    """``prctl(PR_GET_SPECULATION_CTRL, PR_SPEC_STORE_BYPASS)``: this process's Speculative Store
+    Bypass state (``PR_SPEC_*`` bits; ``PR_SPEC_FORCE_DISABLE`` = 8), or -1 where the kernel has no
+    such control."""
+    r = _libc.prctl(PR_GET_SPECULATION_CTRL, PR_SPEC_STORE_BYPASS, 0, 0, 0)
+    return int(r) if r >= 0 else -1
 
 
 PIDFD_SIGNAL_NR = {"x86_64": 424, "aarch64": 424}

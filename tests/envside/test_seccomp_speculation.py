@@ -1,0 +1,86 @@
+"""Our seccomp filters force no speculation mitigation on the processes they confine.
+
+Installing a seccomp filter without ``SECCOMP_FILTER_FLAG_SPEC_ALLOW`` makes kernels before 5.16
+(and any kernel booted with ``spec_store_bypass_disable=seccomp`` or ``spectre_v2_user=seccomp``)
+force Speculative Store Bypass Disable and STIBP on the process for good, which slows CPU-bound
+Python and simulators by up to half; runc and crun pass the flag by default. On a kernel whose
+mode is ``prctl`` or ``off`` (or a CPU without the controls) these tests pass either way; on one
+whose mode is ``seccomp`` they fail without the flag.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import closing
+
+import numpy as np
+import psutil
+import pytest
+
+import boltzlabs_gym
+from boltzlabs_gym.envside import seccomp
+from boltzlabs_gym.envside import syscalls as L
+
+pytestmark = pytest.mark.skipif(not seccomp.supported(), reason="no seccomp filters on this architecture/kernel")
+
+PR_SPEC_FORCE_DISABLE = 8
+STATUS_KEYS = ("Seccomp", "Speculation_Store_Bypass", "SpeculationIndirectBranch")
+
+
+def _controls_in_a_child_with_filters(filters: int) -> tuple[int, int, bool]:
+    """The store-bypass control of a forked child before and after it installs ``filters`` of ours,
+    and whether the kernel refused ``SECCOMP_FILTER_FLAG_SPEC_ALLOW``."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            before = L.store_bypass_control()
+            for _ in range(filters):
+                seccomp.install(seccomp.build_filter())
+            os.write(w, f"{before} {L.store_bypass_control()} {int(L.spec_allow_refused)}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    before, after, refused = (int(x) for x in data.split())
+    return before, after, bool(refused)
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    return {key: fields.get(key, "").strip() for key in STATUS_KEYS}
+
+
+def test_our_filters_leave_the_speculation_controls_as_they_were():
+    before, after, refused = _controls_in_a_child_with_filters(2)  # (stacked, as the code runner's programs have them)
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    assert refused == (release < (4, 17))  # (the flag exists since Linux 4.17)
+    assert after == before
+    assert after == -1 or not after & PR_SPEC_FORCE_DISABLE
+
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("mode", ["default", "boltz"])
+def test_sandboxed_envs_have_the_speculation_controls_of_an_unfiltered_process(mode):
+    mine = _status(os.getpid())
+    with closing(boltzlabs_gym.make_vec("CartPole-v1", num_envs=2, mode=mode, isolation="namespaces")) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(2, dtype=np.int64))
+        filtered = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                status = _status(p.pid)
+            except OSError:  # (gone meanwhile)
+                continue
+            if status["Seccomp"] == "2":
+                filtered.append((p.pid, status))
+        assert len(filtered) >= 2, filtered  # the envs (and, in boltz mode, their template and spare)
+        for pid, status in filtered:
+            assert (status["Speculation_Store_Bypass"], status["SpeculationIndirectBranch"]) == (
+                mine["Speculation_Store_Bypass"],
+                mine["SpeculationIndirectBranch"],
+            ), pid
