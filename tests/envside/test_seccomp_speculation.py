@@ -20,6 +20,9 @@ import pytest
 import boltzlabs_gym
 from boltzlabs_gym.envside import seccomp
 from boltzlabs_gym.envside import syscalls as L
+from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
+from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
+from boltzlabs_gym.worker.sandbox.speculation import kernel_ssb_report, speculation_property
 
 pytestmark = pytest.mark.skipif(not seccomp.supported(), reason="no seccomp filters on this architecture/kernel")
 
@@ -84,3 +87,35 @@ def test_sandboxed_envs_have_the_speculation_controls_of_an_unfiltered_process(m
                 mine["Speculation_Store_Bypass"],
                 mine["SpeculationIndirectBranch"],
             ), pid
+
+
+SEC_MODE = "Mitigation: Speculative Store Bypass disabled via prctl and seccomp"
+PRCTL_MODE = "Mitigation: Speculative Store Bypass disabled via prctl"
+
+
+@pytest.mark.parametrize("report", [PRCTL_MODE, "Vulnerable", "Not affected", None])
+def test_a_kernel_that_forces_nothing_on_filters_is_reported_as_such_for_both_backends(report):
+    for passes_flag in (True, False):
+        prop, warning = speculation_property(report, passes_flag, (5, 4))
+        assert prop.startswith("not forced") and warning is None
+
+
+def test_a_kernel_in_seccomp_mode_is_warned_about_where_the_filter_goes_without_the_flag():
+    assert speculation_property(SEC_MODE, True, (5, 4)) == (
+        "not forced: filters installed with SECCOMP_FILTER_FLAG_SPEC_ALLOW",
+        None,
+    )
+    prop, warning = speculation_property(SEC_MODE, False, (5, 4))  # bwrap
+    assert prop.startswith("forced on every env") and "bubblewrap" in prop
+    assert SEC_MODE in warning and "isolation='namespaces'" in warning
+    prop, warning = speculation_property(SEC_MODE, True, (4, 14))  # too old for the flag
+    assert prop.startswith("forced on every env") and "4.14" in warning
+
+
+def test_the_sandbox_reports_say_what_this_kernel_does():
+    report = kernel_ssb_report()
+    expected, _ = speculation_property(report, True)
+    assert NamespaceBackend().report().properties["speculation"] == expected
+    bwrap = BwrapBackend().report()
+    if bwrap.properties.get("available") is not False:
+        assert bwrap.properties["speculation"] == speculation_property(report, False)[0]

@@ -41,6 +41,7 @@ from .base import (
 )
 from .namespaces import HOSTNAME, LAUNCHER, HostLayout
 from .probe import first_working_mode, probed_mode, working_mode
+from .speculation import report_speculation
 
 
 class BwrapBackend:
@@ -98,6 +99,8 @@ class BwrapBackend:
             )
         if mode == "user":
             notes.append("runs as the worker's own uid; limits by rlimits only")
+        if sec:
+            report_speculation(props, notes, passes_flag=False)
         return IsolationReport(self.name, props, tuple(notes))
 
     # ---------------------------------------------------------------- launch

@@ -84,6 +84,7 @@ from .base import (
     python_paths as _python_paths,
 )
 from .probe import first_working_mode, probed_mode, working_mode
+from .speculation import report_speculation
 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 HOSTNAME = "boltzlabs"
@@ -655,6 +656,8 @@ class NamespaceBackend:
                 + ("" if self.use_seccomp else " (disabled)")
                 + ("" if seccomp.supported() else f" (no filter for {L.MACHINE})")
             )
+        else:
+            report_speculation(props, notes, passes_flag=True)
         return IsolationReport(self.name, props, tuple(notes))
 
     # ---------------------------------------------------------------- launch
