@@ -314,3 +314,17 @@ def test_code_server_benchmark_refuses_sandboxfusion_on_another_python(monkeypat
         code_server.check_pythons(targets, allow_mismatch=False)
     found, flags = code_server.check_pythons(targets, allow_mismatch=True)
     assert found["sandboxfusion"] == {"version": "3.10.12", "executable": "/b/python"} and len(flags) == 1
+
+
+@pytest.mark.timeout(120)
+def test_sandbox_serving_reports_the_serving_overhead_warm_and_after_a_sweep():
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "sandbox_serving.py"), "--configs", "cartpole:2",
+         "--sweeps", "0,1", "--steps", "30", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "| env | K | bare | served, warm | served after a 1 MiB sweep |" in proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("| cartpole | 2 |"))
+    bare, warm, swept = (float(cell.split()[0]) for cell in row.strip("|").split("|")[2:5])
+    assert bare > 0 and warm > 0 and swept > 0
