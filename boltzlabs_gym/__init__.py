@@ -104,19 +104,38 @@ def _register_gymnasium_envs() -> None:
 
     Skipped inside env processes (``BOLTZLABS_ENV_INDEX`` is set there): the env side
     must stay cheap to import and may run without Gymnasium. Skipped in a worker process
-    (``python -m boltzlabs_gym.worker``, how every pool starts one) too: it makes no env, and
-    Gymnasium with NumPy would be most of its memory.
+    (``python -m boltzlabs_gym.worker``, how every pool starts one, or ``boltzlabs-gym worker``,
+    how remote ones start) too: it makes no env, and Gymnasium with NumPy would be most of its
+    memory.
     """
     import os
     import sys
 
-    if "BOLTZLABS_ENV_INDEX" in os.environ or _running_module(sys.orig_argv) == "boltzlabs_gym.worker":
+    if "BOLTZLABS_ENV_INDEX" in os.environ or _starts_a_worker(sys.orig_argv):
         return
     try:
         from .vector.make import register_envs
     except ImportError:  # gymnasium missing: nothing to register with
         return
     register_envs()
+
+
+def _starts_a_worker(argv: list[str]) -> bool:
+    """Whether the interpreter was started to run a worker: ``python -m boltzlabs_gym.worker``, the
+    ``boltzlabs-gym worker`` command, or ``python -m boltzlabs_gym.cli worker``.
+
+    >>> _starts_a_worker(["/venv/bin/python", "/venv/bin/boltzlabs-gym", "worker", "--bind", "tcp://*:5555"])
+    True
+    >>> _starts_a_worker(["python", "-m", "boltzlabs_gym.cli", "code-server"])
+    False
+    """
+    kind, target, rest = _program_of(argv)
+    if kind == "-m" and target == "boltzlabs_gym.worker":
+        return True
+    command = (kind == "-m" and target == "boltzlabs_gym.cli") or (
+        kind == "script" and target.rsplit("/", 1)[-1] == "boltzlabs-gym"
+    )
+    return command and rest[:1] == ["worker"]
 
 
 def _running_module(argv: list[str]) -> str | None:
@@ -127,18 +146,25 @@ def _running_module(argv: list[str]) -> str | None:
     >>> _running_module(["python", "train.py", "-m", "boltzlabs_gym.worker"]) is None
     True
     """
+    kind, target, _ = _program_of(argv)
+    return target if kind == "-m" else None
+
+
+def _program_of(argv: list[str]) -> tuple[str, str, list[str]]:
+    """What the interpreter of ``argv`` (``sys.orig_argv``) runs: ``("-m", module, args)``, ``("-c",
+    command, args)``, ``("script", path, args)``, or ``("", "", [])`` (an interactive one)."""
     i = 1
-    while i < len(argv) - 1:
+    while i < len(argv):
         arg = argv[i]
-        if arg == "-m":
-            return argv[i + 1]
+        if arg in ("-m", "-c"):
+            return (arg, argv[i + 1], argv[i + 2 :]) if i + 1 < len(argv) else ("", "", [])
         if arg in ("-X", "-W"):  # (the options whose value is the next argument)
             i += 2
             continue
-        if arg == "-c" or not arg.startswith("-"):
-            return None  # a command, or a script
+        if arg == "-" or not arg.startswith("-"):
+            return "script", arg, argv[i + 1 :]
         i += 1
-    return None
+    return "", "", []
 
 
 _register_gymnasium_envs()

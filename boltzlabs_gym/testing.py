@@ -61,7 +61,10 @@ CODE_ENV_BROKEN = "def add(a, b) return a + b\n"
 
 
 class WorkerProcess:
-    """A ``python -m boltzlabs_gym.worker`` child; ``address`` is the endpoint it bound."""
+    """A ``python -m boltzlabs_gym.worker`` child; ``address`` is the endpoint it bound.
+
+    ``command``: the argv that starts it instead (``["boltzlabs-gym", "worker"]``, say), before the
+    flags this class adds."""
 
     def __init__(
         self,
@@ -73,8 +76,9 @@ class WorkerProcess:
         insecure: bool = False,
         start_timeout: float = 30.0,
         extra_args: list[str] | None = None,
+        command: list[str] | None = None,
     ):
-        argv = [*(prefix or []), sys.executable, "-m", "boltzlabs_gym.worker"]
+        argv = [*(prefix or []), *(command or [sys.executable, "-m", "boltzlabs_gym.worker"])]
         argv += ["--bind", bind, "--capacity", str(capacity), *(extra_args or [])]
         if keys:
             argv += ["--keys", keys]

@@ -112,7 +112,10 @@ def _cmd_code_server(args: argparse.Namespace) -> int:
     return run_code_server(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(worker_only: bool = False) -> argparse.ArgumentParser:
+    """The command's parser; ``worker_only``: with the ``worker`` command alone, whose process then
+    imports none of the others' flags (the code server's pool settings import NumPy and Gymnasium,
+    most of a worker's memory)."""
     parser = argparse.ArgumentParser(
         prog="boltzlabs-gym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -120,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add_worker_flags(sub.add_parser("worker", help="run a worker"))
     p.set_defaults(func=_cmd_worker)
+    if worker_only:
+        return parser
 
     p = sub.add_parser("keygen", help="create CURVE key pairs for a worker and a client")
     p.add_argument("directory")
@@ -170,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(worker_only=argv[:1] == ["worker"]).parse_args(argv)
     if args.command != "worker":
         # `boltzlabs-gym status ... | head` should end quietly, as other CLI tools do. Not for
         # the worker: it must see EPIPE from a dead env's pipe as an error, not die of it.

@@ -3,6 +3,9 @@
 import multiprocessing
 import os
 import subprocess
+import sys
+
+import pytest
 
 from boltzlabs_gym.worker.host import sweep_stale_workers
 
@@ -91,6 +94,40 @@ def test_a_local_pools_worker_loads_neither_numpy_nor_gymnasium(tmp_path):
         env.close()
 
 
+@pytest.mark.parametrize("started_by", ["boltzlabs-gym worker", "python -m boltzlabs_gym.cli worker"])
+def test_a_remote_worker_started_by_the_command_loads_neither_numpy_nor_gymnasium(started_by):
+    """How remote workers start: the ``boltzlabs-gym`` command's ``worker``. Its process builds no
+    other command's flags (the code server's import NumPy and Gymnasium) and registers no
+    Gymnasium envs, while a pool steps envs with array observations through it."""
+    import gymnasium as gym
+    import numpy as np
+    import psutil
+
+    from boltzlabs_gym import BoltzLabsVecEnv
+    from boltzlabs_gym.testing import WorkerProcess
+
+    if started_by == "boltzlabs-gym worker":
+        script = os.path.join(os.path.dirname(sys.executable), "boltzlabs-gym")
+        if not os.path.exists(script):
+            pytest.skip(f"no boltzlabs-gym console script beside {sys.executable} (the package is not installed)")
+        command = [sys.executable, script, "worker"]
+    else:
+        command = [sys.executable, "-m", "boltzlabs_gym.cli", "worker"]
+    worker = WorkerProcess(insecure=True, capacity=4, command=command)
+    try:
+        env = BoltzLabsVecEnv([lambda: gym.make("CartPole-v1")] * 4, workers=[worker.address])
+        try:
+            env.reset(seed=0)
+            for _ in range(20):
+                env.step(np.zeros(4, dtype=np.int64))
+            mapped = {os.path.basename(m.path) for m in psutil.Process(worker.pid).memory_maps()}
+            assert not any("_multiarray_umath" in name for name in mapped), sorted(mapped)
+        finally:
+            env.close()
+    finally:
+        worker.stop()
+
+
 def test_the_worker_is_known_by_the_module_the_interpreter_runs():
     from boltzlabs_gym import _running_module
 
@@ -99,3 +136,18 @@ def test_the_worker_is_known_by_the_module_the_interpreter_runs():
     assert _running_module(["python", "script.py", "-m", "boltzlabs_gym.worker"]) is None
     assert _running_module(["python", "-c", "import x", "-m", "y"]) is None
     assert _running_module(["python"]) is None
+
+
+def test_the_worker_command_is_known_however_the_interpreter_is_started():
+    from boltzlabs_gym import _starts_a_worker
+
+    assert _starts_a_worker(["python", "-m", "boltzlabs_gym.worker", "--bind", "x"])
+    assert _starts_a_worker(["/venv/bin/python3", "/venv/bin/boltzlabs-gym", "worker", "--bind", "x"])
+    assert _starts_a_worker(["python", "-X", "importtime", "/venv/bin/boltzlabs-gym", "worker"])
+    assert _starts_a_worker(["python", "-m", "boltzlabs_gym.cli", "worker"])
+    assert not _starts_a_worker(["/venv/bin/python3", "/venv/bin/boltzlabs-gym", "code-server"])
+    assert not _starts_a_worker(["python", "-m", "boltzlabs_gym.cli", "status", "worker"])
+    assert not _starts_a_worker(["python", "train.py", "worker"])
+    assert not _starts_a_worker(["python", "-c", "import x", "/venv/bin/boltzlabs-gym", "worker"])
+    assert not _starts_a_worker(["python"])
+    assert not _starts_a_worker(["python", "-m"])
