@@ -5,8 +5,8 @@ Speculative Store Bypass Disable (and, with ``spectre_v2_user=seccomp``, STIBP) 
 that installs a seccomp filter without ``SECCOMP_FILTER_FLAG_SPEC_ALLOW``, for the rest of its life.
 CPU-bound code then runs up to about half as fast as in an unfiltered process. The ``namespaces``
 backend installs its filters with the flag (:func:`boltzlabs_gym.envside.syscalls.seccomp_set_filter`);
-bubblewrap installs the ``bwrap`` backend's filter without it. Which one the kernel does shows
-in its ``spec_store_bypass`` report: ``... via prctl and seccomp`` where filters force it.
+bubblewrap installs the ``bwrap`` backend's filter without it. Whether this kernel forces them
+shows in its ``spec_store_bypass`` report, which ends ``... via prctl and seccomp`` where it does.
 
 >>> speculation_property("Mitigation: Speculative Store Bypass disabled via prctl", passes_flag=False)
 ('not forced (kernel: Mitigation: Speculative Store Bypass disabled via prctl)', None)
