@@ -95,7 +95,10 @@ def _cmd_isolation(args: argparse.Namespace) -> int:
         ok, why = backend.available()
         print(f"{name:11s} {'available' if ok else 'unavailable'}: {why}")
         if ok:
-            print(f"            {backend.report()}")
+            report = backend.report()
+            print(f"            {report}")
+            if "speculation" in report.properties:  # (what the kernel does to the envs' seccomp filters)
+                print(f"            speculation mitigations: {report.properties['speculation']}")
     return 0
 
 

@@ -61,6 +61,16 @@ def test_isolation_lists_backends():
     assert out.returncode == 0 and "process" in out.stdout and "namespaces" in out.stdout
 
 
+def test_isolation_says_what_the_kernel_does_to_the_sandboxes_filters():
+    from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
+
+    if not NamespaceBackend().available()[0]:
+        pytest.skip(f"no namespaces sandbox here: {NamespaceBackend().available()[1]}")
+    out = run_cli("isolation")
+    expected = NamespaceBackend().report().properties["speculation"]
+    assert f"speculation mitigations: {expected}" in out.stdout, out.stdout
+
+
 def test_worker_refuses_public_bind_without_auth():
     out = run_cli("worker", "--bind", "tcp://0.0.0.0:5599", timeout=30)
     assert out.returncode == 2 and "CURVE" in out.stderr
