@@ -22,7 +22,12 @@ from boltzlabs_gym.envside import seccomp
 from boltzlabs_gym.envside import syscalls as L
 from boltzlabs_gym.worker.sandbox.bwrap import BwrapBackend
 from boltzlabs_gym.worker.sandbox.namespaces import NamespaceBackend
-from boltzlabs_gym.worker.sandbox.speculation import kernel_ssb_report, speculation_property
+from boltzlabs_gym.worker.sandbox.speculation import (
+    SPEC_ALLOW_SINCE,
+    kernel_release,
+    kernel_ssb_report,
+    speculation_property,
+)
 
 pytestmark = pytest.mark.skipif(not seccomp.supported(), reason="no seccomp filters on this architecture/kernel")
 
@@ -60,8 +65,7 @@ def _status(pid: int) -> dict[str, str]:
 
 def test_our_filters_leave_the_speculation_controls_as_they_were():
     before, after, refused = _controls_in_a_child_with_filters(2)  # (stacked, as the code runner's programs have them)
-    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
-    assert refused == (release < (4, 17))  # (the flag exists since Linux 4.17)
+    assert refused == (kernel_release() < SPEC_ALLOW_SINCE)
     assert after == before
     assert after == -1 or not after & PR_SPEC_FORCE_DISABLE
 
