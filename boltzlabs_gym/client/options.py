@@ -151,6 +151,14 @@ class PoolOptions:
     every sandbox shows; the library's own env-side code comes from the worker (standard library
     only). Default: the worker's own interpreter."""
 
+    nested_user_namespaces: bool = False
+    """Let the envs (boltz mode, ``namespaces`` backend) create user namespaces of their own, with
+    PID, mount, IPC, net and UTS namespaces under them. Off by default: the template's seccomp
+    filter then hands every such call to the worker, which refuses it. The code runner turns it on
+    for ``wipe=False``, where its env starts every program in namespaces made for that program
+    alone (see ``docs/code-server.md``), and its programs' own filter refuses them again. What an
+    env gains is what an unprivileged user has on a stock distribution."""
+
     direct: bool = True
     """Let a local pool step idle envs on their own pipes (lent by its worker, see
     :mod:`boltzlabs_gym.client.direct_lane`) instead of through the worker: one process hop less
@@ -210,7 +218,7 @@ class PoolOptions:
         keep("busy_poll_us", check_poll_us("busy_poll_us", self.busy_poll_us))
         if self.env_python is not None and (not isinstance(self.env_python, str) or not os.path.isabs(self.env_python)):
             raise ValueError(f"env_python must be an absolute path to a Python interpreter, got {self.env_python!r}")
-        for name in ("serialize_measurement", "env_aslr", "direct", "shared_obs"):
+        for name in ("serialize_measurement", "env_aslr", "nested_user_namespaces", "direct", "shared_obs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_envs_per_sandbox(self.envs_per_sandbox)
@@ -308,6 +316,7 @@ class PoolOptions:
             "env_vars": dict(self.env_vars),
             "env_aslr": self.env_aslr,
             "env_python": self.env_python,
+            "nested_user_namespaces": self.nested_user_namespaces,
             "envs_per_sandbox": self.envs_per_sandbox,
             # A local worker dies with its pool's process; only remote ones need a lease.
             "lease_s": self.lease if remote else 86400.0,
@@ -341,6 +350,7 @@ class PoolSettings(TypedDict, total=False):
     busy_poll_us: float
     env_aslr: bool
     env_python: str | None
+    nested_user_namespaces: bool
     direct: bool
     shared_obs: bool
     envs_per_sandbox: int

@@ -102,8 +102,12 @@ def template_main() -> None:
         from . import syscalls as L  # noqa: F401 - loaded before the sandbox hides the package
 
         # the copies' calls are allowed here: the template's filter below hands every nested user
-        # namespace to the worker, and without one an env process has no capability for them
-        filt = seccomp.build_filter(deny=tuple(n for n in seccomp.DENY if n not in seccomp.COPY_SYSCALLS))
+        # namespace to the worker, and without one an env process has no capability for them. A
+        # clone into a new PID namespace is no more than the unshare and fork it allows (the code
+        # runner's zygote makes each program's PID 1 so, in a user namespace of its own)
+        filt = seccomp.build_filter(
+            deny=tuple(n for n in seccomp.DENY if n not in seccomp.COPY_SYSCALLS), clone_allow_flags=L.CLONE_NEWPID
+        )
     import_fds = _open_fds() - {0, 1, 2, CTL_FD, LIFELINE_FD}
     std_ids = {}
     for i in (0, 1, 2):

@@ -137,7 +137,7 @@ _GLIBC = _glibc()
 def fork_sibling(flags: int = 0) -> int:
     """``os.fork()`` whose child is a child of this process's parent (``CLONE_PARENT``), with
     ``flags`` added (``CLONE_NEWPID``: the child is PID 1 of a new PID namespace); returns 0 in the
-    child and its pid in this process, as ``os.fork`` does.
+    child and its pid in this process, as ``os.fork`` does (:func:`fork_with`, ``CLONE_PARENT`` added).
 
     One process instead of two: without it a child of the parent takes a fork that forks again
     and exits (a double fork), and a new PID namespace takes ``unshare`` in that middle process.
@@ -149,6 +149,13 @@ def fork_sibling(flags: int = 0) -> int:
     the init of a PID namespace, ``EPERM`` without ``CAP_SYS_ADMIN`` for a namespace flag) or
     the architecture or the libc is not one this was checked with (``ENOSYS``); the caller falls
     back to the double fork."""
+    return fork_with(flags | CLONE_PARENT)
+
+
+def fork_with(flags: int) -> int:
+    """``os.fork()`` with clone ``flags`` added (``CLONE_NEWPID``: the child is PID 1 of a new PID
+    namespace, and this process's own child); the caller must be single-threaded (see
+    :func:`fork_sibling`, which is this with ``CLONE_PARENT``)."""
     nr = _NR.get("clone")
     if nr is None:
         raise OSError(errno.ENOSYS, f"clone: no syscall number known for {MACHINE}")
@@ -159,14 +166,15 @@ def fork_sibling(flags: int = 0) -> int:
     api.PyOS_BeforeFork()
     # x86_64 and aarch64 take (flags, stack, parent_tid, child_tid or tls, tls or child_tid): stack
     # 0 is "this stack, copied", as fork's; no tid is written anywhere
-    pid = _libc_gil.syscall(nr, flags | CLONE_PARENT | signal.SIGCHLD, None, None, None, None)
+    pid = _libc_gil.syscall(nr, flags | signal.SIGCHLD, None, None, None, None)
     if pid == 0:
         api.PyOS_AfterFork_Child()
         return 0
     err = ctypes.get_errno()
     api.PyOS_AfterFork_Parent()
     if pid < 0:
-        raise OSError(err, f"clone(CLONE_PARENT | {flags:#x}): {os.strerror(err)}")
+        named = f"CLONE_PARENT | {flags & ~CLONE_PARENT:#x}" if flags & CLONE_PARENT else f"{flags:#x}"
+        raise OSError(err, f"clone({named}): {os.strerror(err)}")
     return int(pid)
 
 

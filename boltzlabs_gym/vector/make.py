@@ -74,6 +74,7 @@ def make_vec(
     busy_poll_us: float | Unset = UNSET,
     env_aslr: bool | Unset = UNSET,
     env_python: str | None | Unset = UNSET,
+    nested_user_namespaces: bool | Unset = UNSET,
     direct: bool | Unset = UNSET,
     shared_obs: bool | Unset = UNSET,
     envs_per_sandbox: int | Unset = UNSET,

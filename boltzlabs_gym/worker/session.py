@@ -40,6 +40,9 @@ class SessionConfig:
     env_aslr: bool = False
     #: The interpreter env processes (boltz: the template) run; None: the worker's own.
     env_python: str | None = None
+    #: Whether the envs may create user namespaces of their own (boltz mode: the template's filter
+    #: lets them through instead of handing them to the worker's gate, which refuses them).
+    nested_user_namespaces: bool = False
     #: Envs each sandboxed process hosts (its slots); ``n`` envs make ``ceil(n / K)`` sandboxes.
     envs_per_sandbox: int = 1
 
@@ -70,6 +73,9 @@ class SessionConfig:
         env_python = h.get("env_python")
         if env_python is not None:
             env_python = check_env_python(env_python)
+        nested = h.get("nested_user_namespaces", False)
+        if not isinstance(nested, bool):
+            raise ValueError(f"nested_user_namespaces must be true or false, got {nested!r}")
         k = h.get("envs_per_sandbox", 1)
         if type(k) is not int or not 1 <= k <= MAX_ENVS_PER_SANDBOX:
             raise ValueError(f"envs_per_sandbox must be an int in [1, {MAX_ENVS_PER_SANDBOX}], got {k!r}")
@@ -86,6 +92,7 @@ class SessionConfig:
             env_vars=env_vars,
             env_aslr=env_aslr,
             env_python=env_python,
+            nested_user_namespaces=nested,
             envs_per_sandbox=k,
             **timeouts,
         )

@@ -233,6 +233,7 @@ class Spawner:
             ro_binds={},
             index=env.global_index,
             aslr=session.cfg.env_aslr,
+            nested_user_namespaces=session.cfg.nested_user_namespaces,
             runtime=self.runtime,
         )
 

@@ -259,6 +259,8 @@ class TemplateLauncher:
         self.template_start_ms: list[float] = []
         #: why its envs are double-forked (the kernel refused ``clone(CLONE_PARENT)``); "" while they are not
         self.double_fork_cause = ""
+        #: whether its template lets the envs make user namespaces (``LaunchSpec.nested_user_namespaces``)
+        self.nested_user_namespaces = False
         self._dir = os.path.join(root, "template")
         os.makedirs(self._dir, exist_ok=True)
         self._outer_uid = _TEMPLATE_UID_LO + 2 * secrets.randbelow(_TEMPLATE_UID_SPAN // 2)
@@ -291,6 +293,12 @@ class TemplateLauncher:
         # how its envs are forked, once one was (see _note_double_fork)
         props["boltz_env_fork"] = f"double fork ({self.double_fork_cause})" if self.double_fork_cause else "clone"
         notes = list(base.notes)
+        if self.nested_user_namespaces:
+            props["nested_user_namespaces"] = True
+            notes.append(
+                "nested_user_namespaces: envs may create user namespaces of their own (with PID, mount, IPC, net "
+                "and UTS namespaces under them); the worker's gate does not see those calls"
+            )
         if self.kind == "ns":
             props["dedicated_uid"] = "per session (envs share one uid, distinct from the template's)"
             props["template_sandbox"] = (
@@ -334,6 +342,7 @@ class TemplateLauncher:
     def _start_template(self, spec: LaunchSpec) -> _Template:
         start = time.perf_counter()
         tspec = self._template_spec(spec)
+        self.nested_user_namespaces = spec.nested_user_namespaces and self.kind == "ns"
         log_path = os.path.join(self._dir, "log")
         # distinct files for the template's fds 0/1/2, so that copies the env's import makes of them
         # (``os.dup(1)``) can be recognised and pointed at each forked env's own channel
@@ -428,11 +437,12 @@ class TemplateLauncher:
             seccomp.build_filter(
                 # a nested user namespace goes to the worker (whose gate lets only a memory
                 # snapshot's copies through, see envside.memory_snapshot): whatever the env's
-                # import code does in the template, nothing forked from it makes one otherwise
+                # import code does in the template, nothing forked from it makes one otherwise;
+                # unless the session lets its envs make their own (nested_user_namespaces)
                 deny=tuple(
                     n for n in seccomp.DENY if n not in ("mount", "umount2", "unshare", "move_mount", "mount_setattr")
                 ),
-                unshare_notify_flags=L.CLONE_NEWUSER,
+                unshare_notify_flags=0 if tspec.nested_user_namespaces else L.CLONE_NEWUSER,
                 clone_allow_flags=L.CLONE_NEWPID,  # a spare: PID 1 of its own PID namespace
             )
             if backend.use_seccomp

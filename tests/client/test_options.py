@@ -47,6 +47,7 @@ REFUSED = [
     ("busy_poll_us", -1, ValueError),
     ("env_aslr", "yes", ValueError),
     ("env_python", "python3", ValueError),  # not an absolute path (the worker checks the rest)
+    ("nested_user_namespaces", 1, ValueError),
     ("direct", None, ValueError),
     ("shared_obs", 0, ValueError),
     ("envs_per_sandbox", 0, ValueError),
@@ -269,6 +270,7 @@ def test_the_worker_config_comes_from_the_options():
         "env_vars": {"A": "1"},
         "env_aslr": False,
         "env_python": None,
+        "nested_user_namespaces": False,
         "envs_per_sandbox": 1,
         "lease_s": 86400.0,
     }

@@ -91,6 +91,9 @@ class LaunchSpec:
     #: whether the env's interpreter gets a randomized address-space layout (see
     #: :func:`set_layout_randomization`).
     aslr: bool = True
+    #: boltz mode: whether the template's seccomp filter lets its envs create user namespaces
+    #: (``PoolOptions.nested_user_namespaces``) rather than hand each to the worker's gate
+    nested_user_namespaces: bool = False
 
 
 @dataclass
