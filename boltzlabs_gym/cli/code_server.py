@@ -88,7 +88,10 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument("--max-output-bytes", type=int, default=1 << 20, help="stdout/stderr kept per command")
     p.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     p.add_argument(
-        "--no-wipe", action="store_true", help="hard-reset every sandbox after each run (no in-sandbox wipe)"
+        "--no-wipe",
+        action="store_true",
+        help="no in-sandbox wipe: each Python program runs in namespaces and places made for it alone, "
+        "every other program is followed by a hard reset",
     )
     p.add_argument(
         "--python",

@@ -162,6 +162,7 @@ class RunnerStats:
     queued: int = 0  # waiting runs, all clients together
     running: int = 0
     wipes: int = 0  # programs after which the env wiped itself clean
+    fresh: int = 0  # programs that ran in fresh namespaces of their own (wipe=False): nothing to wipe or reset
     hard_resets: int = 0  # programs after which the env was hard-reset (no wipe here, or it found something)
     queued_by_client: dict[str, int] = field(default_factory=dict)  # waiting runs per client (those with any)
     lanes_lost: int = 0  # lanes that lost their worker (or whose pool failed) and took no more requests
@@ -202,8 +203,12 @@ class CodeRunner:
             others still get in.
         on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's calls thread
             after every run (seconds from submission to an env taking it, and to its result).
-        wipe: between programs, wipe an env inside its sandbox where that is sound (the default);
-            ``False`` hard-resets it after every program.
+        wipe: between programs, wipe an env inside its sandbox where that is sound (the default).
+            ``False``: nothing is wiped; each Python program runs in namespaces and tmpfs places
+            made for it alone, forked from a zygote that never saw a request (where the sandbox
+            allows it: the namespaces backend; the pools then let their envs make user namespaces,
+            ``nested_user_namespaces``), and every other program, or every program where that
+            cannot be, is followed by a hard reset.
         python: the interpreter Python programs (and ``pytest``) run under, by absolute path:
             ``"auto"`` takes the code runtime's venv (``boltzlabs-gym code-runtime install``),
             where this host has it, with its packages and a warm template of its own, else the
@@ -257,7 +262,11 @@ class CodeRunner:
         self.python = pool_options.env_python or _program_python(python)
         #: The settings every lane's pool runs with.
         self.pool_options = dataclasses.replace(
-            pool_options, mode="boltz", step_timeout=step_timeout, env_python=self.python
+            pool_options,
+            mode="boltz",
+            step_timeout=step_timeout,
+            env_python=self.python,
+            nested_user_namespaces=pool_options.nested_user_namespaces or not wipe,
         )
         self.max_output_bytes = int(max_output_bytes)
         self.on_result = on_result
@@ -284,6 +293,9 @@ class CodeRunner:
         #: wipe of a fresh sandbox failed), else ``None``. (Set before the lanes open: each
         #: lane's start-up reset, a lane added later too, reads the report.)
         self.wipe_unavailable: str | None = None
+        #: Without the wipe: why Python programs are hard-reset after every run rather than run in
+        #: fresh namespaces of their own (the envs' report at start-up), else ``None``.
+        self.fresh_unavailable: str | None = None
         #: each language SandboxFusion names -> None where the envs can run it, else why not
         #: (their toolchain is missing, say); read from the first lane's envs at start-up
         self.languages: dict[str, str | None] = {}
@@ -303,6 +315,12 @@ class CodeRunner:
         self.memory_limit_by = memory if memory.startswith("cgroup") else "rlimit"
         for lane in self._lanes:
             self._start_lane(lane)
+
+    @property
+    def fresh_in_force(self) -> bool:
+        """Whether, without the wipe, Python programs run in fresh namespaces of their own (no hard
+        reset after them): ``wipe=False`` and possible here (no :attr:`fresh_unavailable`)."""
+        return not self.wipe and self.fresh_unavailable is None
 
     @property
     def wipe_in_force(self) -> bool:
@@ -326,8 +344,12 @@ class CodeRunner:
                 return
 
     def _note_wipe(self, observations: Sequence[Any]) -> None:
-        """Read the envs' start-up report; warn once where the wipe asked for cannot run."""
-        if not self.wipe or self.wipe_unavailable is not None:
+        """Read the envs' start-up report; warn once where the wipe asked for (or, without it, fresh
+        namespaces per program) cannot run."""
+        if not self.wipe:
+            self._note_fresh(observations)
+            return
+        if self.wipe_unavailable is not None:
             return
         for obs in observations:
             if isinstance(obs, Mapping) and not obs.get("wipe"):
@@ -336,6 +358,19 @@ class CodeRunner:
                     "code runner: programs will be hard-reset (killed and forked afresh) after every run, not wiped "
                     "in place: %s",
                     self.wipe_unavailable,
+                )
+                return
+
+    def _note_fresh(self, observations: Sequence[Any]) -> None:
+        if self.fresh_unavailable is not None:
+            return
+        for obs in observations:
+            if isinstance(obs, Mapping) and not obs.get("fresh"):
+                self.fresh_unavailable = str(obs.get("no_fresh") or "the env did not say why")
+                log.warning(
+                    "code runner: without the wipe, every program will be hard-reset (killed and forked afresh) "
+                    "after its run, not run in fresh namespaces of its own: %s",
+                    self.fresh_unavailable,
                 )
                 return
 
@@ -440,7 +475,7 @@ class CodeRunner:
             s = self._stats
             return RunnerStats(
                 dict(s.runs), s.timeouts, s.oom_kills, s.cancelled, s.queue_wait_s, sum(depths.values()), s.running,
-                s.wipes, s.hard_resets, depths, s.lanes_lost,
+                s.wipes, s.fresh, s.hard_resets, depths, s.lanes_lost,
             )  # fmt: skip
 
     @property
@@ -514,7 +549,7 @@ class CodeRunner:
         """A lane's pool started, its envs reset, the calls on its envs running (no thread yet)."""
         pool = RLPool(RUNNER_ENV_DIR, self.envs_per_lane, workers=workers, options=self.pool_options)
         try:
-            ready = pool.reset(options={"wipe": self.wipe, "languages": True})
+            ready = pool.reset(options={**self._reset_options(), "languages": True})
             self._note_wipe(ready)
             self._note_languages(ready)
             calls = EnvCalls(pool, name=f"code-runner-calls-{id(pool):x}")
@@ -522,6 +557,10 @@ class CodeRunner:
             pool.close()
             raise
         return _Lane(next(self._numbers), pool, calls, where or _where(workers))
+
+    def _reset_options(self) -> dict[str, Any]:
+        """What the envs are reset with: the wipe, or else fresh namespaces per program."""
+        return {"wipe": self.wipe, "fresh": not self.wipe}
 
     def _start_lane(self, lane: _Lane) -> None:
         for i in range(lane.pool.n):
@@ -718,7 +757,7 @@ class CodeRunner:
             clean = clean and not job.cancelled
             self._stats.running -= 1
             lane.runs += not job.cancelled
-            self._stats.wipes += clean
+            self._stats.wipes += clean and self.wipe
             self._stats.hard_resets += not clean and lane.lost is None  # (a lost lane's envs are not reset)
         if job.cancelled:
             job.future.set_exception(concurrent.futures.CancelledError())
@@ -728,7 +767,7 @@ class CodeRunner:
             lane.free.put(env)
             return
         try:  # killed, wiped, forked afresh for the next program
-            reset = lane.calls.submit(env, {"op": "hard_reset", "seed": None, "options": {"wipe": self.wipe}})
+            reset = lane.calls.submit(env, {"op": "hard_reset", "seed": None, "options": self._reset_options()})
         except Exception:
             log.exception("code runner lane could not hard-reset env %d", env)
             lane.free.put(env)
@@ -778,7 +817,8 @@ class CodeRunner:
         return None
 
     def _read(self, pool: RLPool, env: int, future: concurrent.futures.Future) -> tuple[RunResult, bool]:
-        """A program's result, and whether its env wiped itself clean after it."""
+        """A program's result, and whether its env is clean after it (wiped, or the program ran in
+        fresh namespaces that died with it)."""
         try:
             finished = future.result()
         except Exception as exc:  # noqa: BLE001 - the pool itself failed: the run is the sandbox's error
@@ -790,8 +830,11 @@ class CodeRunner:
             return RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text), False
         obs = t.obs or {}
         clean = obs.get("clean") is True
-        if not clean and self.wipe and obs.get("unclean") != "not wiped (hard reset)":
+        if not clean and obs.get("unclean") != "not wiped (hard reset)":
             log.info("code runner: env %d not clean after a program (%s): hard reset", env, obs.get("unclean"))
+        if clean and obs.get("fresh") is True:
+            with self._stats_lock:
+                self._stats.fresh += 1
         return RunResult.from_observation(obs, self._isolation_text), clean
 
     def _count(self, request: RunRequest, result: RunResult) -> None:

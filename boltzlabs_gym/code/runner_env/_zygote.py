@@ -7,7 +7,9 @@ per program it receives three integers (which ``main<N>`` to run, the memory lim
 program's kind: a Python script or a warm language's module, ``env.WARM``) and the
 program's stdout/stderr pipes, forks the program, hands the env a pidfd of it, reaps it and
 reports its wait status. Whatever a program does, its memory starts as the zygote's, and the
-zygote's heap holds nothing of any request.
+zygote's heap holds nothing of any request. (``fork``, if given, forks each program instead of
+``os.fork``: the fresh-namespaces zygote's clone, whose child is PID 1 of a new PID namespace; see
+``_fresh``.)
 
 The zygote is protected from the programs it forks (they share its uid): it is not dumpable
 (no ``/proc/<pid>/mem``, ``process_vm_writev``, ``pidfd_getfd``; ``ptrace`` is denied by the
@@ -59,13 +61,14 @@ class Zygote:
         prepare: Callable[[], None] | None = None,
         warm: Callable[[int], None] | None = None,
         adjust: Callable[[int], None] | None = None,
+        fork: Callable[[], int] | None = None,
     ):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the zygote process
             try:
                 ours.close()
-                _serve(theirs, body, prepare, warm, adjust)
+                _serve(theirs, body, prepare, warm, adjust, fork or os.fork)
             finally:
                 os._exit(0)
         theirs.close()
@@ -155,6 +158,7 @@ def _serve(  # pragma: no cover
     prepare: Callable[[], None] | None,
     warm: Callable[[int], None] | None,
     adjust: Callable[[int], None] | None = None,
+    fork: Callable[[], int] = os.fork,
 ) -> None:
     """The zygote: nothing but the socket open, every signal blocked; then its loop."""
     # (_signal's own call: signal's wrapper makes an enum of each signal of the mask it returns,
@@ -172,7 +176,7 @@ def _serve(  # pragma: no cover
                 pass
     if prepare is not None:
         prepare()
-    _serve_programs(sock, body, unblocked, warm, adjust)
+    _serve_programs(sock, body, unblocked, warm, adjust, fork)
 
 
 def _serve_programs(  # pragma: no cover
@@ -181,6 +185,7 @@ def _serve_programs(  # pragma: no cover
     unblocked: tuple[int, ...],
     warm: Callable[[int], None] | None,
     adjust: Callable[[int], None] | None = None,
+    fork: Callable[[], int] = os.fork,
 ) -> None:
     """Fork one program at a time (or, asked with a negative kind, a warm zygote), as asked on ``sock``.
 
@@ -208,7 +213,7 @@ def _serve_programs(  # pragma: no cover
             sock.send(b"!")
             continue
         out_w, err_w = fds
-        pid = os.fork()
+        pid = fork()
         if pid == 0:
             code = 1
             try:

@@ -36,6 +36,7 @@ env that is not clean.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (signal without its enum wrappers, as _zygote)
 import atexit  # (here, as every module a program's path uses: a first import in a program copies ~70 pages)
 import base64
 import collections  # noqa: F401  (pre-imported: programs forked from the template find it warm)
@@ -43,7 +44,7 @@ import errno
 import functools  # noqa: F401
 import heapq  # noqa: F401
 import itertools  # noqa: F401
-import json  # noqa: F401
+import json
 import math  # noqa: F401
 import os
 import random  # noqa: F401  (imported before any fork: its at-fork hook reseeds every program)
@@ -61,7 +62,8 @@ import typing  # noqa: F401
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import _languages  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
+import _fresh  # type: ignore[import-not-found]  # (siblings: the env dir is on sys.path)
+import _languages  # type: ignore[import-not-found]
 import _recursion  # type: ignore[import-not-found]
 import _warm  # type: ignore[import-not-found]
 import _wipe  # type: ignore[import-not-found]
@@ -69,6 +71,7 @@ from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
 from boltzlabs_gym.envside import fork_hooks, seccomp
+from boltzlabs_gym.envside.confine import SANDBOX_WORKSPACE, mount_points
 from boltzlabs_gym.envside.process_setup import workspace_now
 
 #: Programs' environment: nothing of the env process's own (its variables name the worker's paths).
@@ -94,8 +97,9 @@ STDIN_PATH = os.path.join(SCRATCH, "stdin")
 
 def has_private_places() -> bool:
     """Whether this env has writable places of its own (``/tmp``, ``/mnt``... :data:`_wipe.ROOTS`):
-    where it is PID 1 of its own namespaces; on the ``process`` backend they are the host's."""
-    return os.getpid() == 1
+    where it is PID 1 of its own namespaces (or, in a program's fresh namespaces, the process that
+    made them); on the ``process`` backend they are the host's."""
+    return os.getpid() == 1 or _Fresh.in_program_namespaces
 
 
 def scratch_dir(workspace: str) -> str:
@@ -121,15 +125,36 @@ class _Wiping:
     child_filter = None
 
 
+class _Fresh:
+    """This env's programs in namespaces of their own (``options["fresh"]``, :mod:`_fresh`)."""
+
+    zygote: Zygote | None = None
+    #: why Python programs cannot run in fresh namespaces here (each is then followed by a hard reset)
+    unavailable: str | None = None
+    cap_last = 0
+    tmpfs_bytes = 0
+    program_filter = None  # (built once, in the zygote)
+    points: list[str] = []  # the sandbox's mount points (read once, in the zygote)
+    #: set in the process that makes a program's namespaces (C): the places it sees are the program's
+    in_program_namespaces = False
+
+
 def reset(seed, options=None):
     """Ready the env; where the runner wipes (``options["wipe"]``, the default), also the zygote and
-    the wipe's baseline. Without the wipe, each env runs one program and is killed after it: its
-    programs fork from the env itself, which has seen no other request."""
-    wanted = (options or {}).get("wipe", True)
+    the wipe's baseline. Without the wipe, where the runner asks for ``fresh`` namespaces, a zygote
+    in a user namespace of its own forks each Python program into namespaces made for it
+    (:mod:`_fresh`); else each env runs one program and is killed after it: its programs fork from
+    the env itself, which has seen no other request."""
+    options = options or {}
+    wanted = options.get("wipe", True)
     if wanted and _Wiping.zygote is None and _Wiping.unavailable is None:
         _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
+    elif not wanted and options.get("fresh") and _Fresh.zygote is None and _Fresh.unavailable is None:
+        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
     ready = {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
-    if (options or {}).get("languages"):  # (asked at start-up only: not on every hard reset)
+    if options.get("fresh"):
+        ready["fresh"], ready["no_fresh"] = _Fresh.zygote is not None, _Fresh.unavailable
+    if options.get("languages"):  # (asked at start-up only: not on every hard reset)
         ready["languages"] = _languages.availability(RUNTIME)
     return ready
 
@@ -156,12 +181,53 @@ def _start_wiping() -> str | None:
     return None
 
 
-def step(action):
+def _start_fresh() -> str | None:
+    """Before the first request: the zygote in its own user namespace, and a trial program forked
+    into fresh namespaces (the recursion probe: its depth calibrates the zygote), so that where they
+    cannot be made this says so now, and why. ``None``, or why programs are hard-reset here instead."""
+    zygote = None
     try:
-        result = run_program(action)
+        _wipe.protect()
+        _Fresh.tmpfs_bytes = _tmpfs_bytes()
+        zygote = Zygote(
+            _fresh_program, prepare=_fresh_zygote_prepare, adjust=_recursion.hide, fork=_fresh.fork_program_init
+        )
+        _fresh.new_stage()
+        _fresh.write_request(10.0, [], 0, [])
+        result = _run_fresh(zygote, _PROBE_N, -1, 0, 10.0, 64)
+        if result["return_code"] != 0 or not result.get("fresh"):
+            raise RuntimeError(f"a trial program in fresh namespaces failed: {result['stderr'].strip() or result}")
+        hidden = _recursion.hidden_below({"depth": int(result["stdout"])}, _recursion.TOP_OF_SCRIPT, 0)
+        if hidden is not None:
+            zygote.adjust(hidden)
+    except Exception as exc:
+        if zygote is not None:
+            zygote.close()
+        return f"{type(exc).__name__}: {exc}"
+    _Fresh.zygote = zygote
+    return None
+
+
+def _tmpfs_bytes() -> int:
+    """The size of each fresh place: that of the sandbox's own /tmp."""
+    st = os.statvfs("/tmp")
+    return st.f_blocks * st.f_frsize
+
+
+def step(action):
+    fresh = _Fresh.zygote is not None and action.get("language") == "python"
+    try:
+        result = run_program(action, fresh)
     except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
         result = {"compile_result": None, "run_result": _error(f"{type(exc).__name__}: {exc}"), "files": {}}
+    ran_fresh = bool(result.pop("fresh", False))
     result["clean"], result["unclean"] = False, "not wiped (hard reset)"
+    if fresh:
+        # nothing of the program outlived it; the env is clean where it ran it that way and its zygote lives
+        alive = _Fresh.zygote is not None and _Fresh.zygote.alive()
+        result["clean"] = ran_fresh and alive
+        result["fresh"] = result["clean"]
+        result["unclean"] = None if result["clean"] else ("the zygote died" if not alive else "fresh namespaces failed")
     if action.get("wipe", True) and _Wiping.zygote is not None and _Wiping.baseline is not None:
         zygotes = [_Wiping.zygote, *_Wiping.warm.values()]
         reason = _wipe.wipe(_Wiping.baseline, [z.pid for z in zygotes])
@@ -175,9 +241,12 @@ def _error(message: str) -> dict:
     return {"status": ERROR, "execution_time": None, "return_code": None, "stdout": None, "stderr": message}
 
 
-def run_program(action: dict) -> dict:
-    """Run ``action``'s program in the workspace; its compile and run results and fetched files."""
+def run_program(action: dict, fresh: bool = False) -> dict:
+    """Run ``action``'s program in the workspace (``fresh``: a Python program in namespaces of its
+    own, :mod:`_fresh`); its compile and run results and fetched files."""
     workspace = workspace_now()
+    if fresh:
+        return _run_program_fresh(action, workspace)
     scratch = scratch_dir(workspace)
     os.makedirs(scratch, exist_ok=True)
     for name in action.get("fetch_files") or []:  # a name it may never fetch fails the run before it runs
@@ -275,19 +344,25 @@ def _write_source(workspace: str, pattern: str, code: str, main: str | None) -> 
     return path
 
 
-def _write_files(workspace: str, files: dict) -> None:
-    """Write the request's files (name -> base64), each where :func:`_file_path` puts it; a
-    ``ValueError`` naming the first that cannot be written (the run is then a SandboxError)."""
+def _write_files(workspace: str, files: dict, stage: bool = False) -> list[str]:
+    """Write the request's files (name -> base64), each where :func:`_file_path` puts it (``stage``:
+    where the env stages it for a program in fresh namespaces, :func:`_fresh.staged`); a
+    ``ValueError`` naming the first that cannot be written (the run is then a SandboxError). The
+    paths written, as programs see them."""
+    written = []
     for name, content in files.items():
         if not isinstance(content, str):
             continue  # SandboxFusion skips files given as null
-        path = _resolved(workspace, name)
+        seen = _file_path(workspace, name) if stage else _resolved(workspace, name)
+        path = _fresh.staged(seen) if stage else seen
+        written.append(seen)
         try:
             fd = _open_walking(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_dirs=True)
         except OSError as exc:  # a read-only tree in a writable place (a venv under /home), a directory...
             raise ValueError(f"file path {name!r} cannot be written: {exc.strerror}") from None
         with open(fd, "wb") as f:
             f.write(base64.b64decode(content))
+    return list(dict.fromkeys(written))
 
 
 def _fetch(workspace: str, action: dict) -> dict:
@@ -392,12 +467,17 @@ def _numbered_suffix(pattern: str) -> str:
     return pattern.split("{n}", 1)[1]
 
 
-def _source_path(workspace: str, suffix: str, code: str) -> tuple[int, str]:
-    """Write ``code`` to ``main<suffix>`` (``main<n><suffix>`` if the request brought that name); ``(n, path)``."""
+def _source_path(workspace: str, suffix: str, code: str, stage: bool = False) -> tuple[int, str]:
+    """Write ``code`` to ``main<suffix>`` (``main<n><suffix>`` if the request brought that name); ``(n, path)``.
+    ``stage``: staged for a program in fresh namespaces (:func:`_fresh.staged`)."""
     n = 0
-    while os.path.exists(path := _main_path(workspace, n, suffix)):  # a file the request brought: leave it alone
+    where = _fresh.staged if stage else str
+    while os.path.exists(where(path := _main_path(workspace, n, suffix))):  # a file the request brought
         n += 1
-    with open(path, "wb") as f:
+    target = where(path)
+    if stage:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "wb") as f:
         f.write(code.encode("utf-8", "surrogateescape"))
     return n, path
 
@@ -591,6 +671,91 @@ def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Star
             return None  # (the wipe's check then finds the zygote gone: a hard reset follows)
 
     return _Started(pid, pidfd, out_r, err_r, reap)
+
+
+# ------------------------------------------------------------------------------ fresh namespaces
+#: Seconds past a program's deadline the env waits for P's report before it kills P itself
+_FRESH_GRACE_S = 5.0
+_ALL_SIGNALS = signal.valid_signals()
+
+
+def _run_program_fresh(action: dict, workspace: str) -> dict:
+    """A Python program in namespaces of its own (:mod:`_fresh`): its request staged, then run."""
+    fetch = list(action.get("fetch_files") or [])
+    for name in fetch:  # a name it may never fetch fails the run before it runs
+        _file_path(workspace, name)
+    _fresh.new_stage()
+    staged = _write_files(workspace, action.get("files") or {}, stage=True)
+    stdin = _fresh.staged(STDIN_PATH)
+    os.makedirs(os.path.dirname(stdin), exist_ok=True)
+    with open(stdin, "wb") as f:
+        f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
+    n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+    timeout = float(action["run_timeout"])
+    _fresh.write_request(timeout, fetch, int(action.get("max_file_bytes", 16 << 20)), [*staged, STDIN_PATH, src])
+    cap = int(action.get("max_output_bytes", 1 << 20))
+    assert _Fresh.zygote is not None
+    run = _run_fresh(_Fresh.zygote, n, int(action.get("memory_limit_mb", -1)), 0, timeout, cap)
+    files = run.pop("files")
+    return {"compile_result": None, "run_result": run, "files": files, "fresh": run.pop("fresh")}
+
+
+def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float, cap: int) -> dict:
+    """Have the zygote fork ``main<n>`` (staged, with its request) into fresh namespaces; the run's
+    result, with the fetched ``files``, and ``fresh`` saying whether P reported it (else it is an error)."""
+    started = _from_zygote(zygote, n, memory_mb, kind)
+    result = _supervise(started, timeout + _FRESH_GRACE_S, cap)
+    status = _fresh.report()
+    if status is None:  # P failed (it said why on the program's stderr) or missed the env's own deadline
+        why = result["stderr"].strip() or f"P {result['status']}, return code {result['return_code']}"
+        return {**_error(f"the program's fresh namespaces failed: {why}"), "fresh": False, "files": {}}
+    result["execution_time"] = round(float(status["elapsed"]), 6)
+    if status["timed_out"]:
+        result["status"], result["return_code"] = TIMEOUT, None
+    else:
+        result["status"], result["return_code"] = FINISHED, _return_code(status["status"])
+    result["fresh"], result["files"] = True, status["files"]
+    return result
+
+
+def _fresh_zygote_prepare() -> None:
+    """Once, in the fresh-namespaces zygote: its own user namespace, then what every program shares."""
+    _Fresh.cap_last = _fresh.nest()
+    _Fresh.program_filter = _fresh.program_filter()
+    _Fresh.points = mount_points()
+    _zygote_prepare()
+
+
+def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) -> int:
+    """P, cloned by the zygote as PID 1 of a new PID namespace: the program's other namespaces and
+    its places, the program, then its fetched files and status handed back (:class:`_fresh.Run`)."""
+    _Fresh.in_program_namespaces = True
+    # (every signal blocked: the program sees its PID 1, and the kernel delivers it only handled ones)
+    unblocked = tuple(_signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS))
+    try:
+        run = _fresh.Run(_Fresh.tmpfs_bytes, _Fresh.points)
+        run.enter()
+    except BaseException as exc:
+        os.write(err_w, f"could not make them: {type(exc).__name__}: {exc}\n".encode())
+        return 1
+
+    def program() -> int:
+        _fresh.confine_program(_Fresh.cap_last, _Fresh.program_filter)
+        _signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        return _zygote_program(n, memory_mb, out_w, err_w, kind)
+
+    try:
+        status, timed_out, elapsed = run.run(program)
+        request = run.request
+        files = _fetch(
+            SANDBOX_WORKSPACE,
+            {"fetch_files": request["fetch"], "max_file_bytes": request.get("max_file_bytes", 16 << 20)},
+        )
+        run.hand_back(files, status, timed_out, elapsed)
+    except BaseException as exc:
+        os.write(err_w, f"P failed: {type(exc).__name__}: {exc}\n".encode())
+        return 1
+    return 0
 
 
 def _zygote_prepare() -> None:

@@ -113,6 +113,7 @@ def create_app(
             "oom_kills": s.oom_kills,
             "cancelled": s.cancelled,
             "wipes": s.wipes,
+            "fresh": s.fresh,
             "hard_resets": s.hard_resets,
             "lanes_lost": s.lanes_lost,
             "lane_placement": [lane.to_json() for lane in runner.lanes()],  # where each lane runs
@@ -218,8 +219,20 @@ def _why_not_runnable(runner: CodeRunner, language: str) -> str | None:
 
 def _wipe_report(runner: CodeRunner) -> dict[str, Any]:
     """Whether programs are wiped away in place between runs, and why not where they are not."""
+    if not runner.wipe and runner.fresh_in_force:
+        return {
+            "in_force": False,
+            "why_not": "turned off (--no-wipe): each Python program runs in fresh namespaces of its own, every "
+            "other program is followed by a hard reset",
+            "fresh_namespaces": True,
+        }
     if not runner.wipe:
-        return {"in_force": False, "why_not": "turned off (--no-wipe): every run is followed by a hard reset"}
+        return {
+            "in_force": False,
+            "why_not": "turned off (--no-wipe): every run is followed by a hard reset "
+            f"(no fresh namespaces per program here: {runner.fresh_unavailable})",
+            "fresh_namespaces": False,
+        }
     if not runner.wipe_in_force:
         return {"in_force": False, "why_not": runner.wipe_unavailable}
     return {"in_force": True}

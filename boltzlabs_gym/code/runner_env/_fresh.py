@@ -1,0 +1,210 @@
+"""Fresh namespaces per program: every Python program of an env in PID, mount, IPC and UTS
+namespaces made for it alone, with fresh tmpfs mounts over every place it may write.
+
+The code runner's ``wipe=False`` mode. Instead of killing the env after each program and forking a
+new one from the template (a hard reset), the env keeps a zygote in a user namespace of its own,
+made once before the env's first request (the worker lets this pool's envs make one:
+``PoolOptions.nested_user_namespaces``), with one network namespace for its programs, and per
+program:
+
+* the zygote clones **P**, PID 1 of a new PID namespace, which makes the program's mount, IPC and
+  UTS namespaces (all owned by the zygote's user namespace, which owns nothing else), mounts a
+  fresh tmpfs over ``/workspace``, ``/tmp``, ``/dev/shm``, ``/mnt``, ``/data`` and ``/home`` (the
+  read-only trees the sandbox bound inside them, a venv under ``/tmp`` say, carried over), copies
+  in what the env staged for the program (its files, its source, its stdin), mounts its own
+  ``/proc``, and forks **Q**, the program, which drops every capability and installs the
+  programs' seccomp filter (no ``unshare``, no ``mount``) before it runs as a program forked from
+  the wipe path's zygote does (``env._zygote_program``);
+* when Q ends, or at the run's deadline, P kills every process left in its namespace, copies the
+  files the request fetches (resolved in the program's own mounts) and Q's status to the env's
+  staging directory, and exits; the namespaces and tmpfs mounts die with it.
+
+So nothing a program can change outlives it: its processes, files, SysV and POSIX IPC objects and
+hostname live in namespaces and mounts made for it, and its sockets die with its processes (the
+network namespace is the zygote's: nothing in it but a loopback device that is down, and no
+program has a capability there). It never sees the env, the zygote or the staging directory
+(another PID namespace; mounts over the places that hold them). Nothing is wiped. The zygote,
+forked from the env before its first request, holds nothing of any request; the env only stages
+each request's data and reads the results back.
+
+Standard library and the env side's own modules only (it runs inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+
+from boltzlabs_gym.envside import seccomp
+from boltzlabs_gym.envside import syscalls as L
+from boltzlabs_gym.envside.confine import SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE
+from boltzlabs_gym.envside.memory_snapshot import mount_private_tmp
+
+#: The env's staging directory, on its own /tmp (hidden from programs by their fresh /tmp)
+STAGE = "/tmp/.boltzlabs_fresh"
+#: What the env stages for a program: ``in/<key>/...`` is copied into the place of that key
+STAGE_IN = os.path.join(STAGE, "in")
+#: What P hands back: ``report.json`` (the status, the fetched files)
+STAGE_OUT = os.path.join(STAGE, "out")
+REQUEST = os.path.join(STAGE, "request.json")
+#: Writable place -> its key under ``in/``
+PLACES = {SANDBOX_WORKSPACE: "workspace", "/tmp": "tmp", "/dev/shm": "dev_shm"} | {
+    d: d.strip("/") for d in SANDBOX_PRIVATE_DIRS
+}
+#: P's own: mount, IPC and UTS (PID: the clone that made P; net: the zygote's, see :func:`nest`)
+_NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
+#: What a program may not do here on top of the sandbox's filter: make namespaces or mounts
+PROGRAM_DENY = ("unshare", "mount", "umount2", "move_mount", "mount_setattr")
+
+
+def staged(path: str) -> str:
+    """Where the env stages the file a program will find at ``path`` (inside one of :data:`PLACES`)."""
+    for place, key in PLACES.items():
+        if path.startswith(place + "/"):
+            return os.path.join(STAGE_IN, key, path[len(place) + 1 :])
+    raise ValueError(f"{path!r} is in none of the places a program may write")
+
+
+def new_stage() -> None:
+    """An empty staging directory for the next program."""
+    shutil.rmtree(STAGE, ignore_errors=True)
+    os.makedirs(STAGE_IN, mode=0o700)
+    os.makedirs(STAGE_OUT, mode=0o700)
+
+
+def write_request(timeout: float, fetch: list[str], max_file_bytes: int, staged_paths: list[str]) -> None:
+    """The staged program's request, as P reads it: its deadline, the names it fetches, and the
+    paths (as the program sees them) of the files staged for it, which P copies in."""
+    request = {"timeout": timeout, "fetch": fetch, "max_file_bytes": max_file_bytes, "files": staged_paths}
+    with open(REQUEST, "w", encoding="utf-8") as f:
+        json.dump(request, f)
+
+
+def report() -> dict | None:
+    """What P reported of the last program (``status``, ``timed_out``, ``elapsed``, ``files``: the
+    fetched ones, name -> base64), or None where it reported nothing."""
+    try:
+        with open(os.path.join(STAGE_OUT, "report.json"), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------------- in the zygote
+def nest() -> int:
+    """In the zygote, once: a user namespace of its own (its uid and gid mapped to themselves), in
+    which it holds the capabilities to make each program's namespaces. Returns ``cap_last_cap``."""
+    cap_last = L.cap_last_cap()
+    uid, gid = os.getuid(), os.getgid()
+    L.unshare(L.CLONE_NEWUSER)
+    # (a process that is not dumpable has its /proc/self files owned by root: it could not write its maps)
+    L.prctl(L.PR_SET_DUMPABLE, 1)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    L.prctl(L.PR_SET_DUMPABLE, 0)
+    # one network namespace for this env's programs, made here once rather than per program (~0.5 ms
+    # of CPU each, most of it in the kernel's deferred clean-up): nothing in it outlives a program,
+    # whose every socket dies with its processes, and no program has a capability to change it
+    L.unshare(L.CLONE_NEWNET)
+    return cap_last
+
+
+def program_filter():
+    return seccomp.build_filter(deny=PROGRAM_DENY)
+
+
+# ---------------------------------------------------------------------------------- in P
+def fork_program_init() -> int:
+    """The zygote's fork: P is PID 1 of a new PID namespace (and the zygote's own child)."""
+    return L.fork_with(L.CLONE_NEWPID)
+
+
+class Run:
+    """P's side of one program (see the module's docstring)."""
+
+    def __init__(self, tmpfs_bytes: int, points: list[str]) -> None:
+        self.tmpfs_bytes = tmpfs_bytes
+        self.points = points  # (the sandbox's mount points: the zygote read them once)
+        with open(REQUEST, encoding="utf-8") as f:
+            self.request = json.load(f)
+        self.stage = -1
+
+    def enter(self) -> None:
+        """The program's namespaces and fresh places, with what the env staged copied in."""
+        os.setsid()  # (the env's last resort at its own deadline: killpg of P ends the namespace)
+        L.unshare(_NS_FLAGS)
+        L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
+        self.stage = os.open(STAGE, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        mount_private_tmp(self.tmpfs_bytes, self.points)
+        L.mount("tmpfs", SANDBOX_WORKSPACE, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={self.tmpfs_bytes},mode=0700")
+        for path in self.request["files"]:
+            _copy_file(f"/proc/self/fd/{self.stage}/{staged(path)[len(STAGE) + 1 :]}", path)
+        os.chdir(SANDBOX_WORKSPACE)  # (the zygote's working directory is the one the tmpfs now covers)
+        L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+
+    def run(self, start_program) -> tuple[int | None, bool, float]:
+        """Fork the program (``start_program()`` returns its exit status) and wait for it until the
+        request's deadline; then kill every process left in the namespace. The program's wait status
+        (None: it timed out), whether it timed out, its seconds."""
+        import time
+
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # Q, the program
+            code = 1
+            try:
+                os.close(self.stage)
+                code = start_program()
+            finally:
+                os._exit(code)
+        pidfd = os.pidfd_open(pid)
+        timed_out = not select.select([pidfd], [], [], float(self.request.get("timeout", 10)))[0]
+        os.close(pidfd)
+        elapsed = time.monotonic() - t0
+        os.kill(-1, signal.SIGKILL)  # (as PID 1: every other process of the namespace, the program's daemons)
+        status = os.waitpid(pid, 0)[1]
+        return (None if timed_out else status), timed_out, elapsed
+
+    def hand_back(self, files: dict, status: int | None, timed_out: bool, elapsed: float) -> None:
+        """The fetched files and the status, into the env's staging directory (through the
+        directory's fd: this mount namespace's /proc is the program's now)."""
+        report = {"status": status, "timed_out": timed_out, "elapsed": elapsed, "files": files}
+        fd = os.open("out/report.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
+        try:
+            data = memoryview(json.dumps(report).encode())
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+
+
+def confine_program(cap_last: int, prog) -> None:
+    """In Q, before the program's own code: no capability left, and the programs' filter."""
+    L.drop_bounding_caps(cap_last)
+    L.capset_none()
+    if prog is not None:
+        seccomp.install(prog)
+
+
+def _copy_file(src: str, dst: str) -> None:
+    """Copy the staged file ``src`` to ``dst`` in a fresh place, making its directories."""
+    parent = os.path.dirname(dst)
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            while os.sendfile(fout, fin, None, 1 << 30):
+                pass
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)

@@ -1,0 +1,200 @@
+"""Without the wipe (``wipe=False``): each Python program in namespaces and places made for it alone.
+Hostile programs, and the next program on the same env finds nothing of them (one lane of one env,
+so every program lands on the same env); nothing is wiped and nothing is hard-reset."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+
+import pytest
+from test_wipe import HOSTILE, SURVEY, kept
+
+from boltzlabs_gym.code import CodeRunner
+from conftest import ISOLATION
+
+
+@pytest.fixture(scope="module")
+def runner():
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, max_run_timeout=10, wipe=False) as r:
+        if r.fresh_unavailable is not None:
+            pytest.skip(f"no fresh namespaces per program under {r.isolation.backend}: {r.fresh_unavailable}")
+        assert r.isolation.properties.get("nested_user_namespaces") is True, r.isolation
+        assert r.run("print(1)").ok and r.stats().fresh == 1, r.stats()  # (said it can: it must)
+        yield r
+
+
+def survey(runner) -> dict:
+    r = runner.run(SURVEY)
+    assert r.ok, r
+    return json.loads(r.stdout)
+
+
+def counts(runner) -> tuple[int, int, int]:
+    s = runner.stats()
+    return s.fresh, s.wipes, s.hard_resets
+
+
+def test_hostile_program_leaves_nothing_for_the_next_one(runner):
+    before = counts(runner)
+    # (its PID 2 is itself here: the program's own namespace holds its PID 1 and the program)
+    r = runner.run(HOSTILE.replace("for pid in (1, 2):", "for pid in (1,):"), run_timeout=5)
+    assert r.ok, r
+    out = json.loads(r.stdout)
+    assert min(out["shm"], out["msg"], out["sem"]) >= 0, out  # it did make them
+    assert out["mq"] >= 0, out  # a POSIX message queue too: its IPC namespace dies with it
+    assert out["inet"] == out["inet6"] == out["netlink"] == errno.EAFNOSUPPORT, out
+    assert out["1/mem"] == out["1/fd/0"] == out["1/oom_score_adj"] == "PermissionError", out
+    s = survey(runner)
+    assert s["pids"] == [1, 2] and s["me"] == 2, s  # its PID 1, and itself: nothing left, nothing of the env
+    assert s["workspace"] == ["main.py"] and s["workspace_mode"] == "0o700", s
+    assert s["tmp"] == sorted([".boltzlabs_runner", ".boltzlabs_runner/stdin", *kept("/tmp")]), s
+    assert s["shm"] == kept("/dev/shm"), s
+    for place in ("mnt", "data", "home"):
+        assert s[place] == kept(f"/{place}"), s
+    assert s["ipc"] == {"shm": [], "msg": [], "sem": []} and s["sockets"] == [], s
+    assert (s["umask"], s["cwd"], s["env"]) == (0o22, "/workspace", []), s
+    mq_open = "ctypes.CDLL(None, use_errno=True).syscall(240, b'leak', 2, 0, None)"
+    mq = runner.run(f"import ctypes\nprint({mq_open}, ctypes.get_errno())")
+    assert mq.stdout.split() == ["-1", str(errno.ENOENT)], mq  # the queue is gone
+    fresh, wipes, hard_resets = counts(runner)
+    assert (fresh - before[0], wipes, hard_resets) == (3, before[1], before[2]), runner.stats()
+
+
+def test_a_timed_out_program_leaves_nothing_either(runner):
+    before = counts(runner)
+    r = runner.run(
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\nopen('x', 'w')\ntime.sleep(600)\n",
+        run_timeout=0.5,
+    )
+    assert r.run_result.status == "TimeLimitExceeded" and 0.5 <= r.run_result.execution_time < 2, r
+    s = survey(runner)
+    assert s["pids"] == [1, 2] and s["workspace"] == ["main.py"], s
+    assert counts(runner)[2] == before[2]  # no hard reset
+
+
+def test_the_next_program_finds_no_memory_of_the_last(runner):
+    secret = "boltz-secret-4e1d8b"
+    assert runner.run(
+        f"print(input() + {secret!r})", stdin=secret, files={"s.txt": base64.b64encode(secret.encode()).decode()}
+    ).ok
+    shifted = bytes(b + 1 for b in secret.encode())
+    r = runner.run(
+        f"needle = {shifted!r}\n"
+        "back = bytes(range(1, 256)) + b'\\0'\n"
+        "found = 0\n"
+        "mem = open('/proc/self/mem', 'rb', 0)\n"
+        "for line in open('/proc/self/maps'):\n"
+        "    addr, perms = line.split()[:2]\n"
+        "    if not perms.startswith('rw'):\n"
+        "        continue\n"
+        "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
+        "    try:\n"
+        "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    found += chunk.translate(back).count(needle)\n"
+        "print(found)\n"
+    )
+    assert r.ok and r.stdout == "0\n", r
+
+
+def test_what_a_program_changes_of_its_pid_1_ends_with_it(runner):
+    """Its PID 1 is the only process of the runner it can name (the env and the zygote are in the
+    namespace above): lowering its limits or priority changes nothing for the next program."""
+    r = runner.run(
+        "import ctypes, os, resource\n"
+        "for change in (lambda: os.setpriority(os.PRIO_PROCESS, 1, 7),\n"
+        "               lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (64, 64))):\n"
+        "    try:\n"
+        "        change()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.sethostname(b'leak', 4), ctypes.get_errno())\n"  # (no capability left in its namespaces)
+    )
+    assert r.ok and r.stdout.split() == ["-1", str(errno.EPERM)], r
+    s = survey(runner)
+    assert s["nice"] == 0 and s["pids"] == [1, 2], s
+    after = runner.run(
+        "import os, resource; print(resource.prlimit(1, resource.RLIMIT_NOFILE)[0] > 64, os.uname().nodename)"
+    )
+    assert after.stdout.split()[0] == "True" and after.stdout.split()[1] != "leak", after
+
+
+def test_a_programs_files_go_in_and_come_out(runner):
+    """A request's files land where SandboxFusion puts them (relative: the workspace; absolute: the
+    sandbox's places), the program's own writes are fetched (through a symlink that stays in the
+    places too), and none of it is there for the next program."""
+    files = {"in/a.txt": "YQ==", "/tmp/b.txt": "Yg==", "/mnt/data/c.csv": "Yw=="}
+    code = (
+        "import os\n"
+        "print(open('in/a.txt').read(), open('/tmp/b.txt').read(), open('/mnt/data/c.csv').read(), input())\n"
+        "open('out.txt', 'w').write('o'); open('/home/h.txt', 'w').write('h'); os.symlink('/home/h.txt', 'link')\n"
+    )
+    r = runner.run(
+        code, files=files, stdin="s", fetch_files=["out.txt", "/home/h.txt", "link", "missing", "/tmp/b.txt"]
+    )
+    assert r.ok and r.stdout == "a b c s\n", r
+    got = {k: base64.b64decode(v).decode() for k, v in r.files.items()}
+    assert got == {"out.txt": "o", "/home/h.txt": "h", "link": "h", "/tmp/b.txt": "b"}, got
+    s = survey(runner)
+    assert s["workspace"] == ["main.py"] and s["home"] == kept("/home") and "b.txt" not in s["tmp"], s
+
+
+def test_other_languages_are_hard_reset(runner):
+    """Only Python programs run in fresh namespaces; a bash program is followed by a hard reset."""
+    before = counts(runner)
+    r = runner.run("echo hi > /tmp/x; echo hi", language="bash")
+    assert r.ok and r.stdout == "hi\n", r
+    after = counts(runner)
+    assert after[2] == before[2] + 1, runner.stats()
+    assert "x" not in survey(runner)["tmp"]
+
+
+FROM_A_VENV = r"""
+import json, os, sys
+from boltzlabs_gym.code import CodeRunner
+
+with CodeRunner(envs_per_lane=1, lanes=1, isolation=os.environ["ISOLATION"], python=None, wipe=False) as r:
+    out = {"backend": r.isolation.backend, "unavailable": r.fresh_unavailable}
+    if r.fresh_unavailable is None:
+        runs = r.run_many(["import sys; open('/tmp/x', 'w'); print(sys.prefix)"] * 3)
+        out["runs"] = [(x.status, x.stdout, x.run_result.stderr[-300:]) for x in runs]
+        s = r.stats()
+        out["fresh"], out["hard_resets"] = s.fresh, s.hard_resets
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("place", ["/tmp", "/dev/shm"])
+def test_programs_run_fresh_with_the_interpreter_under(place):
+    """The project run from a venv under a place that gets a fresh tmpfs per program: the
+    interpreter's tree (bound read-only by the sandbox) is carried onto each program's own mount."""
+    import os
+    import shutil
+    import subprocess
+
+    from test_wipe_places import _venv_in
+
+    if not os.access(place, os.W_OK):
+        pytest.skip(f"{place} is not writable here")
+    path = _venv_in(place)
+    try:
+        done = subprocess.run(
+            [os.path.join(path, "bin", "python"), "-c", FROM_A_VENV],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "ISOLATION": ISOLATION},
+            cwd=os.path.dirname(path),
+        )
+    finally:
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if out["unavailable"] is not None:
+        pytest.skip(f"no fresh namespaces per program under {out['backend']}: {out['unavailable']}")
+    assert out["runs"] == [["Success", path + "\n", ""]] * 3, out
+    assert (out["fresh"], out["hard_resets"]) == (3, 0), out
