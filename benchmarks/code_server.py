@@ -22,7 +22,8 @@ Servers (``--servers``), alive side by side; each workload at each concurrency i
 rotated every round), so that a drift of the machine's speed hits all of them alike:
   boltzlabs      ``boltzlabs-gym code-server`` started here by ``--python`` from this checkout: sandboxed,
                  wiped in place after every run where the sandbox allows it (else hard-reset)
-  bl-reset       the same with ``--no-wipe``: every sandbox hard-reset after every run
+  bl-reset       the same with ``--no-wipe``: each Python program in namespaces of its own (no wipe),
+                 every other program followed by a hard reset
   sandboxfusion  SandboxFusion at ``--sandboxfusion URL``, started beforehand; ``--sandboxfusion-home`` (the
                  folder setup.sh made) has its setup read and printed: commit, uvicorn/uvloop/httptools,
                  isolation, runtime interpreter. Absent: its column is skipped, with the reason.
@@ -45,8 +46,9 @@ running then finish uncounted (their verdicts are checked too).
   in it too: the setup lists what the machine burns with every server idle (flagged past 0.1 cores).
 * right/n: runs whose status is the expected one (HumanEval: canonical Success, broken Failed), of
   every run, and how many of the workload's programs were run at all.
-* After each workload, /v1/status of our servers: runs wiped in place and hard resets. A hard reset on
-  the wipe path means the wipe failed (the env was not clean): flagged, with the server log's reasons.
+* After each workload, /v1/status of our servers: runs wiped in place, run in fresh namespaces, and
+  hard resets. A hard reset on the wipe path means the wipe failed (the env was not clean): flagged,
+  with the server log's reasons.
 * The Python that runs the programs is asked of each server (``sys.version``); ours and SandboxFusion's
   must be the same version (``--allow-python-mismatch`` measures anyway, flagged).
 
@@ -450,7 +452,7 @@ def parse_workloads(specs: list[str]) -> list[tuple[str, int]]:
 
 def our_counts(target: Target) -> dict[str, int]:
     status = get_json(target.url + "/v1/status")
-    return {"wipes": status["wipes"], "hard_resets": status["hard_resets"]}
+    return {"wipes": status["wipes"], "fresh": status.get("fresh", 0), "hard_resets": status["hard_resets"]}
 
 
 def rotated(targets: list[Target], k: int) -> list[Target]:
@@ -550,7 +552,7 @@ def cell_markdown(cell: dict, args) -> list[str]:
             "",
             "After this workload, /v1/status: "
             + "; ".join(
-                f"{n} {c['wipes']} runs wiped in place, {c['hard_resets']} hard resets"
+                f"{n} {c['wipes']} runs wiped in place, {c['fresh']} in fresh namespaces, {c['hard_resets']} hard resets"
                 for n, c in cell["our_counts"].items()
             ),
         ]
@@ -808,7 +810,8 @@ def setup_lines(args, setup: dict, pythons: dict) -> list[str]:
         f"- boltzlabs: `boltzlabs-gym code-server` from {setup['ours']['boltzlabs_gym']}, run by {ours['path']}"
         f" (Python {ours['version']}, start-up {ours['startup_ms']:.1f} ms, which its programs do not pay: they are"
         f" forked from a warm interpreter); {args.lanes} lanes x {args.envs_per_lane} envs, isolation"
-        f" {setup.get('isolation')}, wiped in place after every run; bl-reset: the same with --no-wipe",
+        f" {setup.get('isolation')}, wiped in place after every run; bl-reset: the same with --no-wipe (each Python"
+        " program in namespaces of its own)",
         f"  - our HTTP stack: {stack}",
     ]
     for i, line in enumerate(setup.get("sandboxfusion_lines", [])):

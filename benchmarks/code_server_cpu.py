@@ -12,13 +12,13 @@ children). Per run, in ms:
   envs        the envs, zygotes and boltz templates alive at the end (their own CPU)
   programs    what those reaped: the programs (forked by the zygotes, or the envs)
   ended envs  what the worker reaped: the envs it killed, whole lifetimes, their programs included
-              (the hard-reset path: a new env per run)
+              (a hard reset: a new env per run)
 
 and the whole machine's CPU per run (``/proc/stat``, kernel threads included) less this
 process's own (the load generator's), for comparison::
 
     python benchmarks/code_server_cpu.py                      # the wipe path
-    python benchmarks/code_server_cpu.py --no-wipe            # a hard reset after every run
+    python benchmarks/code_server_cpu.py --no-wipe            # without the wipe: fresh namespaces per program
     python benchmarks/code_server_cpu.py --python /path/to/other-tree-venv/bin/python --rounds 2
 
 Rounds alternate the paths (and interpreters, when several ``--python`` are given), so that the
@@ -131,6 +131,7 @@ def measure(python: str, wipe: bool, runs: int, concurrency: int, body: dict) ->
     row["machine less load generator"] = 1000 * ((m1 - m0) - (g1 - g0)) / n
     row["runs/s"] = n / (t1 - t0)
     row["wipes"], row["hard resets"] = status.get("wipes", 0), status.get("hard_resets", 0)
+    row["fresh"] = status.get("fresh", 0)
     return row
 
 
@@ -141,23 +142,23 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--language", default="python", help="the trivial program of this language (code_languages.py's)")
-    ap.add_argument("--no-wipe", action="store_true", help="only the hard-reset path")
+    ap.add_argument("--no-wipe", action="store_true", help="only the path without the wipe (--no-wipe)")
     ap.add_argument("--wipe-only", action="store_true", help="only the wipe path")
     args = ap.parse_args()
     paths = [False] if args.no_wipe else [True] if args.wipe_only else [True, False]
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S')}, load average {os.getloadavg()[0]:.2f} at the start", flush=True)
     columns = ["server", "worker", "envs", "programs", "ended envs", "tree", "machine less load generator"]
-    print("| server | path | round | runs/s | " + " | ".join(columns) + " | wipes / hard resets |")
+    print("| server | path | round | runs/s | " + " | ".join(columns) + " | wiped / fresh / hard resets |")
     print("|---|---|---:|---:|" + "---:|" * len(columns) + "---:|")
     for r in range(args.rounds):
         for python in args.python:
             for wipe in paths:
                 row = measure(python, wipe, args.runs, args.concurrency, request_body(args.language))
                 cells = " | ".join(f"{row.get(c, 0.0):.2f}" for c in columns)
-                path = "wipe" if wipe else "hard reset"
+                path = "wipe" if wipe else "no wipe"
                 print(
                     f"| {python} | {path} | {r + 1} | {row['runs/s']:.0f} | {cells} | "
-                    f"{row['wipes']} / {row['hard resets']} |",
+                    f"{row['wipes']} / {row['fresh']} / {row['hard resets']} |",
                     flush=True,
                 )
     print("CPU in ms per run; `tree` is the server's process tree, `machine` includes kernel threads.")

@@ -295,6 +295,7 @@ def test_code_server_benchmark_measures_ours_and_skips_an_absent_sandboxfusion(t
             assert row["vs_sandboxfusion"] == {}
         ours = cell["our_counts"]["boltzlabs"]
         assert ours["wipes"] + ours["hard_resets"] == cell["rows"][0]["checked"]  # every run, wiped or reset
+        assert ours["fresh"] == 0  # (the wipe path)
     if ("humaneval", 2) in cells:
         assert all(r["programs_run"] == r["programs"] == 4 for r in cells[("humaneval", 2)]["rows"])
     md = (tmp_path / "smoke.md").read_text()
