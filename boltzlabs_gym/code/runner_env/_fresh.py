@@ -49,7 +49,7 @@ STAGE = "/tmp/.boltzlabs_fresh"
 STAGE_IN = os.path.join(STAGE, "in")
 #: What P hands back: ``report.json`` (the status, the fetched files)
 STAGE_OUT = os.path.join(STAGE, "out")
-REQUEST = os.path.join(STAGE, "request.json")
+REQUEST = os.path.join(STAGE, "request")
 #: Writable place -> its key under ``in/``
 PLACES = {SANDBOX_WORKSPACE: "workspace", "/tmp": "tmp", "/dev/shm": "dev_shm"} | {
     d: d.strip("/") for d in SANDBOX_PRIVATE_DIRS
@@ -75,20 +75,40 @@ def new_stage() -> None:
     os.makedirs(STAGE_OUT, mode=0o700)
 
 
+# The request and the report are NUL-separated fields, not JSON: P is a fork of the zygote, and every
+# object it touches copies a page (a request's paths never hold a NUL: env._file_path refuses one).
 def write_request(timeout: float, fetch: list[str], max_file_bytes: int, staged_paths: list[str]) -> None:
-    """The staged program's request, as P reads it: its deadline, the names it fetches, and the
-    paths (as the program sees them) of the files staged for it, which P copies in."""
-    request = {"timeout": timeout, "fetch": fetch, "max_file_bytes": max_file_bytes, "files": staged_paths}
-    with open(REQUEST, "w", encoding="utf-8") as f:
-        json.dump(request, f)
+    """The staged program's request, as P reads it (:func:`read_request`): its deadline, the names
+    it fetches, and the paths (as the program sees them) of the files staged for it, to copy in."""
+    fields = [repr(float(timeout)), str(int(max_file_bytes)), str(len(staged_paths)), *staged_paths, *fetch]
+    with open(REQUEST, "wb") as f:
+        f.write(b"\0".join(os.fsencode(x) for x in fields))
+
+
+def read_request() -> tuple[float, int, list[str], list[str]]:
+    """``(timeout, max_file_bytes, staged paths, fetched names)``, as :func:`write_request` wrote them."""
+    fd = os.open(REQUEST, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+    finally:
+        os.close(fd)
+    timeout, max_bytes, count, *rest = [os.fsdecode(x) for x in data.split(b"\0")]
+    return float(timeout), int(max_bytes), rest[: int(count)], rest[int(count) :]
 
 
 def report() -> dict | None:
-    """What P reported of the last program (``status``, ``timed_out``, ``elapsed``, ``files``: the
-    fetched ones, name -> base64), or None where it reported nothing."""
+    """What P reported of the last program (``status``: its wait status, None where it timed out;
+    ``timed_out``, ``elapsed``, ``files``: the fetched ones, name -> base64), or None where it
+    reported nothing."""
     try:
-        with open(os.path.join(STAGE_OUT, "report.json"), encoding="utf-8") as f:
-            return json.load(f)
+        with open(os.path.join(STAGE_OUT, "report"), "rb") as f:
+            status, timed_out, elapsed, *files = f.read().split(b"\0", 3)
+        return {
+            "status": int(status) if status else None,
+            "timed_out": timed_out == b"1",
+            "elapsed": float(elapsed),
+            "files": json.loads(files[0]) if files else {},
+        }
     except (OSError, ValueError):
         return None
 
@@ -132,8 +152,7 @@ class Run:
     def __init__(self, tmpfs_bytes: int, points: list[str]) -> None:
         self.tmpfs_bytes = tmpfs_bytes
         self.points = points  # (the sandbox's mount points: the zygote read them once)
-        with open(REQUEST, encoding="utf-8") as f:
-            self.request = json.load(f)
+        self.timeout, self.max_file_bytes, self.files, self.fetch = read_request()
         self.stage = -1
 
     def enter(self) -> None:
@@ -144,7 +163,7 @@ class Run:
         self.stage = os.open(STAGE, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         mount_private_tmp(self.tmpfs_bytes, self.points)
         L.mount("tmpfs", SANDBOX_WORKSPACE, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={self.tmpfs_bytes},mode=0700")
-        for path in self.request["files"]:
+        for path in self.files:
             _copy_file(f"/proc/self/fd/{self.stage}/{staged(path)[len(STAGE) + 1 :]}", path)
         os.chdir(SANDBOX_WORKSPACE)  # (the zygote's working directory is the one the tmpfs now covers)
         L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
@@ -165,7 +184,7 @@ class Run:
             finally:
                 os._exit(code)
         pidfd = os.pidfd_open(pid)
-        timed_out = not select.select([pidfd], [], [], float(self.request.get("timeout", 10)))[0]
+        timed_out = not select.select([pidfd], [], [], self.timeout)[0]
         os.close(pidfd)
         elapsed = time.monotonic() - t0
         os.kill(-1, signal.SIGKILL)  # (as PID 1: every other process of the namespace, the program's daemons)
@@ -175,10 +194,10 @@ class Run:
     def hand_back(self, files: dict, status: int | None, timed_out: bool, elapsed: float) -> None:
         """The fetched files and the status, into the env's staging directory (through the
         directory's fd: this mount namespace's /proc is the program's now)."""
-        report = {"status": status, "timed_out": timed_out, "elapsed": elapsed, "files": files}
-        fd = os.open("out/report.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
+        head = b"%s\0%d\0%r" % (b"" if status is None else b"%d" % status, timed_out, elapsed)
+        fd = os.open("out/report", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
         try:
-            data = memoryview(json.dumps(report).encode())
+            data = memoryview(head + b"\0" + json.dumps(files).encode() if files else head)
             while data:
                 data = data[os.write(fd, data) :]
         finally:

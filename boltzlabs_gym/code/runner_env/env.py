@@ -44,7 +44,7 @@ import errno
 import functools  # noqa: F401
 import heapq  # noqa: F401
 import itertools  # noqa: F401
-import json
+import json  # noqa: F401
 import math  # noqa: F401
 import os
 import random  # noqa: F401  (imported before any fork: its at-fork hook reseeds every program)
@@ -135,8 +135,9 @@ class _Fresh:
     tmpfs_bytes = 0
     program_filter = None  # (built once, in the zygote)
     points: list[str] = []  # the sandbox's mount points (read once, in the zygote)
-    #: set in the process that makes a program's namespaces (C): the places it sees are the program's
+    #: set in the process that makes a program's namespaces (P): the places it sees are the program's
     in_program_namespaces = False
+    wanted = False  # (the runner asked for it: ``options["fresh"]``)
 
 
 def reset(seed, options=None):
@@ -150,10 +151,14 @@ def reset(seed, options=None):
     if wanted and _Wiping.zygote is None and _Wiping.unavailable is None:
         _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
     elif not wanted and options.get("fresh") and _Fresh.zygote is None and _Fresh.unavailable is None:
-        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
+        # at start-up now, so that where it cannot work the runner hears why before any program; an
+        # env forked afresh after a hard reset (another language's program) at its first Python one
+        _Fresh.wanted = True
+        if options.get("languages"):
+            _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
     ready = {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
     if options.get("fresh"):
-        ready["fresh"], ready["no_fresh"] = _Fresh.zygote is not None, _Fresh.unavailable
+        ready["fresh"], ready["no_fresh"] = _Fresh.unavailable is None, _Fresh.unavailable
     if options.get("languages"):  # (asked at start-up only: not on every hard reset)
         ready["languages"] = _languages.availability(RUNTIME)
     return ready
@@ -208,6 +213,13 @@ def _start_fresh() -> str | None:
     return None
 
 
+def _fresh_zygote() -> Zygote | None:
+    """The fresh-namespaces zygote, started now where it was asked for and not yet started."""
+    if _Fresh.wanted and _Fresh.zygote is None and _Fresh.unavailable is None:
+        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
+    return _Fresh.zygote
+
+
 def _tmpfs_bytes() -> int:
     """The size of each fresh place: that of the sandbox's own /tmp."""
     st = os.statvfs("/tmp")
@@ -215,7 +227,7 @@ def _tmpfs_bytes() -> int:
 
 
 def step(action):
-    fresh = _Fresh.zygote is not None and action.get("language") == "python"
+    fresh = action.get("language") == "python" and _fresh_zygote() is not None
     try:
         result = run_program(action, fresh)
     except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
@@ -676,7 +688,7 @@ def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Star
 # ------------------------------------------------------------------------------ fresh namespaces
 #: Seconds past a program's deadline the env waits for P's report before it kills P itself
 _FRESH_GRACE_S = 5.0
-_ALL_SIGNALS = signal.valid_signals()
+_ALL_SIGNALS = tuple(int(s) for s in signal.valid_signals())  # (ints: a fork that reads them copies no enum page)
 
 
 def _run_program_fresh(action: dict, workspace: str) -> dict:
@@ -731,7 +743,7 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     its places, the program, then its fetched files and status handed back (:class:`_fresh.Run`)."""
     _Fresh.in_program_namespaces = True
     # (every signal blocked: the program sees its PID 1, and the kernel delivers it only handled ones)
-    unblocked = tuple(_signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS))
+    unblocked = tuple(_signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS))
     try:
         run = _fresh.Run(_Fresh.tmpfs_bytes, _Fresh.points)
         run.enter()
@@ -741,16 +753,12 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
 
     def program() -> int:
         _fresh.confine_program(_Fresh.cap_last, _Fresh.program_filter)
-        _signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, unblocked)
         return _zygote_program(n, memory_mb, out_w, err_w, kind)
 
     try:
         status, timed_out, elapsed = run.run(program)
-        request = run.request
-        files = _fetch(
-            SANDBOX_WORKSPACE,
-            {"fetch_files": request["fetch"], "max_file_bytes": request.get("max_file_bytes", 16 << 20)},
-        )
+        files = _fetch(SANDBOX_WORKSPACE, {"fetch_files": run.fetch, "max_file_bytes": run.max_file_bytes})
         run.hand_back(files, status, timed_out, elapsed)
     except BaseException as exc:
         os.write(err_w, f"P failed: {type(exc).__name__}: {exc}\n".encode())
