@@ -79,6 +79,10 @@ from .judges import Grade, assert_requests, judge_asserts, judge_stdio, stdio_re
 from .languages import NOT_SERVED, canonical, program_python, runtime_dir
 from .runs import LANGUAGES, RunRequest, RunResult
 
+#: How an env's report starts where it could not run a Python program in fresh namespaces (its
+#: ``runner_env/env.py`` says so; the env dir is not importable as a package)
+NO_FRESH = "no fresh namespaces for this env's programs"
+
 log = logging.getLogger("boltzlabs_gym.code")
 
 __all__ = [
@@ -830,7 +834,17 @@ class CodeRunner:
             return RunResult.sandbox_error(f"the sandbox failed: {detail}", self._isolation_text), False
         obs = t.obs or {}
         clean = obs.get("clean") is True
-        if not clean and obs.get("unclean") != "not wiped (hard reset)":
+        unclean = str(obs.get("unclean"))
+        if unclean.startswith(NO_FRESH) and self.fresh_unavailable is None:
+            # (an env forked after a hard reset, which makes its zygote at its first Python program)
+            self.fresh_unavailable = unclean[len(NO_FRESH) + 2 :]
+            log.warning(
+                "code runner: env %d cannot run programs in fresh namespaces of their own (%s): its programs "
+                "are hard-reset after their run",
+                env,
+                self.fresh_unavailable,
+            )
+        elif not clean and unclean != "not wiped (hard reset)" and not unclean.startswith(NO_FRESH):
             log.info("code runner: env %d not clean after a program (%s): hard reset", env, obs.get("unclean"))
         if clean and obs.get("fresh") is True:
             with self._stats_lock:

@@ -198,3 +198,19 @@ def test_programs_run_fresh_with_the_interpreter_under(place):
         pytest.skip(f"no fresh namespaces per program under {out['backend']}: {out['unavailable']}")
     assert out["runs"] == [["Success", path + "\n", ""]] * 3, out
     assert (out["fresh"], out["hard_resets"]) == (3, 0), out
+
+
+def test_where_fresh_namespaces_cannot_be_made_it_says_why_once_at_start_up(caplog):
+    """The ``process`` backend gives an env no PID namespace of its own to make them in: every
+    program is followed by a hard reset, and the runner says so once, naming the cause."""
+    with (
+        caplog.at_level("WARNING", logger="boltzlabs_gym.code"),
+        CodeRunner(envs_per_lane=2, lanes=1, isolation="process", wipe=False) as r,
+    ):
+        assert r.fresh_unavailable is not None and "not PID 1 of its own PID namespace" in r.fresh_unavailable
+        assert not r.fresh_in_force
+        said = [m for m in caplog.messages if "fresh namespaces" in m]
+        assert len(said) == 1 and r.fresh_unavailable in said[0], caplog.messages
+        assert [x.stdout for x in r.run_many(["print(1)"] * 4)] == ["1\n"] * 4
+        assert (r.stats().fresh, r.stats().hard_resets) == (0, 4)
+    assert len([m for m in caplog.messages if "fresh namespaces" in m]) == 1, caplog.messages

@@ -125,6 +125,10 @@ class _Wiping:
     child_filter = None
 
 
+#: How a step's ``unclean`` starts where a Python program could not run in fresh namespaces
+NO_FRESH = "no fresh namespaces for this env's programs"
+
+
 class _Fresh:
     """This env's programs in namespaces of their own (``options["fresh"]``, :mod:`_fresh`)."""
 
@@ -240,6 +244,8 @@ def step(action):
         result["clean"] = ran_fresh and alive
         result["fresh"] = result["clean"]
         result["unclean"] = None if result["clean"] else ("the zygote died" if not alive else "fresh namespaces failed")
+    elif _Fresh.wanted and _Fresh.unavailable is not None and action.get("language") == "python":
+        result["unclean"] = f"{NO_FRESH}: {_Fresh.unavailable}"  # (the runner warns once)
     if action.get("wipe", True) and _Wiping.zygote is not None and _Wiping.baseline is not None:
         zygotes = [_Wiping.zygote, *_Wiping.warm.values()]
         reason = _wipe.wipe(_Wiping.baseline, [z.pid for z in zygotes])
