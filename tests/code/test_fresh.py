@@ -25,6 +25,27 @@ def runner():
         yield r
 
 
+#: A program that counts copies of a needle (``%r``: bytes, each shifted by one so that the scan's own
+#: copy never matches) in its own writable memory
+MEMORY_SCAN = (
+    "needle = %r\n"
+    "back = bytes(range(1, 256)) + b'\\0'\n"
+    "found = 0\n"
+    "mem = open('/proc/self/mem', 'rb', 0)\n"
+    "for line in open('/proc/self/maps'):\n"
+    "    addr, perms = line.split()[:2]\n"
+    "    if not perms.startswith('rw'):\n"
+    "        continue\n"
+    "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
+    "    try:\n"
+    "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    found += chunk.translate(back).count(needle)\n"
+    "print(found)\n"
+)
+
+
 def survey(runner) -> dict:
     r = runner.run(SURVEY)
     assert r.ok, r
@@ -79,24 +100,7 @@ def test_the_next_program_finds_no_memory_of_the_last(runner):
     assert runner.run(
         f"print(input() + {secret!r})", stdin=secret, files={"s.txt": base64.b64encode(secret.encode()).decode()}
     ).ok
-    shifted = bytes(b + 1 for b in secret.encode())
-    r = runner.run(
-        f"needle = {shifted!r}\n"
-        "back = bytes(range(1, 256)) + b'\\0'\n"
-        "found = 0\n"
-        "mem = open('/proc/self/mem', 'rb', 0)\n"
-        "for line in open('/proc/self/maps'):\n"
-        "    addr, perms = line.split()[:2]\n"
-        "    if not perms.startswith('rw'):\n"
-        "        continue\n"
-        "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
-        "    try:\n"
-        "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    found += chunk.translate(back).count(needle)\n"
-        "print(found)\n"
-    )
+    r = runner.run(MEMORY_SCAN % (bytes(b + 1 for b in secret.encode()),))
     assert r.ok and r.stdout == "0\n", r
 
 
@@ -214,3 +218,76 @@ def test_where_fresh_namespaces_cannot_be_made_it_says_why_once_at_start_up(capl
         assert [x.stdout for x in r.run_many(["print(1)"] * 4)] == ["1\n"] * 4
         assert (r.stats().fresh, r.stats().hard_resets) == (0, 4)
     assert len([m for m in caplog.messages if "fresh namespaces" in m]) == 1, caplog.messages
+
+
+SOCKET_CYCLE = r"""
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(b"\0boltz-leak-in-a-name")
+# its own fd in flight in its own queue: a cycle that outlives every process, until the kernel's
+# unix collector runs (when some unix socket is released somewhere on the host)
+s.connect(b"\0boltz-leak-in-a-name")
+socket.send_fds(s, [b"x"], [s.fileno()])
+print("left")
+"""
+
+
+def test_a_socket_kept_alive_past_its_program_gets_the_env_hard_reset(runner):
+    """The programs of an env share its network namespace: a named unix socket that outlives its
+    program (a cycle of passed fds) is found by its PID 1, and the env is hard-reset before the
+    next program could see the name or connect to it."""
+    before = counts(runner)
+    assert runner.run(SOCKET_CYCLE).stdout == "left\n"
+    assert counts(runner)[2] == before[2] + 1, runner.stats()
+    assert survey(runner)["sockets"] == []
+
+
+def test_no_program_makes_a_user_namespace(runner):
+    """The pools let the envs make user namespaces for the zygote alone: neither a Python program
+    (in its fresh namespaces) nor a bash one (in an env forked from the template) can."""
+    unshare = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    )
+    assert runner.run(unshare).stdout.split() == ["-1", str(errno.EPERM)]
+    r = runner.run("unshare -U true && echo made || echo refused", language="bash")
+    if "not found" in r.run_result.stderr:
+        pytest.skip("no unshare(1) in the sandbox")
+    assert r.stdout == "refused\n", r
+
+
+def test_after_a_hard_reset_the_zygote_holds_no_request_either(runner):
+    """An env forked afresh after another language's program makes its zygote at its reset, before
+    the next request: the Python program after it finds no copy of its request in the next one."""
+    secret = "boltz-secret-91c2aa"
+    assert runner.run("echo hi", language="bash").ok  # (its env is hard-reset after it)
+    files = {"s.txt": base64.b64encode(secret.encode()).decode()}
+    assert runner.run(f"print(input() + {secret!r})", stdin=secret, files=files).ok
+    r = runner.run(MEMORY_SCAN % (bytes(b + 1 for b in secret.encode()),))
+    assert r.ok and r.stdout == "0\n", r
+
+
+def test_a_program_that_cripples_its_pid_1_fails_itself_only(runner):
+    """A program may lower its PID 1's limits (same uid): its run is its own failure, never a
+    sandbox error carrying text of its choosing, and the next program runs as usual."""
+    r = runner.run(
+        "import resource, sys\n"
+        "for which in (resource.RLIMIT_NOFILE, resource.RLIMIT_FSIZE):\n"
+        "    resource.prlimit(1, which, (0, 0))\n"
+        "print('done')\n"
+        "sys.stderr.write('ATTACKER TEXT')\n"
+    )
+    assert r.status != "SandboxError" and "ATTACKER TEXT" not in (r.message or ""), r
+    assert r.stdout == "done\n", r
+    assert runner.run("print(2)").stdout == "2\n"
+
+
+def test_files_a_program_hides_are_not_fetched_and_stdin_may_be_a_file_too(runner):
+    """Its PID 1 fetches as the program's uid, without capabilities: a file it made unreadable is
+    left out, as on the wipe path. A request file where stdin goes is replaced by stdin, as there."""
+    r = runner.run(
+        "import os\nopen('secret', 'w').write('s'); os.chmod('secret', 0)\nopen('plain', 'w').write('p')\n",
+        fetch_files=["secret", "plain"],
+    )
+    assert r.ok and sorted(r.files) == ["plain"], r
+    r = runner.run("print(input())", stdin="in", files={"/tmp/.boltzlabs_runner/stdin": "ZmlsZQ=="})
+    assert r.ok and r.stdout == "in\n", r

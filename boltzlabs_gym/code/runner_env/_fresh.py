@@ -70,9 +70,14 @@ def staged(path: str) -> str:
 
 def new_stage() -> None:
     """An empty staging directory for the next program."""
-    shutil.rmtree(STAGE, ignore_errors=True)
+    clear_stage()
     os.makedirs(STAGE_IN, mode=0o700)
     os.makedirs(STAGE_OUT, mode=0o700)
+
+
+def clear_stage() -> None:
+    """Nothing left of the last program's request and report."""
+    shutil.rmtree(STAGE, ignore_errors=True)
 
 
 # The request and the report are NUL-separated fields, not JSON: P is a fork of the zygote, and every
@@ -97,20 +102,31 @@ def read_request() -> tuple[float, int, list[str], list[str]]:
 
 
 def report() -> dict | None:
-    """What P reported of the last program (``status``: its wait status, None where it timed out;
-    ``timed_out``, ``elapsed``, ``files``: the fetched ones, name -> base64), or None where it
-    reported nothing."""
+    """What P reported of the last program, or None where it said nothing (P failed before the
+    program could start): ``started`` (the program was forked), and once it ended ``status`` (its
+    wait status; None where it timed out), ``timed_out``, ``elapsed``, ``sockets`` (named unix
+    sockets left: the env is not clean), ``files`` (the fetched ones, name -> base64); the last
+    five missing where P could not write them."""
     try:
         with open(os.path.join(STAGE_OUT, "report"), "rb") as f:
-            status, timed_out, elapsed, *files = f.read().split(b"\0", 3)
-        return {
-            "status": int(status) if status else None,
-            "timed_out": timed_out == b"1",
-            "elapsed": float(elapsed),
-            "files": json.loads(files[0]) if files else {},
-        }
-    except (OSError, ValueError):
+            data = f.read()
+    except OSError:
         return None
+    if not data.startswith(b"q"):
+        return None
+    out: dict = {"started": True}
+    try:
+        _, status, timed_out, elapsed, sockets, *files = data.split(b"\0", 5)
+        out.update(
+            status=int(status) if status else None,
+            timed_out=timed_out == b"1",
+            elapsed=float(elapsed),
+            sockets=int(sockets),
+            files=json.loads(files[0]) if files else {},
+        )
+    except ValueError:
+        pass
+    return out
 
 
 # ---------------------------------------------------------------------------------- in the zygote
@@ -153,25 +169,36 @@ class Run:
         self.tmpfs_bytes = tmpfs_bytes
         self.points = points  # (the sandbox's mount points: the zygote read them once)
         self.timeout, self.max_file_bytes, self.files, self.fetch = read_request()
-        self.stage = -1
+        self.stage = self.report = -1
 
-    def enter(self) -> None:
-        """The program's namespaces and fresh places, with what the env staged copied in."""
+    def enter(self, cap_last: int, prog) -> None:
+        """The program's namespaces and fresh places; then no capability left and the programs'
+        filter (what P does from here on needs neither: it runs beside the program); then what the
+        env staged, copied in. The report is opened now, with a first field saying the program is
+        about to start: a program that lowers P's limits (same uid) cannot keep it from reporting."""
         os.setsid()  # (the env's last resort at its own deadline: killpg of P ends the namespace)
         L.unshare(_NS_FLAGS)
         L.mount(None, "/", None, L.MS_REC | L.MS_PRIVATE)
         self.stage = os.open(STAGE, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         mount_private_tmp(self.tmpfs_bytes, self.points)
         L.mount("tmpfs", SANDBOX_WORKSPACE, "tmpfs", L.MS_NOSUID | L.MS_NODEV, f"size={self.tmpfs_bytes},mode=0700")
-        for path in self.files:
-            _copy_file(f"/proc/self/fd/{self.stage}/{staged(path)[len(STAGE) + 1 :]}", path)
-        os.chdir(SANDBOX_WORKSPACE)  # (the zygote's working directory is the one the tmpfs now covers)
         L.mount("proc", "/proc", "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
+        L.drop_bounding_caps(cap_last)
+        L.capset_none()
+        if prog is not None:
+            seccomp.install(prog)
+        for path in self.files:
+            _copy_file(f"{STAGE_IN}/{staged(path)[len(STAGE_IN) + 1 :]}", path, self.stage)
+        os.chdir(SANDBOX_WORKSPACE)  # (the zygote's working directory is the one the tmpfs now covers)
+        self.report = os.open(
+            "out/report", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage
+        )
+        _write_all(self.report, b"q")  # (the program runs from here on)
 
     def run(self, start_program) -> tuple[int | None, bool, float]:
         """Fork the program (``start_program()`` returns its exit status) and wait for it until the
-        request's deadline; then kill every process left in the namespace. The program's wait status
-        (None: it timed out), whether it timed out, its seconds."""
+        request's deadline; then kill every process left in the namespace and reap them all. The
+        program's wait status (None: it timed out), whether it timed out, its seconds."""
         import time
 
         t0 = time.monotonic()
@@ -180,6 +207,7 @@ class Run:
             code = 1
             try:
                 os.close(self.stage)
+                os.close(self.report)
                 code = start_program()
             finally:
                 os._exit(code)
@@ -188,38 +216,57 @@ class Run:
         os.close(pidfd)
         elapsed = time.monotonic() - t0
         os.kill(-1, signal.SIGKILL)  # (as PID 1: every other process of the namespace, the program's daemons)
-        status = os.waitpid(pid, 0)[1]
+        status = None
+        while True:  # (every one gone before the fetch: none is mid-way through a rename, say)
+            try:
+                done, st = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            if done == pid:
+                status = st
         return (None if timed_out else status), timed_out, elapsed
 
     def hand_back(self, files: dict, status: int | None, timed_out: bool, elapsed: float) -> None:
-        """The fetched files and the status, into the env's staging directory (through the
-        directory's fd: this mount namespace's /proc is the program's now)."""
-        head = b"%s\0%d\0%r" % (b"" if status is None else b"%d" % status, timed_out, elapsed)
-        fd = os.open("out/report", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
-        try:
-            data = memoryview(head + b"\0" + json.dumps(files).encode() if files else head)
-            while data:
-                data = data[os.write(fd, data) :]
-        finally:
-            os.close(fd)
+        """The fetched files, the status, and whether a named unix socket outlived the program
+        (held by a reference cycle of passed fds, which only the kernel's collector frees, in the
+        network namespace the next program shares), after the report's first field."""
+        head = b"\0%s\0%d\0%r\0%d" % (
+            b"" if status is None else b"%d" % status,
+            timed_out,
+            elapsed,
+            _named_unix_sockets(),
+        )
+        _write_all(self.report, head + b"\0" + json.dumps(files).encode() if files else head)
+        os.close(self.report)
 
 
-def confine_program(cap_last: int, prog) -> None:
-    """In Q, before the program's own code: no capability left, and the programs' filter."""
-    L.drop_bounding_caps(cap_last)
-    L.capset_none()
-    if prog is not None:
-        seccomp.install(prog)
+def _named_unix_sockets() -> int:
+    """How many unix sockets with a name (a path, or an abstract one) this network namespace holds."""
+    try:
+        with open("/proc/net/unix", "rb") as f:
+            return sum(1 for line in f.read().splitlines()[1:] if len(line.split()) > 7)
+    except OSError:
+        return 1  # (unknown: not clean)
 
 
-def _copy_file(src: str, dst: str) -> None:
-    """Copy the staged file ``src`` to ``dst`` in a fresh place, making its directories."""
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy_file(src: str, dst: str, stage: int) -> None:
+    """Copy the staged file ``src`` (a path under :data:`STAGE_IN`, opened through the staging
+    directory's fd: the program's /tmp covers it now) to ``dst`` in a fresh place, making its
+    directories; no symlink followed at the end (an interpreter's tree carried over may hold some)."""
     parent = os.path.dirname(dst)
     if not os.path.isdir(parent):
         os.makedirs(parent)
-    fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    fin = os.open(src[len(STAGE) + 1 :], os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=stage)
     try:
-        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fout = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             while os.sendfile(fout, fin, None, 1 << 30):
                 pass

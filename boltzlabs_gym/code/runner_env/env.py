@@ -71,6 +71,7 @@ from _zygote import Zygote, ZygoteGone  # type: ignore[import-not-found]
 
 from boltzlabs_gym.env import serve
 from boltzlabs_gym.envside import fork_hooks, seccomp
+from boltzlabs_gym.envside import syscalls as L
 from boltzlabs_gym.envside.confine import SANDBOX_WORKSPACE, mount_points
 from boltzlabs_gym.envside.process_setup import workspace_now
 
@@ -155,11 +156,12 @@ def reset(seed, options=None):
     if wanted and _Wiping.zygote is None and _Wiping.unavailable is None:
         _Wiping.unavailable = _wipe.unavailable() or _start_wiping()
     elif not wanted and options.get("fresh") and _Fresh.zygote is None and _Fresh.unavailable is None:
-        # at start-up now, so that where it cannot work the runner hears why before any program; an
-        # env forked afresh after a hard reset (another language's program) at its first Python one
+        # now, before any request (the zygote must never hold one), also in an env forked afresh after
+        # a hard reset; and at start-up the runner hears why where it cannot work
         _Fresh.wanted = True
-        if options.get("languages"):
-            _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
+        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
+        if _wipe.unavailable() is None:  # (a sandbox of its own, which may let it make user namespaces)
+            _forbid_user_namespaces()
     ready = {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
     if options.get("fresh"):
         ready["fresh"], ready["no_fresh"] = _Fresh.unavailable is None, _Fresh.unavailable
@@ -196,6 +198,9 @@ def _start_fresh() -> str | None:
     cannot be made this says so now, and why. ``None``, or why programs are hard-reset here instead."""
     zygote = None
     try:
+        if workspace_now() != SANDBOX_WORKSPACE:
+            raise RuntimeError(f"the workspace is {workspace_now()}, not {SANDBOX_WORKSPACE}")
+        _check_carried_mounts()
         _wipe.protect()
         _Fresh.tmpfs_bytes = _tmpfs_bytes()
         zygote = Zygote(
@@ -217,11 +222,22 @@ def _start_fresh() -> str | None:
     return None
 
 
-def _fresh_zygote() -> Zygote | None:
-    """The fresh-namespaces zygote, started now where it was asked for and not yet started."""
-    if _Fresh.wanted and _Fresh.zygote is None and _Fresh.unavailable is None:
-        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
-    return _Fresh.zygote
+def _forbid_user_namespaces() -> None:
+    """Once the zygote is forked (or could not be): no user namespace for this env or anything it
+    forks from now on (its toolchain programs, a Python program forked from the env where there
+    is no zygote). The session lets its envs make them (``nested_user_namespaces``) for the zygote
+    alone; the programs' own filter refuses them again below it."""
+    prog = seccomp.build_filter(deny=(), unshare_deny_flags=L.CLONE_NEWUSER)
+    if prog is not None:
+        seccomp.install(prog)
+
+
+def _check_carried_mounts() -> None:
+    """The mounts inside the places a program gets afresh are carried over onto its own (an
+    interpreter's tree under /tmp, say): each must be read-only, or it would outlive the program."""
+    for point in _wipe.mounts_below(_wipe.ROOTS):
+        if not os.statvfs(point).f_flag & os.ST_RDONLY:
+            raise RuntimeError(f"{point} is a writable mount inside a program's places: it would outlive the program")
 
 
 def _tmpfs_bytes() -> int:
@@ -231,7 +247,7 @@ def _tmpfs_bytes() -> int:
 
 
 def step(action):
-    fresh = action.get("language") == "python" and _fresh_zygote() is not None
+    fresh = action.get("language") == "python" and _Fresh.zygote is not None
     try:
         result = run_program(action, fresh)
     except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
@@ -692,47 +708,65 @@ def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Star
 
 
 # ------------------------------------------------------------------------------ fresh namespaces
-#: Seconds past a program's deadline the env waits for P's report before it kills P itself
+#: Seconds past a program's deadline the env waits for P's report before it kills P itself, and
+#: the rate at which the grace grows with what P copies in and out
 _FRESH_GRACE_S = 5.0
+_FRESH_BYTES_PER_S = 20e6
 _ALL_SIGNALS = tuple(int(s) for s in signal.valid_signals())  # (ints: a fork that reads them copies no enum page)
 
 
 def _run_program_fresh(action: dict, workspace: str) -> dict:
     """A Python program in namespaces of its own (:mod:`_fresh`): its request staged, then run."""
     fetch = list(action.get("fetch_files") or [])
-    for name in fetch:  # a name it may never fetch fails the run before it runs
-        _file_path(workspace, name)
-    _fresh.new_stage()
-    staged = _write_files(workspace, action.get("files") or {}, stage=True)
-    stdin = _fresh.staged(STDIN_PATH)
-    os.makedirs(os.path.dirname(stdin), exist_ok=True)
-    with open(stdin, "wb") as f:
-        f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
-    n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+    max_file_bytes = int(action.get("max_file_bytes", 16 << 20))
+    try:  # (what the request gets wrong fails it before any program runs: the env stays clean)
+        for name in fetch:
+            _file_path(workspace, name)
+        _fresh.new_stage()
+        staged = _write_files(workspace, action.get("files") or {}, stage=True)
+        stdin = _fresh.staged(STDIN_PATH)
+        os.makedirs(os.path.dirname(stdin), exist_ok=True)
+        with open(stdin, "wb") as f:
+            f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
+        n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+    except ValueError as exc:
+        return {"compile_result": None, "run_result": _error(f"ValueError: {exc}"), "files": {}, "fresh": True}
     timeout = float(action["run_timeout"])
-    _fresh.write_request(timeout, fetch, int(action.get("max_file_bytes", 16 << 20)), [*staged, STDIN_PATH, src])
+    paths = list(dict.fromkeys([*staged, STDIN_PATH, src]))  # (a request file may be where stdin goes)
+    _fresh.write_request(timeout, fetch, max_file_bytes, paths)
     cap = int(action.get("max_output_bytes", 1 << 20))
+    # P copies the staged files in before the program and the fetched ones out after it
+    moved = sum(os.path.getsize(_fresh.staged(p)) for p in paths) + max_file_bytes * len(fetch) * 4 // 3
+    grace = _FRESH_GRACE_S + moved / _FRESH_BYTES_PER_S
     assert _Fresh.zygote is not None
-    run = _run_fresh(_Fresh.zygote, n, int(action.get("memory_limit_mb", -1)), 0, timeout, cap)
+    run = _run_fresh(_Fresh.zygote, n, int(action.get("memory_limit_mb", -1)), 0, timeout, cap, grace)
     files = run.pop("files")
     return {"compile_result": None, "run_result": run, "files": files, "fresh": run.pop("fresh")}
 
 
-def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float, cap: int) -> dict:
+def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float, cap: int, grace: float = 5.0) -> dict:
     """Have the zygote fork ``main<n>`` (staged, with its request) into fresh namespaces; the run's
-    result, with the fetched ``files``, and ``fresh`` saying whether P reported it (else it is an error)."""
+    result, with the fetched ``files``, and ``fresh`` saying whether the env is clean after it: P
+    reported in full, found no named socket left, and exited 0 (its status read from the zygote)."""
     started = _from_zygote(zygote, n, memory_mb, kind)
-    result = _supervise(started, timeout + _FRESH_GRACE_S, cap)
-    status = _fresh.report()
-    if status is None:  # P failed (it said why on the program's stderr) or missed the env's own deadline
-        why = result["stderr"].strip() or f"P {result['status']}, return code {result['return_code']}"
+    result = _supervise(started, timeout + grace, cap)
+    p_ok = result["status"] == FINISHED and result["return_code"] == 0
+    report = _fresh.report()
+    _fresh.clear_stage()  # (the request and its results: read, and nothing of them kept)
+    if report is None:  # P failed before the program could start (it said why on the program's stderr)
+        why = result["stderr"].strip() or f"its PID 1 {result['status']}, return code {result['return_code']}"
         return {**_error(f"the program's fresh namespaces failed: {why}"), "fresh": False, "files": {}}
-    result["execution_time"] = round(float(status["elapsed"]), 6)
-    if status["timed_out"]:
+    if "status" not in report:  # the program ran, and its PID 1 could not say how it ended: its own doing
+        result["status"], result["return_code"] = FINISHED, 1
+        result["stderr"] += "\nboltzlabs: the program's PID 1 could not report how it ended (its limits changed?)\n"
+        result["fresh"], result["files"] = False, {}
+        return result
+    result["execution_time"] = round(float(report["elapsed"]), 6)
+    if report["timed_out"]:
         result["status"], result["return_code"] = TIMEOUT, None
     else:
-        result["status"], result["return_code"] = FINISHED, _return_code(status["status"])
-    result["fresh"], result["files"] = True, status["files"]
+        result["status"], result["return_code"] = FINISHED, _return_code(report["status"])
+    result["fresh"], result["files"] = p_ok and report["sockets"] == 0, report["files"]
     return result
 
 
@@ -752,13 +786,12 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     unblocked = tuple(_signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS))
     try:
         run = _fresh.Run(_Fresh.tmpfs_bytes, _Fresh.points)
-        run.enter()
+        run.enter(_Fresh.cap_last, _Fresh.program_filter)
     except BaseException as exc:
         os.write(err_w, f"could not make them: {type(exc).__name__}: {exc}\n".encode())
         return 1
 
     def program() -> int:
-        _fresh.confine_program(_Fresh.cap_last, _Fresh.program_filter)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, unblocked)
         return _zygote_program(n, memory_mb, out_w, err_w, kind)
 
