@@ -300,6 +300,9 @@ class CodeRunner:
         #: Without the wipe: why Python programs are hard-reset after every run rather than run in
         #: fresh namespaces of their own (the envs' report at start-up), else ``None``.
         self.fresh_unavailable: str | None = None
+        #: what the first env's trial program found (an integer: see ``runner_env/_recursion.py``), passed
+        #: to every env forked after a hard reset, whose zygote then runs no trial of its own
+        self._fresh_calibration: int | None = None
         #: each language SandboxFusion names -> None where the envs can run it, else why not
         #: (their toolchain is missing, say); read from the first lane's envs at start-up
         self.languages: dict[str, str | None] = {}
@@ -366,6 +369,10 @@ class CodeRunner:
                 return
 
     def _note_fresh(self, observations: Sequence[Any]) -> None:
+        for obs in observations:
+            found = obs.get("fresh_calibration") if isinstance(obs, Mapping) else None
+            if type(found) is int and self._fresh_calibration is None:
+                self._fresh_calibration = found
         if self.fresh_unavailable is not None:
             return
         for obs in observations:
@@ -564,7 +571,10 @@ class CodeRunner:
 
     def _reset_options(self) -> dict[str, Any]:
         """What the envs are reset with: the wipe, or else fresh namespaces per program."""
-        return {"wipe": self.wipe, "fresh": not self.wipe}
+        options: dict[str, Any] = {"wipe": self.wipe, "fresh": not self.wipe}
+        if self._fresh_calibration is not None:
+            options["fresh_calibration"] = self._fresh_calibration
+        return options
 
     def _start_lane(self, lane: _Lane) -> None:
         for i in range(lane.pool.n):

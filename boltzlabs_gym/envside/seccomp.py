@@ -87,6 +87,13 @@ NR_X86_64 = dict(
     mount_setattr=442,
     chroot=161,
     mq_open=240,
+    setpriority=141,
+    sched_setparam=142,
+    sched_setscheduler=144,
+    sched_setaffinity=203,
+    ioprio_set=251,
+    prlimit64=302,
+    sched_setattr=314,
 )
 
 DENY = (
@@ -174,8 +181,14 @@ def build_filter(
     notify: tuple[str, ...] = (),
     unshare_notify_flags: int = 0,
     clone_allow_flags: int = 0,
+    arg_rules: tuple[tuple[str, int, str, int], ...] = (),
 ):
     """Return ``(program_bytes, n_instructions)``, or ``None`` on an unsupported architecture.
+
+    ``arg_rules``: ``(syscall, i, "eq" or "ne", value)``: the call fails with EPERM where the low 32
+    bits of its argument ``i`` equal (``"eq"``) or differ from (``"ne"``) ``value`` (the kernel
+    reads a pid or a ``which`` as a 32-bit int): the code runner's programs may not aim
+    ``prlimit64`` and the scheduling calls at their PID 1.
 
     ``notify``: syscalls the filter hands to its listener (``SECCOMP_RET_USER_NOTIF``; install it
     with :func:`install_with_listener`) instead of refusing them; the rest of ``deny`` still fails
@@ -206,6 +219,16 @@ def build_filter(
     for name in deny:
         if name not in notify:
             ins += [(_JEQ_K, 0, 1, NR_X86_64[name]), (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
+    for name, i, how, value in arg_rules:
+        if how not in ("eq", "ne") or not 0 <= i < 6:
+            raise ValueError(f"arg rule {(name, i, how, value)!r}: want (syscall, 0-5, 'eq' or 'ne', value)")
+        ins += [
+            (_JEQ_K, 0, 3, NR_X86_64[name]),  # not this call: on to the number's reload
+            (_LD_W_ABS, 0, 0, _OFF_ARG0_LO + 8 * i),
+            (_JEQ_K, 0, 1, value) if how == "eq" else (_JEQ_K, 1, 0, value),
+            (_RET_K, 0, 0, _RET_ERRNO | errno.EPERM),
+            (_LD_W_ABS, 0, 0, _OFF_NR),
+        ]
     ins += [(_JEQ_K, 0, 1, NR_X86_64["clone3"]), (_RET_K, 0, 0, _RET_ERRNO | errno.ENOSYS)]
     unshare_flags = unshare_deny_flags or unshare_notify_flags
     if unshare_flags and "unshare" not in deny:

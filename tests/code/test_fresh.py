@@ -104,27 +104,51 @@ def test_the_next_program_finds_no_memory_of_the_last(runner):
     assert r.ok and r.stdout == "0\n", r
 
 
-def test_what_a_program_changes_of_its_pid_1_ends_with_it(runner):
+PID_1 = r"""
+import ctypes, json, os, resource
+out = {}
+HARD = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+attempts = {
+    "prlimit": lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (0, 0)),
+    "prlimit read": lambda: resource.prlimit(1, resource.RLIMIT_NOFILE),
+    "nice": lambda: os.setpriority(os.PRIO_PROCESS, 1, 19),
+    "nice group": lambda: os.setpriority(os.PRIO_PGRP, 0, 19),
+    "nice user": lambda: os.setpriority(os.PRIO_USER, 0, 19),
+    "affinity": lambda: os.sched_setaffinity(1, {0}),
+    "scheduler": lambda: os.sched_setscheduler(1, os.SCHED_IDLE, os.sched_param(0)),
+    "param": lambda: os.sched_setparam(1, os.sched_param(0)),
+    # its own: as under python main.py
+    "own nice": lambda: os.nice(1),
+    "own limit": lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, HARD)),
+    "own affinity": lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)),
+    "own prlimit": lambda: resource.prlimit(0, resource.RLIMIT_CORE, (0, 0)),
+}
+for name, attempt in attempts.items():
+    try:
+        attempt()
+        out[name] = "done"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+libc = ctypes.CDLL(None, use_errno=True)
+out["hostname"] = [libc.sethostname(b"leak", 4), ctypes.get_errno()]  # (no capability in its namespaces)
+print(json.dumps(out))
+"""
+
+
+def test_a_program_changes_nothing_of_its_pid_1(runner):
     """Its PID 1 is the only process of the runner it can name (the env and the zygote are in the
-    namespace above): lowering its limits or priority changes nothing for the next program."""
-    r = runner.run(
-        "import ctypes, os, resource\n"
-        "for change in (lambda: os.setpriority(os.PRIO_PROCESS, 1, 7),\n"
-        "               lambda: resource.prlimit(1, resource.RLIMIT_NOFILE, (64, 64))):\n"
-        "    try:\n"
-        "        change()\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "libc = ctypes.CDLL(None, use_errno=True)\n"
-        "print(libc.sethostname(b'leak', 4), ctypes.get_errno())\n"  # (no capability left in its namespaces)
-    )
-    assert r.ok and r.stdout.split() == ["-1", str(errno.EPERM)], r
+    namespace above), and it has the program's uid: the programs' filter refuses the calls that
+    would change its limits, priority, scheduling or CPUs (which could starve it past the program's
+    deadline, or keep it from reporting); the same calls on the program itself work."""
+    r = runner.run(PID_1)
+    assert r.ok, r
+    out = json.loads(r.stdout)
+    refused = ["prlimit", "prlimit read", "nice", "nice group", "nice user", "affinity", "scheduler", "param"]
+    assert {k: out[k] for k in refused} == dict.fromkeys(refused, "PermissionError"), out
+    assert [out[k] for k in ("own nice", "own limit", "own affinity", "own prlimit")] == ["done"] * 4, out
+    assert out["hostname"] == [-1, errno.EPERM], out
     s = survey(runner)
     assert s["nice"] == 0 and s["pids"] == [1, 2], s
-    after = runner.run(
-        "import os, resource; print(resource.prlimit(1, resource.RLIMIT_NOFILE)[0] > 64, os.uname().nodename)"
-    )
-    assert after.stdout.split()[0] == "True" and after.stdout.split()[1] != "leak", after
 
 
 def test_a_programs_files_go_in_and_come_out(runner):
@@ -220,26 +244,44 @@ def test_where_fresh_namespaces_cannot_be_made_it_says_why_once_at_start_up(capl
     assert len([m for m in caplog.messages if "fresh namespaces" in m]) == 1, caplog.messages
 
 
-SOCKET_CYCLE = r"""
+SOCKET_CYCLES = {
+    # its own fd in flight in its own queue: a cycle that outlives every process, until the kernel's
+    # unix collector runs (when some unix socket is released somewhere on the host)
+    "abstract name": r"""
 import socket
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-s.bind(b"\0boltz-leak-in-a-name")
-# its own fd in flight in its own queue: a cycle that outlives every process, until the kernel's
-# unix collector runs (when some unix socket is released somewhere on the host)
-s.connect(b"\0boltz-leak-in-a-name")
+s.bind(b"\0boltz-leak-in-a-name"); s.connect(b"\0boltz-leak-in-a-name")
 socket.send_fds(s, [b"x"], [s.fileno()])
 print("left")
-"""
+""",
+    "a name of blanks": r"""
+import os, socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(" \t "); s.connect(" \t ")
+socket.send_fds(s, [b"x"], [s.fileno()])
+print("left")
+""",
+    "no name": r"""
+import socket
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+socket.send_fds(b, [b"x"], [a.fileno(), b.fileno()])
+print("left")
+""",
+}
 
 
-def test_a_socket_kept_alive_past_its_program_gets_the_env_hard_reset(runner):
-    """The programs of an env share its network namespace: a named unix socket that outlives its
-    program (a cycle of passed fds) is found by its PID 1, and the env is hard-reset before the
-    next program could see the name or connect to it."""
+@pytest.mark.parametrize("how", sorted(SOCKET_CYCLES))
+def test_a_socket_kept_alive_past_its_program_gets_the_env_hard_reset(runner, how):
+    """The programs of an env share its network namespace: a unix socket that outlives its program
+    (a cycle of passed fds), named or not, is found by its PID 1, and the env is hard-reset before
+    the next program could see it, its name, or connect to it."""
+    count = "print(len(open('/proc/net/unix').read().splitlines()) - 1)"  # (the env's own are there too)
+    sockets = runner.run(count).stdout
     before = counts(runner)
-    assert runner.run(SOCKET_CYCLE).stdout == "left\n"
+    r = runner.run(SOCKET_CYCLES[how])
+    assert r.stdout == "left\n", r
     assert counts(runner)[2] == before[2] + 1, runner.stats()
-    assert survey(runner)["sockets"] == []
+    assert runner.run(count).stdout == sockets
 
 
 def test_no_program_makes_a_user_namespace(runner):
@@ -266,21 +308,6 @@ def test_after_a_hard_reset_the_zygote_holds_no_request_either(runner):
     assert r.ok and r.stdout == "0\n", r
 
 
-def test_a_program_that_cripples_its_pid_1_fails_itself_only(runner):
-    """A program may lower its PID 1's limits (same uid): its run is its own failure, never a
-    sandbox error carrying text of its choosing, and the next program runs as usual."""
-    r = runner.run(
-        "import resource, sys\n"
-        "for which in (resource.RLIMIT_NOFILE, resource.RLIMIT_FSIZE):\n"
-        "    resource.prlimit(1, which, (0, 0))\n"
-        "print('done')\n"
-        "sys.stderr.write('ATTACKER TEXT')\n"
-    )
-    assert r.status != "SandboxError" and "ATTACKER TEXT" not in (r.message or ""), r
-    assert r.stdout == "done\n", r
-    assert runner.run("print(2)").stdout == "2\n"
-
-
 def test_files_a_program_hides_are_not_fetched_and_stdin_may_be_a_file_too(runner):
     """Its PID 1 fetches as the program's uid, without capabilities: a file it made unreadable is
     left out, as on the wipe path. A request file where stdin goes is replaced by stdin, as there."""
@@ -291,3 +318,16 @@ def test_files_a_program_hides_are_not_fetched_and_stdin_may_be_a_file_too(runne
     assert r.ok and sorted(r.files) == ["plain"], r
     r = runner.run("print(input())", stdin="in", files={"/tmp/.boltzlabs_runner/stdin": "ZmlsZQ=="})
     assert r.ok and r.stdout == "in\n", r
+
+
+def test_after_a_hard_reset_a_program_still_recurses_as_under_python_main_py(runner, tmp_path):
+    """An env forked after a hard reset takes the first env's calibration of the runner's levels
+    instead of running a trial of its own: its programs recurse as deep as under ``python main.py``."""
+    import sys
+
+    from test_runner import DEPTH, _as_python_runs_it, _as_ran
+
+    code = DEPTH["deepest"]
+    expected = _as_python_runs_it(runner.python or sys.executable, code, tmp_path / "deepest")
+    assert runner.run("echo hi", language="bash").ok  # (its env is hard-reset after it)
+    assert _as_ran(runner.run(code)) == expected

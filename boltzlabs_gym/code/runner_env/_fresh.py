@@ -4,8 +4,7 @@ namespaces made for it alone, with fresh tmpfs mounts over every place it may wr
 The code runner's ``wipe=False`` mode. Instead of killing the env after each program and forking a
 new one from the template (a hard reset), the env keeps a zygote in a user namespace of its own,
 made once before the env's first request (the worker lets this pool's envs make one:
-``PoolOptions.nested_user_namespaces``), with one network namespace for its programs, and per
-program:
+``PoolOptions.nested_user_namespaces``), and per program:
 
 * the zygote clones **P**, PID 1 of a new PID namespace, which makes the program's mount, IPC and
   UTS namespaces (all owned by the zygote's user namespace, which owns nothing else), mounts a
@@ -21,8 +20,9 @@ program:
 
 So nothing a program can change outlives it: its processes, files, SysV and POSIX IPC objects and
 hostname live in namespaces and mounts made for it, and its sockets die with its processes (the
-network namespace is the zygote's: nothing in it but a loopback device that is down, and no
-program has a capability there). It never sees the env, the zygote or the staging directory
+network namespace is the sandbox's own, shared with the env as on the wipe path: a unix socket a
+cycle of passed fds keeps past the program gets the env hard-reset, and no program has a
+capability there). It never sees the env, the zygote or the staging directory
 (another PID namespace; mounts over the places that hold them). Nothing is wiped. The zygote,
 forked from the env before its first request, holds nothing of any request; the env only stages
 each request's data and reads the results back.
@@ -58,6 +58,19 @@ PLACES = {SANDBOX_WORKSPACE: "workspace", "/tmp": "tmp", "/dev/shm": "dev_shm"} 
 _NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWIPC | L.CLONE_NEWUTS
 #: What a program may not do here on top of the sandbox's filter: make namespaces or mounts
 PROGRAM_DENY = ("unshare", "mount", "umount2", "move_mount", "mount_setattr")
+#: ... nor change its PID 1 (the same uid: it could): its limits, priority, scheduling and CPUs
+#: (which could slow P past the program's deadline), through a process group or a user either
+PROGRAM_ARG_RULES = (
+    ("prlimit64", 0, "eq", 1),
+    ("sched_setaffinity", 0, "eq", 1),
+    ("sched_setscheduler", 0, "eq", 1),
+    ("sched_setparam", 0, "eq", 1),
+    ("sched_setattr", 0, "eq", 1),
+    ("setpriority", 0, "ne", 0),  # (PRIO_PROCESS only)
+    ("setpriority", 1, "eq", 1),
+    ("ioprio_set", 0, "ne", 1),  # (IOPRIO_WHO_PROCESS only)
+    ("ioprio_set", 1, "eq", 1),
+)
 
 
 def staged(path: str) -> str:
@@ -104,9 +117,10 @@ def read_request() -> tuple[float, int, list[str], list[str]]:
 def report() -> dict | None:
     """What P reported of the last program, or None where it said nothing (P failed before the
     program could start): ``started`` (the program was forked), and once it ended ``status`` (its
-    wait status; None where it timed out), ``timed_out``, ``elapsed``, ``sockets`` (named unix
-    sockets left: the env is not clean), ``files`` (the fetched ones, name -> base64); the last
-    five missing where P could not write them."""
+    wait status; None where it timed out), ``timed_out``, ``elapsed``, ``sockets`` (the unix
+    sockets of the network namespace once the program's processes are gone), ``files`` (the fetched
+    ones, name -> base64; ``files_lost`` where they did not fit the env's /tmp); the last five
+    missing where P could not write them."""
     try:
         with open(os.path.join(STAGE_OUT, "report"), "rb") as f:
             data = f.read()
@@ -122,10 +136,15 @@ def report() -> dict | None:
             timed_out=timed_out == b"1",
             elapsed=float(elapsed),
             sockets=int(sockets),
-            files=json.loads(files[0]) if files else {},
+            files={},
         )
     except ValueError:
-        pass
+        return out
+    if files:
+        try:
+            out["files"] = json.loads(files[0])
+        except ValueError:  # (cut short: the env's /tmp had no room for them)
+            out["files_lost"] = True
     return out
 
 
@@ -145,15 +164,11 @@ def nest() -> int:
         finally:
             os.close(fd)
     L.prctl(L.PR_SET_DUMPABLE, 0)
-    # one network namespace for this env's programs, made here once rather than per program (~0.5 ms
-    # of CPU each, most of it in the kernel's deferred clean-up): nothing in it outlives a program,
-    # whose every socket dies with its processes, and no program has a capability to change it
-    L.unshare(L.CLONE_NEWNET)
     return cap_last
 
 
 def program_filter():
-    return seccomp.build_filter(deny=PROGRAM_DENY)
+    return seccomp.build_filter(deny=PROGRAM_DENY, arg_rules=PROGRAM_ARG_RULES)
 
 
 # ---------------------------------------------------------------------------------- in P
@@ -189,6 +204,7 @@ class Run:
             seccomp.install(prog)
         for path in self.files:
             _copy_file(f"{STAGE_IN}/{staged(path)[len(STAGE_IN) + 1 :]}", path, self.stage)
+        _remove_tree("in", self.stage)  # (the room they took on the env's /tmp is the report's)
         os.chdir(SANDBOX_WORKSPACE)  # (the zygote's working directory is the one the tmpfs now covers)
         self.report = os.open(
             "out/report", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage
@@ -212,9 +228,10 @@ class Run:
             finally:
                 os._exit(code)
         pidfd = os.pidfd_open(pid)
-        timed_out = not select.select([pidfd], [], [], self.timeout)[0]
+        ended = select.select([pidfd], [], [], self.timeout)[0]
         os.close(pidfd)
         elapsed = time.monotonic() - t0
+        timed_out = not ended or elapsed >= self.timeout  # (a P woken late must not pass a late program)
         os.kill(-1, signal.SIGKILL)  # (as PID 1: every other process of the namespace, the program's daemons)
         status = None
         while True:  # (every one gone before the fetch: none is mid-way through a rename, say)
@@ -236,19 +253,40 @@ class Run:
             b"" if status is None else b"%d" % status,
             timed_out,
             elapsed,
-            _named_unix_sockets(),
+            unix_sockets(),
         )
-        _write_all(self.report, head + b"\0" + json.dumps(files).encode() if files else head)
+        _write_all(self.report, head)
+        if files:  # (past the head: where they do not fit the env's /tmp, the run keeps its status)
+            _write_all(self.report, b"\0" + json.dumps(files).encode())
         os.close(self.report)
 
 
-def _named_unix_sockets() -> int:
-    """How many unix sockets with a name (a path, or an abstract one) this network namespace holds."""
+def unix_sockets() -> int:
+    """How many unix sockets this network namespace holds: the env's own (its sandbox's namespace,
+    which its programs share: a new one per program would cost about 0.5 ms of CPU, most of it in
+    the kernel's deferred clean-up), and, with no process of the program left, none of the
+    program's unless a cycle of passed fds keeps one (its name, or its mere existence, would reach
+    the next program: :meth:`Run.hand_back` reports the count, the env compares it)."""
     try:
         with open("/proc/net/unix", "rb") as f:
-            return sum(1 for line in f.read().splitlines()[1:] if len(line.split()) > 7)
+            return len(f.read().splitlines()) - 1
     except OSError:
         return 1  # (unknown: not clean)
+
+
+def _remove_tree(name: str, parent: int) -> None:
+    """Remove the directory ``name`` in ``parent`` (an fd) and all it holds (the env staged it: plain
+    files and directories, no link)."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.name, fd)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 def _write_all(fd: int, data: bytes) -> None:

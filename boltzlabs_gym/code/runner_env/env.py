@@ -139,6 +139,8 @@ class _Fresh:
     cap_last = 0
     tmpfs_bytes = 0
     program_filter = None  # (built once, in the zygote)
+    calibration: int | None = None  # (the levels the zygote hides below programs: see _recursion)
+    sockets = 0  # the unix sockets of the sandbox's network namespace before any program
     points: list[str] = []  # the sandbox's mount points (read once, in the zygote)
     #: set in the process that makes a program's namespaces (P): the places it sees are the program's
     in_program_namespaces = False
@@ -159,12 +161,13 @@ def reset(seed, options=None):
         # now, before any request (the zygote must never hold one), also in an env forked afresh after
         # a hard reset; and at start-up the runner hears why where it cannot work
         _Fresh.wanted = True
-        _Fresh.unavailable = _wipe.unavailable() or _start_fresh()
+        _Fresh.unavailable = _wipe.unavailable() or _start_fresh(options.get("fresh_calibration"))
         if _wipe.unavailable() is None:  # (a sandbox of its own, which may let it make user namespaces)
             _forbid_user_namespaces()
     ready = {"ready": True, "wipe": _Wiping.zygote is not None, "no_wipe": _Wiping.unavailable}
     if options.get("fresh"):
         ready["fresh"], ready["no_fresh"] = _Fresh.unavailable is None, _Fresh.unavailable
+        ready["fresh_calibration"] = _Fresh.calibration
     if options.get("languages"):  # (asked at start-up only: not on every hard reset)
         ready["languages"] = _languages.availability(RUNTIME)
     return ready
@@ -192,10 +195,14 @@ def _start_wiping() -> str | None:
     return None
 
 
-def _start_fresh() -> str | None:
+def _start_fresh(calibration: object = None) -> str | None:
     """Before the first request: the zygote in its own user namespace, and a trial program forked
     into fresh namespaces (the recursion probe: its depth calibrates the zygote), so that where they
-    cannot be made this says so now, and why. ``None``, or why programs are hard-reset here instead."""
+    cannot be made this says so now, and why. ``None``, or why programs are hard-reset here instead.
+
+    ``calibration``: what an earlier env's trial found (the runner passes it on to an env forked
+    after a hard reset, an integer): that env's zygote takes it instead of running a trial (about 4
+    ms of CPU that every other language's program would pay); its answer still shows it lives."""
     zygote = None
     try:
         if workspace_now() != SANDBOX_WORKSPACE:
@@ -206,14 +213,20 @@ def _start_fresh() -> str | None:
         zygote = Zygote(
             _fresh_program, prepare=_fresh_zygote_prepare, adjust=_recursion.hide, fork=_fresh.fork_program_init
         )
-        _fresh.new_stage()
-        _fresh.write_request(10.0, [], 0, [])
-        result = _run_fresh(zygote, _PROBE_N, -1, 0, 10.0, 64)
-        if result["return_code"] != 0 or not result.get("fresh"):
-            raise RuntimeError(f"a trial program in fresh namespaces failed: {result['stderr'].strip() or result}")
-        hidden = _recursion.hidden_below({"depth": int(result["stdout"])}, _recursion.TOP_OF_SCRIPT, 0)
-        if hidden is not None:
-            zygote.adjust(hidden)
+        _Fresh.sockets = _fresh.unix_sockets()  # (the env's own: its socket pair with the zygote)
+        if type(calibration) is int and calibration >= 0:
+            zygote.adjust(calibration)  # (ZygoteGone where its user namespace could not be made)
+            hidden: int | None = calibration
+        else:
+            _fresh.new_stage()
+            _fresh.write_request(10.0, [], 0, [])
+            result = _run_fresh(zygote, _PROBE_N, -1, 0, 10.0, 64)
+            if result["return_code"] != 0 or not result.get("fresh"):
+                raise RuntimeError(f"a trial program in fresh namespaces failed: {result['stderr'].strip() or result}")
+            hidden = _recursion.hidden_below({"depth": int(result["stdout"])}, _recursion.TOP_OF_SCRIPT, 0)
+            if hidden is not None:
+                zygote.adjust(hidden)
+        _Fresh.calibration = hidden
     except Exception as exc:
         if zygote is not None:
             zygote.close()
@@ -730,6 +743,7 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
             f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
         n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
     except ValueError as exc:
+        _fresh.clear_stage()
         return {"compile_result": None, "run_result": _error(f"ValueError: {exc}"), "files": {}, "fresh": True}
     timeout = float(action["run_timeout"])
     paths = list(dict.fromkeys([*staged, STDIN_PATH, src]))  # (a request file may be where stdin goes)
@@ -766,7 +780,9 @@ def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float
         result["status"], result["return_code"] = TIMEOUT, None
     else:
         result["status"], result["return_code"] = FINISHED, _return_code(report["status"])
-    result["fresh"], result["files"] = p_ok and report["sockets"] == 0, report["files"]
+    result["fresh"], result["files"] = p_ok and report["sockets"] == _Fresh.sockets, report["files"]
+    if report.get("files_lost"):
+        result["stderr"] += "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
     return result
 
 
