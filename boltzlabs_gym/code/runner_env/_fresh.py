@@ -3,27 +3,30 @@ namespaces made for it alone, with fresh tmpfs mounts over every place it may wr
 
 The code runner's ``wipe=False`` mode. Instead of killing the env after each program and forking a
 new one from the template (a hard reset), the env keeps a zygote in a user namespace of its own,
-made once before the env's first request (the worker lets this pool's envs make one:
-``PoolOptions.nested_user_namespaces``), and per program:
+made at every reset, before any request (the worker lets this pool's envs make one:
+``PoolOptions.nested_user_namespaces``; the env then refuses them to itself and all it forks later),
+and per program:
 
 * the zygote clones **P**, PID 1 of a new PID namespace, which makes the program's mount, IPC and
   UTS namespaces (all owned by the zygote's user namespace, which owns nothing else), mounts a
   fresh tmpfs over ``/workspace``, ``/tmp``, ``/dev/shm``, ``/mnt``, ``/data`` and ``/home`` (the
-  read-only trees the sandbox bound inside them, a venv under ``/tmp`` say, carried over), copies
-  in what the env staged for the program (its files, its source, its stdin), mounts its own
-  ``/proc``, and forks **Q**, the program, which drops every capability and installs the
-  programs' seccomp filter (no ``unshare``, no ``mount``) before it runs as a program forked from
-  the wipe path's zygote does (``env._zygote_program``);
-* when Q ends, or at the run's deadline, P kills every process left in its namespace, copies the
-  files the request fetches (resolved in the program's own mounts) and Q's status to the env's
-  staging directory, and exits; the namespaces and tmpfs mounts die with it.
+  read-only trees the sandbox bound inside them, a venv under ``/tmp`` say, carried over) and its
+  own ``/proc``; then drops every capability and installs the programs' seccomp filter (no
+  ``unshare``, no ``mount``, nothing aimed at PID 1: :data:`PROGRAM_ARG_RULES`), copies in what the
+  env staged for the program (its files, its source, its stdin), opens its report, and forks
+  **Q**, the program, which runs as a program forked from the wipe path's zygote does
+  (``env._zygote_program``);
+* when Q ends, or at the run's deadline, P kills and reaps every process left in its namespace,
+  copies Q's status, the count of unix sockets left in the network namespace and the files the
+  request fetches (resolved in the program's own mounts, read as its uid) to the env's staging
+  directory, and exits; the namespaces and tmpfs mounts die with it.
 
 So nothing a program can change outlives it: its processes, files, SysV and POSIX IPC objects and
 hostname live in namespaces and mounts made for it, and its sockets die with its processes (the
 network namespace is the sandbox's own, shared with the env as on the wipe path: a unix socket a
 cycle of passed fds keeps past the program gets the env hard-reset, and no program has a
-capability there). It never sees the env, the zygote or the staging directory
-(another PID namespace; mounts over the places that hold them). Nothing is wiped. The zygote,
+capability there). It never sees the env, the zygote or the staging directory (another PID
+namespace; mounts over the places that hold them). Nothing is wiped. The zygote,
 forked from the env before its first request, holds nothing of any request; the env only stages
 each request's data and reads the results back.
 
