@@ -476,6 +476,12 @@ def _nest(uid: int, net: bool) -> None:
     gid = os.getgid()  # (read before: unmapped ids read as the overflow id in the new namespace)
     flags = L.CLONE_NEWUSER | L.CLONE_NEWNS | L.CLONE_NEWPID | L.CLONE_NEWIPC | L.CLONE_NEWUTS
     L.unshare(flags | (L.CLONE_NEWNET if net else 0))
+    map_own_ids(uid, gid)
+
+
+def map_own_ids(uid: int, gid: int) -> None:
+    """In a user namespace this process just made: ``uid`` and ``gid`` (read before it was made:
+    unmapped ids read as the overflow id in it) mapped to themselves, ``setgroups`` denied."""
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         fd = os.open(f"/proc/self/{name}", os.O_WRONLY)  # (no file object: see CowForks._hold)
         try:

@@ -44,7 +44,7 @@ import signal
 from boltzlabs_gym.envside import seccomp
 from boltzlabs_gym.envside import syscalls as L
 from boltzlabs_gym.envside.confine import SANDBOX_PRIVATE_DIRS, SANDBOX_WORKSPACE
-from boltzlabs_gym.envside.memory_snapshot import mount_private_tmp
+from boltzlabs_gym.envside.memory_snapshot import map_own_ids, mount_private_tmp
 
 #: The env's staging directory, on its own /tmp (hidden from programs by their fresh /tmp)
 STAGE = "/tmp/.boltzlabs_fresh"
@@ -160,12 +160,7 @@ def nest() -> int:
     L.unshare(L.CLONE_NEWUSER)
     # (a process that is not dumpable has its /proc/self files owned by root: it could not write its maps)
     L.prctl(L.PR_SET_DUMPABLE, 1)
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+    map_own_ids(uid, gid)
     L.prctl(L.PR_SET_DUMPABLE, 0)
     return cap_last
 
@@ -279,7 +274,7 @@ def unix_sockets() -> int:
 
 def _remove_tree(name: str, parent: int) -> None:
     """Remove the directory ``name`` in ``parent`` (an fd) and all it holds (the env staged it: plain
-    files and directories, no link)."""
+    files and directories, no link). (``shutil.rmtree`` takes a ``dir_fd`` only from Python 3.11.)"""
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     try:
         for entry in os.scandir(fd):
