@@ -9,7 +9,7 @@ import errno
 import json
 
 import pytest
-from test_wipe import HOSTILE, SURVEY, kept
+from test_wipe import HOSTILE, MEMORY_SCAN, SURVEY, kept
 
 from boltzlabs_gym.code import CodeRunner
 from conftest import ISOLATION
@@ -23,27 +23,6 @@ def runner():
         assert r.isolation.properties.get("nested_user_namespaces") is True, r.isolation
         assert r.run("print(1)").ok and r.stats().fresh == 1, r.stats()  # (said it can: it must)
         yield r
-
-
-#: A program that counts copies of a needle (``%r``: bytes, each shifted by one so that the scan's own
-#: copy never matches) in its own writable memory
-MEMORY_SCAN = (
-    "needle = %r\n"
-    "back = bytes(range(1, 256)) + b'\\0'\n"
-    "found = 0\n"
-    "mem = open('/proc/self/mem', 'rb', 0)\n"
-    "for line in open('/proc/self/maps'):\n"
-    "    addr, perms = line.split()[:2]\n"
-    "    if not perms.startswith('rw'):\n"
-    "        continue\n"
-    "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
-    "    try:\n"
-    "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
-    "    except OSError:\n"
-    "        continue\n"
-    "    found += chunk.translate(back).count(needle)\n"
-    "print(found)\n"
-)
 
 
 def survey(runner) -> dict:
@@ -201,27 +180,13 @@ def test_programs_run_fresh_with_the_interpreter_under(place):
     """The project run from a venv under a place that gets a fresh tmpfs per program: the
     interpreter's tree (bound read-only by the sandbox) is carried onto each program's own mount."""
     import os
-    import shutil
-    import subprocess
 
-    from test_wipe_places import _venv_in
+    from test_wipe_places import _venv_in, run_in_venv
 
     if not os.access(place, os.W_OK):
         pytest.skip(f"{place} is not writable here")
     path = _venv_in(place)
-    try:
-        done = subprocess.run(
-            [os.path.join(path, "bin", "python"), "-c", FROM_A_VENV],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env={**os.environ, "ISOLATION": ISOLATION},
-            cwd=os.path.dirname(path),
-        )
-    finally:
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_in_venv(path, FROM_A_VENV)
     if out["unavailable"] is not None:
         pytest.skip(f"no fresh namespaces per program under {out['backend']}: {out['unavailable']}")
     assert out["runs"] == [["Success", path + "\n", ""]] * 3, out

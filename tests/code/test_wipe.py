@@ -77,6 +77,26 @@ time.sleep(0.1)
 print(json.dumps(out))
 """
 
+#: A program that counts copies of a needle (``%r``: bytes, each shifted by one so that the scan's own
+#: copy never matches) in its own writable memory
+MEMORY_SCAN = (
+    "needle = %r\n"
+    "back = bytes(range(1, 256)) + b'\\0'\n"
+    "found = 0\n"
+    "mem = open('/proc/self/mem', 'rb', 0)\n"
+    "for line in open('/proc/self/maps'):\n"
+    "    addr, perms = line.split()[:2]\n"
+    "    if not perms.startswith('rw'):\n"
+    "        continue\n"
+    "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
+    "    try:\n"
+    "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    found += chunk.translate(back).count(needle)\n"
+    "print(found)\n"
+)
+
 SURVEY = r"""
 import json, os, socket
 def tree(root):  # (not into other file systems: an interpreter bound read-only under /tmp)
@@ -159,24 +179,7 @@ def test_the_next_program_finds_no_memory_of_the_last(runner):
     # the next program scans its own writable memory (a fork of the zygote) for the secret; the needle
     # is kept shifted by one byte so that the scan's own copy never matches
     shifted = bytes(b + 1 for b in secret.encode())
-    r = runner.run(
-        "import re\n"
-        f"needle = {shifted!r}\n"
-        "back = bytes(range(1, 256)) + b'\\0'\n"
-        "found = 0\n"
-        "mem = open('/proc/self/mem', 'rb', 0)\n"
-        "for line in open('/proc/self/maps'):\n"
-        "    addr, perms = line.split()[:2]\n"
-        "    if not perms.startswith('rw'):\n"
-        "        continue\n"
-        "    lo, hi = (int(x, 16) for x in addr.split('-'))\n"
-        "    try:\n"
-        "        mem.seek(lo); chunk = mem.read(hi - lo)\n"
-        "    except OSError:\n"
-        "        continue\n"
-        "    found += chunk.translate(back).count(needle)\n"
-        "print(found)\n"
-    )
+    r = runner.run(MEMORY_SCAN % (shifted,))
     assert r.ok and r.stdout == "0\n", r
 
 

@@ -116,16 +116,11 @@ def _venv_in(parent: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("place", sorted(PLACES))
-def test_programs_are_wiped_with_the_interpreter_under(place):
-    parent = PLACES[place]
-    made = _make_home(parent)
-    if not os.access(parent, os.W_OK):
-        pytest.skip(f"{parent} is not writable here")
-    path = _venv_in(parent)
+def run_in_venv(path: str, driver: str, *args: str) -> dict:
+    """Run ``driver`` by the venv at ``path`` (then removed with its holder); the JSON line it printed last."""
     try:
         done = subprocess.run(
-            [os.path.join(path, "bin", "python"), "-c", DRIVER, path],
+            [os.path.join(path, "bin", "python"), "-c", driver, *args],
             capture_output=True,
             text=True,
             timeout=180,
@@ -134,10 +129,22 @@ def test_programs_are_wiped_with_the_interpreter_under(place):
         )
     finally:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("place", sorted(PLACES))
+def test_programs_are_wiped_with_the_interpreter_under(place):
+    parent = PLACES[place]
+    made = _make_home(parent)
+    if not os.access(parent, os.W_OK):
+        pytest.skip(f"{parent} is not writable here")
+    path = _venv_in(parent)
+    try:
+        out = run_in_venv(path, DRIVER, path)
+    finally:
         if made:
             os.rmdir(parent)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
     if out["unavailable"] is not None:
         pytest.skip(f"no wipe under {out['backend']}: {out['unavailable']}")
     status, stdout, stderr = out["hostile"]
