@@ -358,15 +358,13 @@ class CodeRunner:
             return
         if self.wipe_unavailable is not None:
             return
-        for obs in observations:
-            if isinstance(obs, Mapping) and not obs.get("wipe"):
-                self.wipe_unavailable = str(obs.get("no_wipe") or "the env did not say why")
-                log.warning(
-                    "code runner: programs will be hard-reset (killed and forked afresh) after every run, not wiped "
-                    "in place: %s",
-                    self.wipe_unavailable,
-                )
-                return
+        self.wipe_unavailable = _first_refusal(observations, "wipe", "no_wipe")
+        if self.wipe_unavailable is not None:
+            log.warning(
+                "code runner: programs will be hard-reset (killed and forked afresh) after every run, not wiped "
+                "in place: %s",
+                self.wipe_unavailable,
+            )
 
     def _note_fresh(self, observations: Sequence[Any]) -> None:
         for obs in observations:
@@ -375,15 +373,13 @@ class CodeRunner:
                 self._fresh_calibration = found
         if self.fresh_unavailable is not None:
             return
-        for obs in observations:
-            if isinstance(obs, Mapping) and not obs.get("fresh"):
-                self.fresh_unavailable = str(obs.get("no_fresh") or "the env did not say why")
-                log.warning(
-                    "code runner: without the wipe, every program will be hard-reset (killed and forked afresh) "
-                    "after its run, not run in fresh namespaces of its own: %s",
-                    self.fresh_unavailable,
-                )
-                return
+        self.fresh_unavailable = _first_refusal(observations, "fresh", "no_fresh")
+        if self.fresh_unavailable is not None:
+            log.warning(
+                "code runner: without the wipe, every program will be hard-reset (killed and forked afresh) "
+                "after its run, not run in fresh namespaces of its own: %s",
+                self.fresh_unavailable,
+            )
 
     # ------------------------------------------------------------------ asking
     def submit(
@@ -896,6 +892,15 @@ class CodeRunner:
     def __repr__(self) -> str:
         lanes, k = self.capacity // self.envs_per_lane, self.envs_per_lane
         return f"CodeRunner(lanes={lanes}, envs_per_lane={k}, isolation={self._isolation_text!r})"
+
+
+def _first_refusal(observations: Sequence[Any], said: str, why: str) -> str | None:
+    """Why the first env whose start-up report has ``said`` false gave (its ``why``), or None where
+    every one said yes."""
+    for obs in observations:
+        if isinstance(obs, Mapping) and not obs.get(said):
+            return str(obs.get(why) or "the env did not say why")
+    return None
 
 
 def _close_lane_pool(lane: _Lane) -> None:
