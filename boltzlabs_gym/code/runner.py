@@ -208,11 +208,12 @@ class CodeRunner:
         on_result: called with ``(request, result, queue_wait_s, total_s)`` on a lane's calls thread
             after every run (seconds from submission to an env taking it, and to its result).
         wipe: between programs, wipe an env inside its sandbox where that is sound (the default).
-            ``False``: nothing is wiped; each Python program runs in namespaces and tmpfs places
-            made for it alone, forked from a zygote that never saw a request (where the sandbox
-            allows it: the namespaces backend; the pools then let their envs make user namespaces,
-            ``nested_user_namespaces``), and every other program, or every program where that
-            cannot be, is followed by a hard reset.
+            ``False``: nothing is wiped; each program runs in namespaces and tmpfs places made for
+            it alone, by a process cloned from a zygote that never saw a request (a Python program
+            forked by it, any other compiled and run by it with its toolchain), where the sandbox
+            allows it: the namespaces backend; the pools then let their envs make user namespaces
+            (``nested_user_namespaces``). Where that cannot be, every program is followed by a hard
+            reset.
         python: the interpreter Python programs (and ``pytest``) run under, by absolute path:
             ``"auto"`` takes the code runtime's venv (``boltzlabs-gym code-runtime install``),
             where this host has it, with its packages and a warm template of its own, else the
@@ -297,7 +298,7 @@ class CodeRunner:
         #: wipe of a fresh sandbox failed), else ``None``. (Set before the lanes open: each
         #: lane's start-up reset, a lane added later too, reads the report.)
         self.wipe_unavailable: str | None = None
-        #: Without the wipe: why Python programs are hard-reset after every run rather than run in
+        #: Without the wipe: why programs are hard-reset after every run rather than run in
         #: fresh namespaces of their own (the envs' report at start-up), else ``None``.
         self.fresh_unavailable: str | None = None
         #: what the first env's trial program found (an integer: see ``runner_env/_recursion.py``), passed
@@ -325,7 +326,7 @@ class CodeRunner:
 
     @property
     def fresh_in_force(self) -> bool:
-        """Whether, without the wipe, Python programs run in fresh namespaces of their own (no hard
+        """Whether, without the wipe, programs run in fresh namespaces of their own (no hard
         reset after them): ``wipe=False`` and possible here (no :attr:`fresh_unavailable`)."""
         return not self.wipe and self.fresh_unavailable is None
 
@@ -842,7 +843,7 @@ class CodeRunner:
         clean = obs.get("clean") is True
         unclean = str(obs.get("unclean"))
         if unclean.startswith(NO_FRESH) and self.fresh_unavailable is None:
-            # (an env forked after a hard reset, which makes its zygote at its first Python program)
+            # (an env forked after a hard reset, whose zygote could not be made at its reset)
             self.fresh_unavailable = unclean[len(NO_FRESH) + 2 :]
             log.warning(
                 "code runner: env %d cannot run programs in fresh namespaces of their own (%s): its programs "

@@ -1,6 +1,7 @@
-"""Without the wipe (``wipe=False``): each Python program in namespaces and places made for it alone.
-Hostile programs, and the next program on the same env finds nothing of them (one lane of one env,
-so every program lands on the same env); nothing is wiped and nothing is hard-reset."""
+"""Without the wipe (``wipe=False``): each program, of any language, in namespaces and places made for
+it alone. Hostile programs, and the next program on the same env finds nothing of them (one lane of
+one env, so every program lands on the same env); nothing is wiped and nothing is hard-reset.
+(``test_languages.py`` runs every language's programs this way too.)"""
 
 from __future__ import annotations
 
@@ -150,14 +151,76 @@ def test_a_programs_files_go_in_and_come_out(runner):
     assert s["workspace"] == ["main.py"] and s["home"] == kept("/home") and "b.txt" not in s["tmp"], s
 
 
-def test_other_languages_are_hard_reset(runner):
-    """Only Python programs run in fresh namespaces; a bash program is followed by a hard reset."""
+HOSTILE_BASH = r"""
+echo left > /tmp/x; echo left > /dev/shm/y; echo left > z; mkdir -p /home/h /mnt/m; echo left > /home/h/f
+ipcmk -M 4096 >/dev/null && ipcmk -Q >/dev/null && echo ipc
+setsid sleep 300 < /dev/null > /dev/null 2>&1 &
+(trap '' TERM HUP; exec -a lingering sleep 300) &
+hostname sneaky 2>/dev/null || echo "no hostname"
+kill -KILL 1; kill -TERM 1; echo "PID 1 signalled"
+echo "pid $$"
+"""
+
+
+def test_a_bash_program_runs_in_fresh_namespaces_and_leaves_nothing(runner):
+    """Any language runs as Python does: its PID 1 kills what it left running; its files, IPC
+    objects and hostname die with its namespaces and places; the next program sees none of it."""
     before = counts(runner)
-    r = runner.run("echo hi > /tmp/x; echo hi", language="bash")
-    assert r.ok and r.stdout == "hi\n", r
-    after = counts(runner)
-    assert after[2] == before[2] + 1, runner.stats()
-    assert "x" not in survey(runner)["tmp"]
+    r = runner.run(HOSTILE_BASH, language="bash")
+    assert r.ok, r
+    # (the kernel drops a signal its namespace's PID 1 has no handler for: P lives on and reports)
+    assert r.stdout.split("\n")[-3:] == ["PID 1 signalled", "pid 2", ""] and "ipc" in r.stdout, r.stdout
+    s = survey(runner)
+    assert s["pids"] == [1, 2] and s["me"] == 2, s  # no sleep left, nothing of the env
+    assert s["workspace"] == ["main.py"] and s["shm"] == kept("/dev/shm"), s
+    assert s["tmp"] == sorted([".boltzlabs_runner", ".boltzlabs_runner/stdin", *kept("/tmp")]), s
+    assert s["home"] == kept("/home") and s["mnt"] == kept("/mnt"), s
+    assert s["ipc"] == {"shm": [], "msg": [], "sem": []} and s["sockets"] == [], s
+    hostname = runner.run("hostname", language="bash")
+    assert hostname.stdout.strip() != "sneaky", hostname
+    fresh, wipes, hard_resets = counts(runner)
+    assert (fresh - before[0], wipes, hard_resets) == (3, before[1], before[2]), runner.stats()
+
+
+def test_a_bash_program_gets_its_signals_files_and_stdin_as_usual(runner):
+    """Its PID 1 blocks every signal; what it starts gets the usual mask back (``yes`` ends on
+    SIGPIPE, a trap runs). Files go in and come out, stdin is the request's."""
+    r = runner.run(
+        "yes | head -n 1\ntrap 'echo trapped' USR1; kill -USR1 $$\ncat in.txt; cat > out.txt",
+        language="bash",
+        stdin="from stdin",
+        files={"in.txt": base64.b64encode(b"brought\n").decode()},
+        fetch_files=["out.txt"],
+    )
+    assert r.ok and r.stdout == "y\ntrapped\nbrought\n" and r.stderr == "", r
+    assert base64.b64decode(r.files["out.txt"]) == b"from stdin", r.files
+
+
+def test_a_compiled_program_runs_in_fresh_namespaces_too(runner):
+    """A C++ program is compiled and run by its PID 1: compile errors, timeouts and a daemon it
+    starts behave as with a hard reset after it, and nothing is reset."""
+    if runner.languages.get("cpp") is not None:
+        pytest.skip(f"no C++ toolchain here: {runner.languages['cpp']}")
+    before = counts(runner)
+    broken = runner.run("int main() { return undefined_name; }", language="cpp")
+    assert broken.status == "Failed" and broken.run_result is None, broken
+    assert broken.compile_result.return_code != 0 and "undefined_name" in broken.stderr, broken
+    daemon = (
+        "#include <cstdio>\n#include <unistd.h>\nint main() { if (fork() == 0) { setsid(); sleep(300); }"
+        ' FILE *f = fopen("/tmp/left", "w"); fputs("x", f); fclose(f); puts("hi"); fflush(stdout); sleep(300); }'
+    )
+    r = runner.run(daemon, language="cpp", run_timeout=1)
+    assert r.run_result.status == "TimeLimitExceeded" and r.stdout == "hi\n", r
+    s = survey(runner)
+    assert s["pids"] == [1, 2] and "left" not in s["tmp"] and s["workspace"] == ["main.py"], s
+    assert counts(runner)[2] == before[2], runner.stats()  # no hard reset
+
+
+def hard_reset(runner) -> None:
+    """Have the env hard-reset: a program that leaves a socket alive past it (see below)."""
+    before = counts(runner)[2]
+    assert runner.run(SOCKET_CYCLES["no name"]).stdout == "left\n"
+    assert counts(runner)[2] == before + 1, runner.stats()
 
 
 FROM_A_VENV = r"""
@@ -250,8 +313,8 @@ def test_a_socket_kept_alive_past_its_program_gets_the_env_hard_reset(runner, ho
 
 
 def test_no_program_makes_a_user_namespace(runner):
-    """The pools let the envs make user namespaces for the zygote alone: neither a Python program
-    (in its fresh namespaces) nor a bash one (in an env forked from the template) can."""
+    """The pools let the envs make user namespaces for the zygote alone: no program can, in any
+    language (the programs' filter refuses them; the env refuses them to itself and all it forks)."""
     unshare = (
         "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
     )
@@ -263,10 +326,10 @@ def test_no_program_makes_a_user_namespace(runner):
 
 
 def test_after_a_hard_reset_the_zygote_holds_no_request_either(runner):
-    """An env forked afresh after another language's program makes its zygote at its reset, before
-    the next request: the Python program after it finds no copy of its request in the next one."""
+    """An env forked afresh after a hard reset makes its zygote at its reset, before the next
+    request: the Python program after it finds no copy of its request in the next one."""
     secret = "boltz-secret-91c2aa"
-    assert runner.run("echo hi", language="bash").ok  # (its env is hard-reset after it)
+    hard_reset(runner)
     files = {"s.txt": base64.b64encode(secret.encode()).decode()}
     assert runner.run(f"print(input() + {secret!r})", stdin=secret, files=files).ok
     r = runner.run(MEMORY_SCAN % (bytes(b + 1 for b in secret.encode()),))
@@ -294,5 +357,5 @@ def test_after_a_hard_reset_a_program_still_recurses_as_under_python_main_py(run
 
     code = DEPTH["deepest"]
     expected = _as_python_runs_it(runner.python or sys.executable, code, tmp_path / "deepest")
-    assert runner.run("echo hi", language="bash").ok  # (its env is hard-reset after it)
+    hard_reset(runner)
     assert _as_ran(runner.run(code)) == expected

@@ -1,7 +1,9 @@
 """Every language the code runner serves, run for real in its sandbox: a program that works, one that
 fails, one that does not compile (compiled languages), the test frameworks' passing and failing
 tests, the libraries SandboxFusion's runtime gives programs, deadlines, memory limits for runtimes
-that reserve large address spaces, and the answer for a missing toolchain.
+that reserve large address spaces, and the answer for a missing toolchain. Each under the wipe (the
+default) and without it (``wipe=False``), where every program runs in namespaces made for it alone
+and no env is hard-reset.
 
 A language whose toolchain this host lacks is skipped, naming what is missing (`.ci/run` installs
 them all: `boltzlabs-gym code-languages --debian-packages`, `boltzlabs-gym code-runtime install`).
@@ -98,10 +100,16 @@ FRAMEWORKS = {*PASSED, "D_ut"}
 SLOW = {"java", "junit", "scala", "kotlin_script", "csharp"}  # JVMs and Mono: seconds of CPU each
 
 
-@pytest.fixture(scope="module")
-def runner():
-    with CodeRunner(envs_per_lane=2, lanes=1, max_run_timeout=60, max_compile_timeout=60) as r:
+@pytest.fixture(scope="module", params=[True, False], ids=["wipe", "fresh"])
+def runner(request):
+    wipe = request.param
+    with CodeRunner(envs_per_lane=2, lanes=1, max_run_timeout=60, max_compile_timeout=60, wipe=wipe) as r:
+        if not wipe and r.fresh_unavailable is not None:
+            pytest.skip(f"no fresh namespaces per program under {r.isolation.backend}: {r.fresh_unavailable}")
         yield r
+        if not wipe:  # every program, of every language, ran in its own namespaces: none was followed by a hard reset
+            stats = r.stats()
+            assert stats.hard_resets == 0 and stats.fresh == sum(stats.runs.values()), stats
 
 
 def _needs(runner, language):

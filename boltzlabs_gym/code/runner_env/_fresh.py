@@ -1,5 +1,5 @@
-"""Fresh namespaces per program: every Python program of an env in PID, mount, IPC and UTS
-namespaces made for it alone, with fresh tmpfs mounts over every place it may write.
+"""Fresh namespaces per program: every program of an env in PID, mount, IPC and UTS namespaces made
+for it alone, with fresh tmpfs mounts over every place it may write.
 
 The code runner's ``wipe=False`` mode. Instead of killing the env after each program and forking a
 new one from the template (a hard reset), the env keeps a zygote in a user namespace of its own,
@@ -15,7 +15,10 @@ and per program:
   ``unshare``, no ``mount``, nothing aimed at PID 1: :data:`PROGRAM_ARG_RULES`), copies in what the
   env staged for the program (its files, its source, its stdin), opens its report, and forks
   **Q**, the program, which runs as a program forked from the wipe path's zygote does
-  (``env._zygote_program``);
+  (``env._zygote_program``); a program of any other language (bash, C++, a JVM's, ``pytest``) is
+  compiled and run by P itself with its toolchain, as the env runs it where there are no fresh
+  namespaces (``env._run_toolchain``: each command a child of P, its own session and deadline), and
+  P hands back both results;
 * when Q ends, or at the run's deadline, P kills and reaps every process left in its namespace,
   copies Q's status, the count of unix sockets left in the network namespace and the files the
   request fetches (resolved in the program's own mounts, read as its uid) to the env's staging
@@ -53,6 +56,11 @@ STAGE_IN = os.path.join(STAGE, "in")
 #: What P hands back: ``report.json`` (the status, the fetched files)
 STAGE_OUT = os.path.join(STAGE, "out")
 REQUEST = os.path.join(STAGE, "request")
+#: A toolchain program's request (JSON: its language, code, timeouts and limits; the files it
+#: brings are staged under ``in/``), which P compiles and runs itself
+TOOLCHAIN = os.path.join(STAGE, "toolchain")
+#: What P hands back of a toolchain program: its compile and run results (JSON)
+RESULTS = os.path.join(STAGE_OUT, "results")
 #: Writable place -> its key under ``in/``
 PLACES = {SANDBOX_WORKSPACE: "workspace", "/tmp": "tmp", "/dev/shm": "dev_shm"} | {
     d: d.strip("/") for d in SANDBOX_PRIVATE_DIRS
@@ -104,6 +112,24 @@ def write_request(timeout: float, fetch: list[str], max_file_bytes: int, staged_
     fields = [repr(float(timeout)), str(int(max_file_bytes)), str(len(staged_paths)), *staged_paths, *fetch]
     with open(REQUEST, "wb") as f:
         f.write(b"\0".join(os.fsencode(x) for x in fields))
+
+
+def write_toolchain(action: dict) -> None:
+    """Stage a toolchain program's request for P (:attr:`Run.toolchain`): the action without the
+    contents of its files (they are staged apart; their names stay, a Java program's jars say)."""
+    files = {name: "" for name, content in (action.get("files") or {}).items() if isinstance(content, str)}
+    with open(TOOLCHAIN, "w", encoding="utf-8") as f:
+        json.dump({**action, "files": files, "stdin": ""}, f)
+
+
+def results() -> dict | None:
+    """The compile and run results P handed back of a toolchain program, or None where it did not."""
+    try:
+        with open(RESULTS, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def read_request() -> tuple[float, int, list[str], list[str]]:
@@ -182,6 +208,11 @@ class Run:
         self.tmpfs_bytes = tmpfs_bytes
         self.points = points  # (the sandbox's mount points: the zygote read them once)
         self.timeout, self.max_file_bytes, self.files, self.fetch = read_request()
+        #: a toolchain program's request (:func:`write_toolchain`), or None for a Python program
+        self.toolchain: dict | None = None
+        if os.path.exists(TOOLCHAIN):
+            with open(TOOLCHAIN, encoding="utf-8") as f:
+                self.toolchain = json.load(f)
         self.stage = self.report = -1
 
     def enter(self, cap_last: int, prog) -> None:
@@ -230,18 +261,26 @@ class Run:
         os.close(pidfd)
         elapsed = time.monotonic() - t0
         timed_out = not ended or elapsed >= self.timeout  # (a P woken late must not pass a late program)
-        os.kill(-1, signal.SIGKILL)  # (as PID 1: every other process of the namespace, the program's daemons)
-        status = None
-        while True:  # (every one gone before the fetch: none is mid-way through a rename, say)
-            try:
-                done, st = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            except InterruptedError:
-                continue
-            if done == pid:
-                status = st
+        status = _end_all(pid)
         return (None if timed_out else status), timed_out, elapsed
+
+    def run_here(self, compile_and_run) -> float:
+        """A toolchain program: ``compile_and_run()`` (which forks each command and keeps to its
+        deadlines) returns its results, written for the env (:func:`results`); then every process
+        left in the namespace is killed and reaped. Its seconds."""
+        import time
+
+        t0 = time.monotonic()
+        try:
+            outcome = compile_and_run()
+        finally:
+            _end_all(-1)
+        fd = os.open("out/results", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
+        try:
+            _write_all(fd, json.dumps(outcome).encode())
+        finally:
+            os.close(fd)
+        return time.monotonic() - t0
 
     def hand_back(self, files: dict, status: int | None, timed_out: bool, elapsed: float) -> None:
         """The fetched files, the status, and whether a named unix socket outlived the program
@@ -257,6 +296,26 @@ class Run:
         if files:  # (past the head: where they do not fit the env's /tmp, the run keeps its status)
             _write_all(self.report, b"\0" + json.dumps(files).encode())
         os.close(self.report)
+
+
+def _end_all(pid: int) -> int | None:
+    """As PID 1: kill every other process of the namespace (the program's daemons too) and reap
+    them all, so that none is mid-way through a rename, say, when P fetches; ``pid``'s wait status."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # (none left: every command ended, and was reaped, before)
+        pass
+    status = None
+    while True:
+        try:
+            done, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if done == pid:
+            status = st
+    return status
 
 
 def unix_sockets() -> int:

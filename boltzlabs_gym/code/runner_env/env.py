@@ -31,7 +31,8 @@ subprocesses. Every program runs in its own session (process group) in the works
 on its deadline the whole group is killed. Then, where the env is PID 1 of its own PID namespace,
 the wipe (``_wipe``) kills every process left, empties the writable places and checks that
 nothing is left; the observation's ``clean`` says whether it did, and the runner hard-resets an
-env that is not clean.
+env that is not clean. Without the wipe (``options["fresh"]``), every program, of any language,
+runs in namespaces and places made for it alone (``_fresh``), and nothing is wiped.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class _Fresh:
     """This env's programs in namespaces of their own (``options["fresh"]``, :mod:`_fresh`)."""
 
     zygote: Zygote | None = None
-    #: why Python programs cannot run in fresh namespaces here (each is then followed by a hard reset)
+    #: why programs cannot run in fresh namespaces here (each is then followed by a hard reset)
     unavailable: str | None = None
     cap_last = 0
     tmpfs_bytes = 0
@@ -144,6 +145,8 @@ class _Fresh:
     points: list[str] = []  # the sandbox's mount points (read once, in the zygote)
     #: set in the process that makes a program's namespaces (P): the places it sees are the program's
     in_program_namespaces = False
+    #: P's signal mask before it blocked every signal: what the commands it starts get back
+    unblocked: tuple = ()
     wanted = False  # (the runner asked for it: ``options["fresh"]``)
 
 
@@ -260,7 +263,7 @@ def _tmpfs_bytes() -> int:
 
 
 def step(action):
-    fresh = action.get("language") == "python" and _Fresh.zygote is not None
+    fresh = _Fresh.zygote is not None  # (every language: Python forked by P, the others run by it)
     try:
         result = run_program(action, fresh)
     except Exception as exc:  # the runner's own failure, not the program's: SandboxError upstream
@@ -273,7 +276,7 @@ def step(action):
         result["clean"] = ran_fresh and alive
         result["fresh"] = result["clean"]
         result["unclean"] = None if result["clean"] else ("the zygote died" if not alive else "fresh namespaces failed")
-    elif _Fresh.wanted and _Fresh.unavailable is not None and action.get("language") == "python":
+    elif _Fresh.wanted and _Fresh.unavailable is not None:
         result["unclean"] = f"{NO_FRESH}: {_Fresh.unavailable}"  # (the runner warns once)
     if action.get("wipe", True) and _Wiping.zygote is not None and _Wiping.baseline is not None:
         zygotes = [_Wiping.zygote, *_Wiping.warm.values()]
@@ -289,8 +292,8 @@ def _error(message: str) -> dict:
 
 
 def run_program(action: dict, fresh: bool = False) -> dict:
-    """Run ``action``'s program in the workspace (``fresh``: a Python program in namespaces of its
-    own, :mod:`_fresh`); its compile and run results and fetched files."""
+    """Run ``action``'s program in the workspace (``fresh``: in namespaces of its own, :mod:`_fresh`);
+    its compile and run results and fetched files."""
     workspace = workspace_now()
     if fresh:
         return _run_program_fresh(action, workspace)
@@ -557,6 +560,8 @@ def _enter_child(
 ) -> None:
     """In the forked child: its own session, the memory limit, stdio, cwd; every other fd closed."""
     _own_session(memory_mb, data_only)
+    if _Fresh.in_program_namespaces:  # (P blocks every signal: the command gets the mask P had)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, _Fresh.unblocked)
     os.umask(0o022)
     _wire_stdio(stdin_path, out_w, err_w)
     os.chdir(workspace)
@@ -729,7 +734,14 @@ _ALL_SIGNALS = tuple(int(s) for s in signal.valid_signals())  # (ints: a fork th
 
 
 def _run_program_fresh(action: dict, workspace: str) -> dict:
-    """A Python program in namespaces of its own (:mod:`_fresh`): its request staged, then run."""
+    """A program in namespaces of its own (:mod:`_fresh`): its request staged, then run: a Python
+    program forked by P, any other compiled and run by P with its toolchain."""
+    language = action["language"]
+    toolchain = language != "python"
+    if toolchain:
+        why = _why_not(_languages.ALIASES.get(language, language))
+        if why is not None:  # (nothing runs: the env stays clean)
+            return {"compile_result": None, "run_result": _error(why), "files": {}, "fresh": True}
     fetch = list(action.get("fetch_files") or [])
     max_file_bytes = int(action.get("max_file_bytes", 16 << 20))
     try:  # (what the request gets wrong fails it before any program runs: the env stays clean)
@@ -741,18 +753,27 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
         os.makedirs(os.path.dirname(stdin), exist_ok=True)
         with open(stdin, "wb") as f:
             f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
-        n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+        if toolchain:  # (P writes the source where its language wants it, as the toolchain path does)
+            _fresh.write_toolchain(action)
+            n, sources = 0, []
+        else:
+            n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+            sources = [src]
     except ValueError as exc:
         _fresh.clear_stage()
         return {"compile_result": None, "run_result": _error(f"ValueError: {exc}"), "files": {}, "fresh": True}
     timeout = float(action["run_timeout"])
-    paths = list(dict.fromkeys([*staged, STDIN_PATH, src]))  # (a request file may be where stdin goes)
+    paths = list(dict.fromkeys([*staged, STDIN_PATH, *sources]))  # (a request file may be where stdin goes)
     _fresh.write_request(timeout, fetch, max_file_bytes, paths)
     cap = int(action.get("max_output_bytes", 1 << 20))
     # P copies the staged files in before the program and the fetched ones out after it
     moved = sum(os.path.getsize(_fresh.staged(p)) for p in paths) + max_file_bytes * len(fetch) * 4 // 3
     grace = _FRESH_GRACE_S + moved / _FRESH_BYTES_PER_S
     assert _Fresh.zygote is not None
+    if toolchain:
+        # (what it compiles and runs writes its outputs, at most ``cap`` each, through the stage)
+        grace += 4 * cap / _FRESH_BYTES_PER_S
+        return _run_fresh_toolchain(_Fresh.zygote, timeout + float(action.get("compile_timeout", 10)), grace)
     run = _run_fresh(_Fresh.zygote, n, int(action.get("memory_limit_mb", -1)), 0, timeout, cap, grace)
     files = run.pop("files")
     return {"compile_result": None, "run_result": run, "files": files, "fresh": run.pop("fresh")}
@@ -786,6 +807,30 @@ def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float
     return result
 
 
+def _run_fresh_toolchain(zygote: Zygote, timeout: float, grace: float) -> dict:
+    """Have the zygote clone P for the toolchain program staged (:func:`_fresh.write_toolchain`):
+    its compile and run results as P hands them back, its fetched ``files``, and ``fresh`` (as
+    :func:`_run_fresh` says it). P's own output is only what it says when it fails."""
+    started = _from_zygote(zygote, 0, -1)  # (each command's memory limit is the request's, set by P)
+    p = _supervise(started, timeout + grace, 1 << 16)
+    p_ok = p["status"] == FINISHED and p["return_code"] == 0
+    report, results = _fresh.report(), _fresh.results()
+    _fresh.clear_stage()
+    if report is None or results is None or "status" not in report:
+        why = p["stderr"].strip() or f"its PID 1 {p['status']}, return code {p['return_code']}"
+        failed = _error(f"the program's fresh namespaces failed: {why}")
+        return {"compile_result": None, "run_result": failed, "files": {}, "fresh": False}
+    run = results.get("run_result")
+    if report.get("files_lost") and isinstance(run, dict) and isinstance(run.get("stderr"), str):
+        run["stderr"] += "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
+    return {
+        "compile_result": results.get("compile_result"),
+        "run_result": run,
+        "files": report["files"],
+        "fresh": p_ok and report["sockets"] == _Fresh.sockets,
+    }
+
+
 def _fresh_zygote_prepare() -> None:
     """Once, in the fresh-namespaces zygote: its own user namespace, then what every program shares."""
     _Fresh.cap_last = _fresh.nest()
@@ -799,13 +844,15 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     its places, the program, then its fetched files and status handed back (:class:`_fresh.Run`)."""
     _Fresh.in_program_namespaces = True
     # (every signal blocked: the program sees its PID 1, and the kernel delivers it only handled ones)
-    unblocked = tuple(_signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS))
+    unblocked = _Fresh.unblocked = tuple(_signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS))
     try:
         run = _fresh.Run(_Fresh.tmpfs_bytes, _Fresh.points)
         run.enter(_Fresh.cap_last, _Fresh.program_filter)
     except BaseException as exc:
         os.write(err_w, f"could not make them: {type(exc).__name__}: {exc}\n".encode())
         return 1
+    if run.toolchain is not None:
+        return _toolchain_in_p(run, err_w)
 
     def program() -> int:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, unblocked)
@@ -815,6 +862,29 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
         status, timed_out, elapsed = run.run(program)
         files = _fetch(SANDBOX_WORKSPACE, {"fetch_files": run.fetch, "max_file_bytes": run.max_file_bytes})
         run.hand_back(files, status, timed_out, elapsed)
+    except BaseException as exc:
+        os.write(err_w, f"P failed: {type(exc).__name__}: {exc}\n".encode())
+        return 1
+    return 0
+
+
+def _toolchain_in_p(run: _fresh.Run, err_w: int) -> int:
+    """P's part for a program of a toolchain language: compile and run it as :func:`_run_toolchain`
+    does (each command a child of P with the request's deadline, memory limit and output cap), in
+    the program's places; then fetch and hand back. P's exit status."""
+    action = run.toolchain
+    assert action is not None
+
+    def compile_and_run() -> dict:
+        scratch = scratch_dir(SANDBOX_WORKSPACE)
+        os.makedirs(scratch, exist_ok=True)
+        compiled, ran = _run_toolchain(action["language"], action, SANDBOX_WORKSPACE, scratch, STDIN_PATH)
+        return {"compile_result": compiled, "run_result": ran}
+
+    try:
+        elapsed = run.run_here(compile_and_run)
+        files = _fetch(SANDBOX_WORKSPACE, {"fetch_files": run.fetch, "max_file_bytes": run.max_file_bytes})
+        run.hand_back(files, 0, False, elapsed)
     except BaseException as exc:
         os.write(err_w, f"P failed: {type(exc).__name__}: {exc}\n".encode())
         return 1
