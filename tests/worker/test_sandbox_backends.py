@@ -325,6 +325,40 @@ def test_host_files_hidden_and_env_dir_readonly(sandbox, dirs):
     assert res["write_ws"].startswith("OK") and res["write_tmp"].startswith("OK")
 
 
+def test_device_nodes_work_but_their_times_are_not_the_sandboxs_to_set(dirs):
+    """The host's device nodes are bound into the sandbox: read and written as usual, but their
+    times are the host's (every sandbox reads them), so setting them fails (a read-only bind).
+    (bubblewrap binds them writable: it makes every read-only bind ``nodev``, so it cannot.)"""
+    sandbox = _backend("namespaces")
+    before = {node: os.stat(f"/dev/{node}").st_mtime_ns for node in ("null", "zero")}
+    env = run(sandbox, """
+        import os
+        for node in ("null", "zero", "full", "random", "urandom"):
+            path = "/dev/" + node
+            with open(path, "rb") as f:
+                data = f.read(4) if node != "null" else f.read()
+            try:
+                with open(path, "wb") as f:
+                    f.write(b"x")
+                    f.flush()
+                wrote = "wrote"
+            except OSError as e:
+                wrote = type(e).__name__
+            try:
+                os.utime(path)
+                touched = "touched"
+            except OSError as e:
+                touched = type(e).__name__ + str(e.errno)
+            print(node, len(data), wrote, touched)
+    """, dirs)
+    assert env.exit_code == 0, env.err
+    seen = {line.split()[0]: line.split()[1:] for line in env.text.splitlines()}
+    assert seen["null"] == ["0", "wrote", "OSError30"] and seen["zero"] == ["4", "wrote", "OSError30"], seen
+    assert seen["urandom"][:2] == ["4", "wrote"] and seen["full"][1] == "OSError", seen  # (ENOSPC: /dev/full's)
+    assert all(touched == "OSError30" for *_, touched in seen.values()), seen  # EROFS
+    assert {node: os.stat(f"/dev/{node}").st_mtime_ns for node in ("null", "zero")} == before
+
+
 def test_no_network_to_host_loopback(sandbox, dirs):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

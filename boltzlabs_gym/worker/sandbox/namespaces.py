@@ -95,6 +95,7 @@ _ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitc
 _ETC_TOOLCHAINS = ("java-*-openjdk", "R", "mono", "php", "racket", "ldc2.conf")
 #: The top-level directories of the host's root a sandbox shows (a read-only bind, or the symlink it is).
 _ROOT_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: The host device nodes a sandbox shows in its /dev (bound, read-only: see _build_root)
 _DEV_NODES = ("null", "zero", "full", "random", "urandom")
 _SETUP_TIMEOUT_S = 30.0
 
@@ -247,9 +248,7 @@ def _make_ro(path: str) -> None:
         return
     targets = [mp for mp in mount_points() if mp == path or mp.startswith(path.rstrip("/") + "/")]
     for mp in targets:
-        L.mount(
-            None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags(mp)
-        )
+        L.mount(None, mp, None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags(mp))
 
 
 def _bind(src: str, dst: str, ro: bool) -> None:
@@ -289,7 +288,9 @@ def _build_root(plan: SandboxPlan) -> None:
     for path, content in plan.files.items():
         with open(R + path, "w") as f:
             f.write(content)
-    # /dev: a small tmpfs with bind-mounted host nodes (mknod is impossible in a user namespace)
+    # /dev: a small tmpfs with bind-mounted host nodes (mknod is impossible in a user namespace),
+    # read-only: a device is read and written as on a writable mount, but the node's times are the
+    # host's, which a program could otherwise set (`touch /dev/null`), for every sandbox to read
     dev = f"{R}/dev"
     L.mount("tmpfs", dev, "tmpfs", L.MS_NOSUID | L.MS_NOEXEC, "size=64k,mode=755")
     for node in _DEV_NODES:
@@ -301,7 +302,7 @@ def _build_root(plan: SandboxPlan) -> None:
             None,
             f"{dev}/{node}",
             None,
-            L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NOEXEC | L.locked_mount_flags(f"{dev}/{node}"),
+            L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NOEXEC | L.locked_mount_flags(f"{dev}/{node}"),
         )
     os.mkdir(f"{dev}/shm", 0o1777)
     L.mount("tmpfs", f"{dev}/shm", "tmpfs", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC, f"size={tmpfs_size},mode=1777")
@@ -331,9 +332,7 @@ def _build_root(plan: SandboxPlan) -> None:
         os.chroot(".")
     os.chdir("/")
     # the root tmpfs itself read-only (not recursive: /workspace and the tmpfs places stay writable)
-    L.mount(
-        None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags("/")
-    )
+    L.mount(None, "/", None, L.MS_BIND | L.MS_REMOUNT | L.MS_NOSUID | L.MS_NODEV | L.locked_mount_flags("/"))
 
 
 def _drop_privileges(plan: SandboxPlan) -> None:
