@@ -216,6 +216,28 @@ def test_a_compiled_program_runs_in_fresh_namespaces_too(runner):
     assert counts(runner)[2] == before[2], runner.stats()  # no hard reset
 
 
+def test_a_request_p_could_not_write_fails_before_it_and_keeps_the_env(runner):
+    """Code that cannot be written as UTF-8 (a lone surrogate) fails the run in the env, before any
+    process runs, as a Python program's does: no hard reset follows."""
+    before = counts(runner)
+    for language in ("bash", "python"):
+        r = runner.run("echo '\ud800'", language=language)
+        assert r.status == "SandboxError" and "surrogates not allowed" in r.message, r
+    assert counts(runner)[2] == before[2], runner.stats()
+
+
+def test_no_import_looks_in_the_programs_workspace(runner):
+    """The namespaces' PID 1 works in the program's workspace: the current directory is not on its
+    import path (a planted ``json.py`` is never run), and a Python program's path is that of
+    ``python main.py``: its own directory first, no current directory."""
+    planted = {name: base64.b64encode(b"raise SystemExit(9)\n").decode() for name in ("json.py", "base64.py", "shutil.py")}
+    for language, code in (("bash", "echo hi"), ("cpp", "int main() { return undefined; }")):
+        r = runner.run(code, language=language, files=planted, fetch_files=["json.py"])
+        assert r.status in ("Success", "Failed") and "json.py" in r.files, r
+    path = json.loads(runner.run("import json, sys; print(json.dumps(sys.path))").stdout)
+    assert path[0] == "/workspace" and "" not in path and "." not in path, path
+
+
 def hard_reset(runner) -> None:
     """Have the env hard-reset: a program that leaves a socket alive past it (see below)."""
     before = counts(runner)[2]

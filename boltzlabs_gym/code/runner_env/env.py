@@ -731,6 +731,7 @@ def _from_zygote(zygote: Zygote, n: int, memory_mb: int, kind: int = 0) -> _Star
 _FRESH_GRACE_S = 5.0
 _FRESH_BYTES_PER_S = 20e6
 _ALL_SIGNALS = tuple(int(s) for s in signal.valid_signals())  # (ints: a fork that reads them copies no enum page)
+_NO_DIRECTORY = "/nonexistent/boltzlabs"  # (P's first sys.path entry where it was the current directory)
 
 
 def _run_program_fresh(action: dict, workspace: str) -> dict:
@@ -754,6 +755,7 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
         with open(stdin, "wb") as f:
             f.write((action.get("stdin") or "").encode("utf-8", "surrogateescape"))
         if toolchain:  # (P writes the source where its language wants it, as the toolchain path does)
+            action["code"].encode("utf-8", "surrogateescape")  # (one it cannot write fails here, not in P)
             _fresh.write_toolchain(action)
             n, sources = 0, []
         else:
@@ -843,6 +845,11 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     """P, cloned by the zygote as PID 1 of a new PID namespace: the program's other namespaces and
     its places, the program, then its fetched files and status handed back (:class:`_fresh.Run`)."""
     _Fresh.in_program_namespaces = True
+    # P's working directory becomes the program's workspace: no import of P's may look there (a
+    # Python program, forked from P, puts its own directory in the first entry, as ``python main.py``)
+    here = ("", ".")
+    head = [_NO_DIRECTORY if entry in here else entry for entry in sys.path[:1]]
+    sys.path[:] = head + [entry for entry in sys.path[1:] if entry not in here]
     # (every signal blocked: the program sees its PID 1, and the kernel delivers it only handled ones)
     unblocked = _Fresh.unblocked = tuple(_signal.pthread_sigmask(_signal.SIG_BLOCK, _ALL_SIGNALS))
     try:
