@@ -90,8 +90,8 @@ def add_code_server_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser
     p.add_argument(
         "--no-wipe",
         action="store_true",
-        help="no in-sandbox wipe: each Python program runs in namespaces and places made for it alone, "
-        "every other program is followed by a hard reset",
+        help="no in-sandbox wipe: each program runs in namespaces and places made for it alone (where the "
+        "sandbox allows it; else each is followed by a hard reset)",
     )
     p.add_argument(
         "--python",
