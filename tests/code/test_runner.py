@@ -168,7 +168,8 @@ def test_a_program_recurses_as_deep_as_under_python_main_py_on_both_paths(runner
 
 
 def test_a_pytest_program_recurses_as_deep_as_under_python_m_pytest(runner, tmp_path):
-    """The same for a program run as a module (``python -m pytest``), from a warm zygote."""
+    """The same for a program run as a module (``python -m pytest``), from a warm zygote; without
+    the wipe, from a warm zygote that clones each program's namespaces (its own calibration)."""
     if runner.languages.get("pytest") is not None:
         pytest.skip(f"pytest cannot run on this host: {runner.languages['pytest']}")
     code = (
@@ -179,8 +180,11 @@ def test_a_pytest_program_recurses_as_deep_as_under_python_m_pytest(runner, tmp_
     python = runner.python or sys.executable
     _, expected, _ = _as_python_runs_it(python, code, tmp_path / "t", "main_test.py", "-m", "pytest")
     assert re.search(r"depth \d+", expected), expected
-    r = runner.run(code, language="pytest")
-    assert re.findall(r"depth \d+", r.run_result.stdout) == re.findall(r"depth \d+", expected)
+    with CodeRunner(envs_per_lane=1, lanes=1, isolation=ISOLATION, wipe=False) as fresh:
+        for which in (runner, fresh):
+            r = which.run(code, language="pytest")
+            assert re.findall(r"depth \d+", r.run_result.stdout) == re.findall(r"depth \d+", expected), which.wipe
+        assert fresh.fresh_unavailable is not None or fresh.stats().fresh == 1, fresh.stats()
 
 
 def test_each_program_draws_its_own_random_numbers_as_a_fresh_interpreter_does(runner):

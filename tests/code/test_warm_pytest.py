@@ -1,9 +1,11 @@
 """pytest programs run in a child of a warm zygote (runner_env/_warm.py, _zygote.py), as ``python -m
-pytest`` would run them; Python programs see nothing of it; the wipe keeps and checks it."""
+pytest`` would run them; Python programs see nothing of it; the wipe keeps and checks it. Each with
+the wipe and without it (``wipe=False``: the warm zygote clones each program's namespaces)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import subprocess
 
 import pytest
@@ -11,11 +13,21 @@ import pytest
 from boltzlabs_gym.code import CodeRunner
 
 
-@pytest.fixture(scope="module")
-def runner():
-    with CodeRunner(envs_per_lane=1, lanes=1) as r:
+@pytest.fixture(scope="module", params=[True, False], ids=["wipe", "fresh"])
+def runner(request):
+    with _runner(request.param) as r:
+        yield r
+        if not request.param:  # every pytest program in namespaces made for it: none hard-reset
+            assert r.stats().hard_resets == 0, r.stats()
+
+
+@contextlib.contextmanager
+def _runner(wipe: bool):
+    with CodeRunner(envs_per_lane=1, lanes=1, wipe=wipe) as r:
         if r.languages.get("pytest") is not None:
             pytest.skip(f"pytest programs cannot run on this host: {r.languages['pytest']}")
+        if not wipe and r.fresh_unavailable is not None:
+            pytest.skip(f"no fresh namespaces per program under {r.isolation.backend}: {r.fresh_unavailable}")
         yield r
 
 
@@ -109,13 +121,12 @@ def test_pytest_programs_run_in_a_child_of_the_warm_interpreter(runner):
     assert result.status == "Success", result.stdout
 
 
-def test_a_requests_files_never_reach_the_warm_zygote():
+@pytest.mark.parametrize("wipe", [True, False], ids=["wipe", "fresh"])
+def test_a_requests_files_never_reach_the_warm_zygote(wipe):
     """The warm zygote is made at an env's first pytest program, whose files are in the workspace
     by then: a module there named like one pytest imports is not what the warm zygote imports, so
     the next program (its own workspace, the same warm zygote) finds pytest's own."""
-    with CodeRunner(envs_per_lane=1, lanes=1) as r:
-        if r.languages.get("pytest") is not None:
-            pytest.skip(f"pytest programs cannot run on this host: {r.languages['pytest']}")
+    with _runner(wipe) as r:
         poison = _files(**{"iniconfig.py": "raise SystemExit('poisoned iniconfig')\n"})
         first = r.run("def test_a():\n    pass\n", language="pytest", files=poison)
         check = "import iniconfig\ndef test_b():\n    assert 'poison' not in open(iniconfig.__file__).read()\n"
@@ -123,13 +134,11 @@ def test_a_requests_files_never_reach_the_warm_zygote():
         stats = r.stats()
     assert "poisoned" not in first.stdout + first.stderr
     assert second.status == "Success", second.stdout + second.stderr
-    assert stats.hard_resets == 0 and stats.wipes >= 2
+    assert stats.hard_resets == 0 and (stats.wipes if wipe else stats.fresh) >= 2
 
 
 def test_a_program_that_kills_its_warm_zygote_is_followed_by_a_hard_reset():
-    with CodeRunner(envs_per_lane=1, lanes=1) as r:
-        if r.languages.get("pytest") is not None:
-            pytest.skip(f"pytest programs cannot run on this host: {r.languages['pytest']}")
+    with _runner(True) as r:
         killer = "import os, signal\ndef test_kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n"
         r.run(killer, language="pytest")
         after = r.run("def test_ok():\n    assert True\n", language="pytest")
@@ -138,3 +147,20 @@ def test_a_program_that_kills_its_warm_zygote_is_followed_by_a_hard_reset():
     assert after.status == "Success" and "1 passed" in after.stdout, after.stdout + after.stderr
     assert python.stdout == "7\n"
     assert stats.hard_resets >= 1
+
+
+def test_without_the_wipe_a_program_cannot_reach_its_warm_zygote():
+    """Its parent is its namespaces' PID 1, which drops the signals it has no handler for; the warm
+    zygote is in no namespace the program sees. The next programs run on, and nothing is reset."""
+    with _runner(False) as r:
+        killer = (
+            "import os, signal\ndef test_kill():\n    assert os.getppid() == 1\n"
+            "    for pid in (os.getppid(), -1):\n        os.kill(pid, signal.SIGKILL)\n"
+        )
+        r.run(killer, language="pytest")
+        after = r.run("def test_ok():\n    assert True\n", language="pytest")
+        python = r.run("print(7)")
+        stats = r.stats()
+    assert after.status == "Success" and "1 passed" in after.stdout, after.stdout + after.stderr
+    assert python.stdout == "7\n"
+    assert stats.hard_resets == 0 and stats.fresh == 3, stats

@@ -205,7 +205,7 @@ def _serve_programs(  # pragma: no cover
             sock.send(b"a" if adjust is not None else b"!")
             continue
         if kind < 0 and warm is not None and not fds:
-            _fork_warm(sock, body, unblocked, warm, -kind, adjust)
+            _fork_warm(sock, body, unblocked, warm, -kind, adjust, fork)
             continue
         if len(msg) != _REQUEST.size or len(fds) != 2 or kind < 0:
             for fd in fds:
@@ -238,11 +238,13 @@ def _fork_warm(  # pragma: no cover
     warm: Callable[[int], None],
     kind: int,
     adjust: Callable[[int], None] | None,
+    fork: Callable[[], int] = os.fork,
 ) -> None:
     """Fork a warm zygote for ``kind`` through an intermediate that exits at once, so that it is the
     env's child (PID 1 of the namespace adopts it), which reaps it should it die: this zygote
     waits for its programs only. The intermediate hands the env the warm zygote's socket and a
-    pidfd; the warm zygote warms up, says it is ready, and serves programs."""
+    pidfd; the warm zygote warms up, says it is ready, and serves programs, forking each as this
+    zygote does (``fork``)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     middle = os.fork()
     if middle == 0:
@@ -253,7 +255,7 @@ def _fork_warm(  # pragma: no cover
                 ours.close()
                 warm(kind)
                 theirs.send(b"r")
-                _serve_programs(theirs, body, unblocked, None, adjust)
+                _serve_programs(theirs, body, unblocked, None, adjust, fork)
             else:
                 pidfd = os.pidfd_open(pid)
                 socket.send_fds(sock, [b"z" + _STATUS.pack(pid)], [ours.fileno(), pidfd])

@@ -135,6 +135,11 @@ class _Fresh:
     """This env's programs in namespaces of their own (``options["fresh"]``, :mod:`_fresh`)."""
 
     zygote: Zygote | None = None
+    #: warm zygotes (:data:`KINDS` kind -> zygote), forked by the zygote at a kind's first program:
+    #: in its user namespace, they clone P for that kind's programs (see :func:`_fresh_zygote_for`)
+    warm: dict[int, Zygote] = {}
+    #: kind -> why it has no warm zygote here (its programs then run with their toolchain)
+    not_warm: dict[int, str] = {}
     #: why programs cannot run in fresh namespaces here (each is then followed by a hard reset)
     unavailable: str | None = None
     cap_last = 0
@@ -214,7 +219,11 @@ def _start_fresh(calibration: object = None) -> str | None:
         _wipe.protect()
         _Fresh.tmpfs_bytes = _tmpfs_bytes()
         zygote = Zygote(
-            _fresh_program, prepare=_fresh_zygote_prepare, adjust=_recursion.hide, fork=_fresh.fork_program_init
+            _fresh_program,
+            prepare=_fresh_zygote_prepare,
+            warm=_zygote_warm,
+            adjust=_recursion.hide,
+            fork=_fresh.fork_program_init,
         )
         _Fresh.sockets = _fresh.unix_sockets()  # (the env's own: its socket pair with the zygote)
         if type(calibration) is int and calibration >= 0:
@@ -271,8 +280,8 @@ def step(action):
     ran_fresh = bool(result.pop("fresh", False))
     result["clean"], result["unclean"] = False, "not wiped (hard reset)"
     if fresh:
-        # nothing of the program outlived it; the env is clean where it ran it that way and its zygote lives
-        alive = _Fresh.zygote is not None and _Fresh.zygote.alive()
+        # nothing of the program outlived it; the env is clean where it ran it that way and its zygotes live
+        alive = _Fresh.zygote is not None and all(z.alive() for z in (_Fresh.zygote, *_Fresh.warm.values()))
         result["clean"] = ran_fresh and alive
         result["fresh"] = result["clean"]
         result["unclean"] = None if result["clean"] else ("the zygote died" if not alive else "fresh namespaces failed")
@@ -738,7 +747,9 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
     """A program in namespaces of its own (:mod:`_fresh`): its request staged, then run: a Python
     program forked by P, any other compiled and run by P with its toolchain."""
     language = action["language"]
-    toolchain = language != "python"
+    kind = KINDS.index(language) if language in KINDS and _why_not(language) is None else -1
+    zygote = _fresh_zygote_for(kind) if kind >= 0 else None  # (before this request is staged)
+    toolchain = zygote is None
     if toolchain:
         why = _why_not(_languages.ALIASES.get(language, language))
         if why is not None:  # (nothing runs: the env stays clean)
@@ -759,7 +770,7 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
             _fresh.write_toolchain(action)
             n, sources = 0, []
         else:
-            n, src = _source_path(workspace, _SUFFIXES[0], action["code"], stage=True)
+            n, src = _source_path(workspace, _SUFFIXES[kind], action["code"], stage=True)
             sources = [src]
     except ValueError as exc:
         _fresh.clear_stage()
@@ -776,7 +787,8 @@ def _run_program_fresh(action: dict, workspace: str) -> dict:
         # (what it compiles and runs writes its outputs, at most ``cap`` each, through the stage)
         grace += 4 * cap / _FRESH_BYTES_PER_S
         return _run_fresh_toolchain(_Fresh.zygote, timeout + float(action.get("compile_timeout", 10)), grace)
-    run = _run_fresh(_Fresh.zygote, n, int(action.get("memory_limit_mb", -1)), 0, timeout, cap, grace)
+    assert zygote is not None
+    run = _run_fresh(zygote, n, int(action.get("memory_limit_mb", -1)), kind, timeout, cap, grace)
     files = run.pop("files")
     return {"compile_result": None, "run_result": run, "files": files, "fresh": run.pop("fresh")}
 
@@ -807,6 +819,34 @@ def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float
     if report.get("files_lost"):
         result["stderr"] += "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
     return result
+
+
+def _fresh_zygote_for(kind: int) -> Zygote | None:
+    """The zygote that clones P for programs of ``kind`` (:data:`KINDS`): the zygote for Python; for
+    a warm language (pytest) a warm zygote it forks, in its user namespace, at the env's first such
+    program (it never sees the env's memory either), whose runner levels a probe run in fresh
+    namespaces calibrates; None where there can be none (P then runs the language's toolchain)."""
+    if kind == 0 or _Fresh.zygote is None:
+        return _Fresh.zygote
+    if kind not in _Fresh.warm and kind not in _Fresh.not_warm:
+        try:
+            warm = _Fresh.zygote.fork_warm(kind)
+        except (ZygoteGone, OSError) as exc:
+            _Fresh.not_warm[kind] = f"{type(exc).__name__}: {exc}"
+            return None
+        _Fresh.sockets = _fresh.unix_sockets()  # (the env's own now: with its socket pair with the warm zygote)
+        try:
+            _fresh.new_stage()
+            _fresh.write_request(10.0, [], 0, [])
+            probe = _run_fresh(warm, _PROBE_N, -1, kind, 10.0, 64)
+            probed = {"depth": int(probe["stdout"])} if probe["return_code"] == 0 and probe["fresh"] else {}
+            hidden = _recursion.hidden_below(probed, _recursion.TOP_OF_MODULE, _recursion.RUN_MODULE_LEVELS)
+            if hidden is not None:
+                warm.adjust(hidden)
+        except (ZygoteGone, OSError, ValueError):
+            pass  # (uncalibrated: each program reads its depth itself)
+        _Fresh.warm[kind] = warm
+    return _Fresh.warm.get(kind)
 
 
 def _run_fresh_toolchain(zygote: Zygote, timeout: float, grace: float) -> dict:
