@@ -230,12 +230,10 @@ def _start_fresh(calibration: object = None) -> str | None:
             zygote.adjust(calibration)  # (ZygoteGone where its user namespace could not be made)
             hidden: int | None = calibration
         else:
-            _fresh.new_stage()
-            _fresh.write_request(10.0, [], 0, [])
-            result = _run_fresh(zygote, _PROBE_N, -1, 0, 10.0, 64)
+            result = _probe_fresh(zygote, 0)
             if result["return_code"] != 0 or not result.get("fresh"):
                 raise RuntimeError(f"a trial program in fresh namespaces failed: {result['stderr'].strip() or result}")
-            hidden = _recursion.hidden_below({"depth": int(result["stdout"])}, _recursion.TOP_OF_SCRIPT, 0)
+            hidden = _levels_to_hide({"depth": int(result["stdout"])}, 0)
             if hidden is not None:
                 zygote.adjust(hidden)
         _Fresh.calibration = hidden
@@ -697,13 +695,27 @@ def _calibrate_recursion(zygote: Zygote, kind: int) -> None:
         started = _from_zygote(zygote, _PROBE_N, -1, kind)
         result = _supervise(started, 5.0, 64)
         probed = {"depth": int(result["stdout"])} if result["return_code"] == 0 else {}
-        module = KINDS[kind] != "python"
-        top = _recursion.TOP_OF_MODULE if module else _recursion.TOP_OF_SCRIPT
-        hidden = _recursion.hidden_below(probed, top, _recursion.RUN_MODULE_LEVELS if module else 0)
+        hidden = _levels_to_hide(probed, kind)
         if hidden is not None:
             zygote.adjust(hidden)
     except (ZygoteGone, OSError, ValueError):
         pass
+
+
+def _levels_to_hide(probed: dict, kind: int) -> int | None:
+    """The runner's levels below a program of ``kind`` (:mod:`_recursion`), from the depth a probe
+    forked as the program is read (``probed``; ``{}`` where it could not): None where unknown."""
+    module = KINDS[kind] != "python"
+    top = _recursion.TOP_OF_MODULE if module else _recursion.TOP_OF_SCRIPT
+    return _recursion.hidden_below(probed, top, _recursion.RUN_MODULE_LEVELS if module else 0)
+
+
+def _probe_fresh(zygote: Zygote, kind: int) -> dict:
+    """A recursion probe of ``kind`` cloned by ``zygote`` into fresh namespaces, an empty request
+    staged for its P: the run's result (see :func:`_run_fresh`)."""
+    _fresh.new_stage()
+    _fresh.write_request(10.0, [], 0, [])
+    return _run_fresh(zygote, _PROBE_N, -1, kind, 10.0, 64)
 
 
 def _zygote_warm(kind: int) -> None:
@@ -836,11 +848,9 @@ def _fresh_zygote_for(kind: int) -> Zygote | None:
             return None
         _Fresh.sockets = _fresh.unix_sockets()  # (the env's own now: with its socket pair with the warm zygote)
         try:
-            _fresh.new_stage()
-            _fresh.write_request(10.0, [], 0, [])
-            probe = _run_fresh(warm, _PROBE_N, -1, kind, 10.0, 64)
+            probe = _probe_fresh(warm, kind)
             probed = {"depth": int(probe["stdout"])} if probe["return_code"] == 0 and probe["fresh"] else {}
-            hidden = _recursion.hidden_below(probed, _recursion.TOP_OF_MODULE, _recursion.RUN_MODULE_LEVELS)
+            hidden = _levels_to_hide(probed, kind)
             if hidden is not None:
                 warm.adjust(hidden)
         except (ZygoteGone, OSError, ValueError):
