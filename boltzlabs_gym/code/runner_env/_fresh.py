@@ -275,7 +275,8 @@ class Run:
             outcome = compile_and_run()
         finally:
             _end_all(-1)
-        fd = os.open("out/results", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.stage)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        fd = os.open(os.path.relpath(RESULTS, STAGE), flags, 0o600, dir_fd=self.stage)
         try:
             _write_all(fd, json.dumps(outcome).encode())
         finally:

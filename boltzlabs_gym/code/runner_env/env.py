@@ -42,7 +42,7 @@ import atexit  # (here, as every module a program's path uses: a first import in
 import base64
 import collections  # noqa: F401  (pre-imported: programs forked from the template find it warm)
 import errno
-import functools  # noqa: F401
+import functools
 import heapq  # noqa: F401
 import itertools  # noqa: F401
 import json  # noqa: F401
@@ -668,18 +668,30 @@ def _zygote_for(language: str) -> Zygote | None:
         return _Wiping.zygote
     if language not in WARM or _why_not(language) is not None:
         return None
-    kind = KINDS.index(language)
-    if kind not in _Wiping.warm and kind not in _Wiping.not_warm:
+    return _warm_zygote(_Wiping.zygote, KINDS.index(language), _Wiping.warm, _Wiping.not_warm, _ready_to_wipe)
+
+
+def _ready_to_wipe(warm: Zygote, kind: int) -> None:
+    _calibrate_recursion(warm, kind)
+    assert _Wiping.baseline is not None
+    _Wiping.baseline.processes[warm.pid] = _wipe.process_state(warm.pid)  # (checked after each program)
+
+
+def _warm_zygote(
+    zygote: Zygote, kind: int, warm: dict[int, Zygote], not_warm: dict[int, str], ready: Callable[[Zygote, int], None]
+) -> Zygote | None:
+    """The warm zygote of ``kind`` (> 0) that ``zygote`` forks at the env's first program of that
+    kind, kept in ``warm`` (why there is none, in ``not_warm``); ``ready(it, kind)`` once, before
+    its first program."""
+    if kind not in warm and kind not in not_warm:
         try:
-            warm = _Wiping.zygote.fork_warm(kind)
+            made = zygote.fork_warm(kind)
         except (ZygoteGone, OSError) as exc:
-            _Wiping.not_warm[kind] = f"{type(exc).__name__}: {exc}"
+            not_warm[kind] = f"{type(exc).__name__}: {exc}"
             return None
-        _calibrate_recursion(warm, kind)
-        assert _Wiping.baseline is not None
-        _Wiping.baseline.processes[warm.pid] = _wipe.process_state(warm.pid)  # (checked after each program)
-        _Wiping.warm[kind] = warm
-    return _Wiping.warm.get(kind)
+        ready(made, kind)
+        warm[kind] = made
+    return warm.get(kind)
 
 
 #: What a program forked to read its recursion depth runs instead of ``main<n>`` (its ``n``; see
@@ -687,14 +699,19 @@ def _zygote_for(language: str) -> Zygote | None:
 _PROBE_N = -1
 
 
-def _calibrate_recursion(zygote: Zygote, kind: int) -> None:
+def _calibrate_recursion(zygote: Zygote, kind: int, fresh: bool = False) -> None:
     """Have ``zygote`` hide the runner's levels below its programs of ``kind`` (:mod:`_recursion`):
-    a probe forked as they are reads its depth where their code would start; the zygote takes
-    the levels to hide as an integer. Where this fails, each program reads its depth itself."""
+    a probe forked as they are (``fresh``: into fresh namespaces, :func:`_probe_fresh`) reads its
+    depth where their code would start; the zygote takes the levels to hide as an integer. Where
+    this fails, each program reads its depth itself."""
     try:
-        started = _from_zygote(zygote, _PROBE_N, -1, kind)
-        result = _supervise(started, 5.0, 64)
-        probed = {"depth": int(result["stdout"])} if result["return_code"] == 0 else {}
+        if fresh:
+            result = _probe_fresh(zygote, kind)
+            answered = result["return_code"] == 0 and result["fresh"]
+        else:
+            result = _supervise(_from_zygote(zygote, _PROBE_N, -1, kind), 5.0, 64)
+            answered = result["return_code"] == 0
+        probed = {"depth": int(result["stdout"])} if answered else {}
         hidden = _levels_to_hide(probed, kind)
         if hidden is not None:
             zygote.adjust(hidden)
@@ -811,26 +828,39 @@ def _run_fresh(zygote: Zygote, n: int, memory_mb: int, kind: int, timeout: float
     reported in full, found no named socket left, and exited 0 (its status read from the zygote)."""
     started = _from_zygote(zygote, n, memory_mb, kind)
     result = _supervise(started, timeout + grace, cap)
-    p_ok = result["status"] == FINISHED and result["return_code"] == 0
     report = _fresh.report()
     _fresh.clear_stage()  # (the request and its results: read, and nothing of them kept)
     if report is None:  # P failed before the program could start (it said why on the program's stderr)
-        why = result["stderr"].strip() or f"its PID 1 {result['status']}, return code {result['return_code']}"
-        return {**_error(f"the program's fresh namespaces failed: {why}"), "fresh": False, "files": {}}
+        return {**_namespaces_failed(result), "fresh": False, "files": {}}
     if "status" not in report:  # the program ran, and its PID 1 could not say how it ended: its own doing
         result["status"], result["return_code"] = FINISHED, 1
         result["stderr"] += "\nboltzlabs: the program's PID 1 could not report how it ended (its limits changed?)\n"
         result["fresh"], result["files"] = False, {}
         return result
+    result["fresh"], result["files"] = _clean_after(result, report), report["files"]  # (P's status: before it goes)
     result["execution_time"] = round(float(report["elapsed"]), 6)
     if report["timed_out"]:
         result["status"], result["return_code"] = TIMEOUT, None
     else:
         result["status"], result["return_code"] = FINISHED, _return_code(report["status"])
-    result["fresh"], result["files"] = p_ok and report["sockets"] == _Fresh.sockets, report["files"]
     if report.get("files_lost"):
-        result["stderr"] += "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
+        result["stderr"] += _FILES_LOST
     return result
+
+
+def _namespaces_failed(p: dict) -> dict:
+    """The run's error where P (``p``: its run, as :func:`_supervise` saw it) reported nothing."""
+    why = p["stderr"].strip() or f"its PID 1 {p['status']}, return code {p['return_code']}"
+    return _error(f"the program's fresh namespaces failed: {why}")
+
+
+def _clean_after(p: dict, report: dict) -> bool:
+    """Whether the env is clean after P's run (``p``) and ``report``: P exited 0, and no unix socket
+    of the program outlived it."""
+    return p["status"] == FINISHED and p["return_code"] == 0 and report["sockets"] == _Fresh.sockets
+
+
+_FILES_LOST = "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
 
 
 def _fresh_zygote_for(kind: int) -> Zygote | None:
@@ -840,23 +870,12 @@ def _fresh_zygote_for(kind: int) -> Zygote | None:
     namespaces calibrates; None where there can be none (P then runs the language's toolchain)."""
     if kind == 0 or _Fresh.zygote is None:
         return _Fresh.zygote
-    if kind not in _Fresh.warm and kind not in _Fresh.not_warm:
-        try:
-            warm = _Fresh.zygote.fork_warm(kind)
-        except (ZygoteGone, OSError) as exc:
-            _Fresh.not_warm[kind] = f"{type(exc).__name__}: {exc}"
-            return None
-        _Fresh.sockets = _fresh.unix_sockets()  # (the env's own now: with its socket pair with the warm zygote)
-        try:
-            probe = _probe_fresh(warm, kind)
-            probed = {"depth": int(probe["stdout"])} if probe["return_code"] == 0 and probe["fresh"] else {}
-            hidden = _levels_to_hide(probed, kind)
-            if hidden is not None:
-                warm.adjust(hidden)
-        except (ZygoteGone, OSError, ValueError):
-            pass  # (uncalibrated: each program reads its depth itself)
-        _Fresh.warm[kind] = warm
-    return _Fresh.warm.get(kind)
+    return _warm_zygote(_Fresh.zygote, kind, _Fresh.warm, _Fresh.not_warm, _ready_fresh)
+
+
+def _ready_fresh(warm: Zygote, kind: int) -> None:
+    _Fresh.sockets = _fresh.unix_sockets()  # (the env's own now: with its socket pair with the warm zygote)
+    _calibrate_recursion(warm, kind, fresh=True)
 
 
 def _run_fresh_toolchain(zygote: Zygote, timeout: float, grace: float) -> dict:
@@ -865,21 +884,18 @@ def _run_fresh_toolchain(zygote: Zygote, timeout: float, grace: float) -> dict:
     :func:`_run_fresh` says it). P's own output is only what it says when it fails."""
     started = _from_zygote(zygote, 0, -1)  # (each command's memory limit is the request's, set by P)
     p = _supervise(started, timeout + grace, 1 << 16)
-    p_ok = p["status"] == FINISHED and p["return_code"] == 0
     report, results = _fresh.report(), _fresh.results()
     _fresh.clear_stage()
     if report is None or results is None or "status" not in report:
-        why = p["stderr"].strip() or f"its PID 1 {p['status']}, return code {p['return_code']}"
-        failed = _error(f"the program's fresh namespaces failed: {why}")
-        return {"compile_result": None, "run_result": failed, "files": {}, "fresh": False}
+        return {"compile_result": None, "run_result": _namespaces_failed(p), "files": {}, "fresh": False}
     run = results.get("run_result")
     if report.get("files_lost") and isinstance(run, dict) and isinstance(run.get("stderr"), str):
-        run["stderr"] += "\nboltzlabs: the fetched files did not fit the sandbox's /tmp on their way out\n"
+        run["stderr"] += _FILES_LOST
     return {
         "compile_result": results.get("compile_result"),
         "run_result": run,
         "files": report["files"],
-        "fresh": p_ok and report["sockets"] == _Fresh.sockets,
+        "fresh": _clean_after(p, report),
     }
 
 
@@ -908,15 +924,16 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     except BaseException as exc:
         os.write(err_w, f"could not make them: {type(exc).__name__}: {exc}\n".encode())
         return 1
-    if run.toolchain is not None:
-        return _toolchain_in_p(run, err_w)
 
     def program() -> int:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, unblocked)
         return _zygote_program(n, memory_mb, out_w, err_w, kind)
 
     try:
-        status, timed_out, elapsed = run.run(program)
+        if run.toolchain is not None:  # (P compiles and runs it: see _compile_and_run)
+            status, timed_out, elapsed = 0, False, run.run_here(functools.partial(_compile_and_run, run.toolchain))
+        else:
+            status, timed_out, elapsed = run.run(program)
         files = _fetch(SANDBOX_WORKSPACE, {"fetch_files": run.fetch, "max_file_bytes": run.max_file_bytes})
         run.hand_back(files, status, timed_out, elapsed)
     except BaseException as exc:
@@ -925,27 +942,14 @@ def _fresh_program(n: int, memory_mb: int, out_w: int, err_w: int, kind: int) ->
     return 0
 
 
-def _toolchain_in_p(run: _fresh.Run, err_w: int) -> int:
-    """P's part for a program of a toolchain language: compile and run it as :func:`_run_toolchain`
-    does (each command a child of P with the request's deadline, memory limit and output cap), in
-    the program's places; then fetch and hand back. P's exit status."""
-    action = run.toolchain
-    assert action is not None
-
-    def compile_and_run() -> dict:
-        scratch = scratch_dir(SANDBOX_WORKSPACE)
-        os.makedirs(scratch, exist_ok=True)
-        compiled, ran = _run_toolchain(action["language"], action, SANDBOX_WORKSPACE, scratch, STDIN_PATH)
-        return {"compile_result": compiled, "run_result": ran}
-
-    try:
-        elapsed = run.run_here(compile_and_run)
-        files = _fetch(SANDBOX_WORKSPACE, {"fetch_files": run.fetch, "max_file_bytes": run.max_file_bytes})
-        run.hand_back(files, 0, False, elapsed)
-    except BaseException as exc:
-        os.write(err_w, f"P failed: {type(exc).__name__}: {exc}\n".encode())
-        return 1
-    return 0
+def _compile_and_run(action: dict) -> dict:
+    """In P, a program of a toolchain language: compiled and run as :func:`_run_toolchain` does
+    (each command a child of P with the request's deadline, memory limit and output cap), in the
+    program's places; both results."""
+    scratch = scratch_dir(SANDBOX_WORKSPACE)
+    os.makedirs(scratch, exist_ok=True)
+    compiled, ran = _run_toolchain(action["language"], action, SANDBOX_WORKSPACE, scratch, STDIN_PATH)
+    return {"compile_result": compiled, "run_result": ran}
 
 
 def _zygote_prepare() -> None:
