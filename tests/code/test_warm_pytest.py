@@ -137,30 +137,29 @@ def test_a_requests_files_never_reach_the_warm_zygote(wipe):
     assert stats.hard_resets == 0 and (stats.wipes if wipe else stats.fresh) >= 2
 
 
-def test_a_program_that_kills_its_warm_zygote_is_followed_by_a_hard_reset():
-    with _runner(True) as r:
-        killer = "import os, signal\ndef test_kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n"
-        r.run(killer, language="pytest")
+#: A program that kills its parent: with the wipe, its warm zygote; without it, its namespaces' PID 1
+#: (which drops signals it has no handler for), and everything else it can see
+KILLERS = {
+    True: "import os, signal\ndef test_kill():\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+    False: (
+        "import os, signal\ndef test_kill():\n    assert os.getppid() == 1\n"
+        "    for pid in (os.getppid(), -1):\n        os.kill(pid, signal.SIGKILL)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("wipe", [True, False], ids=["wipe", "fresh"])
+def test_a_program_that_kills_its_parent_leaves_the_next_ones_a_working_pytest(wipe):
+    """With the wipe, it kills its warm zygote, and its env is hard-reset. Without it, the warm
+    zygote is in no namespace the program sees, and nothing is reset. The next programs run on."""
+    with _runner(wipe) as r:
+        r.run(KILLERS[wipe], language="pytest")
         after = r.run("def test_ok():\n    assert True\n", language="pytest")
         python = r.run("print(7)")
         stats = r.stats()
     assert after.status == "Success" and "1 passed" in after.stdout, after.stdout + after.stderr
     assert python.stdout == "7\n"
-    assert stats.hard_resets >= 1
-
-
-def test_without_the_wipe_a_program_cannot_reach_its_warm_zygote():
-    """Its parent is its namespaces' PID 1, which drops the signals it has no handler for; the warm
-    zygote is in no namespace the program sees. The next programs run on, and nothing is reset."""
-    with _runner(False) as r:
-        killer = (
-            "import os, signal\ndef test_kill():\n    assert os.getppid() == 1\n"
-            "    for pid in (os.getppid(), -1):\n        os.kill(pid, signal.SIGKILL)\n"
-        )
-        r.run(killer, language="pytest")
-        after = r.run("def test_ok():\n    assert True\n", language="pytest")
-        python = r.run("print(7)")
-        stats = r.stats()
-    assert after.status == "Success" and "1 passed" in after.stdout, after.stdout + after.stderr
-    assert python.stdout == "7\n"
-    assert stats.hard_resets == 0 and stats.fresh == 3, stats
+    if wipe:
+        assert stats.hard_resets >= 1
+    else:
+        assert stats.hard_resets == 0 and stats.fresh == 3, stats
